@@ -1,0 +1,17 @@
+"""API errors as JSON: DRF's own handling, and a clear 500 body that never shows a traceback."""
+from __future__ import annotations
+
+import logging
+
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+logger = logging.getLogger(__name__)
+
+
+def exception_handler(exc, context):
+    response = drf_exception_handler(exc, context)
+    if response is not None:
+        return response
+    logger.exception("unhandled API error in %s", context.get("view").__class__.__name__, exc_info=exc)
+    return Response({"detail": "Internal error; the operators have the details in the server log."}, status=500)

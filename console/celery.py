@@ -1,0 +1,12 @@
+"""The Celery app. In the embedded default (no REDIS_URL) tasks run eagerly in-process."""
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+app = Celery("console")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

@@ -1,0 +1,199 @@
+"""Settings for the Simple AI Training console.
+
+Every setting comes from an environment variable with an embedded default that runs on one
+machine: SQLite (WAL), the in-memory channel layer, a local node agent and simulated GPUs where
+NVML is unavailable. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and Redis.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from console.env import env_bool, env_float, env_int, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CONSOLE_VAR_DIR", str(BASE_DIR / "var")))
+
+SECRET_KEY = env_str("SECRET_KEY", "")
+if not SECRET_KEY:
+    # A per-install key kept beside the database, so sessions survive restarts.
+    _key_file = VAR_DIR / "secret_key"
+    try:
+        SECRET_KEY = _key_file.read_text().strip()
+    except OSError:
+        import secrets
+
+        SECRET_KEY = secrets.token_urlsafe(50)
+        try:
+            VAR_DIR.mkdir(parents=True, exist_ok=True)
+            _key_file.write_text(SECRET_KEY)
+        except OSError:
+            pass
+
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "console",
+    "jobs",
+    "failover",
+    "logs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = "console.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASE_URL = env_str("DATABASE_URL", "")
+if DATABASE_URL:
+    import dj_database_url
+
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "console.sqlite3")),
+            "OPTIONS": {
+                # WAL lets the pages read while the node agent writes; IMMEDIATE takes the write
+                # lock at BEGIN so two writers never deadlock on a lock upgrade.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+            "TEST": {"NAME": env_str("SQLITE_TEST_PATH", "") or None},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
+CELERY_TASK_ACKS_LATE = False
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "console" / "static"]
+# The embedded console serves its own static files (no collectstatic, no network).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "jobs:list"
+LOGOUT_REDIRECT_URL = "login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "console.api_errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Simple AI Training console API",
+    "DESCRIPTION": "Training Jobs, their attempts, events and logs; GPU nodes for operators.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Training platform -------------------------------------------------------------------------
+# Where the node agent keeps each job's working directory, run logs and exit files.
+JOB_WORK_ROOT = Path(env_str("JOB_WORK_ROOT", str(VAR_DIR / "jobs")))
+# Run the embedded node agent inside the console process (the embedded default).
+EMBEDDED_AGENT = env_bool("EMBEDDED_AGENT", True)
+# Simulated nodes × GPUs where NVML is unavailable (or when forced with SIMULATED_GPUS=1).
+SIMULATED_GPUS = env_str("SIMULATED_GPUS", "auto")  # auto | 1 | 0
+SIMULATED_NODES = env_int("SIMULATED_NODES", 3)
+SIMULATED_GPUS_PER_NODE = env_int("SIMULATED_GPUS_PER_NODE", 4)
+SIMULATED_GPU_MODEL = env_str("SIMULATED_GPU_MODEL", "Simulated H100 80GB")
+# How often the embedded control loop places jobs and polls runs (seconds).
+AGENT_POLL_INTERVAL = env_float("AGENT_POLL_INTERVAL", 0.5)
+# SIGTERM → SIGKILL grace period when a job is stopped (seconds).
+STOP_GRACE_PERIOD = env_float("STOP_GRACE_PERIOD", 30.0)
+# Image pull retry backoff: base and cap (seconds).
+IMAGE_PULL_BACKOFF_BASE = env_float("IMAGE_PULL_BACKOFF_BASE", 10.0)
+IMAGE_PULL_BACKOFF_MAX = env_float("IMAGE_PULL_BACKOFF_MAX", 300.0)
+# The image every install knows: the project's own Python environment.
+DEFAULT_IMAGE = env_str("DEFAULT_IMAGE", "pytorch:2.13-py3.11")
+DEFAULT_IMAGE_RUNTIME = env_str("DEFAULT_IMAGE_RUNTIME", sys.prefix)
+# Longest log line kept; longer lines are cut with a visible marker.
+LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 16384)
+MAX_FAILOVERS = 3
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}

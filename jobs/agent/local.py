@@ -1,0 +1,301 @@
+"""The node agent: launches placed runs on its nodes, supervises them and reports back.
+
+Each run is supervised by ``jobs.agent.runner`` in its own session, so the agent (and the
+console it may live in) can restart at any time: on its next tick it finds every run of its
+nodes again from the files the runner keeps, ingests the output lines it has not stored yet
+(delivery is idempotent) and records the exits it missed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.models import AttemptNode, Image, JobAttempt, Node, TrainingJob
+from jobs.services.lifecycle import transition
+from jobs.services.placement import abandon_open_attempts, back_off_image_pull
+from jobs.services.runs import AGENT, mark_running, record_exit
+from jobs.statuses import JobStatus
+from logs.services import RawLine, ingest_lines
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_EVERY = timedelta(seconds=5)
+# A launched runner that has not written pid.json by then is taken as lost.
+LAUNCH_TIMEOUT = timedelta(seconds=60)
+INGEST_BATCH = 5000
+
+
+def vendor_dir() -> str:
+    return str(Path(settings.BASE_DIR) / "ckptlib" / "vendor")
+
+
+def job_dir(job_id: int) -> Path:
+    return Path(settings.JOB_WORK_ROOT) / str(job_id)
+
+
+def run_dir(part: AttemptNode) -> Path:
+    return job_dir(part.attempt.job_id) / f"attempt-{part.attempt.number}" / f"rank-{part.rank}"
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def runtime_python(runtime: str) -> Path:
+    return Path(runtime) / "bin" / "python"
+
+
+class NodeAgent:
+    """Serves a set of nodes. ``tick()`` does one round of work; call it periodically."""
+
+    def __init__(self, node_names: list[str], *, name: str = "embedded") -> None:
+        self.node_names = list(node_names)
+        self.name = name
+        self.offsets: dict[int, int] = {}  # AttemptNode id → bytes of output.jsonl ingested
+        self.children: dict[int, subprocess.Popen] = {}  # reaped here so no zombie lingers
+        self.terminated: set[int] = set()  # AttemptNode ids sent SIGTERM by this agent
+        self.last_heartbeat = None
+
+    # --- one round -------------------------------------------------------------------------
+    def tick(self) -> None:
+        self.heartbeat()
+        self.launch_placed()
+        self.enforce_stops()
+        self.collect()
+        for pid, child in list(self.children.items()):
+            if child.poll() is not None:
+                del self.children[pid]
+
+    def heartbeat(self) -> None:
+        now = timezone.now()
+        if self.last_heartbeat and now - self.last_heartbeat < HEARTBEAT_EVERY:
+            return
+        Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
+        self.last_heartbeat = now
+
+    # --- launch ----------------------------------------------------------------------------
+    def launch_placed(self) -> None:
+        attempts = (
+            JobAttempt.objects.filter(state=JobAttempt.State.PLACED, placements__node__name__in=self.node_names)
+            .select_related("job")
+            .distinct()
+            .order_by("created_at")
+        )
+        for attempt in attempts:
+            self.launch(attempt)
+
+    def launch(self, attempt: JobAttempt) -> None:
+        job = attempt.job
+        if job.status not in (JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF, JobStatus.FAILOVER_IN_PROGRESS):
+            abandon_open_attempts(job.pk, cause=f"job is {job.status}")
+            return
+        image = Image.objects.filter(reference=job.image).first()
+        if image is None or not runtime_python(image.runtime).exists():
+            why = f"image {job.image} is not registered" if image is None else (
+                f"image {job.image} cannot be resolved on the node: {runtime_python(image.runtime)} does not exist"
+            )
+            abandon_open_attempts(job.pk, cause=why)
+            back_off_image_pull(job, why)
+            return
+        parts = list(attempt.placements.select_related("node").order_by("rank"))
+        master_port = free_port()
+        output_dir = job.output_dir or str(job_dir(job.pk) / "output")
+        try:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            for part in parts:
+                self.start_runner(job, attempt, part, image.runtime, output_dir, master_port)
+        except OSError as exc:
+            logger.exception("job %s: launch failed", job.pk)
+            abandon_open_attempts(job.pk, cause=f"launch failed: {exc}")
+            transition(job.pk, JobStatus.FAILED, reason=f"could not start the run: {exc}", actor=AGENT, attempt=attempt.number)
+            return
+        if not mark_running(attempt):
+            # The job was stopped while we launched: enforce_stops terminates what we started.
+            logger.info("job %s: stopped during launch; terminating attempt %s", job.pk, attempt.number)
+
+    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str, master_port: int) -> None:
+        directory = run_dir(part)
+        directory.mkdir(parents=True, exist_ok=True)
+        workdir = job_dir(job.pk) / "work"
+        env = {
+            "PATH": f"{runtime}/bin:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
+            "HOME": os.environ.get("HOME", str(workdir)),
+            "LANG": "C.UTF-8",
+            "PYTHONUNBUFFERED": "1",
+            "VIRTUAL_ENV": runtime,
+            **job.env,
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.gpu_indices)),
+            "CHECKPOINT_VENDOR": vendor_dir(),
+            "RANK": str(part.rank),
+            "NODE_RANK": str(part.rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(job.node_count),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port),
+            "JOB_NAME": job.name,
+            "JOB_ID": str(job.pk),
+            "JOB_ATTEMPT": str(attempt.number),
+            "OUTPUT_DIR": output_dir,
+        }
+        spec = {
+            "command": job.command,
+            "cwd": str(workdir),
+            "env": env,
+            "max_line_chars": settings.LOG_MAX_LINE_CHARS,
+        }
+        spec_path = directory / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        with open(directory / "runner.log", "ab") as err:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "jobs.agent.runner", str(spec_path)],
+                cwd=str(settings.BASE_DIR),
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.children[child.pid] = child
+        AttemptNode.objects.filter(pk=part.pk).update(runner_pid=child.pid, workdir=str(workdir))
+        logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, child.pid)
+
+    # --- stop ------------------------------------------------------------------------------
+    def enforce_stops(self) -> None:
+        now = timezone.now()
+        grace = timedelta(seconds=settings.STOP_GRACE_PERIOD)
+        # Max run time: ask the run to stop, with the reason.
+        for job in TrainingJob.objects.filter(
+            status=JobStatus.RUNNING, max_run_minutes__isnull=False, attempts__placements__node__name__in=self.node_names
+        ).distinct():
+            if job.started_at and now - job.started_at > timedelta(minutes=job.max_run_minutes):
+                transition(
+                    job.pk,
+                    JobStatus.STOPPING,
+                    reason=f"max run time of {job.max_run_minutes} min exceeded",
+                    actor=AGENT,
+                    expected={JobStatus.RUNNING},
+                )
+        for part in self.live_parts().select_related("attempt", "attempt__job"):
+            attempt = part.attempt
+            if attempt.job.status == JobStatus.RUNNING and attempt.stop_requested_at is None:
+                continue
+            if attempt.stop_requested_at is None:
+                JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
+                attempt.stop_requested_at = now
+            if part.pk not in self.terminated and self.signal(part, signal.SIGTERM):
+                self.terminated.add(part.pk)
+            if now - attempt.stop_requested_at >= grace:
+                self.signal(part, signal.SIGKILL)
+
+    def live_parts(self):
+        """The parts of runs on our nodes that were started and have not been seen to end."""
+        return AttemptNode.objects.filter(node__name__in=self.node_names, runner_pid__isnull=False, ended_at__isnull=True)
+
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        """Signal the run's process group; False if it has not recorded its group yet."""
+        pid_info = read_json(run_dir(part) / "pid.json")
+        if not pid_info:
+            return False
+        try:
+            os.killpg(int(pid_info["pgid"]), sig)
+            logger.info("job %s: sent %s to attempt %s rank %s", part.attempt.job_id, signal.Signals(sig).name, part.attempt.number, part.rank)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            logger.warning("job %s: not allowed to signal process group %s", part.attempt.job_id, pid_info["pgid"])
+        return True
+
+    # --- output and exits ------------------------------------------------------------------
+    def collect(self) -> None:
+        for part in self.live_parts().select_related("attempt", "node"):
+            directory = run_dir(part)
+            exit_info = read_json(directory / "exit.json")  # read first: once it exists, output is whole
+            self.drain(part, directory)
+            if exit_info is not None:
+                self.part_ended(part, exit_info.get("exit_code"), exit_info.get("signal"), "")
+            elif not self.runner_alive(part, directory):
+                self.part_ended(part, None, None, "the run's supervisor process was lost")
+
+    def drain(self, part: AttemptNode, directory: Path) -> None:
+        path = directory / "output.jsonl"
+        offset = self.offsets.get(part.pk, 0)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return
+        lines = []
+        for raw in chunk[: end + 1].splitlines():
+            try:
+                rec = json.loads(raw)
+                ts = datetime.fromtimestamp(rec["t"], tz=UTC)
+                lines.append(RawLine(line_no=int(rec["n"]), ts=ts, text=str(rec["s"])))
+            except (ValueError, KeyError, TypeError):
+                logger.warning("job %s: skipped an unreadable output record", part.attempt.job_id)
+        for start in range(0, len(lines), INGEST_BATCH):
+            ingest_lines(job_id=part.attempt.job_id, stream=part.stream, attempt=part.attempt.number, lines=lines[start : start + INGEST_BATCH])
+        self.offsets[part.pk] = offset + end + 1
+
+    def runner_alive(self, part: AttemptNode, directory: Path) -> bool:
+        pid = part.runner_pid
+        if pid is None:
+            return False
+        try:
+            proc = psutil.Process(pid)
+            alive = proc.status() != psutil.STATUS_ZOMBIE and "jobs.agent.runner" in " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            alive = False
+        if alive:
+            return True
+        # The runner may have finished between our reads: trust exit.json if it is there now.
+        if (directory / "exit.json").exists():
+            return True
+        started = part.attempt.started_at or part.attempt.created_at
+        return not (directory / "pid.json").exists() and timezone.now() - started < LAUNCH_TIMEOUT and pid in self.children
+
+    def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
+        now = timezone.now()
+        AttemptNode.objects.filter(pk=part.pk, ended_at__isnull=True).update(ended_at=now, exit_code=exit_code, exit_signal=exit_signal)
+        self.offsets.pop(part.pk, None)
+        self.terminated.discard(part.pk)
+        attempt = part.attempt
+        failed = cause or exit_signal or (exit_code not in (0, None))
+        siblings = AttemptNode.objects.filter(attempt=attempt)
+        if siblings.filter(ended_at__isnull=True).exists():
+            if failed and attempt.stop_requested_at is None:
+                # One rank failed: the others cannot go on without it.
+                JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
+                for other in siblings.filter(ended_at__isnull=True).select_related("attempt"):
+                    self.signal(other, signal.SIGTERM)
+            return
+        # The attempt's outcome: the first rank that failed, else rank 0's.
+        ended = list(siblings.order_by("ended_at", "rank"))
+        first_bad = next((p for p in ended if p.exit_signal or p.exit_code not in (0,)), None)
+        source = first_bad or ended[0]
+        with transaction.atomic():
+            record_exit(attempt, exit_code=source.exit_code, exit_signal=source.exit_signal, cause=cause)

@@ -1,0 +1,50 @@
+"""The embedded control loop: placement and the local node agent in one background thread."""
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from jobs.agent.inventory import discover_nodes, register_nodes
+from jobs.agent.local import NodeAgent
+from jobs.services.placement import place_waiting_jobs
+
+logger = logging.getLogger(__name__)
+
+
+def start_local_agent(*, name: str = "embedded") -> NodeAgent:
+    """Register this machine's nodes (real or simulated) and return the agent serving them."""
+    nodes = register_nodes(discover_nodes(), agent=name)
+    return NodeAgent([n.name for n in nodes], name=name)
+
+
+def control_round(agent: NodeAgent) -> None:
+    place_waiting_jobs()
+    agent.tick()
+
+
+class EmbeddedControlLoop(threading.Thread):
+    """Runs ``control_round`` every ``AGENT_POLL_INTERVAL`` seconds until stopped."""
+
+    def __init__(self, agent: NodeAgent, *, interval: float | None = None) -> None:
+        super().__init__(name="embedded-control-loop", daemon=True)
+        self.agent = agent
+        self.interval = settings.AGENT_POLL_INTERVAL if interval is None else interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        logger.info("embedded control loop started for nodes %s", ", ".join(self.agent.node_names))
+        while not self.stopped.is_set():
+            try:
+                control_round(self.agent)
+            except Exception:
+                # One bad round must not end supervision of every other job.
+                logger.exception("control round failed; retrying")
+            finally:
+                close_old_connections()
+            self.stopped.wait(self.interval)
+
+    def stop(self) -> None:
+        self.stopped.set()

@@ -1,0 +1,115 @@
+"""Helpers for Training Jobs that need no models: the Command field and environment variables."""
+from __future__ import annotations
+
+import re
+import shlex
+
+LAUNCHERS = ("python", "python3", "torchrun", "deepspeed", "accelerate")
+ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names the platform sets for every run; a job may not override them.
+RESERVED_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CHECKPOINT_VENDOR",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NODE_RANK",
+        "JOB_NAME",
+        "JOB_ATTEMPT",
+        "CKPT_LAST_STEP",
+        "OUTPUT_DIR",
+    }
+)
+
+EXAMPLE_COMMAND = (
+    'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" \\\n'
+    "python -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR"
+)
+
+
+class CommandError(ValueError):
+    pass
+
+
+def logical_lines(command: str) -> list[str]:
+    """The command's lines with backslash continuations joined, blanks and comments dropped."""
+    joined = re.sub(r"\\\r?\n", " ", command)
+    return [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def validate_command(command: str) -> None:
+    """Check a Command field: leading ``VAR=value`` assignments, then a launcher and its arguments.
+
+    Each logical line must parse as shell words and run one of ``python``, ``python3``,
+    ``torchrun``, ``deepspeed`` or ``accelerate launch``. Raises CommandError with the reason.
+    """
+    lines = logical_lines(command)
+    if not lines:
+        raise CommandError("Enter a command, e.g. `python train.py`.")
+    if len(command) > 20_000:
+        raise CommandError("The command is longer than 20,000 characters.")
+    if "\x00" in command:
+        raise CommandError("The command contains a NUL character.")
+    for number, line in enumerate(lines, start=1):
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise CommandError(f"Line {number}: {exc} (check quotes).") from None
+        rest = words
+        while rest and ASSIGNMENT.match(rest[0]):
+            rest = rest[1:]
+        if not rest:
+            raise CommandError(f"Line {number}: only variable assignments; add the program to run.")
+        program = rest[0].rsplit("/", 1)[-1]
+        if program not in LAUNCHERS:
+            raise CommandError(
+                f"Line {number}: '{rest[0]}' is not a launcher; start with python, torchrun, deepspeed "
+                "or accelerate launch (after any VAR=value assignments)."
+            )
+        if program == "accelerate" and (len(rest) < 2 or rest[1] != "launch"):
+            raise CommandError(f"Line {number}: use `accelerate launch …`.")
+
+
+def validate_env(env: object) -> dict[str, str]:
+    """Normalise a job's environment variables to ``{NAME: value}``; raise ValueError if bad."""
+    if env in (None, ""):
+        return {}
+    if not isinstance(env, dict):
+        raise ValueError("Environment variables must be an object of NAME: value pairs.")
+    clean: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise ValueError(f"'{name}' is not a valid variable name (letters, digits and _, not starting with a digit).")
+        if name in RESERVED_ENV:
+            raise ValueError(f"{name} is set by the platform and cannot be overridden.")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(f"The value of {name} must be a string or a number.")
+        text = str(value)
+        if "\x00" in text or len(text) > 10_000:
+            raise ValueError(f"The value of {name} is not allowed (NUL character or over 10,000 characters).")
+        clean[name] = text
+    if len(clean) > 200:
+        raise ValueError("At most 200 environment variables.")
+    return clean
+
+
+def parse_env_text(text: str) -> dict[str, str]:
+    """Parse ``NAME=value`` lines (the form's textarea) into a dict; raise ValueError if bad."""
+    env: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            raise ValueError(f"Line {number}: use NAME=value.")
+        env[name.strip()] = value.strip()
+    return validate_env(env)
+
+
+def format_env_text(env: dict[str, str]) -> str:
+    return "\n".join(f"{k}={v}" for k, v in env.items())

@@ -1,0 +1,258 @@
+"""Training Jobs, the projects they belong to, their attempts and events; nodes, GPUs and images."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.statuses import ACTIVE, BADGE_GROUPS, JobStatus
+
+DNS_LABEL = RegexValidator(
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    "Use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit.",
+)
+
+
+class ProjectQuerySet(models.QuerySet):
+    def for_user(self, user) -> ProjectQuerySet:
+        if user.is_staff:
+            return self.all()
+        return self.filter(members=user)
+
+
+class Project(models.Model):
+    """Jobs belong to a project; its members see and act on its jobs."""
+
+    name = models.CharField(max_length=63, unique=True, validators=[DNS_LABEL])
+    description = models.CharField(max_length=200, blank=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="training_projects", blank=True)
+    personal_for = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="personal_project"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    objects = ProjectQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Image(models.Model):
+    """An image a job may use: ``name:tag`` → the runtime (a Python environment on the node)."""
+
+    reference = models.CharField(
+        max_length=200,
+        unique=True,
+        validators=[RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag.")],
+        help_text="name:tag, as the job's Image field names it",
+    )
+    runtime = models.CharField(
+        max_length=500, help_text="Path of the Python environment on the node (its bin/ goes first on PATH)"
+    )
+    description = models.CharField(max_length=200, blank=True)
+    is_default = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["reference"]
+
+    def __str__(self) -> str:
+        return self.reference
+
+
+class Node(models.Model):
+    class State(models.TextChoices):
+        READY = "Ready", "Ready"
+        NOT_READY = "NotReady", "NotReady"
+
+    name = models.CharField(max_length=63, unique=True, validators=[DNS_LABEL])
+    gpu_model = models.CharField(max_length=100, blank=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    healthy = models.BooleanField(default=True)
+    health_reason = models.CharField(max_length=300, blank=True)
+    cordoned = models.BooleanField(default=False)
+    simulated = models.BooleanField(default=False)
+    agent = models.CharField(max_length=100, blank=True, help_text="The node agent that serves this node")
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == self.State.READY and self.healthy and not self.cordoned
+
+
+class GPU(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=100, blank=True)
+    memory_mb = models.PositiveIntegerField(default=0)
+    healthy = models.BooleanField(default=True)
+    health_reason = models.CharField(max_length=300, blank=True)
+    # The placement that holds this GPU; set and cleared by compare-and-swap in placement.
+    allocated_to = models.ForeignKey(
+        "AttemptNode", null=True, blank=True, on_delete=models.SET_NULL, related_name="gpus"
+    )
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+        verbose_name = "GPU"
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class TrainingJobQuerySet(models.QuerySet):
+    def visible_to(self, user) -> TrainingJobQuerySet:
+        """Staff see every job; a user sees the jobs of the projects they are a member of."""
+        if not user.is_authenticated:
+            return self.none()
+        if user.is_staff:
+            return self.all()
+        return self.filter(Q(owner=user) | Q(project__members=user)).distinct()
+
+    def active(self) -> TrainingJobQuerySet:
+        return self.filter(status__in=ACTIVE)
+
+
+class TrainingJob(models.Model):
+    class JobType(models.TextChoices):
+        ON_DEMAND = "On-Demand", "On-Demand"
+        SPOT = "Spot", "Spot"
+
+    name = models.CharField(max_length=63, validators=[DNS_LABEL])
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="training_jobs")
+    project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="jobs")
+    job_type = models.CharField(max_length=16, choices=JobType.choices, default=JobType.ON_DEMAND)
+    image = models.CharField(max_length=200)
+    command = models.TextField()
+    env = models.JSONField(default=dict, blank=True)
+    gpus_per_node = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(0), MaxValueValidator(64)])
+    node_count = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(64)])
+    failover_enabled = models.BooleanField(default=True)
+    output_dir = models.CharField(max_length=500, blank=True)
+    max_run_minutes = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    description = models.CharField(max_length=500, blank=True)
+
+    status = models.CharField(max_length=32, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)
+    status_reason = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    failover_count = models.PositiveSmallIntegerField(default=0)
+    # Image-pull retries: when the next try is due and how many were made.
+    pull_attempts = models.PositiveSmallIntegerField(default=0)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TrainingJobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="job_name_unique_per_owner")]
+        indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def total_gpus(self) -> int:
+        return self.gpus_per_node * self.node_count
+
+    @property
+    def badge(self) -> tuple[str, str]:
+        return BADGE_GROUPS[self.status]
+
+    @property
+    def running_time(self) -> timedelta | None:
+        if not self.started_at:
+            return None
+        end = self.finished_at or timezone.now()
+        return max(end - self.started_at, timedelta(0))
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE
+
+
+class JobAttempt(models.Model):
+    """One placement of a job: on one or more nodes, from launch to exit."""
+
+    class State(models.TextChoices):
+        PLACED = "placed", "placed"  # GPUs held, process not started yet
+        RUNNING = "running", "running"
+        EXITED = "exited", "exited"
+        ABANDONED = "abandoned", "abandoned"  # never started (image missing, launch error)
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PLACED)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_signal = models.IntegerField(null=True, blank=True)
+    cause = models.CharField(max_length=500, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [models.UniqueConstraint(fields=["job", "number"], name="attempt_unique_number")]
+
+    def __str__(self) -> str:
+        return f"{self.job.name}#{self.number}"
+
+
+class AttemptNode(models.Model):
+    """The part of an attempt on one node: its rank, GPUs and the process supervising it."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="placements")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="placements")
+    rank = models.PositiveSmallIntegerField(default=0)
+    gpu_indices = models.JSONField(default=list)
+    workdir = models.CharField(max_length=500, blank=True)
+    runner_pid = models.IntegerField(null=True, blank=True)
+    pgid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    exit_signal = models.IntegerField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt", "rank"]
+        constraints = [models.UniqueConstraint(fields=["attempt", "rank"], name="attempt_node_unique_rank")]
+
+    @property
+    def stream(self) -> str:
+        return "master" if self.rank == 0 else f"worker-{self.rank}"
+
+
+class JobEvent(models.Model):
+    """One status change of a job: from, to, why, during which attempt, when and by whom."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    from_status = models.CharField(max_length=32, choices=JobStatus.choices, blank=True)
+    to_status = models.CharField(max_length=32, choices=JobStatus.choices)
+    reason = models.CharField(max_length=500, blank=True)
+    attempt = models.PositiveSmallIntegerField(null=True, blank=True)
+    actor = models.CharField(max_length=150, default="system")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [models.Index(fields=["job", "created_at"], name="event_job_created")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_status or '∅'} → {self.to_status}"

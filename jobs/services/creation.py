@@ -1,0 +1,80 @@
+"""Creating and cloning Training Jobs, and the personal project every user gets."""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from jobs.models import Project, TrainingJob
+from jobs.services.lifecycle import record_creation
+
+logger = logging.getLogger(__name__)
+
+
+def personal_project_for(user) -> Project:
+    """The user's own project, created on first use."""
+    try:
+        return user.personal_project
+    except Project.DoesNotExist:
+        pass
+    base = re.sub(r"[^a-z0-9-]+", "-", user.get_username().lower()).strip("-")[:50] or "user"
+    name = f"{base}-personal"
+    with transaction.atomic():
+        if Project.objects.filter(name=name).exists():
+            name = f"{base}-{user.pk}-personal"
+        project = Project.objects.create(name=name, personal_for=user, description=f"{user.get_username()}'s jobs")
+        project.members.add(user)
+    return project
+
+
+def create_job(*, owner, actor: str | None = None, **fields: Any) -> TrainingJob:
+    """Create a Pending job from validated fields (the form and the API validate them)."""
+    if fields.get("project") is None:
+        fields["project"] = personal_project_for(owner)
+    with transaction.atomic():
+        job = TrainingJob.objects.create(owner=owner, **fields)
+        record_creation(job, actor=actor or owner.get_username())
+    return job
+
+
+CLONED_FIELDS = (
+    "project",
+    "job_type",
+    "image",
+    "command",
+    "env",
+    "gpus_per_node",
+    "node_count",
+    "failover_enabled",
+    "output_dir",
+    "max_run_minutes",
+    "description",
+)
+
+
+def clone_name(source: TrainingJob, owner) -> str:
+    """``<name>-copy``, then ``<name>-copy-2`` … : the first name the owner does not use yet."""
+    stem = source.name[:55]
+    taken = set(TrainingJob.objects.filter(owner=owner, name__startswith=f"{stem}-copy").values_list("name", flat=True))
+    candidate = f"{stem}-copy"
+    n = 2
+    while candidate in taken:
+        candidate = f"{stem}-copy-{n}"
+        n += 1
+    return candidate
+
+
+def clone_job(source: TrainingJob, *, owner, name: str | None = None) -> TrainingJob:
+    """A new Pending job with the source's settings, owned by ``owner``."""
+    fields = {f: getattr(source, f) for f in CLONED_FIELDS}
+    if not source.project.members.filter(pk=owner.pk).exists() and not owner.is_staff:
+        fields["project"] = personal_project_for(owner)
+    for _ in range(3):
+        try:
+            return create_job(owner=owner, name=name or clone_name(source, owner), **fields)
+        except IntegrityError:
+            if name:
+                raise
+    raise IntegrityError("could not find a free name for the clone")

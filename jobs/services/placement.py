@@ -1,0 +1,158 @@
+"""Placement: first fit of a job's GPUs over Ready, healthy, uncordoned nodes, oldest job first."""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from jobs.models import GPU, AttemptNode, Image, JobAttempt, Node, TrainingJob
+from jobs.services.lifecycle import transition
+from jobs.statuses import JobStatus
+
+logger = logging.getLogger(__name__)
+
+
+class PlacementConflict(Exception):
+    """Another placement took a GPU between reading the free ones and holding them."""
+
+
+@dataclass
+class FreeCapacity:
+    """Free GPU indices per schedulable node, in node-name order; updated as jobs are placed."""
+
+    nodes: list[tuple[int, str]] = field(default_factory=list)  # (node id, name), by name
+    free: dict[int, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls) -> FreeCapacity:
+        nodes = list(
+            Node.objects.filter(state=Node.State.READY, healthy=True, cordoned=False)
+            .order_by("name")
+            .values_list("id", "name")
+        )
+        free: dict[int, list[int]] = defaultdict(list)
+        rows = GPU.objects.filter(node_id__in=[n for n, _ in nodes], allocated_to__isnull=True, healthy=True)
+        for node_id, index in rows.order_by("index").values_list("node_id", "index"):
+            free[node_id].append(index)
+        return cls(nodes=nodes, free=dict(free))
+
+    def first_fit(self, gpus_per_node: int, node_count: int, exclude: frozenset[int] = frozenset()) -> list[tuple[int, list[int]]] | None:
+        """``node_count`` distinct nodes with ``gpus_per_node`` free GPUs each, first by name."""
+        chosen: list[tuple[int, list[int]]] = []
+        for node_id, _name in self.nodes:
+            if node_id in exclude:
+                continue
+            free = self.free.get(node_id, [])
+            if len(free) >= gpus_per_node:
+                chosen.append((node_id, free[:gpus_per_node]))
+                if len(chosen) == node_count:
+                    return chosen
+        return None
+
+    def take(self, chosen: list[tuple[int, list[int]]]) -> None:
+        for node_id, indices in chosen:
+            self.free[node_id] = [i for i in self.free.get(node_id, []) if i not in indices]
+
+
+def waiting_reason(job: TrainingJob) -> str:
+    if job.node_count > 1:
+        return f"waiting for {job.node_count} nodes with {job.gpus_per_node} free GPUs each"
+    return f"waiting for {job.gpus_per_node} GPU{'s' if job.gpus_per_node != 1 else ''}"
+
+
+def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
+    """Place the jobs waiting for capacity, oldest first; return the attempts created.
+
+    A job that does not fit keeps waiting with a reason; younger, smaller jobs may still fit
+    into what is left (backfill).
+    """
+    now = timezone.now()
+    open_attempts = JobAttempt.objects.filter(state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING])
+    candidates = list(
+        TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF])
+        .exclude(pk__in=open_attempts.values("job_id"))
+        .order_by("created_at", "id")[:limit]
+    )
+    if not candidates:
+        return []
+    images = set(Image.objects.filter(reference__in={j.image for j in candidates}).values_list("reference", flat=True))
+    capacity = FreeCapacity.read()
+    placed: list[JobAttempt] = []
+    for job in candidates:
+        if job.image not in images:
+            if job.status == JobStatus.PENDING or (job.next_retry_at and job.next_retry_at <= now):
+                back_off_image_pull(job, f"image {job.image} is not registered")
+            continue
+        if job.status == JobStatus.IMAGE_PULL_BACKOFF:
+            if job.next_retry_at and job.next_retry_at > now:
+                continue
+            if not transition(job.pk, JobStatus.PENDING, reason=f"image {job.image} is available", expected={JobStatus.IMAGE_PULL_BACKOFF}):
+                continue
+            job.status = JobStatus.PENDING
+        chosen = capacity.first_fit(job.gpus_per_node, job.node_count)
+        if chosen is None:
+            reason = waiting_reason(job)
+            if job.status_reason != reason:
+                TrainingJob.objects.filter(pk=job.pk, status=job.status).update(status_reason=reason)
+            continue
+        try:
+            placed.append(hold_placement(job, chosen, node_names=dict(capacity.nodes)))
+        except PlacementConflict:
+            logger.info("job %s: placement raced with another; retrying next round", job.pk)
+            capacity = FreeCapacity.read()
+            continue
+        capacity.take(chosen)
+    return placed
+
+
+def hold_placement(job: TrainingJob, chosen: list[tuple[int, list[int]]], *, node_names: dict[int, str]) -> JobAttempt:
+    """Create the attempt and hold its GPUs by compare-and-swap, all in one transaction."""
+    with transaction.atomic():
+        number = (JobAttempt.objects.filter(job=job).aggregate(m=Max("number"))["m"] or 0) + 1
+        attempt = JobAttempt.objects.create(job=job, number=number)
+        names = []
+        for rank, (node_id, indices) in enumerate(chosen):
+            part = AttemptNode.objects.create(attempt=attempt, node_id=node_id, rank=rank, gpu_indices=indices)
+            held = GPU.objects.filter(node_id=node_id, index__in=indices, allocated_to__isnull=True).update(allocated_to=part)
+            if held != len(indices):
+                raise PlacementConflict
+            names.append(f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}")
+        reason = f"placed on {', '.join(names)}; starting"
+        TrainingJob.objects.filter(pk=job.pk).update(status_reason=reason)
+    logger.info("job %s: attempt %s %s", job.pk, number, reason)
+    return attempt
+
+
+def back_off_image_pull(job: TrainingJob, reason: str) -> None:
+    """Record a failed image resolution and when to try again (exponential, capped)."""
+    tries = job.pull_attempts + 1
+    delay = min(settings.IMAGE_PULL_BACKOFF_BASE * 2 ** (tries - 1), settings.IMAGE_PULL_BACKOFF_MAX)
+    next_retry = timezone.now() + timedelta(seconds=delay)
+    full_reason = f"{reason}; retry {tries} in {delay:.0f}s"
+    if job.status != JobStatus.IMAGE_PULL_BACKOFF:
+        transition(job.pk, JobStatus.IMAGE_PULL_BACKOFF, reason=full_reason, pull_attempts=tries, next_retry_at=next_retry)
+    else:
+        TrainingJob.objects.filter(pk=job.pk, status=JobStatus.IMAGE_PULL_BACKOFF).update(
+            status_reason=full_reason, pull_attempts=tries, next_retry_at=next_retry
+        )
+
+
+def release_gpus(attempt: JobAttempt) -> None:
+    GPU.objects.filter(allocated_to__attempt=attempt).update(allocated_to=None)
+
+
+def abandon_open_attempts(job_id: int, *, cause: str) -> None:
+    """Give up attempts that never started (the job was stopped or its image vanished)."""
+    now = timezone.now()
+    for attempt in JobAttempt.objects.filter(job_id=job_id, state=JobAttempt.State.PLACED):
+        with transaction.atomic():
+            release_gpus(attempt)
+            JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(
+                state=JobAttempt.State.ABANDONED, ended_at=now, cause=cause[:500]
+            )
