@@ -1,0 +1,107 @@
+"""Shared fixtures: the three users of every access test (owner, teammate, outsider), staff,
+a job factory, and a node agent on simulated GPUs that runs real processes."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from jobs.models import Image, Project, TrainingJob
+from jobs.services.creation import create_job, personal_project_for
+
+
+@pytest.fixture(autouse=True)
+def job_work_root(tmp_path, settings):
+    settings.JOB_WORK_ROOT = tmp_path / "jobs"
+    return settings.JOB_WORK_ROOT
+
+
+@pytest.fixture
+def owner(db) -> User:
+    return User.objects.create_user("owner", password="owner-pass-1")
+
+
+@pytest.fixture
+def teammate(db, owner) -> User:
+    user = User.objects.create_user("teammate", password="teammate-pass-1")
+    personal_project_for(owner).members.add(user)
+    return user
+
+
+@pytest.fixture
+def outsider(db) -> User:
+    return User.objects.create_user("outsider", password="outsider-pass-1")
+
+
+@pytest.fixture
+def staff(db) -> User:
+    return User.objects.create_user("operator", password="operator-pass-1", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def project(owner) -> Project:
+    return personal_project_for(owner)
+
+
+@pytest.fixture
+def default_image(db) -> Image:
+    image, _ = Image.objects.get_or_create(
+        reference=settings.DEFAULT_IMAGE, defaults={"runtime": settings.DEFAULT_IMAGE_RUNTIME, "is_default": True}
+    )
+    return image
+
+
+@pytest.fixture
+def make_job(owner, default_image) -> Callable[..., TrainingJob]:
+    counter = {"n": 0}
+
+    def make(**fields) -> TrainingJob:
+        counter["n"] += 1
+        fields.setdefault("name", f"job-{counter['n']}")
+        fields.setdefault("image", default_image.reference)
+        fields.setdefault("command", "python -c 'print(1)'")
+        fields.setdefault("gpus_per_node", 1)
+        return create_job(owner=fields.pop("owner", owner), **fields)
+
+    return make
+
+
+@pytest.fixture
+def nodes(db, settings):
+    """Three simulated nodes with four GPUs each, registered as the embedded agent does."""
+    from jobs.agent.inventory import register_nodes, simulated_nodes
+
+    settings.SIMULATED_NODES = 3
+    settings.SIMULATED_GPUS_PER_NODE = 4
+    return register_nodes(simulated_nodes(), agent="embedded")
+
+
+@pytest.fixture
+def agent(nodes, settings):
+    from jobs.agent.local import NodeAgent
+
+    settings.STOP_GRACE_PERIOD = 5.0
+    return NodeAgent([n.name for n in nodes])
+
+
+@pytest.fixture
+def drive(agent) -> Callable[..., TrainingJob]:
+    """Run placement and the agent until the job reaches one of ``statuses`` (or time runs out)."""
+    from jobs.agent.loop import control_round
+
+    def run(job: TrainingJob, statuses: set[str] | str, *, timeout: float = 60.0) -> TrainingJob:
+        wanted = {statuses} if isinstance(statuses, str) else set(statuses)
+        deadline = time.monotonic() + timeout
+        while True:
+            control_round(agent)
+            job.refresh_from_db()
+            if job.status in wanted:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job.name} is {job.status} ({job.status_reason}), wanted {wanted}")
+            time.sleep(0.1)
+
+    return run

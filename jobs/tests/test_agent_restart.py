@@ -1,0 +1,55 @@
+"""Restarting the console (and its agent) while jobs run loses nothing."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from jobs.agent.local import NodeAgent, run_dir
+from jobs.agent.loop import control_round
+from jobs.models import JobAttempt
+from jobs.statuses import JobStatus
+from logs.models import LogLine
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+COUNTER = (
+    "python -c \"import time\nfor i in range(40):\n    print('line', i, flush=True); time.sleep(0.05)\""
+)
+
+
+def test_a_new_agent_adopts_running_jobs_and_stores_every_line_once(make_job, drive, nodes, agent):
+    job = drive(make_job(command=COUNTER), JobStatus.RUNNING)
+    time.sleep(0.5)
+    control_round(agent)  # some lines stored by the first agent
+    stored_before = LogLine.objects.filter(job=job).count()
+    # The console restarts: a fresh agent with no memory of offsets or children.
+    fresh = NodeAgent([n.name for n in nodes])
+    deadline = time.monotonic() + 30
+    while job.status != JobStatus.COMPLETED:
+        assert time.monotonic() < deadline
+        control_round(fresh)
+        job.refresh_from_db()
+        time.sleep(0.1)
+    texts = list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
+    assert texts == [f"line {i}" for i in range(40)]
+    assert stored_before < 40
+
+
+def test_a_run_whose_supervisor_died_ends_failed_with_the_reason(make_job, drive, nodes, agent):
+    job = drive(make_job(command="python -c \"import time; print('up', flush=True); time.sleep(600)\""), JobStatus.RUNNING)
+    part = JobAttempt.objects.get(job=job).placements.get()
+    deadline = time.monotonic() + 10
+    while not (run_dir(part) / "pid.json").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pgid = json.loads((run_dir(part) / "pid.json").read_text())["pgid"]
+    os.killpg(pgid, signal.SIGKILL)
+    part.refresh_from_db()
+    os.kill(part.runner_pid, signal.SIGKILL)
+    agent.children.pop(part.runner_pid).wait()
+    job = drive(job, JobStatus.FAILED)
+    assert job.status_reason == "the run's supervisor process was lost"
