@@ -81,6 +81,8 @@ class Node(models.Model):
     simulated = models.BooleanField(default=False)
     agent = models.CharField(max_length=100, blank=True, help_text="The node agent that serves this node")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # Spot capacity on this node was reclaimed: no Spot job is placed here until then.
+    spot_reclaimed_until = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -207,6 +209,14 @@ class JobAttempt(models.Model):
     exit_signal = models.IntegerField(null=True, blank=True)
     cause = models.CharField(max_length=500, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # Stopped because an operator reclaimed spot capacity: the job goes back to Pending.
+    reclaimed = models.BooleanField(default=False)
+    # The failover judgement of a failed run: "hardware" | "non-hardware" ("" until judged).
+    verdict = models.CharField(max_length=16, blank=True)
+    verdict_reason = models.CharField(max_length=500, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    # CKPT_LAST_STEP the run was started with (None: started from scratch).
+    resume_step = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "number"]
@@ -248,6 +258,7 @@ class JobEvent(models.Model):
     reason = models.CharField(max_length=500, blank=True)
     attempt = models.PositiveSmallIntegerField(null=True, blank=True)
     actor = models.CharField(max_length=150, default="system")
+    evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -256,3 +267,16 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_status or '∅'} → {self.to_status}"
+
+
+class JobExclusion(models.Model):
+    """A node (or, with FAILOVER_EXCLUDE=gpu, one GPU of it) a job is never placed on again."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="exclusions")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="+")
+    gpu = models.PositiveSmallIntegerField(null=True, blank=True, help_text="empty: the whole node")
+    reason = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "node", "gpu"], name="exclusion_unique")]

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psutil
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs import hooks
 from jobs.models import AttemptNode, Image, JobAttempt, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull
@@ -63,6 +63,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def latest_checkpoint_step(output_dir: str) -> int | None:
+    """The step of the newest committed ckptlib checkpoint in a job's output directory."""
+    from ckptlib import checkpoint_root, read_latest
+
+    return read_latest(checkpoint_root(output_dir))
+
+
 def runtime_python(runtime: str) -> Path:
     return Path(runtime) / "bin" / "python"
 
@@ -82,6 +89,8 @@ class NodeAgent:
     def tick(self) -> None:
         self.heartbeat()
         self.launch_placed()
+        for hook in hooks.agent_round_hooks:
+            hook(self)
         self.enforce_stops()
         self.collect()
         for pid, child in list(self.children.items()):
@@ -122,6 +131,9 @@ class NodeAgent:
         parts = list(attempt.placements.select_related("node").order_by("rank"))
         master_port = free_port()
         output_dir = job.output_dir or str(job_dir(job.pk) / "output")
+        if attempt.number > 1:
+            attempt.resume_step = latest_checkpoint_step(output_dir)
+            JobAttempt.objects.filter(pk=attempt.pk).update(resume_step=attempt.resume_step)
         try:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
             for part in parts:
@@ -159,6 +171,8 @@ class NodeAgent:
             "JOB_ATTEMPT": str(attempt.number),
             "OUTPUT_DIR": output_dir,
         }
+        if attempt.resume_step is not None:
+            env["CKPT_LAST_STEP"] = str(attempt.resume_step)
         spec = {
             "command": job.command,
             "cwd": str(workdir),
@@ -297,5 +311,4 @@ class NodeAgent:
         ended = list(siblings.order_by("ended_at", "rank"))
         first_bad = next((p for p in ended if p.exit_signal or p.exit_code not in (0,)), None)
         source = first_bad or ended[0]
-        with transaction.atomic():
-            record_exit(attempt, exit_code=source.exit_code, exit_signal=source.exit_signal, cause=cause)
+        record_exit(attempt, exit_code=source.exit_code, exit_signal=source.exit_signal, cause=cause)

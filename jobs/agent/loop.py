@@ -7,6 +7,7 @@ import threading
 from django.conf import settings
 from django.db import close_old_connections
 
+from jobs import hooks
 from jobs.agent.inventory import discover_nodes, register_nodes
 from jobs.agent.local import NodeAgent
 from jobs.services.placement import place_waiting_jobs
@@ -20,9 +21,13 @@ def start_local_agent(*, name: str = "embedded") -> NodeAgent:
     return NodeAgent([n.name for n in nodes], name=name)
 
 
-def control_round(agent: NodeAgent) -> None:
+def control_round(agent: NodeAgent | None) -> None:
+    """One round of the control plane (sweeps, placement) and, embedded, of the local agent."""
+    for hook in hooks.control_round_hooks:
+        hook()
     place_waiting_jobs()
-    agent.tick()
+    if agent is not None:
+        agent.tick()
 
 
 class EmbeddedControlLoop(threading.Thread):

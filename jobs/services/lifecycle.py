@@ -29,6 +29,7 @@ def transition(
     actor: str = "system",
     attempt: int | None = None,
     expected: frozenset[str] | set[str] | None = None,
+    evidence: dict | None = None,
     **fields: Any,
 ) -> bool:
     """Move a job to ``to_status`` if the transition table allows it from its current status.
@@ -61,6 +62,7 @@ def transition(
             reason=reason[:500],
             attempt=attempt,
             actor=actor[:150],
+            evidence=evidence or {},
             created_at=now,
         )
     logger.info("job %s: %s → %s (%s)", job_id, from_status, to_status, reason or "no reason given")

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from jobs.models import GPU, AttemptNode, Image, JobAttempt, Node, TrainingJob
+from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
 
@@ -42,13 +42,20 @@ class FreeCapacity:
             free[node_id].append(index)
         return cls(nodes=nodes, free=dict(free))
 
-    def first_fit(self, gpus_per_node: int, node_count: int, exclude: frozenset[int] = frozenset()) -> list[tuple[int, list[int]]] | None:
+    def first_fit(
+        self,
+        gpus_per_node: int,
+        node_count: int,
+        *,
+        exclude_nodes: frozenset[int] | set[int] = frozenset(),
+        exclude_gpus: frozenset[tuple[int, int]] | set[tuple[int, int]] = frozenset(),
+    ) -> list[tuple[int, list[int]]] | None:
         """``node_count`` distinct nodes with ``gpus_per_node`` free GPUs each, first by name."""
         chosen: list[tuple[int, list[int]]] = []
         for node_id, _name in self.nodes:
-            if node_id in exclude:
+            if node_id in exclude_nodes:
                 continue
-            free = self.free.get(node_id, [])
+            free = [i for i in self.free.get(node_id, []) if (node_id, i) not in exclude_gpus]
             if len(free) >= gpus_per_node:
                 chosen.append((node_id, free[:gpus_per_node]))
                 if len(chosen) == node_count:
@@ -69,20 +76,33 @@ def waiting_reason(job: TrainingJob) -> str:
 def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
     """Place the jobs waiting for capacity, oldest first; return the attempts created.
 
-    A job that does not fit keeps waiting with a reason; younger, smaller jobs may still fit
-    into what is left (backfill).
+    Waiting are Pending jobs, image-pull back-offs whose retry is due, and failovers judged a
+    hardware fault. A job never lands on a node (or GPU) it was excluded from, and a Spot job not
+    on a node whose spot capacity was just reclaimed. A job that does not fit keeps waiting with
+    a reason; younger, smaller jobs may still fit into what is left (backfill).
     """
     now = timezone.now()
     open_attempts = JobAttempt.objects.filter(state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING])
+    last_verdict = JobAttempt.objects.filter(job_id=OuterRef("pk")).order_by("-number").values("verdict")[:1]
     candidates = list(
-        TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF])
+        TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF, JobStatus.FAILOVER_IN_PROGRESS])
         .exclude(pk__in=open_attempts.values("job_id"))
+        .annotate(last_verdict=Subquery(last_verdict))
+        .filter(~Q(status=JobStatus.FAILOVER_IN_PROGRESS) | Q(last_verdict="hardware"))
         .order_by("created_at", "id")[:limit]
     )
     if not candidates:
         return []
     images = set(Image.objects.filter(reference__in={j.image for j in candidates}).values_list("reference", flat=True))
     capacity = FreeCapacity.read()
+    excluded_nodes: dict[int, set[int]] = defaultdict(set)
+    excluded_gpus: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    for job_id, node_id, gpu in JobExclusion.objects.filter(job_id__in=[j.pk for j in candidates]).values_list("job_id", "node_id", "gpu"):
+        if gpu is None:
+            excluded_nodes[job_id].add(node_id)
+        else:
+            excluded_gpus[job_id].add((node_id, gpu))
+    spot_held = set(Node.objects.filter(spot_reclaimed_until__gt=now).values_list("id", flat=True))
     placed: list[JobAttempt] = []
     for job in candidates:
         if job.image not in images:
@@ -95,7 +115,8 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
             if not transition(job.pk, JobStatus.PENDING, reason=f"image {job.image} is available", expected={JobStatus.IMAGE_PULL_BACKOFF}):
                 continue
             job.status = JobStatus.PENDING
-        chosen = capacity.first_fit(job.gpus_per_node, job.node_count)
+        avoid = excluded_nodes[job.pk] | (spot_held if job.job_type == TrainingJob.JobType.SPOT else set())
+        chosen = capacity.first_fit(job.gpus_per_node, job.node_count, exclude_nodes=avoid, exclude_gpus=excluded_gpus[job.pk])
         if chosen is None:
             reason = waiting_reason(job)
             if job.status_reason != reason:

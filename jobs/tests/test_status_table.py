@@ -40,6 +40,7 @@ def test_the_documented_flows_are_allowed():
         ["Running", "Failed"],
         ["Running", "Stopping", "Stopped"],
         ["Pending", "Pending - imagepullbackoff", "Pending", "Running"],
+        ["Running", "Pending", "Running"],
     ]
     for flow in flows:
         for a, b in itertools.pairwise(flow):

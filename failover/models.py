@@ -1,0 +1,53 @@
+"""Health of nodes as the probes saw it, and faults injected into simulated GPUs."""
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+
+
+class SimulatedFault(models.Model):
+    """A fault an operator injected into a simulated GPU (or a whole simulated node).
+
+    The simulated probe reports it through the same interface as NVML's readings; the node agent
+    kills the training processes on that GPU as the real fault would.
+    """
+
+    class Kind(models.TextChoices):
+        XID = "xid", "Xid error"
+        ECC = "ecc", "Uncorrectable ECC error"
+        GPU_LOST = "gpu_lost", "GPU lost (fallen off the bus)"
+        NVLINK = "nvlink", "NVLink failure"
+        THERMAL = "thermal", "Thermal shutdown"
+
+    node = models.ForeignKey("jobs.Node", on_delete=models.CASCADE, related_name="simulated_faults")
+    gpu = models.PositiveSmallIntegerField(null=True, blank=True, help_text="GPU index; empty for the whole node")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.XID)
+    xid = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by = models.CharField(max_length=150, blank=True)
+    # When the node agent made the processes on the GPU die (None: not yet).
+    applied_at = models.DateTimeField(null=True, blank=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        where = f"{self.node.name}/gpu{self.gpu}" if self.gpu is not None else self.node.name
+        return f"{self.get_kind_display()} on {where}"
+
+
+class NodeHealth(models.Model):
+    """The latest health reading of a node: its findings as JSON, and when and how it was taken."""
+
+    node = models.OneToOneField("jobs.Node", on_delete=models.CASCADE, related_name="health")
+    checked_at = models.DateTimeField(default=timezone.now)
+    source = models.CharField(max_length=16, default="simulated")
+    findings = models.JSONField(default=list, blank=True)
+    kernel_log = models.TextField(blank=True)
+
+    class Meta:
+        verbose_name_plural = "node health"
+
+    def __str__(self) -> str:
+        return f"{self.node.name}: {len(self.findings)} finding(s) at {self.checked_at:%H:%M:%S}"
