@@ -197,3 +197,14 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
 }
+
+# --- Job Failover ------------------------------------------------------------------------------
+# How often the node agent checks GPU health (seconds; it also checks at every run exit).
+HEALTH_CHECK_INTERVAL = env_float("HEALTH_CHECK_INTERVAL", 5.0)
+# A node whose agent has not reported for this long is lost; its running jobs fail over.
+NODE_HEARTBEAT_TIMEOUT = env_float("NODE_HEARTBEAT_TIMEOUT", 30.0)
+# What a hardware fault excludes from a job's next placements: "node" (as the service does) or
+# "gpu" (a single machine with real GPUs: the job may move to the machine's healthy GPUs).
+FAILOVER_EXCLUDE = env_str("FAILOVER_EXCLUDE", "node")
+# After a spot reclaim, no Spot job is placed on that node for this long (seconds).
+SPOT_RECLAIM_HOLD = env_float("SPOT_RECLAIM_HOLD", 300.0)

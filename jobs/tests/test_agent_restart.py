@@ -40,7 +40,8 @@ def test_a_new_agent_adopts_running_jobs_and_stores_every_line_once(make_job, dr
 
 
 def test_a_run_whose_supervisor_died_ends_failed_with_the_reason(make_job, drive, nodes, agent):
-    job = drive(make_job(command="python -c \"import time; print('up', flush=True); time.sleep(600)\""), JobStatus.RUNNING)
+    job = make_job(command="python -c \"import time; print('up', flush=True); time.sleep(600)\"", failover_enabled=False)
+    job = drive(job, JobStatus.RUNNING)
     part = JobAttempt.objects.get(job=job).placements.get()
     deadline = time.monotonic() + 10
     while not (run_dir(part) / "pid.json").exists():
@@ -52,4 +53,4 @@ def test_a_run_whose_supervisor_died_ends_failed_with_the_reason(make_job, drive
     os.kill(part.runner_pid, signal.SIGKILL)
     agent.children.pop(part.runner_pid).wait()
     job = drive(job, JobStatus.FAILED)
-    assert job.status_reason == "the run's supervisor process was lost"
+    assert job.status_reason == "the run's supervisor process was lost; Job Failover is off"

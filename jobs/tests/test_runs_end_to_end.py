@@ -66,11 +66,13 @@ def test_leading_assignments_and_continued_lines_run_like_the_services_command_f
     assert log_texts(job) == ["hello there"]
 
 
-def test_a_failing_script_ends_failed_with_its_traceback_captured(make_job, drive):
-    job = make_job(command="python -m jobs.examples.train_tiny --epochs 3 --steps-per-epoch 5 --fail-at-epoch 2")
+def test_a_failing_script_without_failover_ends_failed_with_its_traceback_captured(make_job, drive):
+    job = make_job(
+        command="python -m jobs.examples.train_tiny --epochs 3 --steps-per-epoch 5 --fail-at-epoch 2", failover_enabled=False
+    )
     job = drive(job, JobStatus.FAILED, timeout=120)
     assert statuses(job) == ["Pending", "Running", "Failed"]
-    assert job.status_reason == "exit code 1"
+    assert job.status_reason == "exit code 1; Job Failover is off"
     text = "\n".join(log_texts(job))
     assert "Traceback (most recent call last):" in text
     assert "RuntimeError: deliberate failure at epoch 2" in text

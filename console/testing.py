@@ -1,53 +1,70 @@
-"""Shared fixtures: the three users of every access test (owner, teammate, outsider), staff,
-a job factory, and a node agent on simulated GPUs that runs real processes."""
+"""Test fixtures shared by every app (loaded by the root conftest as a pytest plugin).
+
+The three users of every access test (owner, teammate, outsider), staff, a job factory, and a
+node agent on simulated GPUs that runs real processes. Django is imported lazily so that
+ckptlib's tests run without it.
+"""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 
 import pytest
-from django.conf import settings
-from django.contrib.auth.models import User
-
-from jobs.models import Image, Project, TrainingJob
-from jobs.services.creation import create_job, personal_project_for
 
 
 @pytest.fixture(autouse=True)
-def job_work_root(tmp_path, settings):
+def job_work_root(request, tmp_path):
+    """Every test's runs get their own working directories (where Django is in play)."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        return None
+    settings = request.getfixturevalue("settings")
     settings.JOB_WORK_ROOT = tmp_path / "jobs"
     return settings.JOB_WORK_ROOT
 
 
 @pytest.fixture
-def owner(db) -> User:
+def owner(db):
+    from django.contrib.auth.models import User
+
     return User.objects.create_user("owner", password="owner-pass-1")
 
 
 @pytest.fixture
-def teammate(db, owner) -> User:
+def teammate(db, owner):
+    from django.contrib.auth.models import User
+
+    from jobs.services.creation import personal_project_for
+
     user = User.objects.create_user("teammate", password="teammate-pass-1")
     personal_project_for(owner).members.add(user)
     return user
 
 
 @pytest.fixture
-def outsider(db) -> User:
+def outsider(db):
+    from django.contrib.auth.models import User
+
     return User.objects.create_user("outsider", password="outsider-pass-1")
 
 
 @pytest.fixture
-def staff(db) -> User:
+def staff(db):
+    from django.contrib.auth.models import User
+
     return User.objects.create_user("operator", password="operator-pass-1", is_staff=True, is_superuser=True)
 
 
 @pytest.fixture
-def project(owner) -> Project:
+def project(owner):
+    from jobs.services.creation import personal_project_for
+
     return personal_project_for(owner)
 
 
 @pytest.fixture
-def default_image(db) -> Image:
+def default_image(db, settings):
+    from jobs.models import Image
+
     image, _ = Image.objects.get_or_create(
         reference=settings.DEFAULT_IMAGE, defaults={"runtime": settings.DEFAULT_IMAGE_RUNTIME, "is_default": True}
     )
@@ -55,10 +72,12 @@ def default_image(db) -> Image:
 
 
 @pytest.fixture
-def make_job(owner, default_image) -> Callable[..., TrainingJob]:
+def make_job(owner, default_image) -> Callable:
+    from jobs.services.creation import create_job
+
     counter = {"n": 0}
 
-    def make(**fields) -> TrainingJob:
+    def make(**fields):
         counter["n"] += 1
         fields.setdefault("name", f"job-{counter['n']}")
         fields.setdefault("image", default_image.reference)
@@ -88,11 +107,11 @@ def agent(nodes, settings):
 
 
 @pytest.fixture
-def drive(agent) -> Callable[..., TrainingJob]:
+def drive(agent) -> Callable:
     """Run placement and the agent until the job reaches one of ``statuses`` (or time runs out)."""
     from jobs.agent.loop import control_round
 
-    def run(job: TrainingJob, statuses: set[str] | str, *, timeout: float = 60.0) -> TrainingJob:
+    def run(job, statuses: set[str] | str, *, timeout: float = 60.0):
         wanted = {statuses} if isinstance(statuses, str) else set(statuses)
         deadline = time.monotonic() + timeout
         while True:

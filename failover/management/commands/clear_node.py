@@ -1,0 +1,21 @@
+"""Clear a node after repair: its faults are gone and it takes jobs again."""
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from failover.services.faults import clear_node
+from jobs.models import Node
+
+
+class Command(BaseCommand):
+    help = "Mark a node healthy again (clears injected faults and health findings)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("node")
+
+    def handle(self, *args, node: str, **options):
+        target = Node.objects.filter(name=node).first()
+        if target is None:
+            raise CommandError(f"No node named {node!r}.")
+        clear_node(target, actor="manage.py clear_node")
+        self.stdout.write(f"{node} is healthy again.")
