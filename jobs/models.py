@@ -215,6 +215,7 @@ class JobAttempt(models.Model):
     verdict = models.CharField(max_length=16, blank=True)
     verdict_reason = models.CharField(max_length=500, blank=True)
     evidence = models.JSONField(default=dict, blank=True)
+    judged_at = models.DateTimeField(null=True, blank=True)
     # CKPT_LAST_STEP the run was started with (None: started from scratch).
     resume_step = models.BigIntegerField(null=True, blank=True)
 

@@ -100,7 +100,7 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
             # Only the run's own output told: every node it ran on is suspect.
             faulty = {p.node_id: [] for p in parts}
     JobAttempt.objects.filter(pk=attempt.pk).update(
-        verdict=verdict.verdict, verdict_reason=verdict.reason[:500], evidence=verdict.evidence
+        verdict=verdict.verdict, verdict_reason=verdict.reason[:500], evidence=verdict.evidence, judged_at=timezone.now()
     )
     return apply_verdict(job, attempt, verdict, faulty)
 
