@@ -1,4 +1,4 @@
-"""ASGI entry point: HTTP through Django, WebSockets through Channels (authenticated by session)."""
+"""ASGI entry point: HTTP through Django, WebSockets through Channels (session or token auth)."""
 from __future__ import annotations
 
 import os
@@ -11,13 +11,16 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from console.routing import websocket_urlpatterns  # noqa: E402
+from console.ws_auth import BrowserOriginValidator, TokenAuthMiddleware  # noqa: E402
+from jobs.realtime import remember_server_loop  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
-)
+websocket_app = BrowserOriginValidator(AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))))
+router = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_app})
+
+
+async def application(scope, receive, send):
+    """The router, remembering the server's event loop so sync code can publish into it."""
+    remember_server_loop()
+    return await router(scope, receive, send)

@@ -1,4 +1,6 @@
-"""WebSocket routes of every app (the log tab and live pages add theirs here)."""
+"""WebSocket routes of every app."""
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from logs.routing import websocket_urlpatterns as log_routes
+
+websocket_urlpatterns: list = [*log_routes]

@@ -132,7 +132,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT = env_str("STATIC_ROOT", "") or None  # the embedded console serves from the finders
 STATICFILES_DIRS = [BASE_DIR / "console" / "static"]
 # The embedded console serves its own static files (no collectstatic, no network).
 WHITENOISE_USE_FINDERS = True

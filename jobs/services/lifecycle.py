@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.models import JobEvent, TrainingJob
+from jobs.realtime import job_group, jobs_group, publish
 from jobs.statuses import DELETABLE, STOPPABLE, TERMINAL, JobStatus, sources_of
 
 logger = logging.getLogger(__name__)
@@ -65,8 +66,15 @@ def transition(
             evidence=evidence or {},
             created_at=now,
         )
+        message = {"type": "job.status", "job": job_id, "from": from_status, "status": to_status, "reason": reason[:500]}
+        transaction.on_commit(lambda: publish_status(job_id, message))
     logger.info("job %s: %s → %s (%s)", job_id, from_status, to_status, reason or "no reason given")
     return True
+
+
+def publish_status(job_id: int, message: dict) -> None:
+    publish(job_group(job_id), message)
+    publish(jobs_group(), message)
 
 
 def record_creation(job: TrainingJob, *, actor: str) -> None:

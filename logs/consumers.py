@@ -1,0 +1,173 @@
+"""The log tab's WebSocket: ``/ws/training-jobs/<id>/logs/?stream=master&after=<seq>``.
+
+Messages to the client (JSON):
+* ``{"type": "attempts", "banners": {"2": "attempt 2 on node-b … after a GPU fault …"}}``
+* ``{"type": "lines", "lines": [{"seq", "attempt", "ts", "text"}, …], "backlog": bool}``
+* ``{"type": "end", "status": "Completed"}`` once the job has finished, then the socket closes.
+Without ``after`` the backlog is the stream's last ``tail`` lines (default 1000); with it, every
+line after that ``seq``. Live lines are sent in batches, at most 10 messages a second.
+Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours).
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from jobs.realtime import job_group, log_group
+from jobs.statuses import TERMINAL
+from logs.services import STREAM_NAME, attempt_banners, lines_after, tail_lines
+
+BATCH_INTERVAL = 0.1  # seconds between live messages to one client
+BACKLOG_PAGE = 2000
+MAX_TAIL = 10000
+
+
+class BadParameters(ValueError):
+    pass
+
+
+def parse_params(query_string: bytes) -> tuple[str, int | None, int]:
+    try:
+        params = parse_qs(query_string.decode("utf-8"), strict_parsing=False)
+    except UnicodeDecodeError:
+        raise BadParameters("the query string is not valid UTF-8") from None
+    stream = params.get("stream", ["master"])[-1]
+    if not re.match(STREAM_NAME, stream):
+        raise BadParameters("stream must be master or worker-<n>")
+    after = None
+    if "after" in params:
+        raw = params["after"][-1]
+        if not raw.isdigit() or len(raw) > 18:
+            raise BadParameters("after must be a non-negative integer seq")
+        after = int(raw)
+    tail = 1000
+    if "tail" in params:
+        raw = params["tail"][-1]
+        if not raw.isdigit() or not 1 <= int(raw) <= MAX_TAIL:
+            raise BadParameters(f"tail must be an integer from 1 to {MAX_TAIL}")
+        tail = int(raw)
+    return stream, after, tail
+
+
+class JobLogConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        self.groups_joined: list[str] = []
+        self.pending: list[dict] = []
+        self.flusher: asyncio.Task | None = None
+        self.last_seq = 0
+        self.ended = False
+        await self.accept()
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401, reason="authentication required")
+            return
+        try:
+            self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
+            self.stream, after, tail = parse_params(self.scope.get("query_string", b""))
+        except (BadParameters, ValueError) as exc:
+            await self.close(code=4400, reason=str(exc)[:120])
+            return
+        status = await self.read_status(user)
+        if status is None:
+            await self.close(code=4404, reason="no such training job")
+            return
+        # Join before reading the backlog: a line committed in between arrives twice at most,
+        # and the seq check drops the second copy.
+        for group in (log_group(self.job_id, self.stream), job_group(self.job_id)):
+            await self.channel_layer.group_add(group, self.channel_name)
+            self.groups_joined.append(group)
+        await self.send_json({"type": "attempts", "banners": await self.banners()})
+        if after is None:
+            lines = await self.tail(tail)
+            await self.send_lines(lines, backlog=True)
+        else:
+            self.last_seq = after
+            while True:
+                lines = await self.after(self.last_seq)
+                await self.send_lines(lines, backlog=True)
+                if len(lines) < BACKLOG_PAGE:
+                    break
+        status = await self.read_status(user)
+        if status in TERMINAL:
+            await self.finish(status)
+
+    async def disconnect(self, code):
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        if getattr(self, "flusher", None):
+            self.flusher.cancel()
+
+    async def receive_json(self, content, **kwargs):
+        # The socket is one-way; a client message is answered with an error, never a crash.
+        await self.send_json({"type": "error", "detail": "this socket only sends; reconnect with ?after=<seq> to resume"})
+
+    async def decode_json(self, text_data):
+        try:
+            return await super().decode_json(text_data)
+        except ValueError:
+            return None
+
+    # --- group messages ----------------------------------------------------------------------
+    async def log_lines(self, event):
+        fresh = [line for line in event["lines"] if line["seq"] > self.last_seq]
+        if not fresh or self.ended:
+            return
+        self.pending.extend(fresh)
+        self.last_seq = fresh[-1]["seq"]
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.ensure_future(self.flush_later())
+
+    async def job_status(self, event):
+        if event.get("status") == "Running" and event.get("from") != "Pending":
+            await self.send_json({"type": "attempts", "banners": await self.banners()})
+        if event.get("status") in TERMINAL:
+            await self.finish(event["status"])
+
+    # --- helpers -----------------------------------------------------------------------------
+    async def flush_later(self):
+        await asyncio.sleep(BATCH_INTERVAL)
+        await self.flush()
+
+    async def flush(self):
+        if self.pending:
+            lines, self.pending = self.pending, []
+            await self.send_json({"type": "lines", "lines": lines, "backlog": False})
+
+    async def send_lines(self, lines: list[dict], *, backlog: bool):
+        if lines:
+            self.last_seq = max(self.last_seq, lines[-1]["seq"])
+        await self.send_json({"type": "lines", "lines": lines, "backlog": backlog})
+
+    async def finish(self, status: str):
+        if self.ended:
+            return
+        await self.flush()
+        # Lines committed before the status change may still be on their way: read them.
+        lines = await self.after(self.last_seq)
+        if lines:
+            await self.send_lines(lines, backlog=False)
+        self.ended = True
+        await self.send_json({"type": "end", "status": status})
+        await self.close(code=1000)
+
+    @database_sync_to_async
+    def read_status(self, user) -> str | None:
+        from jobs.models import TrainingJob
+
+        return TrainingJob.objects.visible_to(user).filter(pk=self.job_id).values_list("status", flat=True).first()
+
+    @database_sync_to_async
+    def banners(self) -> dict[str, str]:
+        return {str(k): v for k, v in attempt_banners(self.job_id).items()}
+
+    @database_sync_to_async
+    def tail(self, count: int) -> list[dict]:
+        return tail_lines(self.job_id, self.stream, count)
+
+    @database_sync_to_async
+    def after(self, seq: int) -> list[dict]:
+        return lines_after(self.job_id, self.stream, seq, BACKLOG_PAGE)
