@@ -208,3 +208,7 @@ NODE_HEARTBEAT_TIMEOUT = env_float("NODE_HEARTBEAT_TIMEOUT", 30.0)
 FAILOVER_EXCLUDE = env_str("FAILOVER_EXCLUDE", "node")
 # After a spot reclaim, no Spot job is placed on that node for this long (seconds).
 SPOT_RECLAIM_HOLD = env_float("SPOT_RECLAIM_HOLD", 300.0)
+
+# --- Logs --------------------------------------------------------------------------------------
+# Log lines are kept until their job is deleted; operators may set a maximum age (days; 0 keeps all).
+LOG_MAX_AGE_DAYS = env_float("LOG_MAX_AGE_DAYS", 0.0)
