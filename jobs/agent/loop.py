@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -31,25 +32,33 @@ def control_round(agent: NodeAgent | None) -> None:
 
 
 class EmbeddedControlLoop(threading.Thread):
-    """Runs ``control_round`` every ``AGENT_POLL_INTERVAL`` seconds until stopped."""
+    """Runs ``control_round`` every ``AGENT_POLL_INTERVAL`` seconds until stopped, and in between
+    collects the runs' output and exits every ``OUTPUT_POLL_INTERVAL`` seconds, so a printed line
+    reaches the log tab (and a dead process its failover) without waiting for a full round."""
 
     def __init__(self, agent: NodeAgent, *, interval: float | None = None) -> None:
         super().__init__(name="embedded-control-loop", daemon=True)
         self.agent = agent
         self.interval = settings.AGENT_POLL_INTERVAL if interval is None else interval
+        self.output_interval = min(settings.OUTPUT_POLL_INTERVAL, self.interval)
         self.stopped = threading.Event()
 
     def run(self) -> None:
         logger.info("embedded control loop started for nodes %s", ", ".join(self.agent.node_names))
+        next_round = 0.0
         while not self.stopped.is_set():
             try:
-                control_round(self.agent)
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + self.interval
+                    control_round(self.agent)
+                else:
+                    self.agent.collect()
             except Exception:
                 # One bad round must not end supervision of every other job.
                 logger.exception("control round failed; retrying")
             finally:
                 close_old_connections()
-            self.stopped.wait(self.interval)
+            self.stopped.wait(self.output_interval)
 
     def stop(self) -> None:
         self.stopped.set()
