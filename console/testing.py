@@ -14,11 +14,13 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def job_work_root(request, tmp_path):
-    """Every test's runs get their own working directories (where Django is in play)."""
+    """Every test's runs get their own working directories (where Django is in play), and users
+    a fast password hash: users are made for nearly every test."""
     if not request.config.pluginmanager.hasplugin("django"):
         return None
     settings = request.getfixturevalue("settings")
     settings.JOB_WORK_ROOT = tmp_path / "jobs"
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     return settings.JOB_WORK_ROOT
 
 

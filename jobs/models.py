@@ -125,7 +125,9 @@ class TrainingJobQuerySet(models.QuerySet):
             return self.none()
         if user.is_staff:
             return self.all()
-        return self.filter(Q(owner=user) | Q(project__members=user)).distinct()
+        # A subquery, not a join: no duplicate rows, so no DISTINCT over a large table.
+        member_of = Project.objects.filter(members=user).values("pk")
+        return self.filter(Q(owner=user) | Q(project__in=member_of))
 
     def active(self) -> TrainingJobQuerySet:
         return self.filter(status__in=ACTIVE)

@@ -56,7 +56,8 @@ CLONED_FIELDS = (
 
 def clone_name(source: TrainingJob, owner) -> str:
     """``<name>-copy``, then ``<name>-copy-2`` … : the first name the owner does not use yet."""
-    stem = source.name[:55]
+    # Room for "-copy-NNNN" within the 63 characters of a DNS label.
+    stem = source.name[:53].rstrip("-")
     taken = set(TrainingJob.objects.filter(owner=owner, name__startswith=f"{stem}-copy").values_list("name", flat=True))
     candidate = f"{stem}-copy"
     n = 2
