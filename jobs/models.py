@@ -80,6 +80,7 @@ class Node(models.Model):
     cordoned = models.BooleanField(default=False)
     simulated = models.BooleanField(default=False)
     agent = models.CharField(max_length=100, blank=True, help_text="The node agent that serves this node")
+    address = models.CharField(max_length=255, default="127.0.0.1", help_text="Where ranks reach this node (MASTER_ADDR)")
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     # Spot capacity on this node was reclaimed: no Spot job is placed here until then.
     spot_reclaimed_until = models.DateTimeField(null=True, blank=True)
@@ -220,6 +221,9 @@ class JobAttempt(models.Model):
     judged_at = models.DateTimeField(null=True, blank=True)
     # CKPT_LAST_STEP the run was started with (None: started from scratch).
     resume_step = models.BigIntegerField(null=True, blank=True)
+    # Where the ranks of a multi-node run meet (rank 0's node), fixed at placement.
+    master_addr = models.CharField(max_length=255, default="127.0.0.1")
+    master_port = models.PositiveIntegerField(default=29500)
 
     class Meta:
         ordering = ["job", "number"]
@@ -237,6 +241,7 @@ class AttemptNode(models.Model):
     rank = models.PositiveSmallIntegerField(default=0)
     gpu_indices = models.JSONField(default=list)
     workdir = models.CharField(max_length=500, blank=True)
+    # None: not launched; 0: an agent claimed it and is starting it; > 0: its supervisor's pid.
     runner_pid = models.IntegerField(null=True, blank=True)
     pgid = models.IntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -55,12 +54,6 @@ def read_json(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def latest_checkpoint_step(output_dir: str) -> int | None:
@@ -107,7 +100,9 @@ class NodeAgent:
     # --- launch ----------------------------------------------------------------------------
     def launch_placed(self) -> None:
         attempts = (
-            JobAttempt.objects.filter(state=JobAttempt.State.PLACED, placements__node__name__in=self.node_names)
+            JobAttempt.objects.filter(
+                state=JobAttempt.State.PLACED, placements__node__name__in=self.node_names, placements__runner_pid__isnull=True
+            )
             .select_related("job")
             .distinct()
             .order_by("created_at")
@@ -116,6 +111,11 @@ class NodeAgent:
             self.launch(attempt)
 
     def launch(self, attempt: JobAttempt) -> None:
+        """Start this agent's parts of a placed attempt; the last part started makes it Running.
+
+        Each part is claimed by compare-and-swap first, so a duplicate dispatch or two agents
+        never start it twice.
+        """
         job = attempt.job
         if job.status not in (JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF, JobStatus.FAILOVER_IN_PROGRESS):
             abandon_open_attempts(job.pk, cause=f"job is {job.status}")
@@ -128,26 +128,34 @@ class NodeAgent:
             abandon_open_attempts(job.pk, cause=why)
             back_off_image_pull(job, why)
             return
-        parts = list(attempt.placements.select_related("node").order_by("rank"))
-        master_port = free_port()
+        mine = list(
+            attempt.placements.filter(node__name__in=self.node_names, runner_pid__isnull=True).select_related("node").order_by("rank")
+        )
+        claimed = [p for p in mine if AttemptNode.objects.filter(pk=p.pk, runner_pid__isnull=True).update(runner_pid=0)]
+        if not claimed:
+            return
         output_dir = job.output_dir or str(job_dir(job.pk) / "output")
         if attempt.number > 1:
             attempt.resume_step = latest_checkpoint_step(output_dir)
-            JobAttempt.objects.filter(pk=attempt.pk).update(resume_step=attempt.resume_step)
+            if claimed[0].rank == 0:
+                JobAttempt.objects.filter(pk=attempt.pk).update(resume_step=attempt.resume_step)
         try:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
-            for part in parts:
-                self.start_runner(job, attempt, part, image.runtime, output_dir, master_port)
+            for part in claimed:
+                self.start_runner(job, attempt, part, image.runtime, output_dir)
         except OSError as exc:
             logger.exception("job %s: launch failed", job.pk)
             abandon_open_attempts(job.pk, cause=f"launch failed: {exc}")
             transition(job.pk, JobStatus.FAILED, reason=f"could not start the run: {exc}", actor=AGENT, attempt=attempt.number)
             return
+        if attempt.placements.filter(Q(runner_pid__isnull=True) | Q(runner_pid=0)).exists():
+            return  # other agents still start their ranks
+        attempt.refresh_from_db(fields=["resume_step"])
         if not mark_running(attempt):
             # The job was stopped while we launched: enforce_stops terminates what we started.
             logger.info("job %s: stopped during launch; terminating attempt %s", job.pk, attempt.number)
 
-    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str, master_port: int) -> None:
+    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> None:
         directory = run_dir(part)
         directory.mkdir(parents=True, exist_ok=True)
         workdir = job_dir(job.pk) / "work"
@@ -164,8 +172,8 @@ class NodeAgent:
             "NODE_RANK": str(part.rank),
             "LOCAL_RANK": "0",
             "WORLD_SIZE": str(job.node_count),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(master_port),
+            "MASTER_ADDR": attempt.master_addr,
+            "MASTER_PORT": str(attempt.master_port),
             "JOB_NAME": job.name,
             "JOB_ID": str(job.pk),
             "JOB_ATTEMPT": str(attempt.number),
@@ -224,7 +232,7 @@ class NodeAgent:
 
     def live_parts(self):
         """The parts of runs on our nodes that were started and have not been seen to end."""
-        return AttemptNode.objects.filter(node__name__in=self.node_names, runner_pid__isnull=False, ended_at__isnull=True)
+        return AttemptNode.objects.filter(node__name__in=self.node_names, runner_pid__gt=0, ended_at__isnull=True)
 
     def signal(self, part: AttemptNode, sig: int) -> bool:
         """Signal the run's process group; False if it has not recorded its group yet."""

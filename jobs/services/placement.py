@@ -18,6 +18,10 @@ from jobs.statuses import JobStatus
 logger = logging.getLogger(__name__)
 
 
+MASTER_PORT_BASE = 29500
+MASTER_PORT_SPAN = 20000
+
+
 class PlacementConflict(Exception):
     """Another placement took a GPU between reading the free ones and holding them."""
 
@@ -28,19 +32,21 @@ class FreeCapacity:
 
     nodes: list[tuple[int, str]] = field(default_factory=list)  # (node id, name), by name
     free: dict[int, list[int]] = field(default_factory=dict)
+    addresses: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls) -> FreeCapacity:
-        nodes = list(
+        rows = list(
             Node.objects.filter(state=Node.State.READY, healthy=True, cordoned=False)
             .order_by("name")
-            .values_list("id", "name")
+            .values_list("id", "name", "address")
         )
+        nodes = [(node_id, name) for node_id, name, _ in rows]
         free: dict[int, list[int]] = defaultdict(list)
-        rows = GPU.objects.filter(node_id__in=[n for n, _ in nodes], allocated_to__isnull=True, healthy=True)
-        for node_id, index in rows.order_by("index").values_list("node_id", "index"):
+        gpus = GPU.objects.filter(node_id__in=[n for n, _ in nodes], allocated_to__isnull=True, healthy=True)
+        for node_id, index in gpus.order_by("index").values_list("node_id", "index"):
             free[node_id].append(index)
-        return cls(nodes=nodes, free=dict(free))
+        return cls(nodes=nodes, free=dict(free), addresses={node_id: address for node_id, _, address in rows})
 
     def first_fit(
         self,
@@ -123,7 +129,7 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
                 TrainingJob.objects.filter(pk=job.pk, status=job.status).update(status_reason=reason)
             continue
         try:
-            placed.append(hold_placement(job, chosen, node_names=dict(capacity.nodes)))
+            placed.append(hold_placement(job, chosen, node_names=dict(capacity.nodes), master_addr=capacity.addresses[chosen[0][0]]))
         except PlacementConflict:
             logger.info("job %s: placement raced with another; retrying next round", job.pk)
             capacity = FreeCapacity.read()
@@ -132,11 +138,15 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
     return placed
 
 
-def hold_placement(job: TrainingJob, chosen: list[tuple[int, list[int]]], *, node_names: dict[int, str]) -> JobAttempt:
+def hold_placement(
+    job: TrainingJob, chosen: list[tuple[int, list[int]]], *, node_names: dict[int, str], master_addr: str
+) -> JobAttempt:
     """Create the attempt and hold its GPUs by compare-and-swap, all in one transaction."""
     with transaction.atomic():
         number = (JobAttempt.objects.filter(job=job).aggregate(m=Max("number"))["m"] or 0) + 1
-        attempt = JobAttempt.objects.create(job=job, number=number)
+        # A port per attempt, the same for every rank wherever its agent runs.
+        port = MASTER_PORT_BASE + (job.pk * 4 + number) % MASTER_PORT_SPAN
+        attempt = JobAttempt.objects.create(job=job, number=number, master_addr=master_addr, master_port=port)
         names = []
         for rank, (node_id, indices) in enumerate(chosen):
             part = AttemptNode.objects.create(attempt=attempt, node_id=node_id, rank=rank, gpu_indices=indices)
