@@ -1,0 +1,195 @@
+"""The operators' admin: nodes and GPUs, images, projects, and Training Jobs with their history.
+
+A job's status never changes here: status moves only through ``jobs.services.lifecycle``, so the
+status fields are read-only and the job actions go through the same services as the console.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, TrainingJob
+from jobs.services.lifecycle import JobActionRefused, delete_job, request_stop
+from jobs.statuses import DELETABLE
+
+
+class GPUInline(admin.TabularInline):
+    model = GPU
+    extra = 0
+    fields = ("index", "model", "memory_mb", "uuid", "healthy", "health_reason", "allocated_to")
+    readonly_fields = ("allocated_to",)
+    show_change_link = True
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("name", "gpu_model_name", "state", "healthy", "cordoned", "simulated", "last_heartbeat")
+    list_filter = ("state", "healthy", "cordoned", "simulated")
+    search_fields = ("name", "gpu_model", "agent")
+    readonly_fields = ("last_heartbeat", "created_at")
+    actions = ("cordon", "uncordon")
+    inlines = (GPUInline,)
+
+    @admin.display(description="GPU model", ordering="gpu_model")
+    def gpu_model_name(self, node: Node) -> str:
+        return node.gpu_model
+
+    @admin.action(description="Cordon selected nodes (no new jobs are placed on them)")
+    def cordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        count = queryset.update(cordoned=True)
+        self.message_user(request, f"Cordoned {count} node{'s' if count != 1 else ''}.", messages.SUCCESS)
+
+    @admin.action(description="Uncordon selected nodes")
+    def uncordon(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        count = queryset.update(cordoned=False)
+        self.message_user(request, f"Uncordoned {count} node{'s' if count != 1 else ''}.", messages.SUCCESS)
+
+
+@admin.register(GPU)
+class GPUAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "node", "index", "model", "memory_mb", "healthy", "held_by")
+    list_filter = ("healthy", "node")
+    search_fields = ("node__name", "uuid", "model")
+    list_select_related = ("node", "allocated_to__attempt__job")
+    readonly_fields = ("allocated_to",)
+
+    @admin.display(description="Held by")
+    def held_by(self, gpu: GPU) -> str:
+        if gpu.allocated_to is None:
+            return "—"
+        attempt = gpu.allocated_to.attempt
+        return f"{attempt.job.name} (attempt {attempt.number})"
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ("reference", "runtime", "is_default", "description", "created_at")
+    list_filter = ("is_default",)
+    search_fields = ("reference", "description")
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ("name", "description", "personal_for", "created_at")
+    search_fields = ("name", "description")
+    filter_horizontal = ("members",)
+    list_select_related = ("personal_for",)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+class JobAttemptInline(ReadOnlyInline):
+    model = JobAttempt
+    fields = ("number", "state", "started_at", "ended_at", "exit_code", "exit_signal", "cause")
+    readonly_fields = fields
+
+
+class JobEventInline(ReadOnlyInline):
+    model = JobEvent
+    fields = ("created_at", "from_status", "to_status", "reason", "attempt", "actor")
+    readonly_fields = fields
+
+
+@admin.register(TrainingJob)
+class TrainingJobAdmin(admin.ModelAdmin):
+    list_display = ("name", "status", "owner", "project", "job_type", "image", "gpus_per_node", "node_count", "failover_count", "created_at")
+    list_filter = ("status", "job_type", "failover_enabled", "project")
+    search_fields = ("name", "owner__username", "project__name", "image")
+    list_select_related = ("owner", "project")
+    date_hierarchy = "created_at"
+    readonly_fields = (
+        "status",
+        "status_reason",
+        "started_at",
+        "finished_at",
+        "failover_count",
+        "pull_attempts",
+        "next_retry_at",
+        "created_at",
+    )
+    autocomplete_fields = ("project",)
+    inlines = (JobAttemptInline, JobEventInline)
+    actions = ("stop_jobs", "delete_finished_jobs")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        # New jobs come from the console or the API, which record the creation event.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: TrainingJob | None = None) -> bool:
+        # A job that may still run on a node is stopped first; the bulk action below checks each job.
+        if obj is not None and obj.status not in DELETABLE:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_actions(self, request: HttpRequest) -> dict:
+        actions = super().get_actions(request)
+        # Django's bulk delete would skip the status check; delete_finished_jobs replaces it.
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.action(description="Stop selected jobs")
+    def stop_jobs(self, request: HttpRequest, queryset: QuerySet[TrainingJob]) -> None:
+        actor = request.user.get_username()
+        self.run_for_each(request, queryset, ("Stop requested for", "Not stopped"), lambda job: request_stop(job, actor=actor))
+
+    @admin.action(description="Delete selected finished jobs", permissions=["delete"])
+    def delete_finished_jobs(self, request: HttpRequest, queryset: QuerySet[TrainingJob]) -> None:
+        self.run_for_each(request, queryset, ("Deleted", "Not deleted"), delete_job)
+
+    def run_for_each(
+        self, request: HttpRequest, queryset: QuerySet[TrainingJob], verbs: tuple[str, str], action: Callable[[TrainingJob], object]
+    ) -> None:
+        """Apply a lifecycle command to each job; a refusal is a message, the others go on."""
+        verb, refused = verbs
+        done = []
+        for job in queryset:
+            try:
+                action(job)
+            except JobActionRefused as exc:
+                self.message_user(request, f"{refused} {job.name}: {exc}", messages.ERROR)
+            else:
+                done.append(job.name)
+        if done:
+            self.message_user(request, f"{verb} {len(done)} job{'s' if len(done) != 1 else ''}: {', '.join(done)}.", messages.SUCCESS)
+
+
+@admin.register(JobAttempt)
+class JobAttemptAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "job", "number", "state", "started_at", "ended_at", "exit_code", "exit_signal", "cause")
+    list_filter = ("state",)
+    search_fields = ("job__name", "cause")
+    list_select_related = ("job",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(JobEvent)
+class JobEventAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "job", "from_status", "to_status", "reason", "attempt", "actor")
+    list_filter = ("to_status", "actor")
+    search_fields = ("job__name", "reason", "actor")
+    list_select_related = ("job",)
+    date_hierarchy = "created_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False

@@ -1,0 +1,68 @@
+"""Template helpers of the console pages: status badges, icons and durations."""
+from __future__ import annotations
+
+import signal as signals
+from datetime import timedelta
+
+from django import template
+from django.utils.html import format_html
+
+from jobs.statuses import BADGE_GROUPS
+
+register = template.Library()
+
+# Icons the templates use; each is a <symbol id="icon-NAME"> in templates/_icons.html.
+ICONS = frozenset({"clock", "alert", "play", "stop", "refresh", "x", "check", "plus", "copy", "trash", "search"})
+
+
+@register.simple_tag
+def icon(name: str, label: str = "") -> str:
+    """An inline icon from the page's sprite; decorative unless a label is given."""
+    if name not in ICONS:
+        raise template.TemplateSyntaxError(f"unknown icon {name!r}")
+    if label:
+        return format_html(
+            '<svg class="icon" role="img" aria-label="{}" focusable="false"><use href="#icon-{}"></use></svg>', label, name
+        )
+    return format_html('<svg class="icon" aria-hidden="true" focusable="false"><use href="#icon-{}"></use></svg>', name)
+
+
+@register.inclusion_tag("jobs/_badge.html")
+def status_badge(status: str) -> dict[str, str]:
+    """A status told by colour, icon and text together."""
+    group, icon_name = BADGE_GROUPS.get(status, ("pending", "clock"))
+    return {"status": status, "group": group, "icon": icon_name}
+
+
+@register.filter
+def duration(value: timedelta | None) -> str:
+    """``1d 2h 03m``, ``2h 03m 04s``, ``3m 04s`` or ``5s``; an em dash when there is none."""
+    if value is None:
+        return "—"
+    seconds = max(int(value.total_seconds()), 0)
+    days, seconds = divmod(seconds, 86400)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    if days:
+        return f"{days}d {hours}h {minutes:02d}m"
+    if hours:
+        return f"{hours}h {minutes:02d}m {seconds:02d}s"
+    if minutes:
+        return f"{minutes}m {seconds:02d}s"
+    return f"{seconds}s"
+
+
+@register.filter
+def env_lines(env: dict[str, str] | None) -> list[str]:
+    return [f"{name}={value}" for name, value in (env or {}).items()]
+
+
+@register.filter
+def signal_name(number: int | None) -> str:
+    """``SIGKILL (9)`` for a signal number."""
+    if number is None:
+        return "—"
+    try:
+        return f"{signals.Signals(number).name} ({number})"
+    except ValueError:
+        return f"signal {number}"
