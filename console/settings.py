@@ -111,16 +111,25 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # redis-py 8 reads with a 5 s socket timeout by default, which breaks the layer's
+            # blocking receive (django/channels_redis#422): wait as long as it takes.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
         }
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Scale-out: Celery on Redis carries placement (queue "control") and launches (queue
+# "node.<name>", one per GPU node, consumed by that node's agent). Embedded: no broker at all.
+SCALE_OUT = bool(REDIS_URL)
 CELERY_BROKER_URL = REDIS_URL or "memory://"
-CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
-CELERY_TASK_ACKS_LATE = False
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 7 * 24 * 3600}
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_TASK_ACKS_LATE = False  # tasks are short; a run is never a task, so nothing is redelivered
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = "control"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 12 * 3600}
+CELERY_BEAT_SCHEDULE = {"control-round": {"task": "jobs.place_jobs", "schedule": 1.0, "options": {"queue": "control", "expires": 5}}}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -169,7 +178,7 @@ SPECTACULAR_SETTINGS = {
 # Where the node agent keeps each job's working directory, run logs and exit files.
 JOB_WORK_ROOT = Path(env_str("JOB_WORK_ROOT", str(VAR_DIR / "jobs")))
 # Run the embedded node agent inside the console process (the embedded default).
-EMBEDDED_AGENT = env_bool("EMBEDDED_AGENT", True)
+EMBEDDED_AGENT = env_bool("EMBEDDED_AGENT", not REDIS_URL)
 # Simulated nodes × GPUs where NVML is unavailable (or when forced with SIMULATED_GPUS=1).
 SIMULATED_GPUS = env_str("SIMULATED_GPUS", "auto")  # auto | 1 | 0
 SIMULATED_NODES = env_int("SIMULATED_NODES", 3)

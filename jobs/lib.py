@@ -36,9 +36,30 @@ class CommandError(ValueError):
 
 
 def logical_lines(command: str) -> list[str]:
-    """The command's lines with backslash continuations joined, blanks and comments dropped."""
+    """The command's lines as the shell reads them: backslash continuations joined, newlines
+    inside quotes kept (a multi-line ``python -c "…"``), blanks and comments dropped."""
     joined = re.sub(r"\\\r?\n", " ", command)
-    return [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    lines: list[str] = []
+    current: list[str] = []
+    quote = ""
+    escaped = False
+    for char in joined:
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char == "\n":
+            lines.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    lines.append("".join(current))
+    return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
 
 
 def validate_command(command: str) -> None:

@@ -31,7 +31,6 @@ from logs.services import RawLine, ingest_lines
 
 logger = logging.getLogger(__name__)
 
-HEARTBEAT_EVERY = timedelta(seconds=5)
 # A launched runner that has not written pid.json by then is taken as lost.
 LAUNCH_TIMEOUT = timedelta(seconds=60)
 INGEST_BATCH = 5000
@@ -78,6 +77,22 @@ class NodeAgent:
         self.terminated: set[int] = set()  # AttemptNode ids sent SIGTERM by this agent
         self.last_heartbeat = None
 
+    def stop_strays(self) -> None:
+        """At start: end processes of parts the control plane closed while this agent was away
+        (its node was taken as lost), so a job never runs twice; and deliver the output they
+        wrote meanwhile, so no line is lost."""
+        recent = timezone.now() - timedelta(days=7)
+        # Closed without an exit seen by an agent: the sweeper ended them when the node was lost.
+        parts = AttemptNode.objects.filter(
+            node__name__in=self.node_names, ended_at__gte=recent, runner_pid__gt=0, exit_code__isnull=True, exit_signal__isnull=True
+        ).select_related("attempt")
+        for part in parts:
+            directory = run_dir(part)
+            if not (directory / "exit.json").exists() and self.signal(part, signal.SIGKILL):
+                logger.warning("job %s: killed stray run of attempt %s", part.attempt.job_id, part.attempt.number)
+            self.drain(part, directory)
+            self.offsets.pop(part.pk, None)
+
     # --- one round -------------------------------------------------------------------------
     def tick(self) -> None:
         self.heartbeat()
@@ -92,7 +107,9 @@ class NodeAgent:
 
     def heartbeat(self) -> None:
         now = timezone.now()
-        if self.last_heartbeat and now - self.last_heartbeat < HEARTBEAT_EVERY:
+        # Three beats per timeout, at most every 5 s: one late beat never makes a node lost.
+        every = timedelta(seconds=min(5.0, settings.NODE_HEARTBEAT_TIMEOUT / 3))
+        if self.last_heartbeat and now - self.last_heartbeat < every:
             return
         Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
         self.last_heartbeat = now

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from jobs.agent.runtime import request_placement
 from jobs.models import Project, TrainingJob
 from jobs.services.lifecycle import record_creation
 
@@ -36,6 +37,7 @@ def create_job(*, owner, actor: str | None = None, **fields: Any) -> TrainingJob
     with transaction.atomic():
         job = TrainingJob.objects.create(owner=owner, **fields)
         record_creation(job, actor=actor or owner.get_username())
+        request_placement()
     return job
 
 

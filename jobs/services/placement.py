@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import Max, OuterRef, Q, Subquery
 from django.utils import timezone
 
+from jobs.agent.runtime import dispatch_launch
 from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
@@ -156,6 +157,7 @@ def hold_placement(
             names.append(f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}")
         reason = f"placed on {', '.join(names)}; starting"
         TrainingJob.objects.filter(pk=job.pk).update(status_reason=reason)
+        dispatch_launch(attempt)
     logger.info("job %s: attempt %s %s", job.pk, number, reason)
     return attempt
 

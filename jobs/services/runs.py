@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import hooks
+from jobs.agent.runtime import request_placement
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import release_gpus
@@ -83,6 +84,7 @@ def record_exit(
         )
         if updated:
             release_gpus(attempt)
+            request_placement()  # the freed GPUs may fit a waiting job
     job = TrainingJob.objects.get(pk=attempt.job_id)
     if not updated:
         return job.status

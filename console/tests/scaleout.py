@@ -1,0 +1,165 @@
+"""A scale-out cluster on loopback for the integration test: PostgreSQL, Redis, two Daphne
+processes, a Celery control worker with beat, and one node agent process per node."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def reachable(url: str) -> str | None:
+    """None if the service answers, else why not."""
+    try:
+        if url.startswith("redis"):
+            import redis
+
+            redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+        else:
+            import psycopg
+
+            psycopg.connect(url.replace("postgres://", "postgresql://"), connect_timeout=2).close()
+    except Exception as exc:
+        return f"{url}: {exc}"
+    return None
+
+
+def services_or_skip() -> tuple[str, str]:
+    pg = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    rd = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    problems = [p for p in (reachable(pg), reachable(rd)) if p]
+    if problems:
+        message = "scale-out tests need PostgreSQL and Redis on loopback: " + "; ".join(problems)
+        if os.environ.get("REQUIRE_SCALEOUT"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return pg, rd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, tmp: Path, pg_url: str, redis_url: str) -> None:
+        self.tmp = tmp
+        self.db_name = f"scaleout_{os.getpid()}_{int(time.time())}"
+        self.admin_url = pg_url
+        base = pg_url.rsplit("/", 1)[0]
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": f"{base}/{self.db_name}",
+            "REDIS_URL": redis_url,
+            "CONSOLE_VAR_DIR": str(tmp / "var"),
+            "JOB_WORK_ROOT": str(tmp / "jobs"),
+            "SECRET_KEY": "scaleout-test-secret",
+            "CONSOLE_ADMIN_PASSWORD": "admin-pass-1",
+            "NODE_HEARTBEAT_TIMEOUT": "4",
+            "HEALTH_CHECK_INTERVAL": "1",
+            "SIMULATED_GPUS": "1",
+            "SIMULATED_GPUS_PER_NODE": "2",
+            "STOP_GRACE_PERIOD": "3",
+            "LOG_LEVEL": "WARNING",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ports: list[int] = []
+
+    def sql(self, statement: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url.replace("postgres://", "postgresql://"), autocommit=True) as conn:
+            conn.execute(statement)
+
+    def start(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        self.sql(f'CREATE DATABASE "{self.db_name}"')
+        subprocess.run([PY, "manage.py", "bootstrap", "--no-nodes"], cwd=ROOT, env=self.env, check=True, capture_output=True)
+        for _ in range(2):
+            port = free_port()
+            self.ports.append(port)
+            self.spawn(f"daphne-{port}", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"])
+        self.spawn("control", [PY, "-m", "celery", "-A", "console", "worker", "-Q", "control", "-B", "-P", "solo", "-l", "WARNING",
+                               "-n", "control@%h", "--without-gossip", "--without-mingle", "-s", str(self.tmp / "beat-schedule")])
+        for name in ("node-a", "node-b", "node-c"):
+            self.start_agent(name)
+        for port in self.ports:
+            self.wait(lambda p=port: self.http_ok(p), f"daphne on {port}")
+
+    def start_agent(self, name: str) -> None:
+        self.spawn(f"agent-{name}", [PY, "manage.py", "nodeagent", "--name", name, "--simulated"])
+
+    def spawn(self, key: str, argv: list[str]) -> None:
+        log = open(self.tmp / f"{key}.log", "ab")
+        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(key)
+        os.kill(proc.pid, sig)
+        proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        for key, proc in list(self.procs.items()):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.procs.clear()
+        try:
+            self.sql(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
+        except Exception:
+            pass
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.tmp.glob("*.log")))
+
+    @staticmethod
+    def wait(condition, what: str, timeout: float = 60.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = condition()
+            except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError):
+                value = None
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.2)
+
+    def http_ok(self, port: int) -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=5) as response:
+            return response.status == 200
+
+    def api(self, port: int, method: str, path: str, token: str | None = None, body: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if token:
+            request.add_header("Authorization", f"Token {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                raw = response.read()
+                return response.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
