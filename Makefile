@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench clean-venv
+.PHONY: run test clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,11 +18,11 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) manage.py runconsole
 
+# The whole suite on SQLite, then its database tests again on PostgreSQL where one answers.
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
 
-bench: $(STAMP)
-	$(PY) -m bench
 
 clean-venv:
 	rm -rf $(VENV)
