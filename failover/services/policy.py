@@ -25,6 +25,7 @@ from failover.evidence import Finding
 from failover.models import NodeHealth
 from failover.probes import probe_for
 from failover.services.health import record_health
+from jobs.agent import runtime
 from jobs.models import AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.runs import record_exit
@@ -61,15 +62,17 @@ def gather(attempt: JobAttempt) -> tuple[list[Finding], str, list[str], dict[int
     for part in attempt.placements.select_related("node"):
         node = part.node
         node_findings: list[Finding] = []
-        try:
-            probe = probe_for(node)
-            report = probe.check()
-            kernel_log = probe.kernel_log()
-            node_findings = list(report.findings) + parse_kernel_xids(kernel_log)
-            record_health(node, report.source, node_findings, kernel_log)
-            kernel_logs.append(kernel_log)
-        except Exception:
-            logger.exception("could not probe %s while judging job %s", node.name, attempt.job_id)
+        # NVML can only be read on the machine itself; other nodes count by their stored readings.
+        if node.simulated or node.name in runtime.local_nodes:
+            try:
+                probe = probe_for(node)
+                report = probe.check()
+                kernel_log = probe.kernel_log()
+                node_findings = list(report.findings) + parse_kernel_xids(kernel_log)
+                record_health(node, report.source, node_findings, kernel_log)
+                kernel_logs.append(kernel_log)
+            except Exception:
+                logger.exception("could not probe %s while judging job %s", node.name, attempt.job_id)
         stored = NodeHealth.objects.filter(node=node).values_list("findings", flat=True).first() or []
         for data in stored:
             finding = Finding.from_dict(data)

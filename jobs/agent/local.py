@@ -22,6 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs import hooks
+from jobs.agent import runtime
 from jobs.models import AttemptNode, Image, JobAttempt, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull
@@ -72,6 +73,7 @@ class NodeAgent:
     def __init__(self, node_names: list[str], *, name: str = "embedded") -> None:
         self.node_names = list(node_names)
         self.name = name
+        runtime.local_nodes.update(self.node_names)
         self.offsets: dict[int, int] = {}  # AttemptNode id → bytes of output.jsonl ingested
         self.children: dict[int, subprocess.Popen] = {}  # reaped here so no zombie lingers
         self.terminated: set[int] = set()  # AttemptNode ids sent SIGTERM by this agent

@@ -9,6 +9,8 @@ from django.db import transaction
 logger = logging.getLogger(__name__)
 
 current_agent = None  # the NodeAgent of a `manage.py nodeagent` process
+# Nodes whose GPUs this process can probe itself (its agents' nodes).
+local_nodes: set[str] = set()
 
 
 def node_queue(node_name: str) -> str:
