@@ -6,6 +6,8 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from failover.models import NodeHealth, SimulatedFault
@@ -44,7 +46,10 @@ def clear_node(node: Node, *, actor: str = "operator") -> None:
     """An operator cleared the node: faults are repaired, it is healthy and schedulable again."""
     now = timezone.now()
     with transaction.atomic():
-        SimulatedFault.objects.filter(node=node, cleared_at__isnull=True).update(cleared_at=now, applied_at=now)
+        # A fault that already bit keeps its applied_at; one that never did is closed as of now.
+        SimulatedFault.objects.filter(node=node, cleared_at__isnull=True).update(
+            cleared_at=now, applied_at=Coalesce(F("applied_at"), Value(now))
+        )
         Node.objects.filter(pk=node.pk).update(healthy=True, health_reason="")
         GPU.objects.filter(node=node).update(healthy=True, health_reason="")
         NodeHealth.objects.filter(node=node).update(findings=[], kernel_log="", checked_at=now)

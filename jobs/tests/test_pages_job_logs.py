@@ -18,7 +18,7 @@ def log_tab(client, job, **params) -> str:
 
 
 def seqs(html: str) -> list[int]:
-    return [int(s) for s in re.findall(r'<li data-seq="(\d+)"', html)]
+    return [int(s) for s in re.findall(r'<li id="L\d+" data-seq="(\d+)"', html)]
 
 
 def test_it_shows_the_master_stream_in_order_with_timestamps(login, owner, make_job):
@@ -27,7 +27,7 @@ def test_it_shows_the_master_stream_in_order_with_timestamps(login, owner, make_
     html = log_tab(login(owner), job)
     assert seqs(html) == [1, 2, 3, 4, 5]
     assert '<ol id="log"' in html
-    assert re.search(r'<li data-seq="1" data-attempt="1"><time datetime="[^"]+">\d\d:\d\d:\d\d</time><span class="log__text">master line 1</span>', html)
+    assert re.search(r'<li id="L1" data-seq="1" data-attempt="1"><time datetime="[^"]+">\d\d:\d\d:\d\d</time><span class="log__text">master line 1</span>', html)
 
 
 def test_it_shows_only_the_last_1000_lines_and_says_so(login, owner, make_job):

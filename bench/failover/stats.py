@@ -1,0 +1,43 @@
+"""Small statistics and table helpers (standard library only)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile with linear interpolation between order statistics (numpy's default)."""
+    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return quantile(values, 0.5)
+
+
+def p95(values: Sequence[float]) -> float:
+    return quantile(values, 0.95)
+
+
+def fmt_s(value: float | None, width: int = 7) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-".rjust(width)
+    return f"{value:{width}.3f}"
+
+
+def table(rows: list[tuple[str, Sequence[float]]], *, title: str) -> str:
+    """Rows of (phase name, samples in seconds) → median / p95 / min / max / n table."""
+    name_w = max(len(r[0]) for r in rows) if rows else 10
+    out = [title, f"  {'phase'.ljust(name_w)}  {'median':>7}  {'p95':>7}  {'min':>7}  {'max':>7}  {'n':>3}"]
+    for name, samples in rows:
+        clean = [s for s in samples if s is not None]
+        lo = min(clean) if clean else None
+        hi = max(clean) if clean else None
+        out.append(
+            f"  {name.ljust(name_w)}  {fmt_s(median(clean))}  {fmt_s(p95(clean))}  {fmt_s(lo)}  {fmt_s(hi)}  {len(clean):>3}"
+        )
+    return "\n".join(out)
