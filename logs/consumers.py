@@ -24,6 +24,8 @@ from logs.services import STREAM_NAME, attempt_banners, lines_after, tail_lines
 BATCH_INTERVAL = 0.1  # seconds between live messages to one client
 BACKLOG_PAGE = 2000
 MAX_TAIL = 10000
+# Daphne refuses WebSocket messages over 1 MiB: larger batches go out as several messages.
+MAX_MESSAGE_BYTES = 512 * 1024
 
 
 class BadParameters(ValueError):
@@ -59,6 +61,7 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         self.pending: list[dict] = []
         self.flusher: asyncio.Task | None = None
         self.last_seq = 0
+        self.last_sent = 0.0
         self.ended = False
         await self.accept()
         user = self.scope.get("user")
@@ -119,7 +122,10 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         self.pending.extend(fresh)
         self.last_seq = fresh[-1]["seq"]
         if self.flusher is None or self.flusher.done():
-            self.flusher = asyncio.ensure_future(self.flush_later())
+            # Send at once when the last message went out long enough ago; otherwise wait, so a
+            # client gets at most 1 / BATCH_INTERVAL messages a second.
+            wait = self.last_sent + BATCH_INTERVAL - asyncio.get_running_loop().time()
+            self.flusher = asyncio.ensure_future(self.flush_later(max(wait, 0.0)))
 
     async def job_status(self, event):
         if event.get("status") == "Running" and event.get("from") != "Pending":
@@ -128,28 +134,44 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
             await self.finish(event["status"])
 
     # --- helpers -----------------------------------------------------------------------------
-    async def flush_later(self):
-        await asyncio.sleep(BATCH_INTERVAL)
+    async def flush_later(self, delay: float):
+        if delay:
+            await asyncio.sleep(delay)
         await self.flush()
 
     async def flush(self):
         if self.pending:
             lines, self.pending = self.pending, []
-            await self.send_json({"type": "lines", "lines": lines, "backlog": False})
+            await self.send_lines(lines, backlog=False)
 
     async def send_lines(self, lines: list[dict], *, backlog: bool):
+        """Send lines as one message, or several where one would pass the size limit."""
         if lines:
             self.last_seq = max(self.last_seq, lines[-1]["seq"])
-        await self.send_json({"type": "lines", "lines": lines, "backlog": backlog})
+        chunk: list[dict] = []
+        size = 0
+        for line in lines:
+            line_size = len(line["text"].encode("utf-8")) + 96  # the text and its JSON frame
+            if chunk and size + line_size > MAX_MESSAGE_BYTES:
+                await self.send_json({"type": "lines", "lines": chunk, "backlog": backlog})
+                chunk, size = [], 0
+            chunk.append(line)
+            size += line_size
+        if chunk or not lines:
+            await self.send_json({"type": "lines", "lines": chunk, "backlog": backlog})
+        self.last_sent = asyncio.get_running_loop().time()
 
     async def finish(self, status: str):
         if self.ended:
             return
         await self.flush()
-        # Lines committed before the status change may still be on their way: read them.
-        lines = await self.after(self.last_seq)
-        if lines:
-            await self.send_lines(lines, backlog=False)
+        # Lines committed before the status change may still be on their way: read them all.
+        while True:
+            lines = await self.after(self.last_seq)
+            if lines:
+                await self.send_lines(lines, backlog=False)
+            if len(lines) < BACKLOG_PAGE:
+                break
         self.ended = True
         await self.send_json({"type": "end", "status": status})
         await self.close(code=1000)

@@ -35,6 +35,9 @@ logger = logging.getLogger(__name__)
 # A launched runner that has not written pid.json by then is taken as lost.
 LAUNCH_TIMEOUT = timedelta(seconds=60)
 INGEST_BATCH = 5000
+# At most this much of one run's output per round, so one chatty run never starves the others,
+# nor the heartbeat (which would get the node taken as lost).
+DRAIN_MAX_BYTES = 4 << 20
 
 
 def vendor_dir() -> str:
@@ -92,20 +95,23 @@ class NodeAgent:
             directory = run_dir(part)
             if not (directory / "exit.json").exists() and self.signal(part, signal.SIGKILL):
                 logger.warning("job %s: killed stray run of attempt %s", part.attempt.job_id, part.attempt.number)
-            self.drain(part, directory)
+            while not self.drain(part, directory):
+                pass
             self.offsets.pop(part.pk, None)
 
     # --- one round -------------------------------------------------------------------------
-    def tick(self) -> None:
+    def tick(self) -> int:
+        """One full round; returns how many runs were seen to end."""
         self.heartbeat()
         self.launch_placed()
         for hook in hooks.agent_round_hooks:
             hook(self)
         self.enforce_stops()
-        self.collect()
+        ended = self.collect()
         for pid, child in list(self.children.items()):
             if child.poll() is not None:
                 del self.children[pid]
+        return ended
 
     def heartbeat(self) -> None:
         now = timezone.now()
@@ -268,28 +274,37 @@ class NodeAgent:
         return True
 
     # --- output and exits ------------------------------------------------------------------
-    def collect(self) -> None:
+    def collect(self) -> int:
+        """Ingest new output of every live run and record the runs that ended; returns how many."""
+        ended = 0
         for part in self.live_parts().select_related("attempt", "node"):
             directory = run_dir(part)
             exit_info = read_json(directory / "exit.json")  # read first: once it exists, output is whole
-            self.drain(part, directory)
+            drained = self.drain(part, directory)
+            self.heartbeat()
             if exit_info is not None:
-                self.part_ended(part, exit_info.get("exit_code"), exit_info.get("signal"), "")
+                if drained:
+                    self.part_ended(part, exit_info.get("exit_code"), exit_info.get("signal"), "")
+                    ended += 1
             elif not self.runner_alive(part, directory):
                 self.part_ended(part, None, None, "the run's supervisor process was lost")
+                ended += 1
+        return ended
 
-    def drain(self, part: AttemptNode, directory: Path) -> None:
+    def drain(self, part: AttemptNode, directory: Path) -> bool:
+        """Ingest the run's next output lines; True once everything written so far is stored."""
         path = directory / "output.jsonl"
         offset = self.offsets.get(part.pk, 0)
         try:
             with open(path, "rb") as fh:
                 fh.seek(offset)
-                chunk = fh.read()
+                chunk = fh.read(DRAIN_MAX_BYTES)
+                at_end = len(chunk) < DRAIN_MAX_BYTES or not fh.read(1)
         except FileNotFoundError:
-            return
+            return True
         end = chunk.rfind(b"\n")
         if end < 0:
-            return
+            return at_end
         lines = []
         for raw in chunk[: end + 1].splitlines():
             try:
@@ -301,6 +316,7 @@ class NodeAgent:
         for start in range(0, len(lines), INGEST_BATCH):
             ingest_lines(job_id=part.attempt.job_id, stream=part.stream, attempt=part.attempt.number, lines=lines[start : start + INGEST_BATCH])
         self.offsets[part.pk] = offset + end + 1
+        return at_end and end + 1 == len(chunk)
 
     def runner_alive(self, part: AttemptNode, directory: Path) -> bool:
         pid = part.runner_pid

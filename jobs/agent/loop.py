@@ -27,8 +27,15 @@ def control_round(agent: NodeAgent | None) -> None:
     for hook in hooks.control_round_hooks:
         hook()
     place_waiting_jobs()
-    if agent is not None:
-        agent.tick()
+    if agent is not None and agent.tick():
+        place_and_launch(agent)
+
+
+def place_and_launch(agent: NodeAgent) -> None:
+    """Runs just ended: their GPUs are free and failovers judged, so place and start now rather
+    than a round later."""
+    if place_waiting_jobs():
+        agent.launch_placed()
 
 
 class EmbeddedControlLoop(threading.Thread):
@@ -51,8 +58,8 @@ class EmbeddedControlLoop(threading.Thread):
                 if time.monotonic() >= next_round:
                     next_round = time.monotonic() + self.interval
                     control_round(self.agent)
-                else:
-                    self.agent.collect()
+                elif self.agent.collect():
+                    place_and_launch(self.agent)
             except Exception:
                 # One bad round must not end supervision of every other job.
                 logger.exception("control round failed; retrying")

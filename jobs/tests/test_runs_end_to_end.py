@@ -100,3 +100,12 @@ def test_output_is_cleaned_progress_bars_collapse_bad_utf8_is_replaced_long_line
     assert lines[0] == "progress 100%"
     assert lines[1] == "bad \ufffd\ufffd bytes"
     assert lines[2] == "x" * 50 + " …[line cut at 50 characters]"
+
+
+def test_a_chatty_run_is_drained_in_slices_and_still_ends_with_every_line(make_job, drive, monkeypatch):
+    from jobs.agent import local
+
+    monkeypatch.setattr(local, "DRAIN_MAX_BYTES", 2000)
+    job = make_job(command="python -c \"[print('line', i) for i in range(500)]\"")
+    job = drive(job, JobStatus.COMPLETED)
+    assert log_texts(job) == [f"line {i}" for i in range(500)]

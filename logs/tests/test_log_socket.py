@@ -1,6 +1,7 @@
 """The log tab's WebSocket: backlog, live lines, reconnect, end, banners, access and bad input."""
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -224,4 +225,21 @@ async def test_a_client_message_gets_an_error_not_a_crash(running_job, owner):
     await ws.receive_json_from()
     await ws.send_to(text_data="not json {")
     assert (await ws.receive_json_from())["type"] == "error"
+    await ws.disconnect()
+
+
+async def test_a_backlog_larger_than_one_websocket_message_arrives_whole_in_several(running_job, owner):
+    long_text = "x" * 400
+    await database_sync_to_async(add_lines)(running_job.pk, [f"{i} {long_text}" for i in range(5000)])
+    ws = await connect(running_job.pk, owner, "tail=5000")
+    await ws.receive_json_from()
+    received: list[dict] = []
+    messages = 0
+    while len(received) < 5000:
+        message = await ws.receive_json_from(timeout=5)
+        messages += 1
+        assert len(json.dumps(message)) < 1024 * 1024
+        received.extend(message["lines"])
+    assert [ln["seq"] for ln in received] == list(range(1, 5001))
+    assert messages > 1
     await ws.disconnect()
