@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 @shared_task(name="jobs.place_jobs", ignore_result=True, acks_late=False)
 def place_jobs() -> None:
     from jobs.agent.loop import control_round
+    from jobs.agent.runtime import placement_started
 
+    placement_started()
     control_round(None)
 
 

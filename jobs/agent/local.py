@@ -27,7 +27,7 @@ from jobs.models import AttemptNode, Image, JobAttempt, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull
 from jobs.services.runs import AGENT, mark_running, record_exit
-from jobs.statuses import JobStatus
+from jobs.statuses import WAITING, JobStatus
 from logs.services import RawLine, ingest_lines
 
 logger = logging.getLogger(__name__)
@@ -183,6 +183,9 @@ class NodeAgent:
     def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> None:
         directory = run_dir(part)
         directory.mkdir(parents=True, exist_ok=True)
+        # Files of an earlier install reusing JOB_WORK_ROOT must not pass for this run's.
+        for stale in ("pid.json", "exit.json", "output.jsonl"):
+            (directory / stale).unlink(missing_ok=True)
         workdir = job_dir(job.pk) / "work"
         env = {
             "PATH": f"{runtime}/bin:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
@@ -247,6 +250,8 @@ class NodeAgent:
             attempt = part.attempt
             if attempt.job.status == JobStatus.RUNNING and attempt.stop_requested_at is None:
                 continue
+            if attempt.state == JobAttempt.State.PLACED and attempt.stop_requested_at is None and attempt.job.status in WAITING:
+                continue  # still being launched (here or, for other ranks, by other agents): not Running yet
             if attempt.stop_requested_at is None:
                 JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
                 attempt.stop_requested_at = now

@@ -39,13 +39,16 @@ def place_and_launch(agent: NodeAgent) -> None:
 
 
 class EmbeddedControlLoop(threading.Thread):
-    """Runs ``control_round`` every ``AGENT_POLL_INTERVAL`` seconds until stopped, and in between
-    collects the runs' output and exits every ``OUTPUT_POLL_INTERVAL`` seconds, so a printed line
-    reaches the log tab (and a dead process its failover) without waiting for a full round."""
+    """Runs a full round every ``AGENT_POLL_INTERVAL`` seconds until stopped — ``control_round``
+    (sweeps, placement and the agent) in the embedded console, the agent's ``tick`` alone in a
+    scale-out node agent (``control=False``) — and in between collects the runs' output and exits
+    every ``OUTPUT_POLL_INTERVAL`` seconds, so a printed line reaches the log tab (and a dead
+    process its failover) without waiting for a full round."""
 
-    def __init__(self, agent: NodeAgent, *, interval: float | None = None) -> None:
-        super().__init__(name="embedded-control-loop", daemon=True)
+    def __init__(self, agent: NodeAgent, *, interval: float | None = None, control: bool = True) -> None:
+        super().__init__(name="embedded-control-loop" if control else f"agent-{agent.name}", daemon=True)
         self.agent = agent
+        self.control = control
         self.interval = settings.AGENT_POLL_INTERVAL if interval is None else interval
         self.output_interval = min(settings.OUTPUT_POLL_INTERVAL, self.interval)
         self.stopped = threading.Event()
@@ -57,8 +60,11 @@ class EmbeddedControlLoop(threading.Thread):
             try:
                 if time.monotonic() >= next_round:
                     next_round = time.monotonic() + self.interval
-                    control_round(self.agent)
-                elif self.agent.collect():
+                    if self.control:
+                        control_round(self.agent)
+                    else:
+                        self.agent.tick()
+                elif self.agent.collect() and self.control:
                     place_and_launch(self.agent)
             except Exception:
                 # One bad round must not end supervision of every other job.

@@ -17,12 +17,12 @@ def node_queue(node_name: str) -> str:
     return f"node.{node_name}"
 
 
-def dispatch_launch(attempt) -> None:
+def dispatch_launch(attempt, node_names: list[str]) -> None:
     """After commit, ask each node's agent to start its part (scale-out only; the embedded agent
     finds placed attempts on its own round)."""
     if not settings.SCALE_OUT:
         return
-    names = sorted(set(attempt.placements.values_list("node__name", flat=True)))
+    names = sorted(set(node_names))
 
     def send() -> None:
         from jobs.tasks import launch_attempt
@@ -33,14 +33,47 @@ def dispatch_launch(attempt) -> None:
     transaction.on_commit(send)
 
 
+PLACEMENT_REQUESTED = "console:placement-requested"
+
+
 def request_placement() -> None:
-    """After commit, run a control round now rather than at the next beat (scale-out only)."""
+    """After commit, run a control round now rather than at the next beat (scale-out only).
+
+    Requests made while one is already queued merge into it: a Redis key marks "a round is
+    queued", and the round clears it when it starts, so a request made during a round still gets
+    the next one.
+    """
     if not settings.SCALE_OUT:
         return
 
     def send() -> None:
         from jobs.tasks import place_jobs
 
+        try:
+            if not redis_client().set(PLACEMENT_REQUESTED, 1, nx=True, ex=10):
+                return
+        except Exception:
+            logger.warning("could not mark a placement request; sending it anyway", exc_info=True)
         place_jobs.apply_async(queue="control")
 
     transaction.on_commit(send)
+
+
+def placement_started() -> None:
+    if settings.SCALE_OUT:
+        try:
+            redis_client().delete(PLACEMENT_REQUESTED)
+        except Exception:
+            logger.warning("could not clear the placement request mark", exc_info=True)
+
+
+_redis = None
+
+
+def redis_client():
+    global _redis
+    if _redis is None:
+        import redis
+
+        _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+    return _redis

@@ -157,7 +157,7 @@ def hold_placement(
             names.append(f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}")
         reason = f"placed on {', '.join(names)}; starting"
         TrainingJob.objects.filter(pk=job.pk).update(status_reason=reason)
-        dispatch_launch(attempt)
+        dispatch_launch(attempt, [node_names.get(node_id, "") for node_id, _ in chosen])
     logger.info("job %s: attempt %s %s", job.pk, number, reason)
     return attempt
 

@@ -1,8 +1,8 @@
 """The node agent of one GPU node: ``manage.py nodeagent --name NODE``.
 
 Registers the node (its real GPUs through NVML, or simulated ones), then supervises runs: a loop
-thread heartbeats, checks health, enforces stops, collects output and exits, and starts placed
-attempts it finds; with a broker (REDIS_URL) the process is also a Celery worker consuming the
+thread heartbeats, checks health, enforces stops and starts placed attempts it finds every
+AGENT_POLL_INTERVAL, and collects output and exits every OUTPUT_POLL_INTERVAL; with a broker (REDIS_URL) the process is also a Celery worker consuming the
 node's own queue ``node.NODE``, through which placement dispatches launches at once.
 """
 from __future__ import annotations
@@ -10,15 +10,14 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-import threading
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections
 
 from jobs.agent import runtime
 from jobs.agent.inventory import NodeSpec, discover_nodes, register_nodes, simulated_nodes
 from jobs.agent.local import NodeAgent
+from jobs.agent.loop import EmbeddedControlLoop
 from jobs.models import Node
 
 logger = logging.getLogger(__name__)
@@ -38,8 +37,9 @@ class Command(BaseCommand):
         Node.objects.filter(pk=node.pk).update(address=address or ("127.0.0.1" if spec.simulated else socket.getfqdn()))
         agent = NodeAgent([node.name], name=f"nodeagent-{node.name}")
         runtime.current_agent = agent
-        stop = threading.Event()
-        loop = threading.Thread(target=self.supervise, args=(agent, stop), name=f"agent-{node.name}", daemon=True)
+        agent.stop_strays()
+        loop = EmbeddedControlLoop(agent, control=False)
+        stop = loop.stopped
         loop.start()
         self.stdout.write(f"node agent for {node.name} ({len(spec.gpus)} GPUs{', simulated' if spec.simulated else ''}) started")
         try:
@@ -74,15 +74,3 @@ class Command(BaseCommand):
         return NodeSpec(name=name, gpu_model=first.gpu_model, gpus=tuple(
             type(g)(index=g.index, uuid=g.uuid.replace(first.name, name), model=g.model, memory_mb=g.memory_mb) for g in first.gpus
         ), simulated=first.simulated)
-
-    @staticmethod
-    def supervise(agent: NodeAgent, stop: threading.Event) -> None:
-        agent.stop_strays()
-        while not stop.is_set():
-            try:
-                agent.tick()
-            except Exception:
-                logger.exception("agent round failed; retrying")
-            finally:
-                close_old_connections()
-            stop.wait(settings.OUTPUT_POLL_INTERVAL)

@@ -1,0 +1,66 @@
+"""The control worker, instrumented: ``python -m bench.scale.control STATS BEAT_SCHEDULE``.
+
+Exactly the product's control worker (``celery -A console worker -Q control -B -P solo``), with
+``control_round`` and ``place_waiting_jobs`` wrapped so each round appends one JSON line to STATS:
+its start (unix time), wall time of the whole round and of placement alone, the attempts placed
+and the SQL statements each issued (counted by a ``connection.execute_wrapper``, which sees
+every statement, executemany included, as ``CaptureQueriesContext`` would with DEBUG on).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> int:
+    stats_path, schedule_path = sys.argv[1], sys.argv[2]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from jobs.agent import loop
+
+    original_round = loop.control_round
+    original_place = loop.place_waiting_jobs
+    out = open(stats_path, "a", buffering=1)
+    counter = {"n": 0}
+    current: dict = {}
+
+    def count(execute, sql, params, many, context):
+        counter["n"] += 1
+        return execute(sql, params, many, context)
+
+    def place(*args, **kwargs):
+        q0, t0 = counter["n"], time.perf_counter()
+        placed = original_place(*args, **kwargs)
+        current["place_s"] = time.perf_counter() - t0
+        current["place_q"] = counter["n"] - q0
+        current["placed"] = len(placed)
+        return placed
+
+    def control_round(agent):
+        current.clear()
+        start, t0, q0 = time.time(), time.perf_counter(), counter["n"]
+        with connection.execute_wrapper(count):
+            original_round(agent)
+        row = {"t": start, "round_s": time.perf_counter() - t0, "round_q": counter["n"] - q0, **current}
+        out.write(json.dumps(row) + "\n")
+
+    loop.place_waiting_jobs = place
+    loop.control_round = control_round
+
+    from console.celery import app
+
+    app.worker_main(
+        ["worker", "-Q", "control", "-B", "-P", "solo", "-l", "WARNING", "-n", "control@%h",
+         "--without-gossip", "--without-mingle", "-s", schedule_path]
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
