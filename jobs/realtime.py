@@ -30,6 +30,11 @@ def job_group(job_id: int) -> str:
     return f"job-{job_id}"
 
 
+def job_metrics_group(job_id: int) -> str:
+    """One job's progress and checkpoints (its detail page); the list pages get them on ``jobs``."""
+    return f"job-{job_id}-metrics"
+
+
 def log_group(job_id: int, stream: str) -> str:
     return f"job-{job_id}-log-{stream}"
 

@@ -2,13 +2,16 @@ from __future__ import annotations
 
 from django.urls import path
 
-from jobs import views
+from jobs import node_views, views
 
 app_name = "jobs"
 urlpatterns = [
     path("", views.job_list, name="list"),
     path("training-jobs/new/", views.job_create, name="create"),
     path("training-jobs/bulk/", views.bulk_action, name="bulk"),
+    path("training-jobs/live/", views.job_live, name="live"),
+    path("nodes/", node_views.node_list, name="nodes"),
+    path("nodes/<str:name>/<str:action>/", node_views.node_action, name="node-action"),
     path("training-jobs/<int:pk>/", views.job_detail, name="detail"),
     path("training-jobs/<int:pk>/clone/", views.job_clone, name="clone"),
     path("training-jobs/<int:pk>/stop/", views.job_stop, name="stop"),

@@ -10,22 +10,24 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.db import IntegrityError
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from jobs.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm
+from jobs.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.creation import clone_name, create_job, personal_project_for
 from jobs.services.lifecycle import JobActionRefused, delete_job, request_stop
 from jobs.statuses import DELETABLE, STOPPABLE
-from logs.models import LogLine
+from logs.models import Checkpoint, JobProgress, LogLine
+from logs.progress import chart_points
 
 logger = logging.getLogger(__name__)
 
-TABS = ("details", "logs", "events")
+TABS = ("details", "logs", "checkpoints", "failover", "events")
 LOG_TAIL_LINES = 1000
 # A bulk request names at most this many jobs (a page holds at most 100).
 BULK_LIMIT = 500
@@ -47,7 +49,7 @@ def safe_next(request: HttpRequest, default: str) -> str:
 @require_GET
 def job_list(request: HttpRequest) -> HttpResponse:
     filters = JobListFilterForm(request.GET)
-    jobs = filters.apply(visible_jobs(request))
+    jobs = filters.apply(visible_jobs(request)).select_related("progress")
     page = Paginator(jobs, filters.per_page).get_page(request.GET.get("page"))
     return render(
         request,
@@ -59,6 +61,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
             "max_failovers": settings.MAX_FAILOVERS,
             "group_labels": GROUP_LABELS,
             "nav": "jobs",
+            "live": True,
         },
     )
 
@@ -187,13 +190,53 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "max_failovers": settings.MAX_FAILOVERS,
         "nav": "jobs",
     }
+    context["progress"] = JobProgress.objects.filter(job=job).first()
     if tab == "details":
         context["attempts"] = job.attempts.prefetch_related("placements__node").order_by("number")
+        context["chart_points"] = chart_points(job.pk)
     elif tab == "logs":
         context.update(log_tab(job, request.GET.get("stream")))
+    elif tab == "checkpoints":
+        context.update(checkpoints_tab(job))
+    elif tab == "failover":
+        context["timeline"] = failover_timeline(job)
     else:
         context["events"] = job.events.order_by("created_at", "id")
     return render(request, "jobs/job_detail.html", context)
+
+
+CHECKPOINT_ROWS = 500
+
+
+def checkpoints_tab(job: TrainingJob) -> dict[str, Any]:
+    """The newest committed checkpoints first, and the last one (the work at risk is counted from it)."""
+    rows = list(Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")[: CHECKPOINT_ROWS + 1])
+    return {
+        "checkpoints": rows[:CHECKPOINT_ROWS],
+        "checkpoints_truncated": len(rows) > CHECKPOINT_ROWS,
+        "last_checkpoint": rows[0] if rows else None,
+    }
+
+
+def failover_timeline(job: TrainingJob) -> list[dict[str, Any]]:
+    """Each attempt with where it ran, how it ended, the verdict and evidence, and its events."""
+    attempts = list(job.attempts.prefetch_related("placements__node").order_by("number"))
+    events: dict[int | None, list] = {}
+    for event in job.events.order_by("created_at", "id"):
+        events.setdefault(event.attempt, []).append(event)
+    return [{"attempt": attempt, "events": events.get(attempt.number, [])} for attempt in attempts]
+
+
+@login_required
+@require_GET
+def job_live(request: HttpRequest) -> HttpResponse:
+    """Catch-up snapshots of the jobs a live page shows (``?ids=1,2,3``), after its socket (re)connects."""
+    ids: list[int] = []
+    for raw in request.GET.get("ids", "").split(",")[:MAX_SNAPSHOTS]:
+        raw = raw.strip()
+        if raw.isdigit() and len(raw) <= 18:
+            ids.append(int(raw))
+    return JsonResponse({"now": server_now(), "jobs": visible_snapshots(request.user, ids)})
 
 
 @login_required

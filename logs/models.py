@@ -25,3 +25,72 @@ class LogLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}/{self.stream}#{self.seq}"
+
+
+class JobProgress(models.Model):
+    """The latest training progress a job's log told (one row per job), from ``logs.metrics``."""
+
+    job = models.OneToOneField("jobs.TrainingJob", on_delete=models.CASCADE, related_name="progress")
+    step = models.BigIntegerField(null=True, blank=True)
+    total = models.BigIntegerField(null=True, blank=True)
+    epoch = models.FloatField(null=True, blank=True)
+    loss = models.FloatField(null=True, blank=True)
+    lr = models.FloatField(null=True, blank=True)
+    # How many MetricPoint rows the job has (kept here so a batch never counts them).
+    points = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "job progress"
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: step {self.step}/{self.total} loss {self.loss}"
+
+    @property
+    def percent(self) -> float | None:
+        if self.step is None or not self.total:
+            return None
+        return max(0.0, min(100.0, 100.0 * self.step / self.total))
+
+
+class MetricPoint(models.Model):
+    """One point of a job's loss curve: at most one per step, thinned when a job has many."""
+
+    job = models.ForeignKey("jobs.TrainingJob", on_delete=models.CASCADE, related_name="metric_points")
+    step = models.BigIntegerField()
+    epoch = models.FloatField(null=True, blank=True)
+    loss = models.FloatField(null=True, blank=True)
+    lr = models.FloatField(null=True, blank=True)
+    ts = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job", "step"]
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="metricpoint_unique_step")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.step}: {self.loss}"
+
+
+class Checkpoint(models.Model):
+    """A checkpoint ckptlib committed, as its commit line in the job's log told it.
+
+    Ranks of one run that commit the same step are one row: their bytes add up, the slowest
+    rank's seconds count.
+    """
+
+    job = models.ForeignKey("jobs.TrainingJob", on_delete=models.CASCADE, related_name="checkpoints")
+    attempt = models.PositiveSmallIntegerField()
+    step = models.BigIntegerField()
+    bytes = models.BigIntegerField(default=0)
+    blocking_s = models.FloatField(default=0.0)
+    persist_s = models.FloatField(default=0.0)
+    ranks = models.PositiveSmallIntegerField(default=1)
+    path = models.CharField(max_length=1000, blank=True)
+    committed_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["job", "committed_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["job", "attempt", "step"], name="checkpoint_unique_step")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.attempt} step {self.step}"

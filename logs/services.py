@@ -11,6 +11,7 @@ from django.db.models import Max
 
 from jobs.realtime import log_group, publish
 from logs.models import LogLine
+from logs.progress import publish_progress, record_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
         LogLine.objects.bulk_create(rows, batch_size=2000)
         payload = {"type": "log.lines", "lines": [line_payload(r) for r in rows]}
         transaction.on_commit(lambda: publish(log_group(job_id, stream), payload))
+        progress = record_metrics(job_id=job_id, stream=stream, attempt=attempt, lines=[(ln.ts, ln.text) for ln in fresh])
+        if progress is not None:
+            transaction.on_commit(lambda: publish_progress(job_id, progress))
     return rows
 
 

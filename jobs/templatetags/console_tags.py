@@ -1,8 +1,10 @@
 """Template helpers of the console pages: status badges, icons and durations."""
 from __future__ import annotations
 
+import json
 import signal as signals
 from datetime import timedelta
+from typing import Any
 
 from django import template
 from django.utils.html import format_html
@@ -12,7 +14,9 @@ from jobs.statuses import BADGE_GROUPS
 register = template.Library()
 
 # Icons the templates use; each is a <symbol id="icon-NAME"> in templates/_icons.html.
-ICONS = frozenset({"clock", "alert", "play", "stop", "refresh", "x", "check", "plus", "copy", "trash", "search"})
+ICONS = frozenset(
+    {"clock", "alert", "play", "stop", "refresh", "x", "check", "plus", "copy", "trash", "search", "server", "zap", "pause", "save"}
+)
 
 
 @register.simple_tag
@@ -66,3 +70,59 @@ def signal_name(number: int | None) -> str:
         return f"{signals.Signals(number).name} ({number})"
     except ValueError:
         return f"signal {number}"
+
+
+def number(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def progress_text(progress: Any) -> str:
+    """``step 50/150 · epoch 1 · loss 0.036 · lr 0.01``: what the log told (console.js says it the same way)."""
+    if progress is None:
+        return "—"
+    parts = []
+    if progress.step is not None:
+        parts.append(f"step {progress.step}/{progress.total}" if progress.total else f"step {progress.step}")
+    if progress.epoch is not None:
+        parts.append(f"epoch {progress.epoch:.4g}")
+    if progress.loss is not None:
+        parts.append(f"loss {progress.loss:.4g}")
+    if progress.lr is not None:
+        parts.append(f"lr {progress.lr:.3g}")
+    return " · ".join(parts) or "—"
+
+
+@register.inclusion_tag("jobs/_progress.html")
+def job_progress(job: Any, progress: Any = None, compact: bool = False) -> dict[str, Any]:
+    """A progress bar with its text; the live script keeps it current.
+
+    Without ``progress`` the job's own is used (the list selects it with the job: no query).
+    """
+    if progress is None:
+        progress = getattr(job, "progress", None)
+    percent = progress.percent if progress is not None else None
+    return {
+        "job": job,
+        "percent": None if percent is None else round(percent),
+        "text": progress_text(progress),
+        "compact": compact,
+    }
+
+
+@register.filter
+def seconds(value: float | None) -> str:
+    """``0.0123 s`` with three significant digits; an em dash when there is none."""
+    return "—" if value is None else f"{value:.3g} s"
+
+
+@register.filter
+def evidence_items(evidence: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """An evidence dict as (name, text) pairs; nested values as compact JSON."""
+    items = []
+    for key, value in (evidence or {}).items():
+        if value is None:
+            text = "—"
+        else:
+            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        items.append((str(key).replace("_", " "), text))
+    return items

@@ -1,0 +1,109 @@
+"""The operators' Nodes page: nodes, GPUs, health and running jobs; cordon, faults, spot reclaim.
+
+Staff only. Every action is a POST with the CSRF token that calls one service and comes back to
+the page with a message; a bad request is a message too, never a server error.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from failover.models import SimulatedFault
+from failover.services.faults import FaultError, clear_node, inject_fault, reclaim_spot
+from jobs.models import Node
+from jobs.services.nodes import node_overview, set_cordoned
+
+logger = logging.getLogger(__name__)
+
+
+class FaultForm(forms.Form):
+    kind = forms.ChoiceField(choices=SimulatedFault.Kind.choices, initial=SimulatedFault.Kind.XID, label="Fault")
+    gpu = forms.IntegerField(min_value=0, max_value=64, required=False, label="GPU", help_text="empty: the whole node")
+    xid = forms.IntegerField(min_value=1, max_value=1000, required=False, label="Xid", help_text="for an Xid fault, e.g. 79")
+
+
+def staff_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    @login_required
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("The Nodes page is for operators.")
+        return view(request, *args, **kwargs)
+
+    wrapped.__name__ = view.__name__
+    wrapped.__doc__ = view.__doc__
+    return wrapped
+
+
+@staff_only
+@require_GET
+def node_list(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "nodes/node_list.html",
+        {"nodes": node_overview(), "fault_kinds": SimulatedFault.Kind.choices, "nav": "nodes"},
+    )
+
+
+def inject(request: HttpRequest, node: Node) -> None:
+    form = FaultForm(request.POST)
+    if not form.is_valid():
+        problems = "; ".join(f"{form.fields[name].label}: {' '.join(errors)}" for name, errors in form.errors.items())
+        messages.error(request, f"No fault injected into {node.name}. {problems}")
+        return
+    data = form.cleaned_data
+    xid = data["xid"] if data["kind"] == SimulatedFault.Kind.XID else None
+    try:
+        fault = inject_fault(node, kind=data["kind"], gpu=data["gpu"], xid=xid, actor=request.user.get_username())
+    except FaultError as exc:
+        messages.error(request, str(exc))
+        return
+    messages.success(request, f"Injected: {fault}. Jobs on it stop within a few seconds and fail over.")
+
+
+def reclaim(request: HttpRequest, node: Node) -> None:
+    job_ids = reclaim_spot(node, actor=request.user.get_username())
+    count = len(job_ids)
+    messages.success(request, f"Spot capacity on {node.name} reclaimed: {count} Spot job{'s' if count != 1 else ''} stopping.")
+
+
+def cordon(request: HttpRequest, node: Node) -> None:
+    set_cordoned(node, True, actor=request.user.get_username())
+    messages.success(request, f"{node.name} cordoned: no new jobs are placed on it.")
+
+
+def uncordon(request: HttpRequest, node: Node) -> None:
+    set_cordoned(node, False, actor=request.user.get_username())
+    messages.success(request, f"{node.name} uncordoned.")
+
+
+def clear(request: HttpRequest, node: Node) -> None:
+    clear_node(node, actor=request.user.get_username())
+    messages.success(request, f"{node.name} cleared: its faults are repaired and it is healthy again.")
+
+
+ACTIONS: dict[str, Callable[[HttpRequest, Node], None]] = {
+    "cordon": cordon,
+    "uncordon": uncordon,
+    "inject": inject,
+    "clear": clear,
+    "reclaim": reclaim,
+}
+
+
+@staff_only
+@require_POST
+def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    run = ACTIONS.get(action)
+    if run is None:
+        raise Http404("No such node action.")
+    node = get_object_or_404(Node, name=name)
+    run(request, node)
+    return redirect("jobs:nodes")

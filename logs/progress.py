@@ -1,0 +1,201 @@
+"""Job metrics from ingested log lines: progress, the loss curve's points and checkpoints.
+
+``record_metrics`` runs inside ``ingest_lines``'s transaction, once per batch: one pass of the
+parser over the batch, then a handful of queries whatever the batch size (none at all when no
+line says anything about progress). It returns what to publish after commit, if anything.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.realtime import job_metrics_group, jobs_group, publish
+from logs.metrics import BatchMetrics, CheckpointRecord, LineMetrics, Progress, fold, parse_lines
+from logs.models import Checkpoint, JobProgress, MetricPoint
+
+logger = logging.getLogger(__name__)
+
+# Progress comes from rank 0's stream: every rank prints the same steps.
+PROGRESS_STREAM = "master"
+# A job keeps at most about this many loss points: past twice as many, every other one goes.
+MAX_POINTS = 2000
+# The chart gets at most this many points.
+CHART_POINTS = 600
+# Progress is published at most this often per job (status changes carry it too).
+PUBLISH_INTERVAL = 1.0
+
+_last_published: dict[int, float] = {}
+_publish_lock = threading.Lock()
+
+
+def progress_payload(progress: JobProgress | None) -> dict[str, Any] | None:
+    if progress is None:
+        return None
+    percent = progress.percent
+    return {
+        "step": progress.step,
+        "total": progress.total,
+        "epoch": progress.epoch,
+        "loss": progress.loss,
+        "lr": progress.lr,
+        "percent": round(percent, 2) if percent is not None else None,
+        "updated_at": progress.updated_at.isoformat(),
+    }
+
+
+def checkpoint_payload(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
+        "attempt": checkpoint.attempt,
+        "step": checkpoint.step,
+        "bytes": checkpoint.bytes,
+        "blocking_s": checkpoint.blocking_s,
+        "persist_s": checkpoint.persist_s,
+        "ranks": checkpoint.ranks,
+        "path": checkpoint.path,
+        "committed_at": checkpoint.committed_at.isoformat(),
+    }
+
+
+def record_metrics(*, job_id: int, stream: str, attempt: int, lines: Sequence[tuple[datetime, str]]) -> dict[str, Any] | None:
+    """Fold a stored batch into the job's progress, points and checkpoints.
+
+    Returns the ``job.progress`` message to publish after commit, or None when the batch told
+    nothing new (or it is too soon after the last one and no checkpoint came). Metrics never cost
+    the log its lines: a failure here is logged and rolled back to a savepoint, the lines stay.
+    """
+    try:
+        parsed = parse_lines(lines)
+    except Exception:
+        logger.exception("job %s: could not read progress from a batch of %d lines", job_id, len(lines))
+        return None
+    if not parsed:
+        return None
+    try:
+        with transaction.atomic():
+            return store_metrics(job_id, stream, attempt, parsed)
+    except Exception:
+        logger.exception("job %s: could not store progress", job_id)
+        return None
+
+
+def store_metrics(job_id: int, stream: str, attempt: int, parsed: list[tuple[datetime, LineMetrics]]) -> dict[str, Any] | None:
+    current = JobProgress.objects.filter(job_id=job_id).first() if stream == PROGRESS_STREAM else None
+    start = (
+        Progress(step=current.step, total=current.total, epoch=current.epoch, loss=current.loss, lr=current.lr)
+        if current is not None
+        else None
+    )
+    batch = fold(parsed, start=start)
+    if not batch.changed:
+        return None
+    if stream != PROGRESS_STREAM:
+        # Other ranks' streams count for their checkpoints only.
+        batch.samples = []
+        batch.progress = start or Progress()
+    else:
+        current = save_progress(job_id, current, batch)
+    new_checkpoints = save_checkpoints(job_id, attempt, batch.checkpoints) if batch.checkpoints else []
+    if not should_publish(job_id, force=bool(new_checkpoints)):
+        return None
+    if current is None:
+        current = JobProgress.objects.filter(job_id=job_id).first()
+    return {
+        "type": "job.progress",
+        "job": job_id,
+        "progress": progress_payload(current),
+        "checkpoints": [checkpoint_payload(c) for c in new_checkpoints],
+    }
+
+
+def save_progress(job_id: int, current: JobProgress | None, batch: BatchMetrics) -> JobProgress:
+    now = timezone.now()
+    told = batch.progress
+    if current is None:
+        current = JobProgress(job_id=job_id, updated_at=now)
+    current.step, current.total, current.epoch, current.loss, current.lr = told.step, told.total, told.epoch, told.loss, told.lr
+    current.updated_at = now
+    if batch.samples:
+        MetricPoint.objects.bulk_create(
+            [MetricPoint(job_id=job_id, step=s.step, epoch=s.epoch, loss=s.loss, lr=s.lr, ts=s.ts) for s in batch.samples],
+            update_conflicts=True,
+            unique_fields=["job", "step"],
+            update_fields=["epoch", "loss", "lr", "ts"],
+        )
+        # Counted as added even when a step was replaced: the count only decides when to thin.
+        current.points += len(batch.samples)
+        if current.points > 2 * MAX_POINTS:
+            current.points = thin_points(job_id)
+    current.save()
+    return current
+
+
+def thin_points(job_id: int) -> int:
+    """Drop every other point of a job's curve (its first and last stay); returns how many are left."""
+    ids = list(MetricPoint.objects.filter(job_id=job_id).order_by("step").values_list("pk", flat=True))
+    doomed = ids[1:-1:2]
+    MetricPoint.objects.filter(pk__in=doomed).delete()
+    return len(ids) - len(doomed)
+
+
+def save_checkpoints(job_id: int, attempt: int, records: list[tuple[CheckpointRecord, datetime]]) -> list[Checkpoint]:
+    """Store commit lines; ranks committing the same step add up into one row."""
+    by_step: dict[int, Checkpoint] = {
+        c.step: c for c in Checkpoint.objects.filter(job_id=job_id, attempt=attempt, step__in={r.step for r, _ in records})
+    }
+    fresh: dict[int, Checkpoint] = {}
+    touched: dict[int, Checkpoint] = {}
+    for record, ts in records:
+        row = by_step.get(record.step) or fresh.get(record.step)
+        if row is None:
+            fresh[record.step] = Checkpoint(
+                job_id=job_id, attempt=attempt, step=record.step, bytes=record.bytes, blocking_s=record.blocking_s,
+                persist_s=record.persist_s, ranks=1, path=record.path[:1000], committed_at=ts,
+            )
+            continue
+        row.bytes += record.bytes
+        row.blocking_s = max(row.blocking_s, record.blocking_s)
+        row.persist_s = max(row.persist_s, record.persist_s)
+        row.ranks += 1
+        row.committed_at = max(row.committed_at, ts)
+        if row.pk:
+            touched[row.step] = row
+    if fresh:
+        Checkpoint.objects.bulk_create(fresh.values())
+    if touched:
+        Checkpoint.objects.bulk_update(touched.values(), ["bytes", "blocking_s", "persist_s", "ranks", "committed_at"])
+    return sorted([*fresh.values(), *touched.values()], key=lambda c: c.step)
+
+
+def should_publish(job_id: int, *, force: bool = False) -> bool:
+    now = time.monotonic()
+    with _publish_lock:
+        last = _last_published.get(job_id)
+        if not force and last is not None and now - last < PUBLISH_INTERVAL:
+            return False
+        _last_published[job_id] = now
+        if len(_last_published) > 10_000:
+            _last_published.clear()
+    return True
+
+
+def chart_points(job_id: int, *, limit: int = CHART_POINTS) -> list[dict[str, Any]]:
+    """The job's loss curve for the chart, evenly thinned to at most ``limit`` points."""
+    rows = list(MetricPoint.objects.filter(job_id=job_id).order_by("step").values_list("step", "loss", "lr"))
+    if len(rows) > limit:
+        stride = len(rows) / limit
+        picked = [rows[int(i * stride)] for i in range(limit - 1)]
+        rows = [*picked, rows[-1]]
+    return [{"step": s, "loss": loss, "lr": lr} for s, loss, lr in rows]
+
+
+def publish_progress(job_id: int, message: dict[str, Any]) -> None:
+    """To the list pages and the job's own pages; called after commit."""
+    publish(job_metrics_group(job_id), message)
+    publish(jobs_group(), message)
