@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import os
-
-from console.tests.browser import CHROMIUM_ARGS, chromium_path, live_console, login, page, save_screenshot, wait  # noqa: F401  (fixtures)
+from console.tests.browser import login, save_screenshot, wait
 
 pytestmark = pytest.mark.slow
 
@@ -42,33 +40,6 @@ def not_reloaded(page) -> bool:
 
 def set_cordoned(console, cordoned: bool) -> None:
     console.shell(f"from jobs.models import Node; Node.objects.update(cordoned={cordoned!r})")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """This module's own Chromium, closed when the module ends.
-
-    Each test module that imports the harness's session-scoped ``browser`` gets a fixture of its
-    own, and a second sync Playwright cannot start while the first is alive in the same thread;
-    a module-scoped one is gone before the next module starts its own.
-    """
-    executable = chromium_path()
-    from playwright.sync_api import sync_playwright
-
-    playwright = sync_playwright().start()
-    try:
-        chromium = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
-    except Exception as exc:
-        playwright.stop()
-        message = f"Chromium at {executable} did not start: {exc}"
-        if os.environ.get("REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        yield chromium
-    finally:
-        chromium.close()
-        playwright.stop()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from console.tests.browser import browser, live_console, login, page, save_screenshot  # noqa: F401  (fixtures)
+from console.tests.browser import login, save_screenshot
 
 pytestmark = pytest.mark.slow
 
