@@ -204,13 +204,26 @@ def candidate_lines(texts: list[str]) -> list[int]:
     return sorted({bisect_right(starts, at) - 1 for at in positions})
 
 
+# Past this many candidate lines in one batch, only an even subset of them (and every
+# checkpoint line, and the last few) is parsed: the curve keeps SAMPLES_PER_BATCH points of a
+# batch anyway, and parsing every line of a run printing a loss per step would cost more than
+# storing it.
+MAX_PARSED_PER_BATCH = 200
+
+
 def parse_lines(lines: Sequence[tuple[datetime, str]]) -> list[tuple[datetime, LineMetrics]]:
     """The lines of a batch that say something, with their times, in order."""
     if not lines:
         return []
     texts = [text for _, text in lines]
     found = []
-    for index in candidate_lines(texts):
+    candidates = candidate_lines(texts)
+    if len(candidates) > MAX_PARSED_PER_BATCH:
+        stride = len(candidates) / MAX_PARSED_PER_BATCH
+        keep = {candidates[int(i * stride)] for i in range(MAX_PARSED_PER_BATCH)} | set(candidates[-5:])
+        keep |= {i for i in candidates if "[Concurrent Checkpoint]" in texts[i]}
+        candidates = sorted(keep)
+    for index in candidates:
         if INTERESTING.search(texts[index]) and (parsed := parse_candidate(texts[index])) is not None:
             found.append((lines[index][0], parsed))
     return found

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 PROGRESS_STREAM = "master"
 # A job keeps at most about this many loss points: past twice as many, every other one goes.
 MAX_POINTS = 2000
+# At most this many loss-curve points from one ingested batch.
+SAMPLES_PER_BATCH = 50
 # The chart gets at most this many points.
 CHART_POINTS = 600
 # Progress is published at most this often per job (status changes carry it too).
@@ -121,15 +123,20 @@ def save_progress(job_id: int, current: JobProgress | None, batch: BatchMetrics)
         current = JobProgress(job_id=job_id, updated_at=now)
     current.step, current.total, current.epoch, current.loss, current.lr = told.step, told.total, told.epoch, told.loss, told.lr
     current.updated_at = now
-    if batch.samples:
+    samples = batch.samples
+    if len(samples) > SAMPLES_PER_BATCH:
+        # A chatty run prints a loss every step: an even subset (the last one kept) draws the same curve.
+        stride = len(samples) / SAMPLES_PER_BATCH
+        samples = [samples[int(i * stride)] for i in range(SAMPLES_PER_BATCH - 1)] + [samples[-1]]
+    if samples:
         MetricPoint.objects.bulk_create(
-            [MetricPoint(job_id=job_id, step=s.step, epoch=s.epoch, loss=s.loss, lr=s.lr, ts=s.ts) for s in batch.samples],
+            [MetricPoint(job_id=job_id, step=s.step, epoch=s.epoch, loss=s.loss, lr=s.lr, ts=s.ts) for s in samples],
             update_conflicts=True,
             unique_fields=["job", "step"],
             update_fields=["epoch", "loss", "lr", "ts"],
         )
         # Counted as added even when a step was replaced: the count only decides when to thin.
-        current.points += len(batch.samples)
+        current.points += len(samples)
         if current.points > 2 * MAX_POINTS:
             current.points = thin_points(job_id)
     current.save()
