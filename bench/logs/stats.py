@@ -4,15 +4,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from bench.stats import quantile
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile, linear interpolation between order statistics (numpy's default)."""
-    xs = sorted(v for v in values if v is not None and not math.isnan(v))
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
 
 
 def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
