@@ -45,9 +45,6 @@ def parse_args(argv=None):
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary install (its path is printed)")
     p.add_argument("--verbose", action="store_true", help="INFO logging in the console")
-    p.add_argument("--proposed", nargs="?", const="ingest,socket", default="",
-                   help="also measure the PROPOSED fixes of bench/logs/proposed.py: ingest rows in part 1, and the console "
-                        "runs patched (ingest, socket or both, the default: ingest,socket)")
     p.add_argument("--diagnose", action="store_true",
                    help="run the console under bench.logs.probe and print where the live pipeline spends its time")
     args = p.parse_args(argv)
@@ -55,9 +52,6 @@ def parse_args(argv=None):
     args.seconds = args.seconds or (8.0 if args.quick else 20.0)
     args.tries = args.tries or (10 if args.quick else 20)
     args.parts = set(args.only or ["ingest", "latency", "tail"])
-    args.proposed = ",".join(sorted({x.strip() for x in args.proposed.split(",") if x.strip()}))
-    if not set(filter(None, args.proposed.split(","))) <= {"ingest", "socket"}:
-        p.error("--proposed takes ingest, socket or ingest,socket")
     return args
 
 
@@ -117,7 +111,7 @@ def main(argv=None) -> int:
 
             section("1. Ingest throughput (in-process, temp SQLite, WAL)")
             batches = [int(b) for b in args.batches.split(",")]
-            results = run_ingest(total=args.ingest_lines, batches=batches, work_root=var_dir, proposed=bool(args.proposed))
+            results = run_ingest(total=args.ingest_lines, batches=batches, work_root=var_dir)
             report["ingest"] = [
                 {"name": r.name, "batch": r.batch, "lines": r.lines, "seconds": r.seconds, "lines_per_s": r.rate,
                  "batch_ms_p50": quantile(r.batch_s, 0.5) * 1000, "batch_ms_p95": quantile(r.batch_s, 0.95) * 1000}
@@ -132,10 +126,6 @@ def main(argv=None) -> int:
                 print(f"    batch {b:>5}: ingest_lines {ing.rate:>9,.0f} lines/s vs raw bulk_create {raw.rate:>9,.0f} lines/s "
                       f"→ {ratio(ing.rate, raw.rate)} of the baseline; batch p50 {quantile(ing.batch_s, .5) * 1000:.0f} ms  "
                       f"[{verdict(ok)} ≥ {INGEST_TARGET:,}]")
-                if ("PROPOSED ingest_lines", b) in by:
-                    pr = by[("PROPOSED ingest_lines", b)]
-                    print(f"    batch {b:>5}: PROPOSED ingest_lines {pr.rate:>9,.0f} lines/s → {ratio(pr.rate, ing.rate)} of the current one "
-                          f"[{verdict(pr.rate >= INGEST_TARGET)} ≥ {INGEST_TARGET:,}; not counted]")
             drain = results[-1]
             ok = drain.rate >= INGEST_TARGET
             verdicts.append((f"agent drain (parse + ingest) ≥ {INGEST_TARGET:,} lines/s", ok))
@@ -159,7 +149,7 @@ def main(argv=None) -> int:
 
         # --- the console --------------------------------------------------------------------
         if "latency" in args.parts or "tail" in args.parts:
-            console = harness.ConsoleProcess(var_dir, verbose=args.verbose, probe=args.diagnose, proposed=args.proposed)
+            console = harness.ConsoleProcess(var_dir, verbose=args.verbose, probe=args.diagnose)
             console.start()
             print(f"\n(console: manage.py runconsole on port {console.port}, pid {console.proc.pid})")
 
@@ -183,8 +173,7 @@ def main(argv=None) -> int:
         if "latency" in args.parts:
             from bench.logs.live import run_live
 
-            section("2. Print → WebSocket latency (console subprocess, real jobs and agent)"
-                    + (f"  *** console running the PROPOSED fixes: {args.proposed} ***" if args.proposed else ""))
+            section("2. Print → WebSocket latency (console subprocess, real jobs and agent)")
             import psutil
 
             psutil.cpu_percent(None)
@@ -199,7 +188,7 @@ def main(argv=None) -> int:
             sb, sf = rb["summary_ms"], rf["summary_ms"]
             ok = sf["p95"] <= LATENCY_TARGET_MS
             clean = rf["problem_viewers"] == 0 and rb["problem_viewers"] == 0
-            verdicts.append(((f"[PROPOSED {args.proposed}] " if args.proposed else "") + f"latency p95 ≤ {LATENCY_TARGET_MS:.0f} ms ({args.jobs} jobs, {args.jobs * args.viewers_per_job} viewers)", ok))
+            verdicts.append((f"latency p95 ≤ {LATENCY_TARGET_MS:.0f} ms ({args.jobs} jobs, {args.jobs * args.viewers_per_job} viewers)", ok))
             verdicts.append(("no line lost or duplicated at any viewer", clean))
             print(f"  summary: p50 {sf['median']:.0f} ms, p95 {sf['p95']:.0f} ms, p99 {sf['p99']:.0f} ms "
                   f"vs baseline p50 {sb['median']:.0f} / p95 {sb['p95']:.0f} ms → p95 {ratio(sf['p95'], sb['p95'])} of the baseline")
@@ -207,7 +196,7 @@ def main(argv=None) -> int:
         if console is not None:
             console.stop()
         harness.kill_leftover_runs(var_dir / "jobs")
-    if (args.diagnose or args.proposed) and console is not None and "latency" in args.parts:
+    if args.diagnose and console is not None and "latency" in args.parts:
         from bench.logs.probe import summarize
 
         stats = console.probe_stats()

@@ -99,11 +99,9 @@ def free_port() -> int:
 class ConsoleProcess:
     """``manage.py runconsole`` on a free port, its output in ``var_dir/console.out``."""
 
-    def __init__(self, var_dir: Path, *, verbose: bool = False, probe: bool = False, proposed: str = "") -> None:
+    def __init__(self, var_dir: Path, *, verbose: bool = False, probe: bool = False) -> None:
         self.var_dir = var_dir
         self.verbose = verbose
-        self.proposed = proposed
-        probe = probe or proposed
         # With probe, the console runs under bench.logs.probe (timers, written at exit).
         self.probe_path = var_dir / "probe.json" if probe else None
         self.port = free_port()
@@ -120,7 +118,7 @@ class ConsoleProcess:
             ([sys.executable, "-m", "bench.logs.probe", str(self.probe_path)] if self.probe_path else [sys.executable, "manage.py"])
             + ["runconsole", "--port", str(self.port)],
             cwd=str(REPO),
-            env={**console_env(self.var_dir, verbose=self.verbose), "BENCH_LOGS_PROPOSED": self.proposed},
+            env=console_env(self.var_dir, verbose=self.verbose),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

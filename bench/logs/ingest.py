@@ -47,13 +47,10 @@ def raw_lines(texts: list[str], t0: float):
     return [RawLine(line_no=i + 1, ts=datetime.fromtimestamp(t0 + i * 0.001, tz=UTC), text=t) for i, t in enumerate(texts)]
 
 
-def bench_ingest_lines(job_id: int, lines, batch: int, *, proposed: bool = False) -> IngestResult:
-    if proposed:
-        from bench.logs.proposed import ingest_lines
-    else:
-        from logs.services import ingest_lines
+def bench_ingest_lines(job_id: int, lines, batch: int) -> IngestResult:
+    from logs.services import ingest_lines
 
-    res = IngestResult("PROPOSED ingest_lines" if proposed else "ingest_lines", batch, len(lines), 0.0)
+    res = IngestResult("ingest_lines", batch, len(lines), 0.0)
     start = time.perf_counter()
     for i in range(0, len(lines), batch):
         t = time.perf_counter()
@@ -111,7 +108,7 @@ def bench_drain(job_id: int, texts: list[str], t0: float, work: Path, chunk: int
     return res
 
 
-def run_ingest(*, total: int, batches: list[int], work_root: Path, proposed: bool = False, log=print) -> list[IngestResult]:
+def run_ingest(*, total: int, batches: list[int], work_root: Path, log=print) -> list[IngestResult]:
     from django.db import connection
 
     from bench.logs.harness import finished_job
@@ -125,10 +122,7 @@ def run_ingest(*, total: int, batches: list[int], work_root: Path, proposed: boo
     results: list[IngestResult] = []
     for batch in batches:
         jobs = {}
-        variants = [("ingest", bench_ingest_lines), ("bulk", bench_bulk_create)]
-        if proposed:
-            variants.append(("proposed", lambda j, ls, b: bench_ingest_lines(j, ls, b, proposed=True)))
-        for name, fn in variants:
+        for name, fn in (("ingest", bench_ingest_lines), ("bulk", bench_bulk_create)):
             job = jobs[name] = finished_job(f"ingest-{name}-{batch}")
             r = fn(job.pk, lines, batch)
             assert LogLine.objects.filter(job_id=job.pk).count() == total, "not every line was stored"
@@ -146,20 +140,5 @@ def run_ingest(*, total: int, batches: list[int], work_root: Path, proposed: boo
     assert LogLine.objects.filter(job_id=job.pk).count() == total
     results.append(r)
     log(f"  {r.name:<32} chunk {chunk:>5}: {r.rate:>10,.0f} lines/s  ({r.seconds:.2f} s; parse + ingest)")
-    if proposed:
-        import jobs.agent.local as local
-        from bench.logs import proposed as fix
-
-        current = local.ingest_lines
-        local.ingest_lines = fix.ingest_lines
-        try:
-            job = finished_job("ingest-drain-proposed")
-            rp = bench_drain(job.pk, texts, t0, work_root / "drain-proposed", chunk)
-        finally:
-            local.ingest_lines = current
-        assert LogLine.objects.filter(job_id=job.pk).count() == total
-        rp.name = "PROPOSED " + rp.name
-        log(f"  {rp.name:<32} chunk {chunk:>5}: {rp.rate:>10,.0f} lines/s  ({rp.seconds:.2f} s; parse + ingest; not counted)")
-        results.insert(len(results) - 1, rp)
     connection.close()
     return results

@@ -1,5 +1,4 @@
-"""``python -m bench.logs.probe <out.json> runconsole --port N``: the console, instrumented
-(and with BENCH_LOGS_PROPOSED=ingest,socket, running the fixes of ``bench.logs.proposed``).
+"""``python -m bench.logs.probe <out.json> runconsole --port N``: the console, instrumented.
 
 For ``--diagnose`` runs only: wraps the agent's ``control_round``, ``NodeAgent.collect``/``drain``,
 ``ingest_lines`` and ``JobLogConsumer.flush`` with timers, and measures the server event loop's lag
@@ -25,14 +24,6 @@ def main() -> None:
 
     django.setup()
     stats: dict[str, list] = defaultdict(list)
-    fixes = set(os.environ.get("BENCH_LOGS_PROPOSED", "").split(","))
-    if fixes & {"ingest", "socket"}:
-        from bench.logs import proposed
-
-        if "ingest" in fixes:
-            proposed.patch_ingest()
-        if "socket" in fixes:
-            proposed.patch_consumer()
 
     def timed(name, fn, size=None):
         def wrapper(*a, **kw):
