@@ -1,0 +1,4 @@
+"""Benchmark of ckptlib against the Trainer's synchronous save and DCP ``async_save``.
+
+Run from the repository root: ``python -m bench.ckpt`` (``--size-gb``, ``--steps``, ``--every``).
+"""

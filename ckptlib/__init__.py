@@ -1,0 +1,47 @@
+"""ckptlib: an asynchronous checkpoint engine, a drop-in for ``datastates.llm``.
+
+Plain PyTorch::
+
+    engine = ckptlib.CheckpointEngine(output_dir="out", host_cache_size=4)
+    engine.save({"model": model, "optimizer": optimizer}, step=step)
+    ...
+    engine.load(into={"model": model, "optimizer": optimizer})
+
+Hugging Face Trainer (the service's documentation)::
+
+    from datastates.llm import DecoratedCheckpointing
+    DecoratedCheckpointing(runtime_config={"host_cache_size": 50, "trainer": trainer}, rank=args.local_rank)
+"""
+
+from __future__ import annotations
+
+from ckptlib._config import RuntimeConfig, parse_runtime_config
+from ckptlib._engine import CheckpointEngine, CheckpointError, LoadedCheckpoint
+from ckptlib._events import COMMIT_LINE_RE, CheckpointResult, CommitEvent, parse_commit_line
+from ckptlib._format import CHECKPOINT_SUBDIR, checkpoint_root, committed_steps, read_latest
+from ckptlib._trainer import DecoratedCheckpointing
+
+__all__ = [
+    "CHECKPOINT_SUBDIR",
+    "COMMIT_LINE_RE",
+    "CheckpointEngine",
+    "CheckpointError",
+    "CheckpointResult",
+    "CommitEvent",
+    "DecoratedCheckpointing",
+    "LoadedCheckpoint",
+    "RuntimeConfig",
+    "checkpoint_root",
+    "committed_steps",
+    "parse_commit_line",
+    "parse_runtime_config",
+    "read_latest",
+    "vendor_path",
+]
+
+
+def vendor_path() -> str:
+    """The directory to put on ``PYTHONPATH`` (``$CHECKPOINT_VENDOR``) for ``import datastates.llm``."""
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parent / "vendor")

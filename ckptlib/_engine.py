@@ -1,0 +1,555 @@
+"""The asynchronous checkpoint engine: stage → persist → commit.
+
+Order of calls for one checkpoint:
+
+1. ``save(state, step=…)`` (training thread): plans the files, copies what forward or user code
+   may change (buffers, scheduler, RNG, plain values) into the host cache, hands the rest to the
+   stager and returns.
+2. Stager thread: copies module parameters and optimizer state into the host cache while forward
+   and backward run. The next ``optimizer.step()`` waits (a step pre-hook) until this is done:
+   it is the only thing that changes those tensors.
+3. ``parser_threads`` writer threads: write each file into ``checkpoint-<step>.tmp/``, fsync it,
+   give its buffers back to the cache, then mark this rank done.
+4. Rank 0 commits once every rank is done (see ``ckptlib._format``) and logs one line.
+5. ``wait(persist=True)`` / ``shutdown()`` block until the checkpoints in flight are committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptlib import _format, _signals
+from ckptlib._cache import HostCache, copy_into
+from ckptlib._config import RuntimeConfig
+from ckptlib._dist import ProcessPlace, current_place
+from ckptlib._events import LOG_PREFIX, CheckpointResult, install_console_handler
+from ckptlib._plan import FilePlan, Slot, StatePlan, plan_state, restore_rng_state
+from ckptlib._writer import StagingProgress, write_file
+
+logger = logging.getLogger(__name__)
+
+_COMMIT_TIMEOUT_S = float(os.environ.get("CKPT_COMMIT_TIMEOUT_S", "600"))
+_POLL_S = 0.01
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be found, read or written."""
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint read back by ``CheckpointEngine.load``.
+
+    Attributes:
+        step: The step it was saved at.
+        path: Its committed directory.
+        state: Key → loaded object (state dicts, ``rng_state``), as given to ``save``.
+    """
+
+    step: int
+    path: Path
+    state: dict[str, Any]
+
+
+@dataclass(eq=False)
+class _Job:
+    step: int
+    directory: Path
+    target: Path
+    plan: StatePlan
+    started: float
+    blocking_s: float = 0.0
+    synchronous_bytes: int = 0
+    bytes: int = 0
+    error: str | None = None
+    files_left: int = 0
+    staged: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    progress: StagingProgress = field(default_factory=StagingProgress)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    result: CheckpointResult | None = None
+
+
+class CheckpointEngine:
+    """Saves training state without stopping training, and reads it back.
+
+    Args:
+        output_dir: Checkpoints go to ``<output_dir>/concurrent_checkpoint/``. Default: the
+            ``CKPT_OUTPUT_DIR`` environment variable, else the working directory.
+        host_cache_size: Bound of the host staging cache in GB.
+        parser_threads: Writer threads.
+        pin_host_cache: Pin the cache when CUDA is present.
+        rank: The launcher's local rank (informational); the global rank comes from ``RANK``.
+        grace_period_s: Time a final checkpoint (SIGTERM, exit) may take to persist.
+        final_state: Returns ``(state, step)`` for the final checkpoint on SIGTERM and at exit;
+            without it, those only wait for the checkpoints in flight.
+        handle_signals: Install the SIGTERM handler and the exit hook.
+    """
+
+    def __init__(
+        self,
+        *,
+        output_dir: str | os.PathLike[str] | None = None,
+        host_cache_size: float = 50.0,
+        parser_threads: int = 1,
+        pin_host_cache: bool = True,
+        rank: int | None = None,
+        grace_period_s: float = 30.0,
+        final_state: Callable[[], tuple[Mapping[str, Any], int]] | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        install_console_handler()
+        self.options = RuntimeConfig(
+            host_cache_size=host_cache_size,
+            parser_threads=parser_threads,
+            pin_host_cache=pin_host_cache,
+            grace_period_s=grace_period_s,
+        )
+        if output_dir is None:
+            output_dir = os.environ.get("CKPT_OUTPUT_DIR") or os.getcwd()
+        self.output_dir = Path(output_dir).absolute()
+        self.root = _format.checkpoint_root(self.output_dir)
+        self.place: ProcessPlace = current_place(local_rank=rank)
+        self.cache = HostCache(limit_bytes=self.options.host_cache_bytes, pin=pin_host_cache)
+        self.final_state = final_state
+        # Set by an integration that takes the final checkpoint at a step boundary itself.
+        self.defer_final_checkpoint = False
+        # Set by an integration whose final checkpoint is more than a state (Trainer's extra files).
+        self.final_save: Callable[[], None] | None = None
+        self.stop_requested = threading.Event()
+        self.on_commit: list[Callable[[CheckpointResult], None]] = []
+
+        self._jobs: list[_Job] = []
+        self._jobs_lock = threading.Lock()
+        self._results: list[CheckpointResult] = []
+        self._unreported: list[CheckpointResult] = []
+        self._commit_lock = threading.Lock()
+        self._stage_queue: queue.Queue[_Job | None] = queue.Queue()
+        self._write_queue: queue.Queue[tuple[_Job, FilePlan] | None] = queue.Queue()
+        self._hooked: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self._closed = False
+
+        if self.place.rank == 0:
+            _format.remove_stale_tmp_dirs(self.root)
+        self._threads = [threading.Thread(target=self._stage_loop, name="ckptlib-stager", daemon=True)]
+        self._threads += [
+            threading.Thread(target=self._write_loop, name=f"ckptlib-writer-{i}", daemon=True)
+            for i in range(parser_threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+        if handle_signals:
+            _signals.register(self)
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def save(
+        self,
+        state: Mapping[str, Any],
+        *,
+        step: int,
+        sharded: bool = False,
+        capture_rng: bool = True,
+        write_extra_files: Callable[[Path], None] | None = None,
+    ) -> bool:
+        """Starts a checkpoint of ``state`` at ``step`` and returns while it is staged and written.
+
+        Args:
+            state: Keys to live objects: modules (→ ``<key>.safetensors``), optimizers,
+                schedulers, scalers, tensors or plain values (→ ``<key>.pt``). Module parameters
+                and optimizer state are copied in the background until the optimizer's next
+                ``step()``; everything else is copied before ``save`` returns.
+            step: The training step; the directory is ``checkpoint-<step>``.
+            sharded: Every rank holds different state (file names get ``_rank<r>``). By default
+                the state is replicated (DDP): rank 0 writes it, every rank its RNG state.
+            capture_rng: Also write the Trainer's ``rng_state*.pth``.
+            write_extra_files: Called with the temporary directory to write small files
+                (``trainer_state.json``, tokenizer, config) before ``save`` returns.
+
+        Returns:
+            True if a checkpoint was started; False if ``step`` is already saved or could not
+            be started (the error is logged and training goes on).
+        """
+        if self._closed:
+            raise CheckpointError("the checkpoint engine is shut down")
+        began = time.perf_counter()
+        if self._is_known_step(step):
+            logger.debug("%s step %s is already saved or in flight; skipped", LOG_PREFIX, step)
+            return False
+        directory, target = _format.tmp_dir(self.root, step), _format.committed_dir(self.root, step)
+        write_state = sharded or self.place.rank == 0
+        plan = plan_state(
+            state,
+            rank=self.place.rank,
+            world_size=self.place.world_size,
+            write_state=write_state,
+            sharded=sharded,
+            capture_rng=capture_rng,
+        )
+        job = _Job(step=step, directory=directory, target=target, plan=plan, started=began)
+        job.files_left = len(plan.files)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            if write_extra_files is not None:
+                write_extra_files(directory)
+        except Exception as error:  # noqa: BLE001 - reported, training goes on
+            self._fail(job, f"cannot create {directory}: {error}")
+            return False
+        for optimizer in plan.optimizers:
+            self._guard(optimizer)
+        for file_plan in plan.files:
+            self._stage_file(job, file_plan, synchronous_only=True)
+        with self._jobs_lock:
+            self._jobs.append(job)
+        self._stage_queue.put(job)
+        if not plan.optimizers:
+            # Nothing tells us when parameters change: finish staging before returning.
+            job.staged.wait()
+        job.blocking_s += time.perf_counter() - began
+        return True
+
+    def wait(self, persist: bool = False, *, timeout: float | None = None) -> list[CheckpointResult]:
+        """Blocks until the checkpoints in flight are staged, or also persisted.
+
+        Args:
+            persist: Also wait until they are committed (or failed).
+            timeout: Give up after this many seconds.
+
+        Returns:
+            With ``persist``, the results of every checkpoint finished since the previous
+            ``wait(persist=True)`` (committed or failed), oldest first; else [].
+        """
+        with self._jobs_lock:
+            jobs = list(self._jobs)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for job in jobs:
+            event = job.done if persist else job.staged
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            event.wait(remaining)
+        if not persist:
+            return []
+        with self._jobs_lock:
+            reported, self._unreported = self._unreported, []
+        return reported
+
+    def latest_step(self) -> int | None:
+        """The newest committed step under this engine's output directory, or None."""
+        return _format.read_latest(self.root)
+
+    def committed_steps(self) -> list[int]:
+        """All committed steps, ascending."""
+        return _format.committed_steps(self.root)
+
+    @property
+    def results(self) -> tuple[CheckpointResult, ...]:
+        """Every finished checkpoint of this engine, in finishing order."""
+        return tuple(self._results)
+
+    def load(
+        self,
+        step: int | None = None,
+        *,
+        into: Mapping[str, Any] | None = None,
+        restore_rng: bool | None = None,
+        map_location: str | torch.device = "cpu",
+    ) -> LoadedCheckpoint:
+        """Reads a committed checkpoint.
+
+        Args:
+            step: The step; None or -1 for the latest committed one.
+            into: Live objects to ``load_state_dict`` into, by key (as given to ``save``).
+            restore_rng: Restore the RNG states; default: when ``into`` is given.
+            map_location: Where tensors of ``.pt`` files go.
+
+        Returns:
+            The checkpoint.
+
+        Raises:
+            CheckpointError: No such committed checkpoint.
+        """
+        from ckptlib._reader import read_checkpoint
+
+        if step is None or step == -1:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointError(f"no committed checkpoint under {self.root}")
+        loaded = read_checkpoint(
+            _format.committed_dir(self.root, step), place=self.place, map_location=map_location
+        )
+        if into:
+            for key, target in into.items():
+                if key in loaded.state and hasattr(target, "load_state_dict"):
+                    target.load_state_dict(loaded.state[key])
+        if (into is not None if restore_rng is None else restore_rng) and "rng_state" in loaded.state:
+            restore_rng_state(loaded.state["rng_state"])
+        return loaded
+
+    def shutdown(self, *, timeout: float | None = None) -> None:
+        """Waits for the checkpoints in flight to persist, then stops the threads."""
+        if self._closed:
+            return
+        self.wait(persist=True, timeout=timeout)
+        self._closed = True
+        self._stage_queue.put(None)
+        for _ in range(self.options.parser_threads):
+            self._write_queue.put(None)
+        self.cache.clear()
+        _signals.unregister(self)
+
+    def final_checkpoint(self) -> None:
+        """Takes the final checkpoint (if ``final_state`` is set) and waits for it, within the grace."""
+        if self._closed:
+            return
+        try:
+            if self.final_save is not None:
+                self.final_save()
+            elif self.final_state is not None:
+                state, step = self.final_state()
+                if state:
+                    self.save(state, step=step)
+        except Exception:
+                logger.exception("%s final checkpoint could not be started", LOG_PREFIX)
+        self.wait(persist=True, timeout=self.options.grace_period_s)
+
+    # ---- stage ------------------------------------------------------------------------------
+
+    def _guard(self, optimizer: torch.optim.Optimizer) -> None:
+        if optimizer in self._hooked:
+            return
+        self._hooked.add(optimizer)
+        engine_ref = weakref.ref(self)
+
+        def wait_for_staging(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
+            engine = engine_ref()
+            if engine is not None:
+                engine._wait_for_staging()
+
+        optimizer.register_step_pre_hook(wait_for_staging)
+
+    def _wait_for_staging(self) -> None:
+        with self._jobs_lock:
+            pending = [job for job in self._jobs if not job.staged.is_set()]
+        for job in pending:
+            began = time.perf_counter()
+            job.staged.wait()
+            job.blocking_s += time.perf_counter() - began
+
+    def _stage_file(self, job: _Job, plan: FilePlan, *, synchronous_only: bool) -> None:
+        """Copies a file's tensors into the cache, slot by slot, telling the writer as it goes.
+
+        ``save`` calls this for the synchronous slots (``synchronous_only``), the stager for the
+        rest. Bytes ``save`` copied are released only once their file is written, which may come
+        after this file: admission never waits on them (``held_by_caller``).
+        """
+        todo = {
+            id(slot)
+            for slot in plan.slots
+            if slot.source is not None and (slot.synchronous or not synchronous_only)
+        }
+        held = job.synchronous_bytes
+        grouped = plan.written_whole and bool(todo)
+        if grouped:
+            total = sum(slot.nbytes for slot in plan.slots if id(slot) in todo)
+            self.cache.admit(total, held_by_caller=held)
+            if synchronous_only:
+                job.synchronous_bytes += total
+        for index, slot in enumerate(plan.slots):
+            if id(slot) in todo:
+                assert slot.source is not None
+                if job.error is None:
+                    if grouped:
+                        slot.buffer = self.cache.allocate(slot.nbytes)
+                    else:
+                        slot.buffer = self.cache.reserve(slot.nbytes, held_by_caller=job.synchronous_bytes)
+                        if synchronous_only:
+                            job.synchronous_bytes += slot.nbytes
+                    slot.staged = copy_into(slot.buffer, slot.source, stream=self._stream)
+                elif grouped:
+                    self.cache.unadmit(slot.nbytes)
+                slot.source = None
+            if not synchronous_only:
+                if self._stream is not None:
+                    self._stream.synchronize()
+                job.progress.mark_staged(plan, index + 1)
+
+    def _stage_loop(self) -> None:
+        while (job := self._stage_queue.get()) is not None:
+            try:
+                for plan in job.plan.files:
+                    self._write_queue.put((job, plan))
+                for plan in job.plan.files:
+                    self._stage_file(job, plan, synchronous_only=False)
+            except BaseException as error:  # noqa: BLE001 - the training thread must never hang
+                self._fail_in_flight(job, f"staging failed: {error!r}")
+                for plan in job.plan.files:
+                    job.progress.mark_staged(plan, len(plan.slots))
+            finally:
+                for plan in job.plan.files:
+                    for slot in plan.slots:
+                        slot.source = None
+                job.staged.set()
+            if not job.plan.files:
+                # A rank with nothing to write still reports done, so rank 0 can commit.
+                self._finish(job)
+
+    # ---- persist ----------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while (item := self._write_queue.get()) is not None:
+            job, plan = item
+            written = 0
+            if job.error is None:
+                try:
+                    written = write_file(job.directory, plan, progress=job.progress, release=self._release)
+                except Exception as error:  # noqa: BLE001 - reported, training goes on
+                    self._fail_in_flight(job, f"writing {plan.name} failed: {error}")
+            if job.error is not None:
+                # Give back whatever this file still holds, once the stager is past it.
+                job.progress.wait_staged(plan, len(plan.slots))
+                for slot in plan.slots:
+                    self._release(slot, keep=False)
+            with job.lock:
+                job.bytes += written
+                job.files_left -= 1
+                last = job.files_left == 0
+            if last:
+                self._finish(job)
+
+    def _release(self, slot: Slot, *, keep: bool = True) -> None:
+        if slot.buffer is not None:
+            self.cache.release(slot.buffer, keep=keep)
+        slot.buffer = None
+        slot.staged = None
+
+    def _finish(self, job: _Job) -> None:
+        try:
+            if job.error is None:
+                self._mark_rank_done(job)
+                if self.place.rank == 0:
+                    self._commit(job)
+                else:
+                    self._await_commit(job)
+        except Exception as error:  # noqa: BLE001
+            job.error = job.error or f"commit failed: {error}"
+        if job.error is not None:
+            self._mark_rank_failed(job)
+            if self.place.rank == 0:
+                _format.remove_tree(job.directory)
+        self._complete(job)
+
+    def _mark_rank_done(self, job: _Job) -> None:
+        for path in job.directory.iterdir():
+            if path.is_file() and not path.name.startswith("."):
+                _fsync_file(path)
+        _format.write_bytes_durably(_format.rank_marker(job.directory, self.place.rank), b"ok\n")
+
+    def _mark_rank_failed(self, job: _Job) -> None:
+        try:
+            (job.directory / f".rank-{self.place.rank}.failed").write_text(job.error or "failed")
+        except OSError:
+            pass
+
+    def _commit(self, job: _Job) -> None:
+        deadline = time.monotonic() + _COMMIT_TIMEOUT_S
+        for rank in range(1, self.place.world_size):
+            while not _format.rank_marker(job.directory, rank).exists():
+                failed = job.directory / f".rank-{rank}.failed"
+                if failed.exists():
+                    raise CheckpointError(f"rank {rank} failed: {failed.read_text()}")
+                if time.monotonic() > deadline:
+                    raise CheckpointError(f"rank {rank} did not finish within {_COMMIT_TIMEOUT_S:.0f}s")
+                time.sleep(_POLL_S)
+        files = {
+            path.name: path.stat().st_size
+            for path in sorted(job.directory.iterdir())
+            if path.is_file() and not path.name.startswith(".")
+        }
+        manifest = {
+            "format": _format.FORMAT_VERSION,
+            "step": job.step,
+            "world_size": self.place.world_size,
+            "keys": job.plan.keys,
+            "files": files,
+            "bytes": sum(files.values()),
+            "committed_at": time.time(),
+        }
+        _format.write_manifest(job.directory, manifest)
+        for marker in job.directory.glob(".rank-*"):
+            marker.unlink(missing_ok=True)
+        with self._commit_lock:
+            _format.commit(self.root, job.step)
+
+    def _await_commit(self, job: _Job) -> None:
+        deadline = time.monotonic() + _COMMIT_TIMEOUT_S
+        while not (job.target / _format.MANIFEST_NAME).exists():
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"rank 0 did not commit step {job.step} within {_COMMIT_TIMEOUT_S:.0f}s")
+            if self._closed:
+                return
+            time.sleep(_POLL_S)
+
+    def _complete(self, job: _Job) -> None:
+        result = CheckpointResult(
+            step=job.step,
+            path=str(job.target),
+            bytes=job.bytes,
+            blocking_s=job.blocking_s,
+            persist_s=time.perf_counter() - job.started,
+            committed=job.error is None,
+            error=job.error,
+        )
+        job.result = result
+        self._results.append(result)
+        if result.committed:
+            if self.place.rank == 0:
+                logger.info(result.log_line())
+            for callback in self.on_commit:
+                try:
+                    callback(result)
+                except Exception:  # noqa: BLE001 - rotation must not break training
+                    logger.exception("%s after-commit callback failed", LOG_PREFIX)
+        else:
+            logger.error("%s checkpoint step=%s failed: %s", LOG_PREFIX, job.step, job.error)
+        with self._jobs_lock:
+            self._unreported.append(result)
+            if job in self._jobs:
+                self._jobs.remove(job)
+        job.done.set()
+
+    def _fail_in_flight(self, job: _Job, message: str) -> None:
+        with job.lock:
+            if job.error is None:
+                job.error = message
+
+    def _fail(self, job: _Job, message: str) -> None:
+        job.error = message
+        job.staged.set()
+        if self.place.rank == 0:
+            _format.remove_tree(job.directory)
+        self._complete(job)
+
+    def _is_known_step(self, step: int) -> bool:
+        with self._jobs_lock:
+            if any(job.step == step for job in self._jobs):
+                return True
+        return (_format.committed_dir(self.root, step) / _format.MANIFEST_NAME).exists()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,232 @@
+"""On-disk layout of concurrent checkpoints and the commit protocol.
+
+Layout under ``<output_dir>/concurrent_checkpoint/``::
+
+    checkpoint-<step>/            committed checkpoints (Trainer file names)
+    checkpoint-<step>.tmp/        a checkpoint being written; never selected
+    latest                        text file holding the step of the newest commit
+
+Commit order (each step durable before the next):
+
+1. every rank writes its files into ``checkpoint-<step>.tmp/`` and fsyncs them;
+2. every rank writes and fsyncs ``.rank-<r>.done``;
+3. rank 0 waits for all markers, writes ``ckptlib.json`` (the manifest), fsyncs the directory;
+4. rank 0 renames ``checkpoint-<step>.tmp`` to ``checkpoint-<step>`` and fsyncs the parent;
+5. rank 0 writes ``latest.tmp``, fsyncs it and renames it over ``latest``.
+
+A crash before 4 leaves only a ``.tmp`` directory, which readers ignore; a crash between 4 and 5
+leaves a whole checkpoint that readers find by listing even though ``latest`` lags.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_SUBDIR = "concurrent_checkpoint"
+CHECKPOINT_PREFIX = "checkpoint-"
+TMP_SUFFIX = ".tmp"
+LATEST_NAME = "latest"
+MANIFEST_NAME = "ckptlib.json"
+FORMAT_VERSION = 1
+
+# Trainer-compatible names for the well-known keys of a state.
+MODEL_FILE = "model.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"
+
+_COMMITTED_RE = re.compile(r"^checkpoint-(\d+)$")
+
+# Safetensors dtype codes.
+_SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
+
+# Large writes are split so one os.write never asks the kernel for more than this.
+_WRITE_CHUNK = 64 << 20
+
+
+def checkpoint_root(output_dir: str | os.PathLike[str]) -> Path:
+    """Returns ``<output_dir>/concurrent_checkpoint``."""
+    return Path(output_dir) / CHECKPOINT_SUBDIR
+
+
+def committed_dir(root: Path, step: int) -> Path:
+    return root / f"{CHECKPOINT_PREFIX}{step}"
+
+
+def tmp_dir(root: Path, step: int) -> Path:
+    return root / f"{CHECKPOINT_PREFIX}{step}{TMP_SUFFIX}"
+
+
+def rank_marker(directory: Path, rank: int) -> Path:
+    return directory / f".rank-{rank}.done"
+
+
+def rng_file_name(rank: int, world_size: int) -> str:
+    """The Trainer's RNG file name: ``rng_state.pth`` alone, ``rng_state_<rank>.pth`` in a group."""
+    return "rng_state.pth" if world_size <= 1 else f"rng_state_{rank}.pth"
+
+
+def committed_steps(root: Path) -> list[int]:
+    """Steps of the committed checkpoints under ``root``, ascending. Temporary dirs never count."""
+    if not root.is_dir():
+        return []
+    steps = []
+    for entry in os.scandir(root):
+        match = _COMMITTED_RE.match(entry.name)
+        if match and entry.is_dir() and (Path(entry.path) / MANIFEST_NAME).is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def read_latest(root: Path) -> int | None:
+    """The newest committed step: the ``latest`` marker if it names a whole checkpoint, else a listing."""
+    steps = committed_steps(root)
+    try:
+        marked = int((root / LATEST_NAME).read_text().strip())
+    except (OSError, ValueError):
+        marked = None
+    if marked is not None and marked in steps and marked == max(steps):
+        return marked
+    # The marker lags by at most one rename (crash between commit steps 4 and 5) or is missing.
+    return steps[-1] if steps else None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes_durably(path: Path, payload: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(payload)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def write_all(fd: int, buffer: memoryview) -> int:
+    """Writes the whole buffer to ``fd`` in large chunks. Returns the bytes written."""
+    view = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
+    total = len(view)
+    offset = 0
+    while offset < total:
+        offset += os.write(fd, view[offset : offset + _WRITE_CHUNK])
+    return total
+
+
+def safetensors_header(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], int]]) -> bytes:
+    """Builds a safetensors header (8-byte length + JSON) for tensors written back to back.
+
+    Args:
+        entries: ``(name, dtype, shape, nbytes)`` in the order their bytes follow the header.
+
+    Returns:
+        The bytes that precede the tensor data.
+    """
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, dtype, shape, nbytes in entries:
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise TypeError(f"dtype {dtype} of tensor {name!r} has no safetensors code")
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    # Tensor data starts 8-byte aligned, as the safetensors library writes it.
+    encoded += b" " * (-len(encoded) % 8)
+    return len(encoded).to_bytes(8, "little") + encoded
+
+
+def write_manifest(directory: Path, manifest: dict[str, object]) -> None:
+    write_bytes_durably(directory / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+def read_manifest(directory: Path) -> dict[str, object]:
+    return json.loads((directory / MANIFEST_NAME).read_text())
+
+
+def commit(root: Path, step: int) -> Path:
+    """Renames ``checkpoint-<step>.tmp`` into place and moves ``latest`` to it (steps 4 and 5).
+
+    Returns:
+        The committed directory.
+    """
+    source, target = tmp_dir(root, step), committed_dir(root, step)
+    fsync_dir(source)
+    os.replace(source, target)
+    fsync_dir(root)
+    marker_tmp = root / f"{LATEST_NAME}{TMP_SUFFIX}"
+    write_bytes_durably(marker_tmp, f"{step}\n".encode())
+    os.replace(marker_tmp, root / LATEST_NAME)
+    fsync_dir(root)
+    return target
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_tmp_dirs(root: Path) -> None:
+    """Removes what a crashed run left half-written: ``.tmp`` dirs, ``latest.tmp``, rotations.
+
+    Called by rank 0 before any save of this run.
+    """
+    if not root.is_dir():
+        return
+    for entry in os.scandir(root):
+        partial_checkpoint = entry.name.startswith(CHECKPOINT_PREFIX) and entry.name.endswith(TMP_SUFFIX)
+        if partial_checkpoint or entry.name.startswith(".deleting-"):
+            logger.info("[Concurrent Checkpoint] removing partial checkpoint %s", entry.path)
+            remove_tree(Path(entry.path))
+        elif entry.name == f"{LATEST_NAME}{TMP_SUFFIX}":
+            Path(entry.path).unlink(missing_ok=True)
+
+
+def rotate(root: Path, *, keep: int, protect: Iterable[Path] = ()) -> list[int]:
+    """Deletes the oldest committed checkpoints so that at most ``keep`` remain.
+
+    Only committed dirs are candidates, never a ``.tmp`` one, never the newest, never ``protect``.
+
+    Returns:
+        The steps removed.
+    """
+    steps = committed_steps(root)
+    protected = {Path(p).resolve() for p in protect}
+    newest = read_latest(root)
+    removed = []
+    for step in steps[: max(0, len(steps) - keep)]:
+        path = committed_dir(root, step)
+        if step == newest or path.resolve() in protected:
+            continue
+        # Rename first so a reader never sees a half-deleted committed dir.
+        doomed = root / f".deleting-{step}"
+        os.replace(path, doomed)
+        remove_tree(doomed)
+        removed.append(step)
+    return removed

@@ -1,0 +1,213 @@
+"""``DecoratedCheckpointing``: routes a Hugging Face Trainer's checkpoints through the engine.
+
+Decorating a trainer changes three things on that instance only:
+
+* ``_save_checkpoint`` (periodic saves from ``save_strategy`` / ``save_steps``) hands the state
+  to the engine, into ``<output_dir>/concurrent_checkpoint/checkpoint-<step>/`` with the
+  Trainer's own file names; ``save_total_limit`` rotates committed checkpoints only.
+* ``train(resume_from_checkpoint=True)`` resolves to the latest committed checkpoint, or to
+  ``CKPT_LAST_STEP`` when that names one; with none it logs and starts from scratch.
+* a callback takes the final checkpoint at the end of the step during which SIGTERM arrived.
+
+``transformers`` is imported only when a trainer is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ckptlib import _format
+from ckptlib._config import parse_runtime_config
+from ckptlib._engine import CheckpointEngine
+from ckptlib._events import LOG_PREFIX, CheckpointResult
+
+logger = logging.getLogger(__name__)
+
+_SIGTERM_EXIT_STATUS = 143
+
+
+class DecoratedCheckpointing:
+    """The service's checkpoint engine, as ``datastates.llm.DecoratedCheckpointing``.
+
+    Args:
+        runtime_config: ``host_cache_size`` (GB), ``parser_threads``, ``pin_host_cache``,
+            optional ``grace_period_s``, and ``trainer`` to decorate. Unknown keys warn.
+        rank: The launcher's local rank (``args.local_rank``, -1 when not launched).
+
+    Raises:
+        ValueError: A config value is invalid; the message names the key.
+    """
+
+    def __init__(self, runtime_config: Mapping[str, Any], rank: int = -1) -> None:
+        options, trainer = parse_runtime_config(runtime_config)
+        output_dir = getattr(getattr(trainer, "args", None), "output_dir", None)
+        self.trainer = trainer
+        self.engine = CheckpointEngine(
+            output_dir=output_dir,
+            host_cache_size=options.host_cache_size,
+            parser_threads=options.parser_threads,
+            pin_host_cache=options.pin_host_cache,
+            rank=rank,
+            grace_period_s=options.grace_period_s,
+        )
+        if trainer is not None:
+            self._decorate(trainer)
+
+    # The plain API, for scripts that also save by hand ("Trainer and save at the same time").
+    def save(self, state: Mapping[str, Any], *, step: int, **options: Any) -> bool:
+        return self.engine.save(state, step=step, **options)
+
+    def load(self, step: int | None = None, **options: Any) -> Any:
+        return self.engine.load(step, **options)
+
+    def wait(self, persist: bool = False, *, timeout: float | None = None) -> list[CheckpointResult]:
+        return self.engine.wait(persist, timeout=timeout)
+
+    def latest_step(self) -> int | None:
+        return self.engine.latest_step()
+
+    def shutdown(self, *, timeout: float | None = None) -> None:
+        self.engine.shutdown(timeout=timeout)
+
+    def resolve_resume(self, resume_from_checkpoint: Any) -> Any:
+        """Maps ``train``'s ``resume_from_checkpoint`` to a checkpoint directory.
+
+        ``True`` → ``CKPT_LAST_STEP``'s checkpoint when it names a committed one, else the latest
+        committed one, else None (from scratch, with the documented error line). Paths and
+        False/None pass through.
+        """
+        if resume_from_checkpoint is not True:
+            return resume_from_checkpoint
+        requested = _requested_step()
+        root = self.engine.root
+        if requested != -1:
+            if requested in _format.committed_steps(root):
+                return str(_format.committed_dir(root, requested))
+            logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, requested)
+        latest = _format.read_latest(root)
+        if latest is None:
+            if requested == -1:
+                logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, requested)
+            return None
+        path = str(_format.committed_dir(root, latest))
+        logger.info("%s resuming from %s", LOG_PREFIX, path)
+        return path
+
+    # ---- decoration -------------------------------------------------------------------------
+
+    def _decorate(self, trainer: Any) -> None:
+        from transformers import TrainerCallback
+
+        self.engine.defer_final_checkpoint = True
+        self.engine.final_save = self._final_save
+        self.engine.on_commit.append(self._rotate)
+        original_train = trainer.train
+
+        def train(resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+            return original_train(self.resolve_resume(resume_from_checkpoint), *args, **kwargs)
+
+        trainer.train = train
+        if getattr(trainer, "is_deepspeed_enabled", False):
+            # Not built yet: a ckptlib-backed DeepSpeed checkpoint engine. DeepSpeed's optimizer
+            # state is partitioned and only DeepSpeed can save it, so its own save stays.
+            logger.warning("%s DeepSpeed run: periodic saves use DeepSpeed's own (synchronous) save", LOG_PREFIX)
+        else:
+            trainer._save_checkpoint = self._save_checkpoint
+        decorator = self
+
+        class FinalCheckpointOnStop(TrainerCallback):
+            """Saves at the end of the step in which SIGTERM arrived, then exits (status 143)."""
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                if decorator._stop_agreed():
+                    decorator.engine.final_checkpoint()
+                    raise SystemExit(_SIGTERM_EXIT_STATUS)
+
+        trainer.add_callback(FinalCheckpointOnStop())
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        trainer = self.trainer
+        if trainer.hp_search_backend is None and trial is None:
+            trainer.store_flos()
+        step = trainer.state.global_step
+        started = self.engine.save(self._state_objects(), step=step, write_extra_files=self._write_small_files)
+        best_step = getattr(trainer.state, "best_global_step", None)
+        if started and best_step:
+            best = _format.committed_dir(self.engine.root, best_step)
+            if best.exists() or best_step == step:
+                trainer.state.best_model_checkpoint = str(best)
+
+    def _state_objects(self) -> dict[str, Any]:
+        trainer = self.trainer
+        state: dict[str, Any] = {"model": trainer.accelerator.unwrap_model(trainer.model)}
+        if not trainer.args.save_only_model:
+            if trainer.optimizer is not None:
+                state["optimizer"] = trainer.optimizer
+            if trainer.lr_scheduler is not None:
+                state["scheduler"] = trainer.lr_scheduler
+            scaler = getattr(trainer.accelerator, "scaler", None)
+            if scaler is not None:
+                state["scaler"] = scaler
+        return state
+
+    def _write_small_files(self, directory: Path) -> None:
+        trainer = self.trainer
+        if not trainer.args.should_save:
+            return
+        from transformers.trainer_callback import ExportableState
+
+        # As Trainer._save_checkpoint does: callbacks' and control's state go into trainer_state.json.
+        for callback in [*trainer.callback_handler.callbacks, trainer.control]:
+            if isinstance(callback, ExportableState):
+                name = callback.__class__.__name__
+                if isinstance(trainer.state.stateful_callbacks.get(name), list):
+                    trainer.state.stateful_callbacks[name].append(callback.state())
+                else:
+                    trainer.state.stateful_callbacks[name] = callback.state()
+        trainer.state.save_to_json(str(directory / _format.TRAINER_STATE_FILE))
+        torch.save(trainer.args, directory / "training_args.bin")
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if getattr(model, "config", None) is not None and hasattr(model.config, "save_pretrained"):
+            model.config.save_pretrained(directory)
+        if getattr(model, "generation_config", None) is not None and hasattr(model, "can_generate") and model.can_generate():
+            model.generation_config.save_pretrained(directory)
+        if trainer.processing_class is not None:
+            trainer.processing_class.save_pretrained(directory)
+
+    def _rotate(self, result: CheckpointResult) -> None:
+        limit = self.trainer.args.save_total_limit
+        if limit is None or limit <= 0 or self.engine.place.rank != 0:
+            return
+        protect = [self.trainer.state.best_model_checkpoint] if self.trainer.state.best_model_checkpoint else []
+        removed = _format.rotate(self.engine.root, keep=limit, protect=protect)
+        if removed:
+            logger.info("%s rotated out steps %s (save_total_limit=%s)", LOG_PREFIX, removed, limit)
+
+    def _final_save(self) -> None:
+        trainer = self.trainer
+        if trainer.optimizer is not None and trainer.state.global_step > 0:
+            trainer._save_checkpoint(trainer.model, None)
+
+    def _stop_agreed(self) -> bool:
+        """Whether any rank got SIGTERM; every rank must stop at the same step."""
+        stop = self.engine.stop_requested.is_set()
+        if self.engine.place.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            flag = torch.tensor([int(stop)], device=self.trainer.args.device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            stop = bool(flag.item())
+        return stop
+
+
+def _requested_step() -> int:
+    value = os.environ.get("CKPT_LAST_STEP", "").strip()
+    try:
+        return int(value) if value else -1
+    except ValueError:
+        logger.warning("%s CKPT_LAST_STEP=%r is not a step; using the latest checkpoint", LOG_PREFIX, value)
+        return -1

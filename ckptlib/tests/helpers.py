@@ -1,0 +1,72 @@
+"""Small models, states and comparisons shared by the tests."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+
+def small_training_state(seed: int = 0) -> dict[str, Any]:
+    """A model with buffers and a bf16 parameter, AdamW with state, and a scheduler."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )
+    model.register_parameter("scale", torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    return {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+
+
+def train_steps(state: dict[str, Any], steps: int) -> list[float]:
+    model, optimizer, scheduler = state["model"], state["optimizer"], state["scheduler"]
+    losses = []
+    for _ in range(steps):
+        inputs = torch.randn(8, 16)
+        loss = model(inputs).pow(2).mean() + model.scale.float().sum() * 0.01
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
+def assert_same(expected: Any, actual: Any, where: str = "state") -> None:
+    """Bit-exact comparison of nested state dicts (tensors by bytes, dtype and shape)."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), where
+        assert expected.dtype == actual.dtype and expected.shape == actual.shape, where
+        assert torch.equal(expected.view(torch.uint8) if expected.dtype == torch.bool else expected, actual), where
+        return
+    if isinstance(expected, dict):
+        assert set(expected) == set(actual), where
+        for key in expected:
+            assert_same(expected[key], actual[key], f"{where}.{key}")
+        return
+    if isinstance(expected, (list, tuple)):
+        assert len(expected) == len(actual), where
+        for index, (left, right) in enumerate(zip(expected, actual, strict=True)):
+            assert_same(left, right, f"{where}[{index}]")
+        return
+    assert expected == actual, where
+
+
+def snapshot(state: dict[str, Any]) -> dict[str, Any]:
+    """Deep copies of the state dicts, as they are now."""
+    import copy
+
+    return {key: copy.deepcopy(value.state_dict()) for key, value in state.items()}
+
+
+class RecordingHandler(logging.Handler):
+    """Collects formatted messages of ckptlib's loggers (which do not propagate to root)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

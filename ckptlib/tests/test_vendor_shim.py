@@ -1,0 +1,33 @@
+"""``datastates.llm`` finds ckptlib even where ckptlib is not installed, from the vendor dir alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import ckptlib
+
+SCRIPT = """
+import sys
+# Hide the editable install, as in a job image where only $CHECKPOINT_VENDOR is on the path.
+sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
+sys.path_hooks = [h for h in sys.path_hooks if "editable" not in repr(h).lower()]
+sys.path_importer_cache.clear()
+try:
+    import ckptlib
+    raise SystemExit("ckptlib should not be importable before the shim")
+except ImportError:
+    pass
+from datastates.llm import DecoratedCheckpointing
+print(DecoratedCheckpointing.__module__)
+"""
+
+
+def test_the_vendor_dir_alone_is_enough(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": ckptlib.vendor_path(), "PATH": "/usr/bin:/bin"}
+    completed = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.strip() == "ckptlib._trainer"

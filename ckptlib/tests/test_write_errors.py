@@ -1,0 +1,73 @@
+"""A full disk or an unwritable output dir: a clear error, training goes on, the previous checkpoint stays."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+
+import pytest
+
+import ckptlib
+from ckptlib import _format
+from ckptlib.tests.helpers import RecordingHandler, small_training_state, train_steps
+
+
+@pytest.fixture
+def errors() -> RecordingHandler:
+    handler = RecordingHandler()
+    logger = logging.getLogger("ckptlib")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def test_a_full_disk_fails_that_checkpoint_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
+) -> None:
+    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
+    state = small_training_state()
+    try:
+        train_steps(state, 1)
+        engine.save(state, step=1)
+        engine.wait(persist=True)
+
+        def disk_full(fd: int, buffer: memoryview) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(_format, "write_all", disk_full)
+        train_steps(state, 1)
+        assert engine.save(state, step=2)
+        train_steps(state, 2)  # training goes on
+        [result] = engine.wait(persist=True)
+
+        assert not result.committed
+        assert "No space left on device" in (result.error or "")
+        assert any("checkpoint step=2 failed" in m and "No space left" in m for m in errors.messages)
+        assert engine.latest_step() == 1
+        assert engine.load().step == 1
+        assert not list(_format.checkpoint_root(tmp_path).glob("*.tmp"))
+
+        monkeypatch.undo()
+        engine.save(state, step=4)
+        [result] = engine.wait(persist=True)
+        assert result.committed and engine.latest_step() == 4
+    finally:
+        engine.shutdown()
+
+
+def test_an_unwritable_output_dir_is_reported_and_training_goes_on(tmp_path: Path, errors: RecordingHandler) -> None:
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    engine = ckptlib.CheckpointEngine(output_dir=not_a_dir / "out", host_cache_size=0.1, handle_signals=False)
+    state = small_training_state()
+    try:
+        train_steps(state, 1)
+        assert engine.save(state, step=1) is False
+        train_steps(state, 1)
+        [result] = engine.results
+        assert not result.committed and "cannot create" in (result.error or "")
+        assert any("checkpoint step=1 failed" in m for m in errors.messages)
+        assert engine.latest_step() is None
+    finally:
+        engine.shutdown()

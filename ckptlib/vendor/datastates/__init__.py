@@ -1,0 +1,13 @@
+"""Vendor shim: ``datastates`` as the service's documentation imports it, backed by ckptlib."""
+
+from __future__ import annotations
+
+try:
+    import ckptlib  # noqa: F401  # installed in the job's environment
+except ImportError:
+    import sys
+    from pathlib import Path
+
+    # <repo>/ckptlib/vendor/datastates/__init__.py → <repo> holds the ckptlib package.
+    sys.path.append(str(Path(__file__).resolve().parents[3]))
+    import ckptlib  # noqa: F401
