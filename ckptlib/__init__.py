@@ -15,11 +15,35 @@ Hugging Face Trainer (the service's documentation)::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ckptlib._config import RuntimeConfig, parse_runtime_config
-from ckptlib._engine import CheckpointEngine, CheckpointError, LoadedCheckpoint
 from ckptlib._events import COMMIT_LINE_RE, CheckpointResult, CommitEvent, parse_commit_line
-from ckptlib._format import CHECKPOINT_SUBDIR, checkpoint_root, committed_steps, read_latest
-from ckptlib._trainer import DecoratedCheckpointing
+from ckptlib._layout import CHECKPOINT_SUBDIR, checkpoint_root, committed_steps, read_latest
+
+if TYPE_CHECKING:
+    from ckptlib._engine import CheckpointEngine, CheckpointError, LoadedCheckpoint
+    from ckptlib._trainer import DecoratedCheckpointing
+
+# The engine needs torch; the layout and the log-line parser do not. Importing the package stays
+# light (the console reads checkpoint steps and commit lines without torch); the engine's names
+# load on first use.
+_LAZY = {
+    "CheckpointEngine": "ckptlib._engine",
+    "CheckpointError": "ckptlib._engine",
+    "LoadedCheckpoint": "ckptlib._engine",
+    "DecoratedCheckpointing": "ckptlib._trainer",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'ckptlib' has no attribute {name!r}")
 
 __all__ = [
     "CHECKPOINT_SUBDIR",

@@ -30,20 +30,27 @@ from pathlib import Path
 
 import torch
 
+from ckptlib._layout import (  # noqa: F401  (re-exported: the layout is part of the format)
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_SUBDIR,
+    LATEST_NAME,
+    MANIFEST_NAME,
+    TMP_SUFFIX,
+    checkpoint_root,
+    committed_dir,
+    committed_steps,
+    read_latest,
+    tmp_dir,
+)
+
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_SUBDIR = "concurrent_checkpoint"
-CHECKPOINT_PREFIX = "checkpoint-"
-TMP_SUFFIX = ".tmp"
-LATEST_NAME = "latest"
-MANIFEST_NAME = "ckptlib.json"
 FORMAT_VERSION = 1
 
 # Trainer-compatible names for the well-known keys of a state.
 MODEL_FILE = "model.safetensors"
 TRAINER_STATE_FILE = "trainer_state.json"
 
-_COMMITTED_RE = re.compile(r"^checkpoint-(\d+)$")
 
 # Safetensors dtype codes.
 _SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
@@ -65,19 +72,6 @@ _SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
 _WRITE_CHUNK = 64 << 20
 
 
-def checkpoint_root(output_dir: str | os.PathLike[str]) -> Path:
-    """Returns ``<output_dir>/concurrent_checkpoint``."""
-    return Path(output_dir) / CHECKPOINT_SUBDIR
-
-
-def committed_dir(root: Path, step: int) -> Path:
-    return root / f"{CHECKPOINT_PREFIX}{step}"
-
-
-def tmp_dir(root: Path, step: int) -> Path:
-    return root / f"{CHECKPOINT_PREFIX}{step}{TMP_SUFFIX}"
-
-
 def rank_marker(directory: Path, rank: int) -> Path:
     return directory / f".rank-{rank}.done"
 
@@ -85,31 +79,6 @@ def rank_marker(directory: Path, rank: int) -> Path:
 def rng_file_name(rank: int, world_size: int) -> str:
     """The Trainer's RNG file name: ``rng_state.pth`` alone, ``rng_state_<rank>.pth`` in a group."""
     return "rng_state.pth" if world_size <= 1 else f"rng_state_{rank}.pth"
-
-
-def committed_steps(root: Path) -> list[int]:
-    """Steps of the committed checkpoints under ``root``, ascending. Temporary dirs never count."""
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in os.scandir(root):
-        match = _COMMITTED_RE.match(entry.name)
-        if match and entry.is_dir() and (Path(entry.path) / MANIFEST_NAME).is_file():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
-
-
-def read_latest(root: Path) -> int | None:
-    """The newest committed step: the ``latest`` marker if it names a whole checkpoint, else a listing."""
-    steps = committed_steps(root)
-    try:
-        marked = int((root / LATEST_NAME).read_text().strip())
-    except (OSError, ValueError):
-        marked = None
-    if marked is not None and marked in steps and marked == max(steps):
-        return marked
-    # The marker lags by at most one rename (crash between commit steps 4 and 5) or is missing.
-    return steps[-1] if steps else None
 
 
 def fsync_dir(path: Path) -> None:
