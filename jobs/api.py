@@ -42,6 +42,7 @@ from jobs.serializers import (
 )
 from jobs.services.creation import clone_job, create_job
 from jobs.services.lifecycle import JobActionRefused, delete_job, request_stop
+from jobs.services.nodes import set_cordoned
 from jobs.statuses import JobStatus
 from logs.models import LogLine
 
@@ -282,12 +283,6 @@ class TrainingJobViewSet(
         query = LogQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return Response(LogPageSerializer(read_log_page(job.pk, **query.validated_data)).data)
-
-
-def set_cordoned(node: Node, cordoned: bool, *, actor: str) -> None:
-    # A flag the placement loop reads; jobs already on the node keep running.
-    Node.objects.filter(pk=node.pk).update(cordoned=cordoned)
-    logger.info("node %s: %s by %s", node.name, "cordoned" if cordoned else "uncordoned", actor)
 
 
 NODE_KEY_PARAMETER = OpenApiParameter("name", str, OpenApiParameter.PATH, description="The node's name or id.")
