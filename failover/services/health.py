@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from failover.classify import classify_failure, parse_kernel_xids
-from failover.evidence import Finding, HealthReport
+from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import NodeHealth, SimulatedFault
 from failover.probes import probe_for
 from jobs.models import GPU, AttemptNode, Node
@@ -64,13 +64,18 @@ def record_health(node: Node, source: str, findings: list[Finding], kernel_log: 
             defaults={"checked_at": timezone.now(), "source": source, "findings": [f.to_dict() for f in findings], "kernel_log": kernel_log[-20000:]},
         )
         if verdict.hardware:
-            Node.objects.filter(pk=node.pk).update(healthy=False, health_reason=verdict.reason[:300])
             bad_gpus = {f.gpu for f in findings if f.gpu is not None}
             for index in bad_gpus:
                 reasons = "; ".join(f.detail or f.kind for f in findings if f.gpu == index)
                 GPU.objects.filter(node=node, index=index).update(healthy=False, health_reason=reasons[:300])
-            if node.healthy:
-                logger.warning("node %s marked unhealthy: %s", node.name, verdict.reason)
+            # Per node, as the service does; FAILOVER_EXCLUDE=gpu keeps the node's healthy GPUs in use
+            # when the fault names its GPUs (a kernel-log Xid line names a PCI address, not an index;
+            # any other node-wide finding still takes the node out).
+            node_wide = not bad_gpus or any(f.gpu is None and f.kind != FindingKind.XID for f in findings)
+            if settings.FAILOVER_EXCLUDE != "gpu" or node_wide:
+                Node.objects.filter(pk=node.pk).update(healthy=False, health_reason=verdict.reason[:300])
+                if node.healthy:
+                    logger.warning("node %s marked unhealthy: %s", node.name, verdict.reason)
     return verdict.hardware
 
 

@@ -26,7 +26,7 @@ from failover.models import NodeHealth
 from failover.probes import probe_for
 from failover.services.health import record_health
 from jobs.agent import runtime
-from jobs.models import AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
+from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.runs import record_exit
 from jobs.statuses import JobStatus
@@ -138,7 +138,10 @@ def apply_verdict(job: TrainingJob, attempt: JobAttempt, verdict: Verdict, fault
             gpus = sorted({f.gpu for f in findings if f.gpu is not None}) if exclude_gpu_only else []
             for gpu in gpus or [None]:
                 JobExclusion.objects.get_or_create(job=job, node_id=node_id, gpu=gpu, defaults={"reason": verdict.reason[:500]})
-            Node.objects.filter(pk=node_id, healthy=True).update(healthy=False, health_reason=verdict.reason[:300])
+            if gpus:
+                GPU.objects.filter(node_id=node_id, index__in=gpus).update(healthy=False, health_reason=verdict.reason[:300])
+            else:
+                Node.objects.filter(pk=node_id, healthy=True).update(healthy=False, health_reason=verdict.reason[:300])
         TrainingJob.objects.filter(pk=job.pk, status=JobStatus.FAILOVER_IN_PROGRESS).update(
             failover_count=F("failover_count") + 1,
             status_reason=f"hardware fault ({verdict.reason}); re-placing on a healthy node",

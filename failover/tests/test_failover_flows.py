@@ -209,3 +209,21 @@ def test_the_inject_fault_command_refuses_bad_input_clearly(nodes):
         call_command("inject_fault", "node-a", "--gpu", "9")
     with pytest.raises(CommandError, match="Xid numbers run from 1 to 1000"):
         call_command("inject_fault", "node-a", "--xid", "5000")
+
+
+def test_with_gpu_exclusion_a_job_moves_to_the_same_machines_healthy_gpus(make_job, drive, round_, settings):
+    from jobs.models import GPU
+
+    settings.FAILOVER_EXCLUDE = "gpu"
+    Node.objects.exclude(name="node-a").update(cordoned=True)  # a single machine
+    job = drive(make_job(command=SLEEPER), JobStatus.RUNNING)
+    started(job, round_)
+    inject_fault(node_of(job), gpu=0, xid=79)
+    run_until(round_, lambda: JobAttempt.objects.filter(job=job, number=2, state="running").exists(), what="attempt 2")
+    second = JobAttempt.objects.get(job=job, number=2).placements.get()
+    assert (second.node.name, second.gpu_indices) == ("node-a", [1])
+    assert Node.objects.get(name="node-a").healthy
+    assert not GPU.objects.get(node__name="node-a", index=0).healthy
+    assert JobExclusion.objects.filter(job=job, node__name="node-a", gpu=0).exists()
+    request_stop(job, actor="owner")
+    drive(job, JobStatus.STOPPED)
