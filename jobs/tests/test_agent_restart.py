@@ -48,9 +48,10 @@ def test_a_run_whose_supervisor_died_ends_failed_with_the_reason(make_job, drive
         assert time.monotonic() < deadline
         time.sleep(0.05)
     pgid = json.loads((run_dir(part) / "pid.json").read_text())["pgid"]
-    os.killpg(pgid, signal.SIGKILL)
+    # The supervisor dies first (so it never records the exit), then its run.
     part.refresh_from_db()
     os.kill(part.runner_pid, signal.SIGKILL)
     agent.children.pop(part.runner_pid).wait()
+    os.killpg(pgid, signal.SIGKILL)
     job = drive(job, JobStatus.FAILED)
     assert job.status_reason == "the run's supervisor process was lost; Job Failover is off"
