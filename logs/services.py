@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from django.db import connection, transaction
 from django.db.models import Max
@@ -16,8 +16,7 @@ from logs.progress import publish_progress, record_metrics
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RawLine:
+class RawLine(NamedTuple):
     """A line as the node agent captured it: its number in the attempt's output, time and text."""
 
     line_no: int

@@ -310,18 +310,32 @@ class NodeAgent:
         end = chunk.rfind(b"\n")
         if end < 0:
             return at_end
+        records = chunk[: end + 1].splitlines()
+        try:
+            # One parse for the whole slice; the runner writes one JSON object per line.
+            parsed = json.loads(b"[" + b",".join(records) + b"]")
+        except ValueError:
+            parsed = [self.parse_record(raw, part) for raw in records]
         lines = []
-        for raw in chunk[: end + 1].splitlines():
+        for rec in parsed:
+            if rec is None:
+                continue
             try:
-                rec = json.loads(raw)
-                ts = datetime.fromtimestamp(rec["t"], tz=UTC)
-                lines.append(RawLine(line_no=int(rec["n"]), ts=ts, text=str(rec["s"])))
+                lines.append(RawLine(int(rec["n"]), datetime.fromtimestamp(rec["t"], tz=UTC), str(rec["s"])))
             except (ValueError, KeyError, TypeError):
                 logger.warning("job %s: skipped an unreadable output record", part.attempt.job_id)
         for start in range(0, len(lines), INGEST_BATCH):
             ingest_lines(job_id=part.attempt.job_id, stream=part.stream, attempt=part.attempt.number, lines=lines[start : start + INGEST_BATCH])
         self.offsets[part.pk] = offset + end + 1
         return at_end and end + 1 == len(chunk)
+
+    @staticmethod
+    def parse_record(raw: bytes, part: AttemptNode) -> dict | None:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            logger.warning("job %s: skipped an unreadable output record", part.attempt.job_id)
+            return None
 
     def runner_alive(self, part: AttemptNode, directory: Path) -> bool:
         pid = part.runner_pid

@@ -55,3 +55,19 @@ def test_a_run_whose_supervisor_died_ends_failed_with_the_reason(make_job, drive
     os.killpg(pgid, signal.SIGKILL)
     job = drive(job, JobStatus.FAILED)
     assert job.status_reason == "the run's supervisor process was lost; Job Failover is off"
+
+
+def test_an_unreadable_output_record_is_skipped_and_the_rest_is_stored(make_job, nodes, agent):
+    from jobs.models import AttemptNode
+    from jobs.services.placement import place_waiting_jobs
+
+    job = make_job(command="python -c \"print('x')\"")
+    place_waiting_jobs()
+    part = AttemptNode.objects.get(attempt__job=job)
+    directory = run_dir(part)
+    directory.mkdir(parents=True)
+    (directory / "output.jsonl").write_bytes(
+        b'{"n": 1, "t": 1764500000.0, "s": "first"}\n{"n": 2, "t": broken\n{"n": 3, "t": 1764500001.0, "s": "third"}\n'
+    )
+    assert agent.drain(part, directory)
+    assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("line_no", "text")) == [(1, "first"), (3, "third")]
