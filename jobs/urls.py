@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from jobs import node_views, views
+from jobs import views
 
 app_name = "jobs"
 urlpatterns = [
@@ -10,8 +10,6 @@ urlpatterns = [
     path("training-jobs/new/", views.job_create, name="create"),
     path("training-jobs/bulk/", views.bulk_action, name="bulk"),
     path("training-jobs/live/", views.job_live, name="live"),
-    path("nodes/", node_views.node_list, name="nodes"),
-    path("nodes/<str:name>/<str:action>/", node_views.node_action, name="node-action"),
     path("training-jobs/<int:pk>/", views.job_detail, name="detail"),
     path("training-jobs/<int:pk>/clone/", views.job_clone, name="clone"),
     path("training-jobs/<int:pk>/stop/", views.job_stop, name="stop"),

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 
 def action_url(node: str, action: str) -> str:
-    return reverse("jobs:node-action", args=[node, action])
+    return reverse("nodes:action", args=[node, action])
 
 
 def test_staff_see_nodes_gpus_health_and_running_jobs(login, staff, nodes, make_job):
@@ -21,7 +21,7 @@ def test_staff_see_nodes_gpus_health_and_running_jobs(login, staff, nodes, make_
     place_waiting_jobs()
     GPU.objects.filter(node__name="node-c", index=3).update(healthy=False, health_reason="Xid 79: GPU has fallen off the bus")
     Node.objects.filter(name="node-c").update(healthy=False, health_reason="GPU 3 fell off the bus")
-    html = login(staff).get(reverse("jobs:nodes")).content.decode()
+    html = login(staff).get(reverse("nodes:list")).content.decode()
     for node in nodes:
         assert f'data-node="{node.name}"' in html
     assert "resnet" in html and reverse("jobs:detail", args=[job.pk]) in html
@@ -33,14 +33,14 @@ def test_staff_see_nodes_gpus_health_and_running_jobs(login, staff, nodes, make_
 @pytest.mark.parametrize("who", ["owner", "outsider"])
 def test_users_who_are_not_staff_may_not_open_it_or_act(request, login, nodes, who):
     client = login(request.getfixturevalue(who))
-    assert client.get(reverse("jobs:nodes")).status_code == 403
+    assert client.get(reverse("nodes:list")).status_code == 403
     assert client.post(action_url("node-a", "cordon")).status_code == 403
     assert not Node.objects.filter(cordoned=True).exists()
     assert "Nodes</a>" not in client.get(reverse("jobs:list")).content.decode()
 
 
 def test_anonymous_visitors_are_sent_to_log_in(client, nodes):
-    response = client.get(reverse("jobs:nodes"))
+    response = client.get(reverse("nodes:list"))
     assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
 
 

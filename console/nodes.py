@@ -1,5 +1,8 @@
 """The operators' Nodes page: nodes, GPUs, health and running jobs; cordon, faults, spot reclaim.
 
+It lives in ``console`` because it joins two apps (``jobs`` and ``failover``), which never import
+each other in a circle.
+
 Staff only. Every action is a POST with the CSRF token that calls one service and comes back to
 the page with a message; a bad request is a message too, never a server error.
 """
@@ -7,10 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Prefetch
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -18,10 +23,44 @@ from django.views.decorators.http import require_GET, require_POST
 
 from failover.models import SimulatedFault
 from failover.services.faults import FaultError, clear_node, inject_fault, reclaim_spot
-from jobs.models import Node
-from jobs.services.nodes import node_overview, set_cordoned
+from jobs.models import GPU, AttemptNode, JobAttempt, Node
+from jobs.services.nodes import set_cordoned
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeView:
+    """A node as the Nodes page shows it: its GPUs, who holds them, open faults, running jobs."""
+
+    node: Node
+    gpus: list[GPU]
+    faults: list[SimulatedFault]
+    placements: list[AttemptNode] = field(default_factory=list)
+
+    @property
+    def gpus_free(self) -> int:
+        return sum(1 for gpu in self.gpus if gpu.allocated_to_id is None and gpu.healthy)
+
+    @property
+    def gpus_unhealthy(self) -> int:
+        return sum(1 for gpu in self.gpus if not gpu.healthy)
+
+
+def node_overview() -> list[NodeView]:
+    """Every node, in name order, with everything the page shows: four queries in all."""
+    open_faults = SimulatedFault.objects.filter(cleared_at__isnull=True).order_by("created_at")
+    nodes = Node.objects.order_by("name").prefetch_related(
+        Prefetch("gpus", queryset=GPU.objects.select_related("allocated_to__attempt__job").order_by("index")),
+        Prefetch("simulated_faults", queryset=open_faults, to_attr="open_faults"),
+    )
+    views = {node.pk: NodeView(node=node, gpus=list(node.gpus.all()), faults=node.open_faults) for node in nodes}
+    live = AttemptNode.objects.filter(
+        node_id__in=views, attempt__state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING]
+    ).select_related("attempt__job").order_by("attempt__job__name", "rank")
+    for placement in live:
+        views[placement.node_id].placements.append(placement)
+    return list(views.values())
 
 
 class FaultForm(forms.Form):
@@ -106,4 +145,4 @@ def node_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
         raise Http404("No such node action.")
     node = get_object_or_404(Node, name=name)
     run(request, node)
-    return redirect("jobs:nodes")
+    return redirect("nodes:list")
