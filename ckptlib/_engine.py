@@ -452,7 +452,7 @@ class CheckpointEngine:
     def _mark_rank_done(self, job: _Job) -> None:
         for path in job.directory.iterdir():
             if path.is_file() and not path.name.startswith("."):
-                _fsync_file(path)
+                _format.fsync_path(path)
         _format.write_bytes_durably(_format.rank_marker(job.directory, self.place.rank), b"ok\n")
 
     def _mark_rank_failed(self, job: _Job) -> None:
@@ -546,10 +546,3 @@ class CheckpointEngine:
                 return True
         return (_format.committed_dir(self.root, step) / _format.MANIFEST_NAME).exists()
 
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -81,12 +81,14 @@ def rng_file_name(rank: int, world_size: int) -> str:
     return "rng_state.pth" if world_size <= 1 else f"rng_state_{rank}.pth"
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory by its path (a directory's entries: renames and new files)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
 
 
 def write_bytes_durably(path: Path, payload: bytes) -> None:
@@ -147,13 +149,13 @@ def commit(root: Path, step: int) -> Path:
         The committed directory.
     """
     source, target = tmp_dir(root, step), committed_dir(root, step)
-    fsync_dir(source)
+    fsync_path(source)
     os.replace(source, target)
-    fsync_dir(root)
+    fsync_path(root)
     marker_tmp = root / f"{LATEST_NAME}{TMP_SUFFIX}"
     write_bytes_durably(marker_tmp, f"{step}\n".encode())
     os.replace(marker_tmp, root / LATEST_NAME)
-    fsync_dir(root)
+    fsync_path(root)
     return target
 
 

@@ -1,10 +1,10 @@
 """Clear a node after repair: its faults are gone and it takes jobs again."""
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
+from failover.management.nodes import node_named
 from failover.services.faults import clear_node
-from jobs.models import Node
 
 
 class Command(BaseCommand):
@@ -14,8 +14,6 @@ class Command(BaseCommand):
         parser.add_argument("node")
 
     def handle(self, *args, node: str, **options):
-        target = Node.objects.filter(name=node).first()
-        if target is None:
-            raise CommandError(f"No node named {node!r}.")
+        target = node_named(node)
         clear_node(target, actor="manage.py clear_node")
         self.stdout.write(f"{node} is healthy again.")

@@ -4,8 +4,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from failover.models import SimulatedFault
+from failover.management.nodes import node_named
 from failover.services.faults import FaultError, inject_fault
-from jobs.models import Node
 
 
 class Command(BaseCommand):
@@ -18,9 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--xid", type=int, default=None, help="Xid number for --kind xid (default 79)")
 
     def handle(self, *args, node: str, gpu: int | None, kind: str, xid: int | None, **options):
-        target = Node.objects.filter(name=node).first()
-        if target is None:
-            raise CommandError(f"No node named {node!r}.")
+        target = node_named(node)
         try:
             fault = inject_fault(target, kind=kind, gpu=gpu, xid=xid, actor="manage.py inject_fault")
         except FaultError as exc:

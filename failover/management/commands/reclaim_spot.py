@@ -1,10 +1,10 @@
 """Reclaim the spot capacity of a node: its Spot jobs are stopped gracefully and go back to Pending."""
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
+from failover.management.nodes import node_named
 from failover.services.faults import reclaim_spot
-from jobs.models import Node
 
 
 class Command(BaseCommand):
@@ -14,8 +14,6 @@ class Command(BaseCommand):
         parser.add_argument("node")
 
     def handle(self, *args, node: str, **options):
-        target = Node.objects.filter(name=node).first()
-        if target is None:
-            raise CommandError(f"No node named {node!r}.")
+        target = node_named(node)
         jobs = reclaim_spot(target, actor="manage.py reclaim_spot")
         self.stdout.write(f"Reclaimed spot capacity on {node}: {len(jobs)} job(s) stopping.")
