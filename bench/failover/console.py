@@ -3,12 +3,12 @@ and the real embedded control loop thread (placement + the local node agent)."""
 from __future__ import annotations
 
 import io
-import json
 import os
-import signal
 import tempfile
 import time
 from pathlib import Path
+
+from jobs.agent.runner import kill_unfinished_runs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,24 +107,7 @@ class EmbeddedConsole:
         if self.loop is not None:
             self.loop.stop()
             self.loop.join(timeout=10)
-        kill_leftover_runs(self.var_dir / "jobs")
-
-
-def kill_leftover_runs(work_root: Path) -> None:
-    """SIGKILL the process groups (and runners) of the runs this bench started, if any remain."""
-    for pid_file in work_root.glob("*/attempt-*/rank-*/pid.json"):
-        try:
-            info = json.loads(pid_file.read_text())
-        except (OSError, ValueError):
-            continue
-        if (pid_file.parent / "exit.json").exists():
-            continue
-        for kill, target in ((os.killpg, info.get("pgid")), (os.kill, info.get("runner_pid"))):
-            if target:
-                try:
-                    kill(int(target), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        kill_unfinished_runs(self.var_dir / "jobs")
 
 
 def make_var_dir(keep: bool) -> Path:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from bench.logs.stats import fmt, quantile, ratio, summary_ms
+from jobs.agent.runner import kill_unfinished_runs
 
 INGEST_TARGET = 50_000  # lines/s
 LATENCY_TARGET_MS = 500.0  # p95
@@ -195,7 +196,7 @@ def main(argv=None) -> int:
     finally:
         if console is not None:
             console.stop()
-        harness.kill_leftover_runs(var_dir / "jobs")
+        kill_unfinished_runs(var_dir / "jobs")
     if args.diagnose and console is not None and "latency" in args.parts:
         from bench.logs.probe import summarize
 

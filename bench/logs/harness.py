@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from jobs.agent.runner import kill_unfinished_runs
+
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "bench-logs-not-secret"
 
@@ -164,21 +166,6 @@ class ConsoleProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
-        kill_leftover_runs(self.var_dir / "jobs")
+        kill_unfinished_runs(self.var_dir / "jobs")
 
 
-def kill_leftover_runs(work_root: Path) -> None:
-    """SIGKILL the process groups (and runners) of the runs this bench started that still live."""
-    for pid_file in work_root.glob("*/attempt-*/rank-*/pid.json"):
-        if (pid_file.parent / "exit.json").exists():
-            continue
-        try:
-            info = json.loads(pid_file.read_text())
-        except (OSError, ValueError):
-            continue
-        for kill, target in ((os.killpg, info.get("pgid")), (os.kill, info.get("runner_pid"))):
-            if target:
-                try:
-                    kill(int(target), signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass

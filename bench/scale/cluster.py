@@ -2,7 +2,6 @@
 database, the (instrumented) control worker with beat and N node-agent processes."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -10,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
+from jobs.agent.runner import kill_unfinished_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -138,15 +137,5 @@ class Cluster:
         self.kill_runs()
 
     def kill_runs(self) -> None:
-        for pid_file in self.tmp.glob("jobs-*/*/attempt-*/rank-*/pid.json"):
-            if (pid_file.parent / "exit.json").exists():
-                continue
-            try:
-                info = json.loads(pid_file.read_text())
-                runner = psutil.Process(int(info["runner_pid"]))
-                if "jobs.agent.runner" not in " ".join(runner.cmdline()):
-                    continue  # ended meanwhile; the pid is someone else's now
-                os.killpg(int(info["pgid"]), signal.SIGKILL)
-                runner.kill()
-            except (OSError, ValueError, KeyError, psutil.Error):
-                pass
+        for root in self.tmp.glob("jobs-*"):
+            kill_unfinished_runs(root)

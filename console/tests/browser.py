@@ -41,6 +41,8 @@ from typing import Any
 
 import pytest
 
+from jobs.agent.runner import kill_unfinished_runs
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 PY = sys.executable
@@ -151,18 +153,8 @@ class LiveConsole:
         self.kill_runs()
 
     def kill_runs(self) -> None:
-        """Runs live in their own sessions (they outlive a console restart): kill them by pid.json."""
-        for pid_file in (self.workdir / "jobs").glob("**/pid.json"):
-            try:
-                info = json.loads(pid_file.read_text())
-            except (OSError, ValueError):
-                continue
-            for key, kill in (("pgid", os.killpg), ("runner_pid", os.kill)):
-                if info.get(key):
-                    try:
-                        kill(int(info[key]), signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+        """Runs live in their own sessions (they outlive a console restart): kill what is left."""
+        kill_unfinished_runs(self.workdir / "jobs")
 
     def server_log(self, chars: int = 6000) -> str:
         try:

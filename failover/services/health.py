@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from datetime import timedelta
 
@@ -81,7 +80,7 @@ def record_health(node: Node, source: str, findings: list[Finding], kernel_log: 
 
 def apply_injected_faults(agent) -> None:
     """Kill the training processes on GPUs that just got an injected fault, as the fault would."""
-    from jobs.agent.local import read_json, run_dir
+    from jobs.agent.local import signal_run
 
     now = timezone.now()
     for fault in SimulatedFault.objects.filter(node__name__in=agent.node_names, applied_at__isnull=True, cleared_at__isnull=True).select_related("node"):
@@ -89,13 +88,8 @@ def apply_injected_faults(agent) -> None:
         for part in parts:
             if fault.gpu is not None and fault.gpu not in part.gpu_indices:
                 continue
-            pid_info = read_json(run_dir(part) / "pid.json")
-            if pid_info:
-                try:
-                    os.killpg(int(pid_info["pgid"]), signal.SIGKILL)
-                    logger.warning("job %s: %s killed its run on %s", part.attempt.job_id, fault, fault.node.name)
-                except ProcessLookupError:
-                    pass
+            if signal_run(part, signal.SIGKILL):
+                logger.warning("job %s: %s killed its run on %s", part.attempt.job_id, fault, fault.node.name)
         SimulatedFault.objects.filter(pk=fault.pk).update(applied_at=now)
         # The reading is taken at once, so the node leaves placement before anything lands on it.
         agent_checker(agent).check(fault.node)

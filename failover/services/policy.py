@@ -11,7 +11,6 @@ The verdict is stored on the attempt first, so a crash mid-way is picked up by `
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from datetime import timedelta
 
@@ -178,14 +177,9 @@ def sweep_lost_nodes() -> None:
 
 def terminate_orphan(part: AttemptNode) -> None:
     """Where the lost node's processes are reachable from here (simulated nodes), end them."""
-    from jobs.agent.local import read_json, run_dir
+    from jobs.agent.local import signal_run
 
-    pid_info = read_json(run_dir(part) / "pid.json")
-    if pid_info:
-        try:
-            os.killpg(int(pid_info["pgid"]), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    signal_run(part, signal.SIGKILL)
 
 
 def control_round() -> None:

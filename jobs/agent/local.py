@@ -66,6 +66,21 @@ def latest_checkpoint_step(output_dir: str) -> int | None:
     return read_latest(checkpoint_root(output_dir))
 
 
+def signal_run(part: AttemptNode, sig: int) -> bool:
+    """Signal a run's process group by its pid.json; False if it has not recorded its group yet."""
+    pid_info = read_json(run_dir(part) / "pid.json")
+    if not pid_info:
+        return False
+    try:
+        os.killpg(int(pid_info["pgid"]), sig)
+        logger.info("job %s: sent %s to attempt %s rank %s", part.attempt.job_id, signal.Signals(sig).name, part.attempt.number, part.rank)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        logger.warning("job %s: not allowed to signal process group %s", part.attempt.job_id, pid_info["pgid"])
+    return True
+
+
 def runtime_python(runtime: str) -> Path:
     return Path(runtime) / "bin" / "python"
 
@@ -93,7 +108,7 @@ class NodeAgent:
         ).select_related("attempt")
         for part in parts:
             directory = run_dir(part)
-            if not (directory / "exit.json").exists() and self.signal(part, signal.SIGKILL):
+            if not (directory / "exit.json").exists() and signal_run(part, signal.SIGKILL):
                 logger.warning("job %s: killed stray run of attempt %s", part.attempt.job_id, part.attempt.number)
             while not self.drain(part, directory):
                 pass
@@ -255,28 +270,14 @@ class NodeAgent:
             if attempt.stop_requested_at is None:
                 JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
                 attempt.stop_requested_at = now
-            if part.pk not in self.terminated and self.signal(part, signal.SIGTERM):
+            if part.pk not in self.terminated and signal_run(part, signal.SIGTERM):
                 self.terminated.add(part.pk)
             if now - attempt.stop_requested_at >= grace:
-                self.signal(part, signal.SIGKILL)
+                signal_run(part, signal.SIGKILL)
 
     def live_parts(self):
         """The parts of runs on our nodes that were started and have not been seen to end."""
         return AttemptNode.objects.filter(node__name__in=self.node_names, runner_pid__gt=0, ended_at__isnull=True)
-
-    def signal(self, part: AttemptNode, sig: int) -> bool:
-        """Signal the run's process group; False if it has not recorded its group yet."""
-        pid_info = read_json(run_dir(part) / "pid.json")
-        if not pid_info:
-            return False
-        try:
-            os.killpg(int(pid_info["pgid"]), sig)
-            logger.info("job %s: sent %s to attempt %s rank %s", part.attempt.job_id, signal.Signals(sig).name, part.attempt.number, part.rank)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            logger.warning("job %s: not allowed to signal process group %s", part.attempt.job_id, pid_info["pgid"])
-        return True
 
     # --- output and exits ------------------------------------------------------------------
     def collect(self) -> int:
@@ -367,7 +368,7 @@ class NodeAgent:
                 # One rank failed: the others cannot go on without it.
                 JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
                 for other in siblings.filter(ended_at__isnull=True).select_related("attempt"):
-                    self.signal(other, signal.SIGTERM)
+                    signal_run(other, signal.SIGTERM)
             return
         # The attempt's outcome: the first rank that failed, else rank 0's.
         ended = list(siblings.order_by("ended_at", "rank"))

@@ -90,3 +90,31 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def kill_unfinished_runs(work_root: Path) -> int:
+    """SIGKILL every run under ``work_root`` whose supervisor still lives (tests and benchmarks
+    clean up with it: runs sit in their own sessions and outlive whoever started them).
+
+    A run counts only while its supervisor's pid is still a ``jobs.agent.runner`` process, so a
+    pid reused by the system is never hit. Returns how many runs were killed.
+    """
+    killed = 0
+    for pid_file in Path(work_root).glob("**/rank-*/pid.json"):
+        if (pid_file.parent / "exit.json").exists():
+            continue
+        try:
+            info = json.loads(pid_file.read_text())
+            runner_pid, pgid = int(info["runner_pid"]), int(info["pgid"])
+            cmdline = Path(f"/proc/{runner_pid}/cmdline").read_bytes()
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if b"jobs.agent.runner" not in cmdline:
+            continue
+        for kill, target in ((os.killpg, pgid), (os.kill, runner_pid)):
+            try:
+                kill(target, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        killed += 1
+    return killed
