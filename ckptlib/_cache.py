@@ -1,22 +1,28 @@
-"""The bounded host cache that staged tensors live in until they are on disk.
+"""The bounded host cache: page-aligned chunks that staged file bytes live in until written.
 
-Protocol: ``admit(nbytes)`` (blocks while the cache is full) → ``allocate`` → ``copy_into`` → the
-writer writes the buffer → ``release(buffer)``. ``reserve`` is admit + allocate for one tensor; a
-file that can only be written whole is admitted at once, so it never waits on itself. Released buffers are kept for the next checkpoint of the same
-shapes, so steady-state staging allocates nothing; kept buffers count against the bound and are
-dropped first when a new size needs room.
+The stager fills a chunk with the next bytes of a checkpoint file (headers and tensor bytes, in
+file order) and hands it to a writer, which writes it at its offset with ``O_DIRECT`` and gives
+it back. ``acquire`` blocks while the chunks in use reach the bound, so staging waits for
+flushing instead of growing memory. Chunks are anonymous ``mmap`` regions: page-aligned (what
+``O_DIRECT`` needs), pinned with ``cudaHostRegister`` when asked and CUDA is present, and
+returned to the system when dropped. Chunks given back are kept for the next checkpoint, up to
+``keep_bytes``.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
-from collections import defaultdict
 
 import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
+
+PAGE = 4096
+_MAX_CHUNK = 32 << 20
+_MIN_CHUNKS = 4
 
 
 def available_memory_bytes() -> int | None:
@@ -31,12 +37,38 @@ def available_memory_bytes() -> int | None:
     return None
 
 
+class Chunk:
+    """One page-aligned host buffer of ``size`` bytes (``array``: numpy view, ``tensor``: torch view)."""
+
+    __slots__ = ("_pinned", "array", "mem", "size", "tensor")
+
+    def __init__(self, size: int, *, pin: bool) -> None:
+        self.size = size
+        self.mem = mmap.mmap(-1, size)
+        self.array = np.frombuffer(self.mem, dtype=np.uint8)
+        self.tensor = torch.from_numpy(self.array)
+        self._pinned = False
+        if pin:
+            status = torch.cuda.cudart().cudaHostRegister(self.tensor.data_ptr(), size, 0)
+            self._pinned = int(status) == 0
+
+    def close(self) -> None:
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
+            self._pinned = False
+        del self.tensor, self.array
+        try:
+            self.mem.close()
+        except BufferError:  # a view is still alive somewhere; the GC frees it later
+            pass
+
+
 class HostCache:
-    """A byte budget of host buffers, pinned when asked and CUDA is present.
+    """A byte budget of staging chunks.
 
     Args:
-        limit_bytes: The configured bound (``host_cache_size``).
-        pin: Pin buffers when CUDA is present.
+        limit_bytes: The configured bound (``host_cache_size``), capped at 80 % of free memory.
+        pin: Pin chunks when CUDA is present.
     """
 
     def __init__(self, *, limit_bytes: int, pin: bool) -> None:
@@ -49,98 +81,69 @@ class HostCache:
                 self.limit_bytes / 1e9,
                 limit_bytes / 1e9,
             )
+        # Small enough that several fit under the bound, large enough for full-speed direct I/O.
+        self.chunk_bytes = max(PAGE, min(_MAX_CHUNK, self.limit_bytes // _MIN_CHUNKS // PAGE * PAGE))
         self.pin = pin and torch.cuda.is_available()
         self._cond = threading.Condition()
         self._in_use = 0
-        self._pooled: dict[int, list[torch.Tensor]] = defaultdict(list)
-        self._pooled_bytes = 0
+        self._free: list[Chunk] = []
         self.peak_bytes = 0
 
     @property
-    def held_bytes(self) -> int:
+    def in_use_bytes(self) -> int:
         with self._cond:
-            return self._in_use + self._pooled_bytes
+            return self._in_use
 
-    def reserve(self, nbytes: int, *, held_by_caller: int = 0) -> torch.Tensor:
-        """Admits ``nbytes`` (waiting while the cache is full) and returns a buffer of that size."""
-        self.admit(nbytes, held_by_caller=held_by_caller)
-        return self.allocate(nbytes)
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of chunks in use or kept for reuse."""
+        with self._cond:
+            return self._in_use + len(self._free) * self.chunk_bytes
 
-    def admit(self, nbytes: int, *, held_by_caller: int = 0) -> None:
-        """Waits until ``nbytes`` more fit under the bound, then counts them as in use.
+    def acquire(self, *, timeout: float | None = None) -> Chunk | None:
+        """A chunk, waiting while the chunks in use fill the bound; None on timeout.
 
-        A request is also admitted once everything in use is the caller's own (``held_by_caller``,
-        bytes that cannot be released before the caller goes on): one oversized tensor, or the
-        small copies ``save`` makes itself, never deadlock the pipeline.
+        One chunk is always granted when none is in use, so a bound smaller than a chunk still
+        makes progress.
         """
         with self._cond:
-            while self._in_use > held_by_caller and self._in_use + nbytes > self.limit_bytes:
-                self._cond.wait()
-            self._in_use += nbytes
+            granted = self._cond.wait_for(
+                lambda: self._in_use == 0 or self._in_use + self.chunk_bytes <= self.limit_bytes, timeout
+            )
+            if not granted:
+                return None
+            self._in_use += self.chunk_bytes
+            self.peak_bytes = max(self.peak_bytes, self._in_use)
+            if self._free:
+                return self._free.pop()
+        return Chunk(self.chunk_bytes, pin=self.pin)
 
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        """A ``uint8`` host buffer of ``nbytes`` already admitted; a kept buffer when one fits."""
+    def release(self, chunk: Chunk, *, keep_bytes: int | None = None) -> None:
+        """Gives a chunk back once its bytes are on disk (or its checkpoint failed)."""
+        keep = self.limit_bytes if keep_bytes is None else keep_bytes
         with self._cond:
-            pool = self._pooled.get(nbytes)
-            if pool:
-                self._pooled_bytes -= nbytes
-                return pool.pop()
-            self._trim_pool()
-            self.peak_bytes = max(self.peak_bytes, self._in_use + self._pooled_bytes)
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
-
-    def release(self, buffer: torch.Tensor, *, keep: bool = True) -> None:
-        """Gives a buffer back once its bytes are on disk (or the checkpoint failed)."""
-        nbytes = buffer.numel()
-        with self._cond:
-            self._in_use -= nbytes
-            if keep:
-                self._pooled[nbytes].append(buffer)
-                self._pooled_bytes += nbytes
-                self._trim_pool()
+            self._in_use -= chunk.size
+            if self._in_use + (len(self._free) + 1) * chunk.size <= keep:
+                self._free.append(chunk)
+                chunk = None  # type: ignore[assignment]
             self._cond.notify_all()
+        if chunk is not None:
+            chunk.close()
 
-    def unadmit(self, nbytes: int) -> None:
-        """Returns admitted bytes that were never allocated (a failed checkpoint)."""
+    def wait_for_release(self, timeout: float) -> None:
+        """Sleeps until some chunk comes back, or ``timeout`` seconds."""
         with self._cond:
-            self._in_use -= nbytes
-            self._cond.notify_all()
+            self._cond.wait(timeout)
+
+    def trim(self, keep_bytes: int) -> None:
+        """Drops kept chunks until at most ``keep_bytes`` are kept."""
+        with self._cond:
+            dropped = []
+            while self._free and len(self._free) * self.chunk_bytes > keep_bytes:
+                dropped.append(self._free.pop())
+        for chunk in dropped:
+            chunk.close()
 
     def clear(self) -> None:
-        """Drops every pooled buffer (used at shutdown)."""
-        with self._cond:
-            self._pooled.clear()
-            self._pooled_bytes = 0
-            self._cond.notify_all()
-
-    def _trim_pool(self) -> None:
-        """Drops kept buffers, largest first, until everything held fits under the bound."""
-        for size in sorted(self._pooled, reverse=True):
-            pool = self._pooled[size]
-            while pool and self._in_use + self._pooled_bytes > self.limit_bytes:
-                pool.pop()
-                self._pooled_bytes -= size
-            if not pool:
-                del self._pooled[size]
-
-
-def copy_into(buffer: torch.Tensor, source: torch.Tensor, *, stream: object | None = None) -> torch.Tensor:
-    """Copies ``source`` into the host ``buffer`` and returns the staged tensor (same dtype and shape).
-
-    On CUDA the copy runs on ``stream`` (a side stream, so forward and backward keep the default
-    one); the caller synchronizes the stream before the bytes are read. On the CPU a contiguous
-    tensor is copied by one plain memcpy: torch's own copy would start a second OpenMP team
-    beside the training thread's and oversubscribe the cores.
-    """
-    source = source.detach()
-    if source.numel() == 0:
-        return torch.empty(source.shape, dtype=source.dtype)
-    staged = buffer.view(source.dtype).view(source.shape)
-    if source.is_cuda and stream is not None:
-        with torch.cuda.stream(stream):  # type: ignore[arg-type]
-            staged.copy_(source, non_blocking=True)
-    elif source.device.type == "cpu" and source.is_contiguous():
-        np.copyto(buffer.numpy(), source.reshape(-1).view(torch.uint8).numpy())
-    else:
-        staged.copy_(source)
-    return staged
+        """Drops every kept chunk (used at shutdown)."""
+        self.trim(0)

@@ -2,14 +2,19 @@
 
 Order of calls for one checkpoint:
 
-1. ``save(state, step=…)`` (training thread): plans the files, copies what forward or user code
-   may change (buffers, scheduler, RNG, plain values) into the host cache, hands the rest to the
-   stager and returns.
-2. Stager thread: copies module parameters and optimizer state into the host cache while forward
-   and backward run. The next ``optimizer.step()`` waits (a step pre-hook) until this is done:
-   it is the only thing that changes those tensors.
-3. ``parser_threads`` writer threads: write each file into ``checkpoint-<step>.tmp/``, fsync it,
-   give its buffers back to the cache, then mark this rank done.
+1. ``save(state, step=…)`` (training thread): plans each file as its bytes in order (see
+   ``ckptlib._plan``), clones or serializes what forward or user code may change (buffers,
+   scheduler, RNG, plain values), hands the rest to the stager and returns.
+2. Stager thread: copies module parameters and optimizer state, in file order, into page-aligned
+   chunks of the host cache while forward and backward run, and hands each full chunk to a
+   writer. The next ``optimizer.step()`` waits (a step pre-hook) until every byte is staged: it
+   is the only thing that changes those tensors. Staging is paced: it keeps only a few chunks
+   ahead of the writers while the disk can finish before the next step is due (the engine times
+   optimizer steps), and copies everything left at full speed, up to the cache bound, when it
+   cannot or when that step arrives. So the cache holds what the disk cannot absorb in one step,
+   not the whole state.
+3. ``parser_threads`` writer threads: write chunks into ``checkpoint-<step>.tmp/`` with direct
+   I/O (``ckptlib._writer``), give them back, fsync each finished file, then mark this rank done.
 4. Rank 0 commits once every rank is done (see ``ckptlib._format``) and logs one line.
 5. ``wait(persist=True)`` / ``shutdown()`` block until the checkpoints in flight are committed.
 """
@@ -30,17 +35,38 @@ from typing import Any
 import torch
 
 from ckptlib import _format, _signals
-from ckptlib._cache import HostCache, copy_into
+from ckptlib._cache import HostCache
 from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
 from ckptlib._events import LOG_PREFIX, CheckpointResult, install_console_handler
-from ckptlib._plan import FilePlan, Slot, StatePlan, plan_state, restore_rng_state
-from ckptlib._writer import StagingProgress, write_file
+from ckptlib._plan import StatePlan, plan_state, restore_rng_state, unwrap_optimizer
+from ckptlib._stage import Stager, WriteItem
 
 logger = logging.getLogger(__name__)
 
 _COMMIT_TIMEOUT_S = float(os.environ.get("CKPT_COMMIT_TIMEOUT_S", "600"))
 _POLL_S = 0.01
+_IDLE_STAGING_S = 0.2
+
+
+class _StagingHook:
+    """A hook that lets the engine stage a little (or, ``force``, everything left).
+
+    It holds the engine weakly, and pickles and copies as a no-op, so models and optimizers
+    carrying it stay picklable.
+    """
+
+    def __init__(self, engine: CheckpointEngine | None, *, force: bool = False) -> None:
+        self._engine = weakref.ref(engine) if engine is not None else None
+        self._force = force
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> None:
+        engine = self._engine() if self._engine is not None else None
+        if engine is not None:
+            engine._stage_at_hook(force=self._force)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_StagingHook, (None,), {"_force": self._force})
 
 
 class CheckpointError(RuntimeError):
@@ -70,13 +96,11 @@ class _Job:
     plan: StatePlan
     started: float
     blocking_s: float = 0.0
-    synchronous_bytes: int = 0
     bytes: int = 0
     error: str | None = None
     files_left: int = 0
     staged: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
-    progress: StagingProgress = field(default_factory=StagingProgress)
     lock: threading.Lock = field(default_factory=threading.Lock)
     result: CheckpointResult | None = None
 
@@ -135,16 +159,18 @@ class CheckpointEngine:
         self._results: list[CheckpointResult] = []
         self._unreported: list[CheckpointResult] = []
         self._commit_lock = threading.Lock()
-        self._stage_queue: queue.Queue[_Job | None] = queue.Queue()
-        self._write_queue: queue.Queue[tuple[_Job, FilePlan] | None] = queue.Queue()
-        self._hooked: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-        self._stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self._write_queue: queue.Queue[WriteItem | None] = queue.Queue()
+        # Chunks kept ahead of the writers at ordinary staging points.
+        self._window_bytes = min(self.cache.limit_bytes, max(4, 2 * parser_threads) * self.cache.chunk_bytes)
+        self._stager = Stager(self.cache, window_bytes=self._window_bytes, hand_over=self._write_queue.put)
+        self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._hooked_points: set[str] = set()
+        self._hook_handles: list[Any] = []
         self._closed = False
 
         if self.place.rank == 0:
             _format.remove_stale_tmp_dirs(self.root)
-        self._threads = [threading.Thread(target=self._stage_loop, name="ckptlib-stager", daemon=True)]
-        self._threads += [
+        self._threads = [
             threading.Thread(target=self._write_loop, name=f"ckptlib-writer-{i}", daemon=True)
             for i in range(parser_threads)
         ]
@@ -208,15 +234,18 @@ class CheckpointEngine:
             self._fail(job, f"cannot create {directory}: {error}")
             return False
         for optimizer in plan.optimizers:
-            self._guard(optimizer)
-        for file_plan in plan.files:
-            self._stage_file(job, file_plan, synchronous_only=True)
+            self.watch(optimizer)
+        self._hook_forward_passes()
         with self._jobs_lock:
             self._jobs.append(job)
-        self._stage_queue.put(job)
-        if not plan.optimizers:
-            # Nothing tells us when parameters change: finish staging before returning.
-            job.staged.wait()
+        if not job.plan.files:
+            # A rank with nothing to write still reports done, so rank 0 can commit.
+            job.staged.set()
+            threading.Thread(target=self._finish, args=(job,), name="ckptlib-commit", daemon=True).start()
+        else:
+            self._stager.add(job)
+            # Without an optimizer nothing tells us when the tensors change: stage all now.
+            self._stager.run(force=not plan.optimizers)
         job.blocking_s += time.perf_counter() - began
         return True
 
@@ -231,6 +260,7 @@ class CheckpointEngine:
             With ``persist``, the results of every checkpoint finished since the previous
             ``wait(persist=True)`` (committed or failed), oldest first; else [].
         """
+        self._stager.run(force=True)
         with self._jobs_lock:
             jobs = list(self._jobs)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -302,7 +332,9 @@ class CheckpointEngine:
             return
         self.wait(persist=True, timeout=timeout)
         self._closed = True
-        self._stage_queue.put(None)
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
         for _ in range(self.options.parser_threads):
             self._write_queue.put(None)
         self.cache.clear()
@@ -325,113 +357,78 @@ class CheckpointEngine:
 
     # ---- stage ------------------------------------------------------------------------------
 
-    def _guard(self, optimizer: torch.optim.Optimizer) -> None:
+    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Stages at ``optimizer``'s steps and its parameters' gradient accumulation.
+
+        Before each step, everything still unstaged is staged (the step waits): the step is the
+        only thing that changes parameters and optimizer state. ``save`` calls this for the
+        optimizers in its state.
+        """
+        optimizer = unwrap_optimizer(optimizer) or optimizer
         if optimizer in self._hooked:
             return
         self._hooked.add(optimizer)
-        engine_ref = weakref.ref(self)
+        self._hook_handles.append(optimizer.register_step_pre_hook(_StagingHook(self, force=True)))
+        for group in optimizer.param_groups:
+            for parameter in group["params"]:
+                if parameter.requires_grad and parameter not in self._hooked:
+                    self._hooked.add(parameter)
+                    hook = _StagingHook(self, force=False)
+                    self._hook_handles.append(parameter.register_post_accumulate_grad_hook(hook))
 
-        def wait_for_staging(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
-            engine = engine_ref()
-            if engine is not None:
-                engine._wait_for_staging()
+    def _hook_forward_passes(self) -> None:
+        if "forward" not in self._hooked_points:
+            self._hooked_points.add("forward")
+            hook = _StagingHook(self, force=False)
+            self._hook_handles.append(torch.nn.modules.module.register_module_forward_pre_hook(hook))
 
-        optimizer.register_step_pre_hook(wait_for_staging)
-
-    def _wait_for_staging(self) -> None:
+    def _stage_at_hook(self, *, force: bool) -> None:
+        if self._stager.idle:
+            return
         with self._jobs_lock:
             pending = [job for job in self._jobs if not job.staged.is_set()]
-        for job in pending:
-            began = time.perf_counter()
-            job.staged.wait()
-            job.blocking_s += time.perf_counter() - began
+        began = time.perf_counter()
+        if self._stager.run(force=force) and pending:
+            pending[0].blocking_s += time.perf_counter() - began
 
-    def _stage_file(self, job: _Job, plan: FilePlan, *, synchronous_only: bool) -> None:
-        """Copies a file's tensors into the cache, slot by slot, telling the writer as it goes.
-
-        ``save`` calls this for the synchronous slots (``synchronous_only``), the stager for the
-        rest. Bytes ``save`` copied are released only once their file is written, which may come
-        after this file: admission never waits on them (``held_by_caller``).
-        """
-        todo = {
-            id(slot)
-            for slot in plan.slots
-            if slot.source is not None and (slot.synchronous or not synchronous_only)
-        }
-        held = job.synchronous_bytes
-        grouped = plan.written_whole and bool(todo)
-        if grouped:
-            total = sum(slot.nbytes for slot in plan.slots if id(slot) in todo)
-            self.cache.admit(total, held_by_caller=held)
-            if synchronous_only:
-                job.synchronous_bytes += total
-        for index, slot in enumerate(plan.slots):
-            if id(slot) in todo:
-                assert slot.source is not None
-                if job.error is None:
-                    if grouped:
-                        slot.buffer = self.cache.allocate(slot.nbytes)
-                    else:
-                        slot.buffer = self.cache.reserve(slot.nbytes, held_by_caller=job.synchronous_bytes)
-                        if synchronous_only:
-                            job.synchronous_bytes += slot.nbytes
-                    slot.staged = copy_into(slot.buffer, slot.source, stream=self._stream)
-                elif grouped:
-                    self.cache.unadmit(slot.nbytes)
-                slot.source = None
-            if not synchronous_only:
-                if self._stream is not None:
-                    self._stream.synchronize()
-                job.progress.mark_staged(plan, index + 1)
-
-    def _stage_loop(self) -> None:
-        while (job := self._stage_queue.get()) is not None:
-            try:
-                for plan in job.plan.files:
-                    self._write_queue.put((job, plan))
-                for plan in job.plan.files:
-                    self._stage_file(job, plan, synchronous_only=False)
-            except BaseException as error:  # noqa: BLE001 - the training thread must never hang
-                self._fail_in_flight(job, f"staging failed: {error!r}")
-                for plan in job.plan.files:
-                    job.progress.mark_staged(plan, len(plan.slots))
-            finally:
-                for plan in job.plan.files:
-                    for slot in plan.slots:
-                        slot.source = None
-                job.staged.set()
-            if not job.plan.files:
-                # A rank with nothing to write still reports done, so rank 0 can commit.
-                self._finish(job)
-
-    # ---- persist ----------------------------------------------------------------------------
 
     def _write_loop(self) -> None:
-        while (item := self._write_queue.get()) is not None:
-            job, plan = item
-            written = 0
-            if job.error is None:
+        while True:
+            try:
+                item = self._write_queue.get(timeout=_POLL_S * 5)
+            except queue.Empty:
+                if not self._stager.idle and time.monotonic() - self._stager.last_run > _IDLE_STAGING_S:
+                    # Training has not reached a staging point for a while: stage in its place.
+                    self._stager.run(force=False)
+                continue
+            if item is None:
+                return
+            job = item.job
+            if item.chunk is not None:
                 try:
-                    written = write_file(job.directory, plan, progress=job.progress, release=self._release)
+                    if item.ready is not None:
+                        item.ready.synchronize()
+                    if job.error is None:
+                        item.sink.write(item.index, item.chunk, item.length)
+                        with job.lock:
+                            job.bytes += item.length
+                    else:
+                        item.sink.skip()
                 except Exception as error:  # noqa: BLE001 - reported, training goes on
-                    self._fail_in_flight(job, f"writing {plan.name} failed: {error}")
-            if job.error is not None:
-                # Give back whatever this file still holds, once the stager is past it.
-                job.progress.wait_staged(plan, len(plan.slots))
-                for slot in plan.slots:
-                    self._release(slot, keep=False)
+                    self._fail_in_flight(job, f"writing {item.sink.path.name} failed: {error}")
+                finally:
+                    self.cache.release(item.chunk, keep_bytes=self._window_bytes)
+                continue
+            # The file's last item: every chunk handed over is written (or skipped).
+            try:
+                item.sink.finish(item.index, durable=job.error is None)
+            except Exception as error:  # noqa: BLE001
+                self._fail_in_flight(job, f"writing {item.sink.path.name} failed: {error}")
             with job.lock:
-                job.bytes += written
                 job.files_left -= 1
                 last = job.files_left == 0
             if last:
                 self._finish(job)
-
-    def _release(self, slot: Slot, *, keep: bool = True) -> None:
-        if slot.buffer is not None:
-            self.cache.release(slot.buffer, keep=keep)
-        slot.buffer = None
-        slot.staged = None
 
     def _finish(self, job: _Job) -> None:
         try:

@@ -98,13 +98,13 @@ def write_bytes_durably(path: Path, payload: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def write_all(fd: int, buffer: memoryview) -> int:
-    """Writes the whole buffer to ``fd`` in large chunks. Returns the bytes written."""
+def write_at(fd: int, buffer: memoryview, offset: int) -> int:
+    """Writes the whole buffer to ``fd`` at ``offset`` (``pwrite``, in large chunks). Returns the bytes written."""
     view = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
     total = len(view)
-    offset = 0
-    while offset < total:
-        offset += os.write(fd, view[offset : offset + _WRITE_CHUNK])
+    done = 0
+    while done < total:
+        done += os.pwrite(fd, view[done : done + _WRITE_CHUNK], offset + done)
     return total
 
 

@@ -2,14 +2,18 @@
 
 A state maps keys to live objects. Each key becomes one file named as the Trainer names it:
 a module → ``<key>.safetensors`` (``model.safetensors``), anything else → ``<key>.pt``
-(``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``). Tensors that only an optimizer step changes
-(module parameters, optimizer state) are staged in the background; everything else is copied
-inside ``save`` because forward or user code may change it at any time.
+(``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``). Each file is planned as its bytes in order
+(``pieces``): headers and metadata as bytes made now, tensor bytes as references to live tensors
+that the stager copies into the host cache before the next optimizer step. With an optimizer in
+the state, only module parameters and optimizer state wait for the stager (nothing else changes
+them); module buffers are cloned and other objects serialized inside ``save``, because forward
+or user code may change them at any time. Without one, everything goes through the stager and
+``save`` waits for it.
 """
 
 from __future__ import annotations
 
-import copy
+import io
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,23 +24,15 @@ import torch
 from ckptlib import _format
 
 
-class TensorRef:
-    """Where a staged tensor goes back into a skeleton."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
+Piece = bytes | tuple[int, int, int]
+"""A run of a file's bytes: literal bytes, or ``(slot, start, length)`` of a slot's tensor bytes."""
 
 
 @dataclass(eq=False)
 class Slot:
-    """One tensor to stage: the live source until staged, then its host copy until written."""
+    """One tensor whose bytes go into a file: the live tensor until it is staged."""
 
     source: torch.Tensor | None
-    synchronous: bool
-    staged: torch.Tensor | None = None
-    buffer: torch.Tensor | None = None
     dtype: torch.dtype = field(init=False)
     shape: tuple[int, ...] = field(init=False)
     nbytes: int = field(init=False)
@@ -50,35 +46,25 @@ class Slot:
 
 @dataclass(eq=False)
 class FilePlan:
-    """One file of a checkpoint.
+    """One file of a checkpoint: its bytes in order, as pieces.
 
     Attributes:
         name: File name inside the checkpoint directory.
-        slots: Tensors in the order their bytes are written.
-        skeleton: The object with ``TensorRef`` in place of tensors (``.pt`` files).
-        tensor_names: Safetensors names aligned with ``slots`` (``.safetensors`` files), else None.
+        slots: The tensors the pieces refer to (staged in the background).
+        pieces: The file's bytes in order.
     """
 
     name: str
     slots: list[Slot]
-    skeleton: Any = None
-    tensor_names: list[str] | None = None
-    pickled: bytes | None = None
-    storage_order: list[int] | None = None
-    staged_count: int = 0
+    pieces: list[Piece]
 
     @property
-    def written_whole(self) -> bool:
-        """Whether the file needs all its tensors staged before its first byte is written."""
-        return self.tensor_names is None and self.pickled is None
+    def size(self) -> int:
+        return sum(len(piece) if isinstance(piece, bytes) else piece[2] for piece in self.pieces)
 
     @property
-    def nbytes(self) -> int:
-        return sum(slot.nbytes for slot in self.slots)
-
-    def rebuild(self) -> Any:
-        """The skeleton with staged tensors in place of the references."""
-        return _fill(self.skeleton, self.slots)
+    def background_bytes(self) -> int:
+        return sum(piece[2] for piece in self.pieces if not isinstance(piece, bytes))
 
 
 @dataclass
@@ -155,7 +141,7 @@ def plan_state(
         capture_rng: Also write ``rng_state.pth`` / ``rng_state_<rank>.pth``.
 
     Returns:
-        The files, with tensors not yet copied except the synchronous ones' sources marked.
+        The files; only background tensors are left to copy.
     """
     plan = StatePlan()
     optimizers = [opt for value in state.values() if (opt := unwrap_optimizer(value)) is not None]
@@ -169,7 +155,7 @@ def plan_state(
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
         plan.keys["rng_state"] = name
-        plan.files.append(_plan_object(name, capture_rng_state(), synchronous=True))
+        plan.files.append(_plan_object(name, capture_rng_state(), background=False))
     return plan
 
 
@@ -185,57 +171,30 @@ def _plan_value(name: str, value: Any, *, guarded: bool) -> FilePlan:
         slots, names = [], []
         for tensor_name, tensor in value.state_dict().items():
             # Buffers (BatchNorm statistics) change in forward: copy them now.
-            background = guarded and tensor.data_ptr() in parameter_ptrs
-            slots.append(Slot(source=tensor, synchronous=not background))
+            background = not guarded or tensor.data_ptr() in parameter_ptrs
+            slots.append(Slot(source=tensor.detach() if background else tensor.detach().clone()))
             names.append(tensor_name)
-        return FilePlan(name=name, slots=slots, tensor_names=names)
+        header = _format.safetensors_header(
+            (tensor_name, slot.dtype, slot.shape, slot.nbytes) for tensor_name, slot in zip(names, slots, strict=True)
+        )
+        pieces: list[Piece] = [header, *((index, 0, slot.nbytes) for index, slot in enumerate(slots) if slot.nbytes)]
+        return FilePlan(name=name, slots=slots, pieces=pieces)
     if unwrap_optimizer(value) is not None:
-        return _plan_object(name, value.state_dict(), synchronous=False)
+        return _plan_object(name, value.state_dict(), background=True)
     if hasattr(value, "state_dict") and callable(value.state_dict):
-        return _plan_object(name, value.state_dict(), synchronous=True)
-    return _plan_object(name, value, synchronous=True)
+        return _plan_object(name, value.state_dict(), background=not guarded)
+    return _plan_object(name, value, background=not guarded)
 
 
-def _plan_object(name: str, obj: Any, *, synchronous: bool) -> FilePlan:
-    slots: list[Slot] = []
-    seen: dict[int, int] = {}
-    skeleton = _strip(obj, slots, seen, synchronous)
-    plan = FilePlan(name=name, slots=slots, skeleton=skeleton)
-    if not synchronous:
-        from ckptlib._torchfile import pickle_metadata
+def _plan_object(name: str, obj: Any, *, background: bool) -> FilePlan:
+    """A ``.pt`` file: streamed storage by storage when ``background``, else serialized now."""
+    if background:
+        from ckptlib._torchfile import streamed_pieces
 
-        streamed = pickle_metadata(obj, slots)
+        streamed = streamed_pieces(obj)
         if streamed is not None:
-            plan.pickled, plan.storage_order = streamed
-    return plan
-
-
-def _strip(obj: Any, slots: list[Slot], seen: dict[int, int], synchronous: bool) -> Any:
-    if isinstance(obj, torch.Tensor):
-        index = seen.get(id(obj))
-        if index is None:
-            index = seen[id(obj)] = len(slots)
-            slots.append(Slot(source=obj, synchronous=synchronous))
-        return TensorRef(index)
-    if isinstance(obj, dict):
-        stripped = {k: _strip(v, slots, seen, synchronous) for k, v in obj.items()}
-        return type(obj)(stripped) if type(obj) is not dict else stripped
-    if isinstance(obj, list):
-        return [_strip(v, slots, seen, synchronous) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_strip(v, slots, seen, synchronous) for v in obj)
-    # Plain values (lr floats, step ints, numpy RNG arrays) are frozen now.
-    return copy.deepcopy(obj)
-
-
-def _fill(skeleton: Any, slots: list[Slot]) -> Any:
-    if isinstance(skeleton, TensorRef):
-        return slots[skeleton.index].staged
-    if isinstance(skeleton, dict):
-        filled = {k: _fill(v, slots) for k, v in skeleton.items()}
-        return type(skeleton)(filled) if type(skeleton) is not dict else filled
-    if isinstance(skeleton, list):
-        return [_fill(v, slots) for v in skeleton]
-    if isinstance(skeleton, tuple) and not hasattr(skeleton, "_fields"):
-        return tuple(_fill(v, slots) for v in skeleton)
-    return skeleton
+            slots, pieces = streamed
+            return FilePlan(name=name, slots=[Slot(source=s) for s in slots], pieces=pieces)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return FilePlan(name=name, slots=[], pieces=[buffer.getvalue()])

@@ -1,73 +1,55 @@
-"""Writing a ``torch.save`` file tensor by tensor, as the tensors are staged.
+"""The bytes of a ``torch.save`` file, planned without reading a tensor.
 
-``torch.save`` needs every tensor at once, so a 1.3 GB ``optimizer.pt`` would need 1.3 GB of
-cache before its first byte is written. This module splits what ``torch.serialization._save``
-does (torch 2.13) in two:
+``torch.save`` needs every tensor at once and writes them itself, so a 1.3 GB ``optimizer.pt``
+would be copied and written synchronously. This module runs torch's own zip writer
+(``PyTorchFileWriter``, torch 2.13) once inside ``save`` with a writer callback that records what
+it is given instead of writing it: metadata (zip headers, ``data.pkl``, padding) is kept as
+bytes, and each storage's record is handed a placeholder of the right size (an untouched
+anonymous mapping, so no memory is used) and recorded as a reference to the live storage. The
+stager later copies those storages into the host cache in file order.
 
-1. ``pickle_metadata`` (in ``save``, while the live tensors are consistent): pickles the object
-   with torch's persistent ids, which records only each storage's type, key, device and size;
-2. ``write_streaming`` (writer thread): writes the same zip records, each storage's bytes taken
-   from its staged copy as soon as it is staged, then gives the buffer back.
-
-The file is byte-for-byte what ``torch.save`` writes, so ``torch.load(weights_only=True)`` reads it.
-It applies only when every tensor owns its whole, contiguous storage (optimizer state does);
-otherwise the caller falls back to ``torch.save`` of the fully staged object.
+The zip records are written without CRC-32, as ``torch.save`` does after
+``torch.serialization.set_crc32_options(False)``; ``torch.load`` reads such files, and computing
+CRC-32 over gigabytes would cost the training loop's cores.
 """
 
 from __future__ import annotations
 
 import io
-import os
+import mmap
 import pickle
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
-from torch.serialization import DEFAULT_PROTOCOL, get_crc32_options, location_tag
+from torch.serialization import DEFAULT_PROTOCOL, location_tag
 
-from ckptlib._plan import Slot
+from ckptlib._plan import Piece
 
-
-def owns_whole_storage(tensor: torch.Tensor) -> bool:
-    return (
-        tensor.layout == torch.strided
-        and tensor.is_contiguous()
-        and tensor.storage_offset() == 0
-        and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
-        and type(tensor) is torch.Tensor
-    )
+_PAGE = 4096
 
 
-def pickle_metadata(obj: Any, slots: list[Slot]) -> tuple[bytes, list[int]] | None:
-    """Pickles ``obj`` as ``torch.save`` does, without reading tensor data.
-
-    Args:
-        obj: The object with its live tensors.
-        slots: The planned slots of those tensors (their ``source`` set).
+def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece]] | None:
+    """Plans ``obj`` as the zip records of a ``torch.save`` file.
 
     Returns:
-        The ``data.pkl`` bytes and, for storage key 0, 1, …, the slot holding its bytes; None when
-        some tensor does not own its whole storage.
+        One ``uint8`` tensor over each storage (live, in storage-key order) and the file's pieces
+        referring to them by index; None when ``obj`` cannot be pickled this way (the caller then
+        serializes it with ``torch.save``).
     """
-    slot_of_storage: dict[int, int] = {}
-    for index, slot in enumerate(slots):
-        assert slot.source is not None
-        if not owns_whole_storage(slot.source):
-            return None
-        slot_of_storage.setdefault(slot.source.untyped_storage()._cdata, index)
-    order: list[int] = []
+    storages: list[torch.UntypedStorage] = []
     keys: dict[int, str] = {}
 
     def persistent_id(candidate: Any) -> tuple[Any, ...] | None:
+        # As torch.serialization._save's persistent_id does for TypedStorage.
         if not isinstance(candidate, torch.storage.TypedStorage):
             return None
         storage = candidate._untyped_storage
         key = keys.get(storage._cdata)
         if key is None:
             key = keys[storage._cdata] = str(len(keys))
-            order.append(slot_of_storage[storage._cdata])
+            storages.append(storage)
         storage_type = getattr(torch, candidate._pickle_storage_type())
         return ("storage", storage_type, key, location_tag(storage), candidate._size())
 
@@ -78,48 +60,53 @@ def pickle_metadata(obj: Any, slots: list[Slot]) -> tuple[bytes, list[int]] | No
     buffer = io.BytesIO()
     try:
         MetadataPickler(buffer, protocol=DEFAULT_PROTOCOL).dump(obj)
-    except KeyError:  # a storage that is not one of the slots' (should not happen)
+    except Exception:  # noqa: BLE001 - anything unusual goes through torch.save instead
         return None
-    return buffer.getvalue(), order
+    sources = [torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages]
+    return sources, _zip_pieces(buffer.getvalue(), [s.nbytes() for s in storages])
 
 
-def write_streaming(
-    path: Path,
-    pickled: bytes,
-    order: list[int],
-    slots: list[Slot],
-    *,
-    wait_staged: Callable[[int], None],
-    release: Callable[[Slot], None],
-) -> int:
-    """Writes the zip records of a ``torch.save`` file, each storage once its slot is staged.
+class _Recorder:
+    """The writer callback: keeps metadata bytes, turns placeholder reads into slot references."""
 
-    Returns:
-        The file's size.
-    """
-    writer = torch._C.PyTorchFileWriter(str(path), get_crc32_options(), torch.serialization._get_storage_alignment())
+    def __init__(self, placeholder_address: int) -> None:
+        self.placeholder_address = placeholder_address
+        self.pieces: list[Piece] = []
+        self.slot = -1
+        self.slot_size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        length = view.nbytes
+        if length == 0:
+            return 0
+        address = np.frombuffer(view, dtype=np.uint8).ctypes.data
+        offset = address - self.placeholder_address
+        if self.slot >= 0 and 0 <= offset and offset + length <= self.slot_size:
+            self.pieces.append((self.slot, offset, length))
+        elif self.pieces and isinstance(self.pieces[-1], bytes):
+            self.pieces[-1] += bytes(view)
+        else:
+            self.pieces.append(bytes(view))
+        return length
+
+
+def _zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:
+    largest = max([_PAGE, *sizes])
+    placeholder_map = mmap.mmap(-1, (largest + _PAGE - 1) // _PAGE * _PAGE)
+    placeholder = torch.frombuffer(placeholder_map, dtype=torch.uint8)
+    recorder = _Recorder(placeholder.data_ptr())
+    writer = torch._C.PyTorchFileWriter(recorder, False, torch.serialization._get_storage_alignment())
     writer.write_record("data.pkl", pickled, len(pickled))
     writer.write_record(".format_version", "1", len("1"))
     alignment = str(torch.serialization._get_storage_alignment())
     writer.write_record(".storage_alignment", alignment, len(alignment))
     writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
-    written_slots = set()
-    for key, slot_index in enumerate(order):
-        wait_staged(slot_index + 1)
-        slot = slots[slot_index]
-        assert slot.staged is not None
-        writer.write_record(f"data/{key}", slot.staged.untyped_storage(), slot.nbytes)
-        written_slots.add(slot_index)
-        release(slot)
+    for key, size in enumerate(sizes):
+        recorder.slot, recorder.slot_size = key, size
+        writer.write_record(f"data/{key}", placeholder[:size].untyped_storage() if size else b"", size)
+        recorder.slot = -1
     writer.write_end_of_file()
-    del writer
-    wait_staged(len(slots))
-    for index, slot in enumerate(slots):
-        if index not in written_slots:
-            release(slot)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path.stat().st_size
+    del writer, placeholder
+    placeholder_map.close()
+    return recorder.pieces

@@ -32,10 +32,10 @@ def test_a_full_disk_fails_that_checkpoint_only(
         engine.save(state, step=1)
         engine.wait(persist=True)
 
-        def disk_full(fd: int, buffer: memoryview) -> int:
+        def disk_full(fd: int, buffer: memoryview, offset: int) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(_format, "write_all", disk_full)
+        monkeypatch.setattr(_format, "write_at", disk_full)
         train_steps(state, 1)
         assert engine.save(state, step=2)
         train_steps(state, 2)  # training goes on
