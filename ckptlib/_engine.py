@@ -40,7 +40,8 @@ from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
 from ckptlib._events import LOG_PREFIX, CheckpointResult, install_console_handler
 from ckptlib._plan import StatePlan, plan_state, restore_rng_state, unwrap_optimizer
-from ckptlib._stage import Stager, WriteItem
+from ckptlib._stage import Stager
+from ckptlib._writer import FileSink, WriteItem
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,8 @@ class CheckpointEngine:
         # Chunks kept ahead of the writers at ordinary staging points.
         self._window_bytes = min(self.cache.limit_bytes, max(4, 2 * parser_threads) * self.cache.chunk_bytes)
         self._stager = Stager(self.cache, window_bytes=self._window_bytes, hand_over=self._write_queue.put)
+        # Chunks kept for reuse: the window and as much again for what the pre-step hook stages.
+        self._keep_bytes = 2 * self._window_bytes
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
         self._hooked_points: set[str] = set()
         self._hook_handles: list[Any] = []
@@ -403,32 +406,43 @@ class CheckpointEngine:
                 continue
             if item is None:
                 return
-            job = item.job
-            if item.chunk is not None:
-                try:
-                    if item.ready is not None:
-                        item.ready.synchronize()
-                    if job.error is None:
-                        item.sink.write(item.index, item.chunk, item.length)
-                        with job.lock:
-                            job.bytes += item.length
-                    else:
-                        item.sink.skip()
-                except Exception as error:  # noqa: BLE001 - reported, training goes on
-                    self._fail_in_flight(job, f"writing {item.sink.path.name} failed: {error}")
-                finally:
-                    self.cache.release(item.chunk, keep_bytes=self._window_bytes)
-                continue
-            # The file's last item: every chunk handed over is written (or skipped).
+            self._write(item)
+
+    def _write(self, item: WriteItem) -> None:
+        job, sink = item.job, item.sink
+        if item.end:
+            if sink.end():
+                self._close_file(job, sink)
+            return
+        if item.chunk is not None or item.live is not None:
+            live_ok = item.live is None or self._stager.begin_live_write(item)
             try:
-                item.sink.finish(item.index, durable=job.error is None)
-            except Exception as error:  # noqa: BLE001
-                self._fail_in_flight(job, f"writing {item.sink.path.name} failed: {error}")
-            with job.lock:
-                job.files_left -= 1
-                last = job.files_left == 0
-            if last:
-                self._finish(job)
+                if item.ready is not None:
+                    item.ready.synchronize()
+                if job.error is None and live_ok:
+                    sink.write(item)
+                    with job.lock:
+                        job.bytes += item.length
+            except Exception as error:  # noqa: BLE001 - reported, training goes on
+                self._fail_in_flight(job, f"writing {sink.path.name} failed: {error}")
+            finally:
+                if item.chunk is not None:
+                    self.cache.release(item.chunk, keep_bytes=self._keep_bytes)
+                if item.live is not None:
+                    self._stager.end_live_write(item)
+        if sink.done_one():
+            self._close_file(job, sink)
+
+    def _close_file(self, job: _Job, sink: FileSink) -> None:
+        try:
+            sink.close(durable=job.error is None)
+        except Exception as error:  # noqa: BLE001
+            self._fail_in_flight(job, f"writing {sink.path.name} failed: {error}")
+        with job.lock:
+            job.files_left -= 1
+            last = job.files_left == 0
+        if last:
+            self._finish(job)
 
     def _finish(self, job: _Job) -> None:
         try:

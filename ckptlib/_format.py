@@ -129,8 +129,9 @@ def safetensors_header(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]
         }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    # Tensor data starts 8-byte aligned, as the safetensors library writes it.
-    encoded += b" " * (-len(encoded) % 8)
+    # Tensor data starts page-aligned (the format allows padding the header with spaces; the
+    # safetensors library pads to 8), so a page-aligned tensor can be written straight from memory.
+    encoded += b" " * (-(8 + len(encoded)) % 4096)
     return len(encoded).to_bytes(8, "little") + encoded
 
 

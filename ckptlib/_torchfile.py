@@ -8,7 +8,9 @@ bytes, and each storage's record is handed a placeholder of the right size (an u
 anonymous mapping, so no memory is used) and recorded as a reference to the live storage. The
 stager later copies those storages into the host cache in file order.
 
-The zip records are written without CRC-32, as ``torch.save`` does after
+Storage records start page-aligned in the file (torch's default is 64 bytes; ``torch.load``
+reads any), so a page-aligned storage can be written straight from memory. The zip records are
+written without CRC-32, as ``torch.save`` does after
 ``torch.serialization.set_crc32_options(False)``; ``torch.load`` reads such files, and computing
 CRC-32 over gigabytes would cost the training loop's cores.
 """
@@ -96,10 +98,10 @@ def _zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:
     placeholder_map = mmap.mmap(-1, (largest + _PAGE - 1) // _PAGE * _PAGE)
     placeholder = torch.frombuffer(placeholder_map, dtype=torch.uint8)
     recorder = _Recorder(placeholder.data_ptr())
-    writer = torch._C.PyTorchFileWriter(recorder, False, torch.serialization._get_storage_alignment())
+    writer = torch._C.PyTorchFileWriter(recorder, False, _PAGE)
     writer.write_record("data.pkl", pickled, len(pickled))
     writer.write_record(".format_version", "1", len("1"))
-    alignment = str(torch.serialization._get_storage_alignment())
+    alignment = str(_PAGE)
     writer.write_record(".storage_alignment", alignment, len(alignment))
     writer.write_record("byteorder", sys.byteorder, len(sys.byteorder))
     for key, size in enumerate(sizes):

@@ -1,10 +1,15 @@
-"""Writing one checkpoint file from staged chunks, with ``O_DIRECT`` where the filesystem has it.
+"""Writing checkpoint files from write items, with ``O_DIRECT`` where the filesystem has it.
 
-Chunk ``i`` of a file holds its bytes ``[i * chunk_bytes, …)``; writers may write chunks in any
-order. Direct I/O sends the page-aligned chunk to the disk without copying it into the page cache,
-which on a busy machine is most of the CPU a buffered write costs; the last chunk is written
-rounded up to a whole page and the file is then truncated to its size. Where the filesystem
-refuses ``O_DIRECT`` (tmpfs, some network filesystems), writes are buffered.
+A file arrives as write items, each a page-aligned range ``[offset, offset + length)``: a staged
+cache chunk, or a range of a live tensor that is page-aligned in memory and in the file (see
+``ckptlib._stage``). Direct I/O sends those pages to the disk without copying them into the page
+cache, which on a busy machine is most of the CPU a buffered write costs; the file's last chunk
+is written rounded up to a whole page and the file is then truncated to its size. Where the
+filesystem refuses ``O_DIRECT`` (tmpfs, some network filesystems), writes are buffered.
+
+A file is finished (truncated, fsynced, closed) by the writer that completes its last pending
+item after its end marker: ``reserve`` counts an item, ``done_one`` and ``end`` report whether
+the caller is the one to ``close``.
 """
 
 from __future__ import annotations
@@ -12,92 +17,130 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ckptlib import _format
 from ckptlib._cache import PAGE, Chunk
 
 _DIRECT = getattr(os, "O_DIRECT", 0)
 
+QUEUED, WRITING, DONE, REVOKED = "queued", "writing", "done", "revoked"
 
-class FileSink:
-    """One file being written chunk by chunk; ``finish`` truncates, fsyncs and closes it.
 
-    Args:
-        path: The file (in the checkpoint's temporary directory).
-        size: Its final size in bytes.
-        chunk_bytes: The size of every chunk but the last.
+@dataclass(eq=False)
+class WriteItem:
+    """One thing for a writer.
+
+    Attributes:
+        chunk: Staged bytes for the range, or None.
+        live: A ``uint8`` CPU tensor over live memory for the range (written without a copy;
+            valid only until the next optimizer step), or None.
+        ready: A CUDA event recorded after the chunk's copies, or None.
+        end: The end marker of ``sink``'s file.
+        state: For live items: queued → writing → done, or revoked (staged instead).
     """
 
-    def __init__(self, path: Path, *, size: int, chunk_bytes: int) -> None:
+    job: Any
+    sink: FileSink
+    offset: int = 0
+    length: int = 0
+    chunk: Chunk | None = None
+    live: Any = None
+    ready: Any = None
+    end: bool = False
+    state: str = QUEUED
+    finished: threading.Event = field(default_factory=threading.Event)
+
+
+class FileSink:
+    """One file being written item by item."""
+
+    def __init__(self, path: Path, *, size: int) -> None:
         self.path = path
         self.size = size
-        self.chunk_bytes = chunk_bytes
         self._fd: int | None = None
         self._direct = False
-        self._cond = threading.Condition()
-        self._written = 0
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._ended = False
+        self._closing = False
 
-    def write(self, index: int, chunk: Chunk, length: int) -> None:
-        """Writes ``length`` bytes of ``chunk`` as chunk number ``index`` of the file."""
-        try:
-            fd = self._open()
-            offset = index * self.chunk_bytes
-            if self._direct:
-                padded = min(chunk.size, (length + PAGE - 1) // PAGE * PAGE)
+    def reserve(self) -> None:
+        """Counts one more item (or reservation) the file must wait for."""
+        with self._lock:
+            self._pending += 1
+
+    def done_one(self) -> bool:
+        """One counted item is written or dropped. True: the caller must now ``close`` the file."""
+        with self._lock:
+            self._pending -= 1
+            return self._take_close()
+
+    def end(self) -> bool:
+        """Every item is counted. True: the caller must now ``close`` the file."""
+        with self._lock:
+            self._ended = True
+            return self._take_close()
+
+    def _take_close(self) -> bool:
+        if self._ended and self._pending == 0 and not self._closing:
+            self._closing = True
+            return True
+        return False
+
+    def write(self, item: WriteItem) -> None:
+        """Writes the item's range from its chunk or its live memory."""
+        source = item.chunk.mem if item.chunk is not None else item.live.numpy()
+        view = memoryview(source).cast("B")
+        fd = self._open()
+        if self._direct:
+            padded = (item.length + PAGE - 1) // PAGE * PAGE
+            if padded <= len(view):
                 try:
-                    _format.write_at(fd, memoryview(chunk.mem)[:padded], offset)
+                    _format.write_at(fd, view[:padded], item.offset)
                     return
                 except OSError as error:
                     if error.errno != errno.EINVAL:
                         raise
                     self._fall_back_to_buffered()
-            _format.write_at(self._fd, memoryview(chunk.mem)[:length], offset)  # type: ignore[arg-type]
-        finally:
-            with self._cond:
-                self._written += 1
-                self._cond.notify_all()
+        _format.write_at(self._open(), view[: item.length], item.offset)
 
-    def skip(self) -> None:
-        """Counts a chunk that is not written (its checkpoint already failed)."""
-        with self._cond:
-            self._written += 1
-            self._cond.notify_all()
-
-    def finish(self, chunks: int, *, durable: bool) -> None:
-        """Waits until ``chunks`` writes are done, then sets the size, fsyncs (if ``durable``) and closes."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._written >= chunks)
-        fd, self._fd = self._fd, None
+    def close(self, *, durable: bool) -> None:
+        """Sets the size (drops the last direct write's padding), fsyncs if ``durable``, closes."""
+        with self._lock:
+            fd, self._fd = self._fd, None
         if fd is None:
             if durable:
-                raise OSError(errno.EIO, f"{self.path.name}: nothing was written")
+                # A file with no bytes at all (never opened): create it empty.
+                _format.write_bytes_durably(self.path, b"")
             return
         try:
             if durable:
-                os.ftruncate(fd, self.size)  # drops the last direct write's padding
+                os.ftruncate(fd, self.size)
                 os.fsync(fd)
         finally:
             os.close(fd)
 
     def _open(self) -> int:
-        with self._cond:
+        with self._lock:
             if self._fd is None:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                try:
-                    self._fd = os.open(self.path, flags | _DIRECT, 0o644) if _DIRECT else None
-                    self._direct = self._fd is not None
-                except OSError as error:
-                    if error.errno != errno.EINVAL:
-                        raise
+                if _DIRECT:
+                    try:
+                        self._fd = os.open(self.path, flags | _DIRECT, 0o644)
+                        self._direct = True
+                    except OSError as error:
+                        if error.errno != errno.EINVAL:
+                            raise
                 if self._fd is None:
                     self._fd = os.open(self.path, flags, 0o644)
             return self._fd
 
     def _fall_back_to_buffered(self) -> None:
-        with self._cond:
-            if self._direct:
-                assert self._fd is not None
+        with self._lock:
+            if self._direct and self._fd is not None:
                 os.close(self._fd)
                 self._fd = os.open(self.path, os.O_WRONLY, 0o644)
                 self._direct = False
