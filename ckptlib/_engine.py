@@ -246,7 +246,7 @@ class CheckpointEngine:
             job.staged.set()
             threading.Thread(target=self._finish, args=(job,), name="ckptlib-commit", daemon=True).start()
         else:
-            self._stager.add(job)
+            self._stager.add(job, live=bool(plan.optimizers))
             # Without an optimizer nothing tells us when the tensors change: stage all now.
             self._stager.run(force=not plan.optimizers)
         job.blocking_s += time.perf_counter() - began
@@ -276,6 +276,11 @@ class CheckpointEngine:
         with self._jobs_lock:
             reported, self._unreported = self._unreported, []
         return reported
+
+    def staging_stats(self) -> dict[str, int]:
+        """Bytes this engine copied into the host cache, and bytes it wrote straight from live
+        tensors (page-aligned CPU tensors: ``THP_MEM_ALLOC_ENABLE=1``), since it started."""
+        return {"copied_bytes": self._stager.copied_bytes, "live_bytes": self._stager.live_bytes}
 
     def latest_step(self) -> int | None:
         """The newest committed step under this engine's output directory, or None."""

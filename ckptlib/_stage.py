@@ -60,6 +60,7 @@ class _Cursor:
     sources: dict[int, torch.Tensor] = field(default_factory=dict)
     live: list[WriteItem] = field(default_factory=list)
     copied: bool = False
+    allow_live: bool = True
 
 
 class Stager:
@@ -87,9 +88,10 @@ class Stager:
     def idle(self) -> bool:
         return not self._cursors
 
-    def add(self, job: Any) -> None:
+    def add(self, job: Any, *, live: bool) -> None:
+        """Queues a checkpoint; ``live``: its tensors stay unchanged until ``run(force=True)``."""
         with self._lock:
-            self._cursors.append(_Cursor(job))
+            self._cursors.append(_Cursor(job, allow_live=live))
 
     def run(self, *, force: bool) -> bool:
         """Stages what it may now. Returns whether it did anything.
@@ -114,8 +116,6 @@ class Stager:
                     self._take_back_live(cursor)
                 elif any(item.state in (QUEUED, WRITING) for item in cursor.live):
                     break
-                for plan in cursor.job.plan.files:
-                    self._forget_sources(plan, cursor)
                 cursor.live.clear()
                 self._cursors.pop(0)
                 cursor.job.staged.set()
@@ -158,7 +158,9 @@ class Stager:
                     source = cursor.sources.get(slot_index)
                     if source is None:
                         source = cursor.sources[slot_index] = _byte_view(plan.slots[slot_index])
-                    live_ok = _can_write_live(source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset)
+                    live_ok = cursor.allow_live and _can_write_live(
+                        source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset
+                    )
                 while job.error is None and cursor.piece_offset < length:
                     left = length - cursor.piece_offset
                     if live_ok and cursor.file_pos % PAGE == 0:
@@ -192,8 +194,10 @@ class Stager:
                     self.cache.release(cursor.chunk, keep_bytes=self.window_bytes)
                     cursor.chunk = None
             self._hand_over(WriteItem(job, cursor.sink, end=True))
-            if not any(item.sink is cursor.sink for item in cursor.live):
-                self._forget_sources(plan, cursor)
+            # Live items keep their own views; the plan lets go of the tensors.
+            for slot in plan.slots:
+                slot.source = None
+            cursor.sources.clear()
             cursor.file_index += 1
             cursor.piece_index = cursor.piece_offset = cursor.file_pos = 0
             cursor.sink = None
@@ -272,11 +276,6 @@ class Stager:
             item.sink.reserve()
             self._hand_over(WriteItem(cursor.job, item.sink, item.offset + done, take, chunk=chunk))
             done += take
-
-    def _forget_sources(self, plan: FilePlan, cursor: _Cursor) -> None:
-        for slot in plan.slots:
-            slot.source = None
-        cursor.sources.clear()
 
 
 def _can_write_live(source: Any, start: int, file_pos: int, length: int) -> bool:

@@ -41,5 +41,6 @@ def job_env(tmp_path: Path) -> dict[str, str]:
         HF_HOME=str(tmp_path / "hf-home"),
         TOKENIZERS_PARALLELISM="false",
         OMP_NUM_THREADS="1",
+        THP_MEM_ALLOC_ENABLE="1",
     )
     return env

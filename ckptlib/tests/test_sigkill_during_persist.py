@@ -25,7 +25,7 @@ def _run_and_kill(output_dir: Path, delay_s: float) -> list[int]:
         [sys.executable, "-m", "ckptlib.tests._kill_child", str(output_dir)],
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "THP_MEM_ALLOC_ENABLE": "1"},
     )
     assert child.stderr is not None
     lines = []

@@ -208,6 +208,9 @@ class NodeAgent:
             "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1",
             "VIRTUAL_ENV": runtime,
+            # torch allocates large CPU tensors page-aligned (and on huge pages), so ckptlib
+            # writes them to disk straight from memory; a job's own env may turn it off.
+            "THP_MEM_ALLOC_ENABLE": "1",
             **job.env,
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.gpu_indices)),
             "CHECKPOINT_VENDOR": vendor_dir(),
