@@ -1,6 +1,6 @@
 """The bounded host cache: page-aligned chunks that staged file bytes live in until written.
 
-The stager fills a chunk with the next bytes of a checkpoint file (headers and tensor bytes, in
+Staging fills a chunk with the next bytes of a checkpoint file (headers and tensor bytes, in
 file order) and hands it to a writer, which writes it at its offset with ``O_DIRECT`` and gives
 it back. ``acquire`` blocks while the chunks in use reach the bound, so staging waits for
 flushing instead of growing memory. Chunks are anonymous ``mmap`` regions: page-aligned (what

@@ -4,17 +4,17 @@ Order of calls for one checkpoint:
 
 1. ``save(state, step=…)`` (training thread): plans each file as its bytes in order (see
    ``ckptlib._plan``), clones or serializes what forward or user code may change (buffers,
-   scheduler, RNG, plain values), hands the rest to the stager and returns.
-2. Stager thread: copies module parameters and optimizer state, in file order, into page-aligned
-   chunks of the host cache while forward and backward run, and hands each full chunk to a
-   writer. The next ``optimizer.step()`` waits (a step pre-hook) until every byte is staged: it
-   is the only thing that changes those tensors. Staging is paced: it keeps only a few chunks
-   ahead of the writers while the disk can finish before the next step is due (the engine times
-   optimizer steps), and copies everything left at full speed, up to the cache bound, when it
-   cannot or when that step arrives. So the cache holds what the disk cannot absorb in one step,
-   not the whole state.
-3. ``parser_threads`` writer threads: write chunks into ``checkpoint-<step>.tmp/`` with direct
-   I/O (``ckptlib._writer``), give them back, fsync each finished file, then mark this rank done.
+   scheduler, RNG, plain values), queues the checkpoint for staging, stages a first part and
+   returns.
+2. Staging (``ckptlib._stage``), on the training thread at hook points (module forward
+   pre-hooks, parameters' post-accumulate-grad hooks, the optimizer's pre-step hook): page-
+   aligned CPU tensor ranges go to the writers as they are (no copy); everything else is copied
+   into host-cache chunks, a few chunks ahead of the writers. The next ``optimizer.step()``
+   waits until nothing of the checkpoint still needs the live tensors: it is the only thing that
+   changes them.
+3. ``parser_threads`` writer threads: write each item into ``checkpoint-<step>.tmp/`` with direct
+   I/O (``ckptlib._writer``), give chunks back, fsync each finished file; the last one marks
+   this rank done. When training reaches no hook point for a while, they stage in its place.
 4. Rank 0 commits once every rank is done (see ``ckptlib._format``) and logs one line.
 5. ``wait(persist=True)`` / ``shutdown()`` block until the checkpoints in flight are committed.
 """

@@ -4,10 +4,10 @@ A state maps keys to live objects. Each key becomes one file named as the Traine
 a module → ``<key>.safetensors`` (``model.safetensors``), anything else → ``<key>.pt``
 (``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``). Each file is planned as its bytes in order
 (``pieces``): headers and metadata as bytes made now, tensor bytes as references to live tensors
-that the stager copies into the host cache before the next optimizer step. With an optimizer in
-the state, only module parameters and optimizer state wait for the stager (nothing else changes
+that staging (``ckptlib._stage``) writes or copies before the next optimizer step. With an optimizer in
+the state, only module parameters and optimizer state are left to staging (nothing else changes
 them); module buffers are cloned and other objects serialized inside ``save``, because forward
-or user code may change them at any time. Without one, everything goes through the stager and
+or user code may change them at any time. Without one, everything is left to staging and
 ``save`` waits for it.
 """
 
