@@ -39,7 +39,7 @@ from ckptlib._cache import HostCache
 from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
 from ckptlib._events import LOG_PREFIX, CheckpointResult, install_console_handler
-from ckptlib._plan import StatePlan, plan_state, restore_rng_state, unwrap_optimizer
+from ckptlib._plan import StatePlan, plan_object, plan_state, restore_rng_state, unwrap_optimizer
 from ckptlib._stage import Stager
 from ckptlib._writer import FileSink, WriteItem
 
@@ -99,6 +99,8 @@ class _Job:
     blocking_s: float = 0.0
     bytes: int = 0
     error: str | None = None
+    # A file at a path the caller lays out and commits itself (``save_file``).
+    external: bool = False
     files_left: int = 0
     staged: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
@@ -251,6 +253,31 @@ class CheckpointEngine:
             self._stager.run(force=not plan.optimizers)
         job.blocking_s += time.perf_counter() - began
         return True
+
+    def save_file(self, obj: Any, path: str | os.PathLike[str]) -> None:
+        """Writes ``obj`` as a ``torch.save`` file at ``path``, in the background.
+
+        For callers that lay out and commit their checkpoints themselves (DeepSpeed's
+        checkpoint-engine interface, ``ckptlib.deepspeed``): no ``concurrent_checkpoint/``
+        directory, no manifest, no ``latest``. The file is whole and durable (fsynced, and its
+        directory too) once ``wait(persist=True)`` returns; a failure is reported there. Its
+        tensors are staged before the next step of an optimizer given to ``watch``, or before
+        this returns when none is watched.
+        """
+        if self._closed:
+            raise CheckpointError("the checkpoint engine is shut down")
+        began = time.perf_counter()
+        target = Path(path)
+        watched = any(isinstance(candidate, torch.optim.Optimizer) for candidate in self._hooked)
+        plan = StatePlan(files=[plan_object(target.name, obj, background=True)])
+        job = _Job(step=-1, directory=target.parent, target=target, plan=plan, started=began, external=True)
+        job.files_left = 1
+        self._hook_forward_passes()
+        with self._jobs_lock:
+            self._jobs.append(job)
+        self._stager.add(job, live=watched)
+        self._stager.run(force=not watched)
+        job.blocking_s += time.perf_counter() - began
 
     def wait(self, persist: bool = False, *, timeout: float | None = None) -> list[CheckpointResult]:
         """Blocks until the checkpoints in flight are staged, or also persisted.
@@ -450,6 +477,14 @@ class CheckpointEngine:
             self._finish(job)
 
     def _finish(self, job: _Job) -> None:
+        if job.external:
+            try:
+                if job.error is None:
+                    _format.fsync_path(job.directory)
+            except OSError as error:
+                job.error = f"commit failed: {error}"
+            self._complete(job)
+            return
         try:
             if job.error is None:
                 self._mark_rank_done(job)
@@ -528,7 +563,10 @@ class CheckpointEngine:
         )
         job.result = result
         self._results.append(result)
-        if result.committed:
+        if job.external:
+            if not result.committed:
+                logger.error("%s writing %s failed: %s", LOG_PREFIX, job.target, job.error)
+        elif result.committed:
             if self.place.rank == 0:
                 logger.info(result.log_line())
             for callback in self.on_commit:

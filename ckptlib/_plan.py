@@ -155,7 +155,7 @@ def plan_state(
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
         plan.keys["rng_state"] = name
-        plan.files.append(_plan_object(name, capture_rng_state(), background=False))
+        plan.files.append(plan_object(name, capture_rng_state(), background=False))
     return plan
 
 
@@ -180,13 +180,13 @@ def _plan_value(name: str, value: Any, *, guarded: bool) -> FilePlan:
         pieces: list[Piece] = [header, *((index, 0, slot.nbytes) for index, slot in enumerate(slots) if slot.nbytes)]
         return FilePlan(name=name, slots=slots, pieces=pieces)
     if unwrap_optimizer(value) is not None:
-        return _plan_object(name, value.state_dict(), background=True)
+        return plan_object(name, value.state_dict(), background=True)
     if hasattr(value, "state_dict") and callable(value.state_dict):
-        return _plan_object(name, value.state_dict(), background=not guarded)
-    return _plan_object(name, value, background=not guarded)
+        return plan_object(name, value.state_dict(), background=not guarded)
+    return plan_object(name, value, background=not guarded)
 
 
-def _plan_object(name: str, obj: Any, *, background: bool) -> FilePlan:
+def plan_object(name: str, obj: Any, *, background: bool) -> FilePlan:
     """A ``.pt`` file: streamed storage by storage when ``background``, else serialized now."""
     if background:
         from ckptlib._torchfile import streamed_pieces

@@ -85,17 +85,27 @@ class DecoratedCheckpointing:
         if resume_from_checkpoint is not True:
             return resume_from_checkpoint
         requested = _requested_step()
-        root = self.engine.root
+        if self._deepspeed:
+            # DeepSpeed runs keep the Trainer's layout: <output_dir>/checkpoint-<step>/, committed
+            # once DeepSpeed has written its `latest` file there (after ckptlib's commit).
+            output_dir = Path(self.trainer.args.output_dir)
+            steps = deepspeed_committed_steps(output_dir)
+            directory = lambda step: output_dir / f"{_format.CHECKPOINT_PREFIX}{step}"  # noqa: E731
+        else:
+            root = self.engine.root
+            steps = _format.committed_steps(root)
+            directory = lambda step: _format.committed_dir(root, step)  # noqa: E731
         if requested != -1:
-            if requested in _format.committed_steps(root):
-                return str(_format.committed_dir(root, requested))
+            if requested in steps:
+                logger.info("%s resuming from %s", LOG_PREFIX, directory(requested))
+                return str(directory(requested))
             logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, requested)
-        latest = _format.read_latest(root)
+        latest = max(steps, default=None) if self._deepspeed else _format.read_latest(root)
         if latest is None:
             if requested == -1:
                 logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, requested)
             return None
-        path = str(_format.committed_dir(root, latest))
+        path = str(directory(latest))
         logger.info("%s resuming from %s", LOG_PREFIX, path)
         return path
 
@@ -113,13 +123,22 @@ class DecoratedCheckpointing:
             return original_train(self.resolve_resume(resume_from_checkpoint), *args, **kwargs)
 
         trainer.train = train
-        if getattr(trainer, "is_deepspeed_enabled", False):
-            # Not built yet: a ckptlib-backed DeepSpeed checkpoint engine. DeepSpeed's optimizer
-            # state is partitioned and only DeepSpeed can save it, so its own save stays.
-            logger.warning("%s DeepSpeed run: periodic saves use DeepSpeed's own (synchronous) save", LOG_PREFIX)
+        decorator = self
+        if self._deepspeed:
+            # DeepSpeed's optimizer state is partitioned and only DeepSpeed can save it: the
+            # Trainer's own save stays, and DeepSpeed writes its files through ckptlib.
+            from ckptlib.deepspeed import commit_pending, use_ckptlib
+
+            class DeepSpeedThroughCkptlib(TrainerCallback):
+                def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                    use_ckptlib(trainer.model_wrapped, engine=decorator.engine)
+
+                def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                    commit_pending(trainer.model_wrapped)
+
+            trainer.add_callback(DeepSpeedThroughCkptlib())
         else:
             trainer._save_checkpoint = self._save_checkpoint
-        decorator = self
 
         class FinalCheckpointOnStop(TrainerCallback):
             """Saves at the end of the step in which SIGTERM arrived, then exits (status 143)."""
@@ -192,7 +211,17 @@ class DecoratedCheckpointing:
     def _final_save(self) -> None:
         trainer = self.trainer
         if trainer.optimizer is not None and trainer.state.global_step > 0:
+            if self._deepspeed and trainer.state.global_step in deepspeed_committed_steps(Path(trainer.args.output_dir)):
+                return  # already saved: rewriting a committed DeepSpeed checkpoint in place is not safe
             trainer._save_checkpoint(trainer.model, None)
+            if self._deepspeed:
+                from ckptlib.deepspeed import commit_pending
+
+                commit_pending(trainer.model_wrapped)
+
+    @property
+    def _deepspeed(self) -> bool:
+        return bool(getattr(self.trainer, "is_deepspeed_enabled", False))
 
     def _stop_agreed(self) -> bool:
         """Whether any rank got SIGTERM; every rank must stop at the same step."""
@@ -202,6 +231,17 @@ class DecoratedCheckpointing:
             torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
             stop = bool(flag.item())
         return stop
+
+
+def deepspeed_committed_steps(output_dir: Path) -> list[int]:
+    """Steps of ``checkpoint-<step>/`` directories that hold DeepSpeed's ``latest`` file."""
+    steps = []
+    if output_dir.is_dir():
+        for entry in output_dir.iterdir():
+            suffix = entry.name.removeprefix(_format.CHECKPOINT_PREFIX)
+            if entry.name.startswith(_format.CHECKPOINT_PREFIX) and suffix.isdigit() and (entry / "latest").is_file():
+                steps.append(int(suffix))
+    return sorted(steps)
 
 
 def _requested_step() -> int:

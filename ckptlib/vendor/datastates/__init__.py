@@ -1,4 +1,8 @@
-"""Vendor shim: ``datastates`` as the service's documentation imports it, backed by ckptlib."""
+"""Vendor shim: ``datastates`` as the service's documentation imports it, backed by ckptlib.
+
+``datastates.CheckpointEngine`` is what DeepSpeed's ``"datastates_ckpt": {"enabled": true}``
+setting instantiates (``ckptlib.deepspeed.DataStatesEngine``).
+"""
 
 from __future__ import annotations
 
@@ -11,3 +15,11 @@ except ImportError:
     # <repo>/ckptlib/vendor/datastates/__init__.py → <repo> holds the ckptlib package.
     sys.path.append(str(Path(__file__).resolve().parents[3]))
     import ckptlib  # noqa: F401
+
+
+def __getattr__(name: str):  # noqa: ANN202 - lazy: torch is imported only when used
+    if name == "CheckpointEngine":
+        from ckptlib.deepspeed import DataStatesEngine
+
+        return DataStatesEngine
+    raise AttributeError(name)

@@ -1,0 +1,190 @@
+"""ckptlib behind DeepSpeed's checkpoint-engine interface.
+
+DeepSpeed writes its checkpoints through ``engine.checkpoint_engine`` (``create``, ``save``,
+``load``, ``commit``, …; ``deepspeed/runtime/checkpoint_engine/checkpoint_engine.py``).
+``use_ckptlib(ds_engine)`` puts a ``DeepSpeedCheckpointEngine`` there: every file of
+``ds_engine.save_checkpoint(dir, tag)`` (``mp_rank_00_model_states.pt``,
+``zero_pp_rank_*_optim_states.pt``, …) is written by ckptlib in the background, in the same
+``torch.save`` format, so ``load_checkpoint`` and DeepSpeed's own tools read it. The engine is
+*decoupled*: ``save_checkpoint`` returns at once, and DeepSpeed calls ``commit`` at the next
+``ds_engine.step()``, before the optimizer step; ``commit`` waits until the files are durable,
+then DeepSpeed writes ``latest``. A crash before that leaves ``latest`` on the previous tag.
+
+DeepSpeed's own ``"datastates_ckpt": {"enabled": true}`` setting instantiates
+``datastates.CheckpointEngine``; the vendor directory's ``datastates`` provides it from this
+module (``DataStatesEngine``). DeepSpeed itself is not imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Any
+
+import torch
+
+from ckptlib._engine import CheckpointEngine, CheckpointError
+from ckptlib._events import LOG_PREFIX, CheckpointResult
+
+logger = logging.getLogger(__name__)
+
+
+class DeepSpeedCheckpointEngine:
+    """DeepSpeed's ``CheckpointEngine`` interface, writing through ckptlib.
+
+    Args:
+        config_params: DeepSpeed's config object (kept for its interface; unused).
+        host_cache_size: Bound of ckptlib's host cache, GB.
+        parser_threads: Writer threads.
+        engine: An existing ckptlib engine to write through (default: a new one).
+    """
+
+    def __init__(
+        self,
+        config_params: Any = None,
+        *,
+        host_cache_size: float = 50.0,
+        parser_threads: int = 1,
+        engine: CheckpointEngine | None = None,
+    ) -> None:
+        self.name = "ckptlib"
+        self.config_params = config_params
+        self._owns_engine = engine is None
+        self.engine = engine or CheckpointEngine(
+            host_cache_size=host_cache_size, parser_threads=parser_threads, handle_signals=False
+        )
+        self._commit_info: Any = None
+        self._started: float | None = None
+
+    # ---- DeepSpeed's interface --------------------------------------------------------------
+
+    def create(self, info: Any) -> None:
+        self._commit_info = info
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        os.makedirs(path, exist_ok=exist_ok)
+
+    def save(self, state_dict: Any, path: str) -> None:
+        if self._started is None:
+            self._started = time.perf_counter()
+        self.engine.save_file(state_dict, path)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        self.engine.wait(persist=True)
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+    def commit(self, info: Any) -> bool:
+        """Waits until every file saved so far is durable, then logs ckptlib's commit line
+        (the step is the number ending the tag, as in ``global_step<N>``).
+
+        Raises:
+            CheckpointError: A file could not be written; DeepSpeed then leaves ``latest`` alone.
+        """
+        results = self.engine.wait(persist=True)
+        started, self._started = self._started, None
+        failed = [result for result in results if not result.committed]
+        if failed:
+            raise CheckpointError(f"{LOG_PREFIX} checkpoint {getattr(info, 'tag', '')!s} failed: {failed[0].error}")
+        step = re.search(r"(\d+)$", str(getattr(info, "tag", "")))
+        if results and step and self.engine.place.rank == 0:
+            event = CheckpointResult(
+                step=int(step.group(1)),
+                path=os.path.join(str(info.save_dir), str(info.tag)),
+                bytes=sum(result.bytes for result in results),
+                blocking_s=sum(result.blocking_s for result in results),
+                persist_s=time.perf_counter() - (started or time.perf_counter()),
+                committed=True,
+            )
+            logger.info(event.log_line())
+        return True
+
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        return dp_rank == 0
+
+    def is_decoupled(self) -> bool:
+        return True
+
+    def set_commit_info(self, info: Any) -> None:
+        self._commit_info = info
+
+    def get_commit_info(self) -> Any:
+        """The checkpoint to commit at this step (each one once), or None."""
+        info, self._commit_info = self._commit_info, None
+        return info
+
+    def cleanup(self) -> None:
+        if self._owns_engine:
+            self.engine.shutdown()
+        else:
+            self.engine.wait(persist=True)
+
+    def preserves_storage_sharing(self) -> bool:
+        # Tensors sharing a storage are written once, as torch.save does.
+        return True
+
+
+def use_ckptlib(ds_engine: Any, **options: Any) -> DeepSpeedCheckpointEngine:
+    """Makes ``ds_engine`` (from ``deepspeed.initialize``) checkpoint through ckptlib.
+
+    Its optimizer is watched, so staging finishes before each optimizer step and
+    ``save_checkpoint`` returns without copying the state.
+
+    Args:
+        ds_engine: The DeepSpeed engine.
+        options: ``DeepSpeedCheckpointEngine`` options (``engine=`` an existing ckptlib engine).
+
+    Returns:
+        The installed checkpoint engine.
+    """
+    current = getattr(ds_engine, "checkpoint_engine", None)
+    if isinstance(current, DeepSpeedCheckpointEngine):
+        return current
+    adapter = DeepSpeedCheckpointEngine(getattr(ds_engine, "_config", None), **options)
+    optimizer = getattr(ds_engine, "optimizer", None)
+    if optimizer is not None:
+        adapter.engine.watch(optimizer)
+    ds_engine.checkpoint_engine = adapter
+    return adapter
+
+
+def commit_pending(ds_engine: Any) -> None:
+    """Commits a checkpoint DeepSpeed would otherwise commit only at its next step (used at
+    the end of training and for the final checkpoint on SIGTERM)."""
+    commit = getattr(ds_engine, "_commit_decoupled_checkpoint", None)
+    engine = getattr(ds_engine, "checkpoint_engine", None)
+    if commit is not None and isinstance(engine, DeepSpeedCheckpointEngine) and engine._commit_info is not None:
+        commit()
+
+
+class DataStatesEngine:
+    """What DeepSpeed's ``datastates_ckpt`` setting builds: ``CheckpointEngine(config, rank)``
+    with ``save(state_dict, path)``, ``load(path, map_location)`` and ``wait(persist)``.
+
+    DeepSpeed gives it no optimizer, so each ``save`` stages before it returns (its writes still
+    run in the background); ``use_ckptlib`` avoids that copy.
+    """
+
+    def __init__(self, deepspeed_config: Any = None, rank: int = 0) -> None:
+        options = getattr(getattr(deepspeed_config, "datastates_config", None), "config", None) or {}
+        self.engine = CheckpointEngine(
+            host_cache_size=float(options.get("host_cache_size", 50.0)),
+            parser_threads=int(options.get("parser_threads", 1)),
+            pin_host_cache=bool(options.get("pin_host_cache", True)),
+            rank=rank,
+            handle_signals=False,
+        )
+
+    def save(self, state_dict: Any, path: str) -> None:
+        self.engine.save_file(state_dict, path)
+
+    def load(self, path: str, map_location: Any = None) -> Any:
+        self.engine.wait(persist=True)
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+    def wait(self, persist: bool = True) -> None:
+        results = self.engine.wait(persist=persist)
+        failed = [result for result in results if not result.committed]
+        if failed:
+            raise CheckpointError(f"{LOG_PREFIX} {failed[0].path}: {failed[0].error}")

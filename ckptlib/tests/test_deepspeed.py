@@ -1,0 +1,81 @@
+"""Under DeepSpeed the engine's checkpoints go through DeepSpeed's checkpoint-engine interface."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ckptlib
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path: Path, stage: int, mode: str, port: int) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": str(port), "THP_MEM_ALLOC_ENABLE": "1"}
+    if mode == "datastates":
+        env["PYTHONPATH"] = ckptlib.vendor_path()
+    completed = subprocess.run(
+        [sys.executable, "-m", "ckptlib.tests._deepspeed_child", str(tmp_path / "ds"), str(stage), mode],
+        capture_output=True, text=True, env=env, timeout=300, check=False, cwd=Path(ckptlib.__file__).parents[1],
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-6000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_save_checkpoint_commits_at_the_next_step_and_loads_back_exactly(tmp_path: Path, stage: int) -> None:
+    report = _run(tmp_path, stage, "adapter", 29540 + stage)
+
+    assert report["engine"] == "ckptlib.deepspeed.DeepSpeedCheckpointEngine"
+    # Decoupled: save_checkpoint returns before the files are durable; `latest` moves at the next step.
+    assert report["latest_before"] is None and report["latest_after"] == "step2"
+    assert report["same"]
+    expected = ["mp_rank_00_model_states.pt"] + (["zero_pp_rank_0_mp_rank_00_optim_states.pt"] if stage else [])
+    assert report["files"] == expected
+
+
+def test_deepspeeds_own_datastates_setting_writes_through_the_vendor_shim(tmp_path: Path) -> None:
+    report = _run(tmp_path, 1, "datastates", 29545)
+
+    assert report["engine"].endswith("DataStatesCheckpointEngine")
+    assert report["same"]
+    assert report["files"] == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+
+
+def test_the_documentations_trainer_under_deepspeed_saves_through_ckptlib_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {
+        **os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": "29546", "PYTHONPATH": ckptlib.vendor_path(),
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    }  # fmt: skip
+    env.pop("CKPT_LAST_STEP", None)
+    command = [sys.executable, "-m", "ckptlib.tests._deepspeed_trainer_child", str(out)]
+    cwd = Path(ckptlib.__file__).parents[1]
+    first = subprocess.run([*command, "6"], capture_output=True, text=True, env=env, timeout=300, check=False, cwd=cwd)
+    assert first.returncode == 0, first.stderr[-6000:]
+
+    assert "ENGINE DeepSpeedCheckpointEngine STEP 6" in first.stdout
+    events = [e for line in first.stderr.splitlines() if (e := ckptlib.parse_commit_line(line))]
+    assert sorted({e.step for e in events}) == [3, 6]
+    from ckptlib._trainer import deepspeed_committed_steps
+
+    assert deepspeed_committed_steps(out) == [3, 6]
+    assert sorted(p.name for p in (out / "checkpoint-3" / "global_step3").iterdir()) == [
+        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+    ]  # fmt: skip
+
+    # The platform resumes a failed-over job with CKPT_LAST_STEP: the Trainer loads DeepSpeed's files.
+    resumed = subprocess.run(
+        [*command, "9"], capture_output=True, text=True, env={**env, "CKPT_LAST_STEP": "3", "DS_TEST_PORT": "29547"},
+        timeout=300, check=False, cwd=cwd,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    assert f"resuming from {out / 'checkpoint-3'}" in resumed.stderr
+    assert "ENGINE DeepSpeedCheckpointEngine STEP 9" in resumed.stdout
+    assert resumed.stdout.count("'loss'") == 6  # steps 4–9 only
+    assert deepspeed_committed_steps(out) == [3, 6, 9]
