@@ -64,7 +64,10 @@ class _StagingHook:
     def __call__(self, *_args: Any, **_kwargs: Any) -> None:
         engine = self._engine() if self._engine is not None else None
         if engine is not None:
-            engine._stage_at_hook(force=self._force)
+            try:
+                engine._stage_at_hook(force=self._force)
+            except Exception:  # noqa: BLE001 - a checkpoint must never break the training step
+                logger.exception("%s staging failed", LOG_PREFIX)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_StagingHook, (None,), {"_force": self._force})
@@ -221,14 +224,19 @@ class CheckpointEngine:
             return False
         directory, target = _format.tmp_dir(self.root, step), _format.committed_dir(self.root, step)
         write_state = sharded or self.place.rank == 0
-        plan = plan_state(
-            state,
-            rank=self.place.rank,
-            world_size=self.place.world_size,
-            write_state=write_state,
-            sharded=sharded,
-            capture_rng=capture_rng,
-        )
+        try:
+            plan = plan_state(
+                state,
+                rank=self.place.rank,
+                world_size=self.place.world_size,
+                write_state=write_state,
+                sharded=sharded,
+                capture_rng=capture_rng,
+            )
+        except Exception as error:  # noqa: BLE001 - reported, training goes on
+            job = _Job(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
+            self._fail(job, f"cannot plan the checkpoint: {error}")
+            return False
         job = _Job(step=step, directory=directory, target=target, plan=plan, started=began)
         job.files_left = len(plan.files)
         try:

@@ -108,14 +108,17 @@ class Stager:
         try:
             while self._cursors:
                 cursor = self._cursors[0]
-                if not cursor.copied:
-                    cursor.copied = self._advance(cursor, force=force)
+                try:
                     if not cursor.copied:
+                        cursor.copied = self._advance(cursor, force=force)
+                        if not cursor.copied:
+                            break
+                    if force:
+                        self._take_back_live(cursor)
+                    elif any(item.state in (QUEUED, WRITING) for item in cursor.live):
                         break
-                if force:
-                    self._take_back_live(cursor)
-                elif any(item.state in (QUEUED, WRITING) for item in cursor.live):
-                    break
+                except Exception as error:  # noqa: BLE001 - staging runs inside training: never raise there
+                    self._abandon(cursor, f"staging failed: {error!r}")
                 cursor.live.clear()
                 self._cursors.pop(0)
                 cursor.job.staged.set()
@@ -123,6 +126,21 @@ class Stager:
         finally:
             self.last_run = time.monotonic()
             self._lock.release()
+
+    def _abandon(self, cursor: _Cursor, message: str) -> None:
+        """Fails the checkpoint and hands over the rest of its files as ends, without copying."""
+        job = cursor.job
+        with job.lock:
+            job.error = job.error or message
+        if not cursor.copied:
+            cursor.copied = self._advance(cursor, force=True)
+        for item in cursor.live:
+            with self._items_lock:
+                revoke = item.state == QUEUED
+                if revoke:
+                    item.state = REVOKED
+            if not revoke:
+                item.finished.wait()
 
     def begin_live_write(self, item: WriteItem) -> bool:
         """Called by a writer before writing a live item: False if it was revoked."""

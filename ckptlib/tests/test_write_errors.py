@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckptlib
 from ckptlib import _format
@@ -69,5 +70,49 @@ def test_an_unwritable_output_dir_is_reported_and_training_goes_on(tmp_path: Pat
         assert not result.committed and "cannot create" in (result.error or "")
         assert any("checkpoint step=1 failed" in m for m in errors.messages)
         assert engine.latest_step() is None
+    finally:
+        engine.shutdown()
+
+
+def test_a_failure_while_staging_fails_that_checkpoint_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
+) -> None:
+    from ckptlib._stage import Stager
+
+    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
+    state = small_training_state()
+    try:
+        train_steps(state, 1)
+        engine.save(state, step=1)
+        engine.wait(persist=True)
+
+        def broken_copy(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("copy failed")
+
+        monkeypatch.setattr(Stager, "_copy", broken_copy)
+        assert engine.save(state, step=2)
+        train_steps(state, 2)  # the staging hooks run inside these steps: training goes on
+        [result] = engine.wait(persist=True)
+        assert not result.committed and "staging failed" in (result.error or "")
+        assert engine.latest_step() == 1
+
+        monkeypatch.undo()
+        engine.save(state, step=4)
+        [result] = engine.wait(persist=True)
+        assert result.committed and engine.latest_step() == 4
+    finally:
+        engine.shutdown()
+
+
+def test_a_state_that_cannot_be_planned_is_reported_not_raised(tmp_path: Path, errors: RecordingHandler) -> None:
+    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
+    state = small_training_state()
+    # A module with a tensor safetensors has no code for: planning fails inside save.
+    state["model"].register_buffer("odd", torch.zeros(2, dtype=torch.complex64))
+    try:
+        assert engine.save(state, step=1) is False
+        [result] = engine.results
+        assert not result.committed and "cannot plan" in (result.error or "")
+        assert any("checkpoint step=1 failed" in m for m in errors.messages)
     finally:
         engine.shutdown()
