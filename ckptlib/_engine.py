@@ -438,7 +438,9 @@ class CheckpointEngine:
     def _write_loop(self) -> None:
         while True:
             try:
-                item = self._write_queue.get(timeout=_POLL_S * 5)
+                # Poll only while a checkpoint is staging: an idle thread waking 20 times a second
+                # measurably slowed a 2-core training loop (its steps took 7 % longer).
+                item = self._write_queue.get(timeout=None if self._stager.idle else _POLL_S * 5)
             except queue.Empty:
                 if not self._stager.idle and time.monotonic() - self._stager.last_run > _IDLE_STAGING_S:
                     # Training has not reached a staging point for a while: stage in its place.

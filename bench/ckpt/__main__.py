@@ -308,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps (default 10)")
     parser.add_argument("--batch", type=int, default=128, help="batch size (default 128)")
     parser.add_argument(
-        "--rounds", type=int, default=3,
-        help="rounds of (no checkpoint, ckptlib) runs; the overhead is the median of the rounds (default 3)",
+        "--rounds", type=int, default=5,
+        help="rounds of (no checkpoint, ckptlib) runs; the overhead is the median of the rounds (default 5)",
     )  # fmt: skip
     parser.add_argument(
         "--no-thp", action="store_true",
