@@ -134,13 +134,7 @@ class Stager:
             job.error = job.error or message
         if not cursor.copied:
             cursor.copied = self._advance(cursor, force=True)
-        for item in cursor.live:
-            with self._items_lock:
-                revoke = item.state == QUEUED
-                if revoke:
-                    item.state = REVOKED
-            if not revoke:
-                item.finished.wait()
+        self._take_back_live(cursor)  # with the error set: revokes without copying
 
     def begin_live_write(self, item: WriteItem) -> bool:
         """Called by a writer before writing a live item: False if it was revoked."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,9 +24,11 @@ def errors() -> RecordingHandler:
     logger.removeHandler(handler)
 
 
-def test_a_full_disk_fails_that_checkpoint_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
+def _one_checkpoint_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler, *, break_it: Any, expected: str
 ) -> None:
+    """Step 1 commits; with ``break_it`` applied, step 2 fails with ``expected`` while training
+    goes on and step 1 stays the latest; once undone, step 4 commits."""
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
     state = small_training_state()
     try:
@@ -33,18 +36,15 @@ def test_a_full_disk_fails_that_checkpoint_only(
         engine.save(state, step=1)
         engine.wait(persist=True)
 
-        def disk_full(fd: int, buffer: memoryview, offset: int) -> int:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        monkeypatch.setattr(_format, "write_at", disk_full)
+        break_it()
         train_steps(state, 1)
         assert engine.save(state, step=2)
-        train_steps(state, 2)  # training goes on
+        train_steps(state, 2)  # training goes on (the staging hooks run inside these steps)
         [result] = engine.wait(persist=True)
 
         assert not result.committed
-        assert "No space left on device" in (result.error or "")
-        assert any("checkpoint step=2 failed" in m and "No space left" in m for m in errors.messages)
+        assert expected in (result.error or "")
+        assert any("checkpoint step=2 failed" in m and expected in m for m in errors.messages)
         assert engine.latest_step() == 1
         assert engine.load().step == 1
         assert not list(_format.checkpoint_root(tmp_path).glob("*.tmp"))
@@ -55,6 +55,32 @@ def test_a_full_disk_fails_that_checkpoint_only(
         assert result.committed and engine.latest_step() == 4
     finally:
         engine.shutdown()
+
+
+def test_a_full_disk_fails_that_checkpoint_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
+) -> None:
+    def disk_full(fd: int, buffer: memoryview, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    _one_checkpoint_fails(
+        tmp_path, monkeypatch, errors,
+        break_it=lambda: monkeypatch.setattr(_format, "write_at", disk_full), expected="No space left on device",
+    )  # fmt: skip
+
+
+def test_a_failure_while_staging_fails_that_checkpoint_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
+) -> None:
+    from ckptlib._stage import Stager
+
+    def broken_copy(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("copy failed")
+
+    _one_checkpoint_fails(
+        tmp_path, monkeypatch, errors,
+        break_it=lambda: monkeypatch.setattr(Stager, "_copy", broken_copy), expected="staging failed",
+    )  # fmt: skip
 
 
 def test_an_unwritable_output_dir_is_reported_and_training_goes_on(tmp_path: Path, errors: RecordingHandler) -> None:
@@ -70,36 +96,6 @@ def test_an_unwritable_output_dir_is_reported_and_training_goes_on(tmp_path: Pat
         assert not result.committed and "cannot create" in (result.error or "")
         assert any("checkpoint step=1 failed" in m for m in errors.messages)
         assert engine.latest_step() is None
-    finally:
-        engine.shutdown()
-
-
-def test_a_failure_while_staging_fails_that_checkpoint_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
-) -> None:
-    from ckptlib._stage import Stager
-
-    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
-    state = small_training_state()
-    try:
-        train_steps(state, 1)
-        engine.save(state, step=1)
-        engine.wait(persist=True)
-
-        def broken_copy(*args: object, **kwargs: object) -> None:
-            raise RuntimeError("copy failed")
-
-        monkeypatch.setattr(Stager, "_copy", broken_copy)
-        assert engine.save(state, step=2)
-        train_steps(state, 2)  # the staging hooks run inside these steps: training goes on
-        [result] = engine.wait(persist=True)
-        assert not result.committed and "staging failed" in (result.error or "")
-        assert engine.latest_step() == 1
-
-        monkeypatch.undo()
-        engine.save(state, step=4)
-        [result] = engine.wait(persist=True)
-        assert result.committed and engine.latest_step() == 4
     finally:
         engine.shutdown()
 
