@@ -168,23 +168,24 @@ class DataStatesEngine:
 
     def __init__(self, deepspeed_config: Any = None, rank: int = 0) -> None:
         options = getattr(getattr(deepspeed_config, "datastates_config", None), "config", None) or {}
-        self.engine = CheckpointEngine(
+        engine = CheckpointEngine(
             host_cache_size=float(options.get("host_cache_size", 50.0)),
             parser_threads=int(options.get("parser_threads", 1)),
             pin_host_cache=bool(options.get("pin_host_cache", True)),
             rank=rank,
             handle_signals=False,
         )
+        self._adapter = DeepSpeedCheckpointEngine(deepspeed_config, engine=engine)
+        self.engine = engine
 
     def save(self, state_dict: Any, path: str) -> None:
-        self.engine.save_file(state_dict, path)
+        self._adapter.save(state_dict, path)
 
     def load(self, path: str, map_location: Any = None) -> Any:
-        self.engine.wait(persist=True)
-        return torch.load(path, map_location=map_location, weights_only=False)
+        return self._adapter.load(path, map_location)
 
     def wait(self, persist: bool = True) -> None:
-        results = self.engine.wait(persist=persist)
-        failed = [result for result in results if not result.committed]
-        if failed:
-            raise CheckpointError(f"{LOG_PREFIX} {failed[0].path}: {failed[0].error}")
+        if persist:
+            self._adapter.commit(None)
+        else:
+            self.engine.wait(persist=False)
