@@ -6,19 +6,35 @@ One run measures, on the same machine and disk:
 * training runs of the same model, each in a fresh process (so peak RSS is its own): ``--rounds``
   pairs of ``none`` (no checkpoint) then ``ckptlib``, then one ``trainer``
   (``Trainer._save_checkpoint``, synchronous) and one ``dcp``
-  (``torch.distributed.checkpoint.async_save``), a checkpoint every ``--every`` steps. Step times
-  on a shared machine drift by a few percent from run to run, so ckptlib's step-time overhead is
-  taken against the no-checkpoint run just before it, and the median over the rounds is judged.
+  (``torch.distributed.checkpoint.async_save``).
 
-Every run has ``THP_MEM_ALLOC_ENABLE=1``, as the console runs jobs (``--no-thp`` runs without it).
+Step-time overhead with one checkpoint every ``--every`` (N) steps is measured inside each run, in
+paired windows: after a warm-up window (the optimizer state is allocated, the allocator warms up)
+the run alternates a window of N steps that starts with a checkpoint (taken after that step's
+optimizer step, as the Trainer does; its blocking time counts in that step) and a window of N steps
+without one, for ``--cycles`` pairs. The overhead is the mean step time of the windows with a
+checkpoint over that of the windows without, pooled over the rounds. Step times on a shared VM drift
+by several percent over tens of seconds and between processes; windows of ~10 s that alternate in
+one process see the same drift, so it cancels out. The same figure for the ``none`` runs (no
+checkpoint in either kind of window) is printed as the noise floor, and each run's mean step time
+against the no-checkpoint run's is printed too. A checkpoint that is still persisting when its
+window ends would spill its cost into the next one: the report marks such a variant "(spills)".
 
-The model is a stack of 4096×4096 linear layers trained with AdamW, sized so parameters plus
-optimizer state are ``--size-gb``.
+Every run has ``THP_MEM_ALLOC_ENABLE=1``, as the console runs jobs (``--no-thp`` runs without it),
+and runs with jemalloc preloaded where it is installed (Debian: ``libjemalloc2``; ``--allocator
+glibc`` runs without). Not for ckptlib's sake: with glibc's malloc, torch maps and unmaps the
+backward pass's large temporaries every step, and their fresh huge-page faults make step times on
+the development VM spread from 0.83 s to 1.5 s with no checkpointing at all (0.83–0.99 s with
+jemalloc, which keeps the pages), a noise several times the 3 % being measured.
+
+The model is a stack of 4096×4096 linear layers trained with fused AdamW (the Trainer's default
+optimizer, ``adamw_torch_fused``), sized so parameters plus optimizer state are ``--size-gb``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes.util
 import json
 import mmap
 import os
@@ -40,6 +56,8 @@ class RunFigures:
     variant: str
     state_bytes: int
     step_s: float
+    step_times: list[float]
+    save_steps: list[int]
     blocking_s: list[float]
     persist_s: list[float]
     persist_bytes: list[int]
@@ -54,7 +72,10 @@ def _build(size_gb: float, seed: int = 0):  # noqa: ANN202
     # params + exp_avg + exp_avg_sq = 3 × 4 bytes per parameter.
     layers = max(1, round(size_gb * 1e9 / (12 * (_WIDTH * _WIDTH + _WIDTH))))
     model = torch.nn.Sequential(*[torch.nn.Linear(_WIDTH, _WIDTH) for _ in range(layers)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    # Fused AdamW: the Trainer's default optimizer (adamw_torch_fused). The foreach AdamW allocates
+    # and frees ~0.7 GB of temporaries every step, whose page faults make step times on this VM
+    # spread from 1.05 s to 2.4 s with no checkpointing at all.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     return model, optimizer, scheduler
 
@@ -67,6 +88,25 @@ def _state_bytes(model, optimizer) -> int:  # noqa: ANN001
     return params + moments
 
 
+def _steps(every: int, cycles: int) -> int:
+    """A warm-up window, then ``cycles`` pairs of a window with a checkpoint and one without."""
+    return every + 2 * every * cycles
+
+
+def _saves_at(step: int, every: int) -> bool:
+    """Whether ``step`` starts a window with a checkpoint (steps count from 1)."""
+    return step > every and (step - every - 1) % (2 * every) == 0
+
+
+def _window_means(step_times: list[float], every: int) -> tuple[float, float]:
+    """Mean step time of the windows with a checkpoint and of those without, after the warm-up
+    window (the first steps allocate the optimizer state and warm the allocator)."""
+    timed = step_times[every:]
+    with_ckpt = [t for i, t in enumerate(timed) if (i // every) % 2 == 0]
+    without = [t for i, t in enumerate(timed) if (i // every) % 2 == 1]
+    return _mean(with_ckpt), _mean(without)
+
+
 def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int, out: Path) -> RunFigures:
     import torch
 
@@ -75,8 +115,19 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
     blocking: list[float] = []
     persist: list[float] = []
     persist_bytes: list[int] = []
-    save = _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb)
+    save = _saver(
+        variant,
+        model,
+        optimizer,
+        scheduler,
+        out,
+        blocking,
+        persist,
+        persist_bytes,
+        size_gb,
+    )
     step_times = []
+    save_steps = []
     for step in range(1, steps + 1):
         began = time.perf_counter()
         loss = model(inputs).pow(2).mean()
@@ -84,18 +135,21 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
         scheduler.step()
-        if step % every == 0:
+        if _saves_at(step, every):
             save(step)
+            save_steps.append(step)
         step_times.append(time.perf_counter() - began)
     finish = getattr(save, "finish", None)
     if finish is not None:
         finish()
-    # Step 1 allocates the optimizer state; later steps are the steady state.
-    steady = step_times[1:]
+    # The warm-up window allocates the optimizer state; later steps are the steady state.
+    steady = step_times[every:]
     return RunFigures(
         variant=variant,
         state_bytes=_state_bytes(model, optimizer),
         step_s=sum(steady) / len(steady),
+        step_times=step_times,
+        save_steps=save_steps,
         blocking_s=blocking,
         persist_s=persist,
         persist_bytes=persist_bytes,
@@ -105,7 +159,6 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
 
 
 def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb):  # noqa: ANN001, ANN202, PLR0913
-    import torch
 
     if variant == "none":
         return lambda step: None
@@ -117,7 +170,10 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
         engine.on_commit.append(lambda r: (persist.append(r.persist_s), persist_bytes.append(r.bytes)))
 
         def save(step: int) -> None:
-            engine.save({"model": model, "optimizer": optimizer, "scheduler": scheduler}, step=step)
+            engine.save(
+                {"model": model, "optimizer": optimizer, "scheduler": scheduler},
+                step=step,
+            )
 
         def finish() -> None:
             engine.shutdown()
@@ -154,10 +210,7 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
 
         def wait_previous() -> None:
             while pending:
-                began_step, future, step_bytes = pending.pop()
-                future.result()
-                persist.append(time.perf_counter() - began_step)
-                persist_bytes.append(step_bytes)
+                pending.pop().result()
 
         def save(step: int) -> None:
             began = time.perf_counter()
@@ -165,7 +218,15 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             future = dcp.async_save(state, checkpoint_id=str(out / f"checkpoint-{step}"))
             blocking.append(time.perf_counter() - began)
-            pending.append((began, future, _state_bytes(model, optimizer)))
+            step_bytes = _state_bytes(model, optimizer)
+            # Persisted when the future completes, not when the next save looks at it.
+            future.add_done_callback(
+                lambda _f: (
+                    persist.append(time.perf_counter() - began),
+                    persist_bytes.append(step_bytes),
+                )
+            )
+            pending.append(future)
 
         def finish() -> None:
             wait_previous()
@@ -213,10 +274,12 @@ def _run_variant(variant: str, options: argparse.Namespace, workdir: Path) -> Ru
     out.mkdir()
     command = [
         sys.executable, "-m", "bench.ckpt", "--worker", variant, "--out", str(out),
-        "--size-gb", str(options.size_gb), "--steps", str(options.steps),
+        "--size-gb", str(options.size_gb), "--cycles", str(options.cycles),
         "--every", str(options.every), "--batch", str(options.batch),
     ]  # fmt: skip
     env = dict(os.environ)
+    if options.allocator != "glibc":
+        env["LD_PRELOAD"] = " ".join(filter(None, [options.allocator, env.get("LD_PRELOAD", "")]))
     if options.no_thp:
         env.pop("THP_MEM_ALLOC_ENABLE", None)
     else:
@@ -236,66 +299,107 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def _throughput(run: RunFigures) -> float:
     return _mean([b / s for b, s in zip(run.persist_bytes, run.persist_s, strict=False) if s > 0])
 
 
+def _paired_overhead(group: list[RunFigures], every: int) -> tuple[float, list[float]]:
+    """Pooled and per-run overhead (%) of the windows with a checkpoint over those without."""
+    pairs = [_window_means(run.step_times, every) for run in group]
+    per_run = [(with_ckpt / without - 1) * 100 for with_ckpt, without in pairs]
+    pooled = (_mean([w for w, _ in pairs]) / _mean([o for _, o in pairs]) - 1) * 100
+    return pooled, per_run
+
+
+def _spills(run: RunFigures, every: int) -> bool:
+    """Whether some checkpoint was still persisting when its window ended."""
+    for save_step, persist_s in zip(run.save_steps, run.persist_s, strict=False):
+        # step_times[save_step - 1] is the save step; the window's later steps follow it.
+        window_rest = sum(run.step_times[save_step : save_step - 1 + every])
+        if persist_s > window_rest:
+            return True
+    return False
+
+
 def _report(runs: dict[str, list[RunFigures]], raw_bw: float, options: argparse.Namespace) -> str:
     gb = 1e9
+    every = options.every
     state = runs["ckptlib"][0].state_bytes
     nones = runs["none"]
-    # ckptlib's overhead in each round is against that round's no-checkpoint run (run just before
-    # it); the Trainer's and DCP's (one run each) against the median no-checkpoint run.
-    base_step = _median([run.step_s for run in nones])
-    overheads = {
-        name: [
-            (run.step_s / (base.step_s if name in ("none", "ckptlib") else base_step) - 1) * 100
-            for run, base in zip(runs[name], nones, strict=False)
-        ]
-        for name in _VARIANTS
-    }
+    base_step = _mean([run.step_s for run in nones])
     lines = [
-        f"state size: {state / gb:.2f} GB  steps: {options.steps}  checkpoint every {options.every} steps  "
-        f"batch: {options.batch}  host_cache_size: {options.size_gb * 1.05:.2f} GB  rounds: {options.rounds}  "
-        f"THP_MEM_ALLOC_ENABLE: {'0' if options.no_thp else '1'}",
+        (
+            f"state size: {state / gb:.2f} GB  steps per run: {_steps(every, options.cycles)} (a warm-up "
+            f"window, then {options.cycles} pairs of {every}-step windows with/without a checkpoint)  "
+            f"batch: {options.batch}  host_cache_size: {options.size_gb * 1.05:.2f} GB  rounds: {options.rounds}  "
+            f"THP_MEM_ALLOC_ENABLE: {'0' if options.no_thp else '1'}  allocator: {options.allocator}"
+        ),
         f"raw sequential write bandwidth (write+fsync, best of buffered and direct): {raw_bw / 1e6:.0f} MB/s",
         "",
-        f"{'variant':<9} {'step s':>8} {'overhead (per round)':>24} {'blocking s/ckpt':>16} {'persist s':>10} "
-        f"{'persist MB/s':>13} {'peak RSS GB':>12}",
+        (
+            f"overhead = step time in windows with one checkpoint per {every} steps over windows without, "
+            "in the same run (pooled over runs; per run in brackets)"
+        ),
+        "vs none = the run's mean step time over the no-checkpoint runs' mean",
+        "",
+        (
+            f"{'variant':<8} {'step s':>6} {'overhead %':>10} {'(per run)':<28} {'vs none %':>9} "
+            f"{'blocking s':>10} {'persist s':>9} {'persist MB/s':>12} {'peak RSS GB':>11}"
+        ),
     ]
+    overheads = {}
     for name in _VARIANTS:
         group = runs[name]
-        per_round = " ".join(f"{value:+.1f}" for value in overheads[name])
+        pooled, per_run = _paired_overhead(group, every)
+        overheads[name] = pooled
+        spill = " (spills)" if any(_spills(run, every) for run in group) else ""
         lines.append(
-            f"{name:<9} {_mean([r.step_s for r in group]):>8.3f} {per_round:>24} "
-            f"{_mean([b for r in group for b in r.blocking_s]):>16.4f} "
-            f"{_mean([p for r in group for p in r.persist_s]):>10.2f} "
-            f"{_mean([_throughput(r) for r in group]) / 1e6:>13.0f} {max(r.peak_rss_bytes for r in group) / gb:>12.2f}"
+            f"{name:<8} {_mean([r.step_s for r in group]):>6.3f} {pooled:>+10.2f} "
+            f"{'[' + ' '.join(f'{v:+.1f}' for v in per_run) + ']' + spill:<28} "
+            f"{(_mean([r.step_s for r in group]) / base_step - 1) * 100:>+9.1f} "
+            f"{_mean([b for r in group for b in r.blocking_s]):>10.4f} "
+            f"{_mean([p for r in group for p in r.persist_s]):>9.2f} "
+            f"{_mean([_throughput(r) for r in group]) / 1e6:>12.0f} {max(r.peak_rss_bytes for r in group) / gb:>11.2f}"
         )
     ck_block = _mean([b for r in runs["ckptlib"] for b in r.blocking_s])
     tr_block = _mean([b for r in runs["trainer"] for b in r.blocking_s])
     dc_block = _mean([b for r in runs["dcp"] for b in r.blocking_s])
-    ck_overhead = _median(overheads["ckptlib"])
+    ck_overhead = overheads["ckptlib"]
     ck_throughput = _mean([_throughput(r) for r in runs["ckptlib"]])
     ck_rss = max(r.peak_rss_bytes for r in runs["ckptlib"])
     none_rss = max(r.peak_rss_bytes for r in nones)
     rss_bound = (state + options.size_gb * 1.05 * gb) * 1.1
     checks = [
-        ("blocking >= 20x lower than Trainer sync save (x lower)", tr_block / ck_block, tr_block / ck_block >= 20),
-        ("blocking lower than DCP async_save (x lower)", dc_block / ck_block, ck_block < dc_block),
-        (f"step-time overhead <= 3% (ckpt every {options.every}; median of rounds, %)", ck_overhead, ck_overhead <= 3),
-        ("persist throughput >= 80% of raw disk (%)", ck_throughput / raw_bw * 100, ck_throughput / raw_bw >= 0.8),
-        ("peak RSS <= (state + host_cache) * 1.1 (GB)", ck_rss / gb, ck_rss <= rss_bound),
+        (
+            "blocking >= 20x lower than Trainer sync save (x lower)",
+            tr_block / ck_block,
+            tr_block / ck_block >= 20,
+        ),
+        (
+            "blocking lower than DCP async_save (x lower)",
+            dc_block / ck_block,
+            ck_block < dc_block,
+        ),
+        (
+            f"step-time overhead <= 3% (one checkpoint per {every} steps, %)",
+            ck_overhead,
+            ck_overhead <= 3,
+        ),
+        (
+            "persist throughput >= 80% of raw disk (%)",
+            ck_throughput / raw_bw * 100,
+            ck_throughput / raw_bw >= 0.8,
+        ),
+        (
+            "peak RSS <= (state + host_cache) * 1.1 (GB)",
+            ck_rss / gb,
+            ck_rss <= rss_bound,
+        ),
     ]
     lines += ["", "ckptlib against the targets:"]
     for label, value, ok in checks:
         lines.append(f"  {'PASS' if ok else 'FAIL'}  {label}: {value:.2f}")
+    lines.append(f"  (noise floor: the same overhead figure for the no-checkpoint runs is {overheads['none']:+.2f}%)")
     lines.append(f"  (RSS bound = {rss_bound / gb:.2f} GB; ckptlib's peak RSS over the no-checkpoint run: "
                  f"{(ck_rss - none_rss) / gb:+.2f} GB)")  # fmt: skip
     return "\n".join(lines)
@@ -303,31 +407,49 @@ def _report(runs: dict[str, list[RunFigures]], raw_bw: float, options: argparse.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ckpt", description=__doc__.splitlines()[0])
-    parser.add_argument("--size-gb", type=float, default=2.0, help="parameters + optimizer state, GB (default 2)")
-    parser.add_argument("--steps", type=int, default=31, help="training steps per run (default 31)")
-    parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps (default 10)")
+    parser.add_argument(
+        "--size-gb",
+        type=float,
+        default=2.0,
+        help="parameters + optimizer state, GB (default 2)",
+    )
+    parser.add_argument("--every", type=int, default=10, help="one checkpoint per N steps (default 10)")
+    parser.add_argument(
+        "--cycles", type=int, default=4,
+        help="pairs of N-step windows with and without a checkpoint per run, after a warm-up window (default 4: 90 steps)",
+    )  # fmt: skip
     parser.add_argument("--batch", type=int, default=128, help="batch size (default 128)")
     parser.add_argument(
-        "--rounds", type=int, default=5,
-        help="rounds of (no checkpoint, ckptlib) runs; the overhead is the median of the rounds (default 5)",
+        "--rounds", type=int, default=3,
+        help="rounds of (no checkpoint, ckptlib) runs (default 3)",
     )  # fmt: skip
     parser.add_argument(
         "--no-thp", action="store_true",
         help="run without THP_MEM_ALLOC_ENABLE=1 (ckptlib then copies every byte before writing it)",
     )  # fmt: skip
-    parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temp dir)")
+    parser.add_argument(
+        "--allocator", default=None,
+        help="glibc, or a malloc library to preload (default: jemalloc where installed, else glibc)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dir",
+        default=None,
+        help="where checkpoints are written (default: a temp dir)",
+    )
     parser.add_argument("--worker", choices=_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
 
     if options.worker:
         figures = _worker(
-            options.worker, size_gb=options.size_gb, steps=options.steps, every=options.every,
+            options.worker, size_gb=options.size_gb, steps=_steps(options.every, options.cycles), every=options.every,
             batch=options.batch, out=Path(options.out),
         )  # fmt: skip
         print(json.dumps(asdict(figures)), flush=True)
         return 0
 
+    if options.allocator is None:
+        options.allocator = ctypes.util.find_library("jemalloc") or "glibc"
     workdir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=options.dir))
     try:
         raw_bw = raw_write_bandwidth(workdir, int(options.size_gb * 1e9))
