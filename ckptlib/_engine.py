@@ -48,6 +48,8 @@ logger = logging.getLogger(__name__)
 _COMMIT_TIMEOUT_S = float(os.environ.get("CKPT_COMMIT_TIMEOUT_S", "600"))
 _POLL_S = 0.01
 _IDLE_STAGING_S = 0.2
+# How long shutdown waits for each writer thread to return once everything in flight is done.
+_JOIN_TIMEOUT_S = 5.0
 
 
 class _StagingHook:
@@ -360,9 +362,7 @@ class CheckpointEngine:
             step = self.latest_step()
             if step is None:
                 raise CheckpointError(f"no committed checkpoint under {self.root}")
-        loaded = read_checkpoint(
-            _format.committed_dir(self.root, step), place=self.place, map_location=map_location
-        )
+        loaded = read_checkpoint(_format.committed_dir(self.root, step), place=self.place, map_location=map_location)
         if into:
             for key, target in into.items():
                 if key in loaded.state and hasattr(target, "load_state_dict"):
@@ -382,6 +382,15 @@ class CheckpointEngine:
         self._hook_handles.clear()
         for _ in range(self.options.parser_threads):
             self._write_queue.put(None)
+        # Joined, not left to die with the interpreter: a daemon thread still inside a torch call
+        # that released the GIL when Python finalizes aborts the process ("terminate called
+        # without an active exception", pytorch/pytorch#38228).
+        with self._jobs_lock:
+            settled = all(job.done.is_set() for job in self._jobs)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                # Past the timeout (a grace period ran out) they may still be writing: don't wait.
+                thread.join(timeout=_JOIN_TIMEOUT_S if settled else 0)
         self.cache.clear()
         _signals.unregister(self)
 
@@ -397,7 +406,7 @@ class CheckpointEngine:
                 if state:
                     self.save(state, step=step)
         except Exception:
-                logger.exception("%s final checkpoint could not be started", LOG_PREFIX)
+            logger.exception("%s final checkpoint could not be started", LOG_PREFIX)
         self.wait(persist=True, timeout=self.options.grace_period_s)
 
     # ---- stage ------------------------------------------------------------------------------
@@ -435,7 +444,6 @@ class CheckpointEngine:
         began = time.perf_counter()
         if self._stager.run(force=force) and pending:
             pending[0].blocking_s += time.perf_counter() - began
-
 
     def _write_loop(self) -> None:
         while True:
@@ -611,4 +619,3 @@ class CheckpointEngine:
             if any(job.step == step for job in self._jobs):
                 return True
         return (_format.committed_dir(self.root, step) / _format.MANIFEST_NAME).exists()
-

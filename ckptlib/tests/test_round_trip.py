@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -115,3 +116,15 @@ def test_latest_step_is_the_newest_commit(engine: ckptlib.CheckpointEngine) -> N
     assert engine.committed_steps() == [1, 2, 3]
     with pytest.raises(ckptlib.CheckpointError):
         engine.load(99)
+
+
+def test_shutdown_leaves_no_writer_thread_running(tmp_path: Path) -> None:
+    # A daemon thread still alive when Python finalizes can abort the process at exit.
+    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, parser_threads=2, handle_signals=False)
+    state = small_training_state()
+    train_steps(state, 1)
+    engine.save(state, step=1)
+    engine.shutdown()
+
+    assert engine.latest_step() == 1
+    assert not [thread.name for thread in threading.enumerate() if thread.name.startswith("ckptlib-")]
