@@ -115,17 +115,7 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
     blocking: list[float] = []
     persist: list[float] = []
     persist_bytes: list[int] = []
-    save = _saver(
-        variant,
-        model,
-        optimizer,
-        scheduler,
-        out,
-        blocking,
-        persist,
-        persist_bytes,
-        size_gb,
-    )
+    save = _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb)
     step_times = []
     save_steps = []
     for step in range(1, steps + 1):
@@ -170,10 +160,7 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
         engine.on_commit.append(lambda r: (persist.append(r.persist_s), persist_bytes.append(r.bytes)))
 
         def save(step: int) -> None:
-            engine.save(
-                {"model": model, "optimizer": optimizer, "scheduler": scheduler},
-                step=step,
-            )
+            engine.save({"model": model, "optimizer": optimizer, "scheduler": scheduler}, step=step)
 
         def finish() -> None:
             engine.shutdown()
@@ -221,10 +208,7 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
             step_bytes = _state_bytes(model, optimizer)
             # Persisted when the future completes, not when the next save looks at it.
             future.add_done_callback(
-                lambda _f: (
-                    persist.append(time.perf_counter() - began),
-                    persist_bytes.append(step_bytes),
-                )
+                lambda _f: (persist.append(time.perf_counter() - began), persist_bytes.append(step_bytes))
             )
             pending.append(future)
 
@@ -370,31 +354,11 @@ def _report(runs: dict[str, list[RunFigures]], raw_bw: float, options: argparse.
     none_rss = max(r.peak_rss_bytes for r in nones)
     rss_bound = (state + options.size_gb * 1.05 * gb) * 1.1
     checks = [
-        (
-            "blocking >= 20x lower than Trainer sync save (x lower)",
-            tr_block / ck_block,
-            tr_block / ck_block >= 20,
-        ),
-        (
-            "blocking lower than DCP async_save (x lower)",
-            dc_block / ck_block,
-            ck_block < dc_block,
-        ),
-        (
-            f"step-time overhead <= 3% (one checkpoint per {every} steps, %)",
-            ck_overhead,
-            ck_overhead <= 3,
-        ),
-        (
-            "persist throughput >= 80% of raw disk (%)",
-            ck_throughput / raw_bw * 100,
-            ck_throughput / raw_bw >= 0.8,
-        ),
-        (
-            "peak RSS <= (state + host_cache) * 1.1 (GB)",
-            ck_rss / gb,
-            ck_rss <= rss_bound,
-        ),
+        ("blocking >= 20x lower than Trainer sync save (x lower)", tr_block / ck_block, tr_block / ck_block >= 20),
+        ("blocking lower than DCP async_save (x lower)", dc_block / ck_block, ck_block < dc_block),
+        (f"step-time overhead <= 3% (one checkpoint per {every} steps, %)", ck_overhead, ck_overhead <= 3),
+        ("persist throughput >= 80% of raw disk (%)", ck_throughput / raw_bw * 100, ck_throughput / raw_bw >= 0.8),
+        ("peak RSS <= (state + host_cache) * 1.1 (GB)", ck_rss / gb, ck_rss <= rss_bound),
     ]
     lines += ["", "ckptlib against the targets:"]
     for label, value, ok in checks:
@@ -407,16 +371,11 @@ def _report(runs: dict[str, list[RunFigures]], raw_bw: float, options: argparse.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ckpt", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--size-gb",
-        type=float,
-        default=2.0,
-        help="parameters + optimizer state, GB (default 2)",
-    )
+    parser.add_argument("--size-gb", type=float, default=2.0, help="parameters + optimizer state, GB (default 2)")
     parser.add_argument("--every", type=int, default=10, help="one checkpoint per N steps (default 10)")
     parser.add_argument(
         "--cycles", type=int, default=4,
-        help="pairs of N-step windows with and without a checkpoint per run, after a warm-up window (default 4: 90 steps)",
+        help="pairs of N-step windows with and without a checkpoint per run, after a warm-up window (default 4)",
     )  # fmt: skip
     parser.add_argument("--batch", type=int, default=128, help="batch size (default 128)")
     parser.add_argument(
@@ -431,11 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         "--allocator", default=None,
         help="glibc, or a malloc library to preload (default: jemalloc where installed, else glibc)",
     )  # fmt: skip
-    parser.add_argument(
-        "--dir",
-        default=None,
-        help="where checkpoints are written (default: a temp dir)",
-    )
+    parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temp dir)")
     parser.add_argument("--worker", choices=_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
