@@ -214,6 +214,10 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
 
         def finish() -> None:
             wait_previous()
+            # A future's done-callbacks run just after its waiters wake: let the last one record.
+            deadline = time.monotonic() + 5
+            while len(persist) < len(blocking) and time.monotonic() < deadline:
+                time.sleep(0.01)
 
         save.finish = finish  # type: ignore[attr-defined]
         return save
