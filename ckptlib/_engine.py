@@ -386,7 +386,7 @@ class CheckpointEngine:
         # that released the GIL when Python finalizes aborts the process ("terminate called
         # without an active exception", pytorch/pytorch#38228).
         with self._jobs_lock:
-            settled = all(job.done.is_set() for job in self._jobs)
+            settled = not self._jobs  # a job leaves the list when it completes
         for thread in self._threads:
             if thread is not threading.current_thread():
                 # Past the timeout (a grace period ran out) they may still be writing: don't wait.
