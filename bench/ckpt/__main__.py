@@ -341,10 +341,11 @@ def _report(runs: dict[str, list[RunFigures]], raw_bw: float, options: argparse.
         pooled, per_run = _paired_overhead(group, every)
         overheads[name] = pooled
         spill = " (spills)" if any(_spills(run, every) for run in group) else ""
+        step_s = _mean([r.step_s for r in group])
         lines.append(
-            f"{name:<8} {_mean([r.step_s for r in group]):>6.3f} {pooled:>+10.2f} "
+            f"{name:<8} {step_s:>6.3f} {pooled:>+10.2f} "
             f"{'[' + ' '.join(f'{v:+.1f}' for v in per_run) + ']' + spill:<28} "
-            f"{(_mean([r.step_s for r in group]) / base_step - 1) * 100:>+9.1f} "
+            f"{(step_s / base_step - 1) * 100:>+9.1f} "
             f"{_mean([b for r in group for b in r.blocking_s]):>10.4f} "
             f"{_mean([p for r in group for p in r.persist_s]):>9.2f} "
             f"{_mean([_throughput(r) for r in group]) / 1e6:>12.0f} {max(r.peak_rss_bytes for r in group) / gb:>11.2f}"
