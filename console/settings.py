@@ -47,10 +47,12 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
-    "console",
+    # The apps, bottom floor first: each imports only the ones above it in this list.
     "jobs",
-    "failover",
     "logs",
+    "agent",
+    "failover",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -160,7 +162,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "console.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {

@@ -93,7 +93,7 @@ def make_job(owner, default_image) -> Callable:
 @pytest.fixture
 def nodes(db, settings):
     """Three simulated nodes with four GPUs each, registered as the embedded agent does."""
-    from jobs.agent.inventory import register_nodes, simulated_nodes
+    from agent.inventory import register_nodes, simulated_nodes
 
     settings.SIMULATED_NODES = 3
     settings.SIMULATED_GPUS_PER_NODE = 4
@@ -102,7 +102,7 @@ def nodes(db, settings):
 
 @pytest.fixture
 def agent(nodes, settings):
-    from jobs.agent.local import NodeAgent
+    from agent.node_agent import NodeAgent
 
     settings.STOP_GRACE_PERIOD = 5.0
     return NodeAgent([n.name for n in nodes])
@@ -111,13 +111,13 @@ def agent(nodes, settings):
 @pytest.fixture
 def drive(agent) -> Callable:
     """Run placement and the agent until the job reaches one of ``statuses`` (or time runs out)."""
-    from jobs.agent.loop import control_round
+    from agent.loop import embedded_round
 
     def run(job, statuses: set[str] | str, *, timeout: float = 60.0):
         wanted = {statuses} if isinstance(statuses, str) else set(statuses)
         deadline = time.monotonic() + timeout
         while True:
-            control_round(agent)
+            embedded_round(agent)
             job.refresh_from_db()
             if job.status in wanted:
                 return job

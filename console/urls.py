@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from console import nodes
+from console.pages import nodes
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
@@ -13,12 +13,12 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("failover.api_urls")),
     path("api/v1/", include("logs.api_urls")),
-    path("api/v1/", include("jobs.api_urls")),
+    path("api/v1/", include("console.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("nodes/", include(([path("", nodes.node_list, name="list"), path("<str:name>/<str:action>/", nodes.node_action, name="action")], "nodes"))),
-    path("", include("jobs.urls")),
+    path("", include("console.pages.urls")),
 ]
 
 handler404 = "console.views.not_found"

@@ -6,12 +6,12 @@ class FailoverConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Job Failover plugs into the job lifecycle here; jobs never imports failover.
+        # Job Failover plugs into the job lifecycle and the node agent through the interfaces
+        # they own; neither imports failover.
+        from agent import plugins
         from failover.services import health, policy
         from jobs import hooks
 
-        hooks.failed_run_handler = policy.handle_failed_run
-        if health.agent_round not in hooks.agent_round_hooks:
-            hooks.agent_round_hooks.append(health.agent_round)
-        if policy.control_round not in hooks.control_round_hooks:
-            hooks.control_round_hooks.append(policy.control_round)
+        hooks.handle_failed_runs_with(policy.handle_failed_run)
+        hooks.on_control_round(policy.control_round)
+        plugins.register(health.HealthChecker)

@@ -24,7 +24,15 @@ XID_TEXT = {
 
 
 class HealthProbe(Protocol):
-    def check(self) -> HealthReport: ...
+    """One node's health, read the same way from NVML or from simulated GPUs."""
+
+    def check(self) -> HealthReport:
+        """The GPUs' readings now (Xid events, ECC, retired pages, link state, …)."""
+        ...
+
+    def kernel_log(self) -> str:
+        """The node's kernel log lines the classifier reads (empty where it cannot be read)."""
+        ...
 
 
 class SimulatedProbe:
@@ -221,7 +229,7 @@ class NvmlProbe:
         return "\n".join(line for line in out.splitlines()[-2000:] if "NVRM: Xid" in line)
 
 
-def probe_for(node) -> SimulatedProbe | NvmlProbe:
+def probe_for(node) -> HealthProbe:
     if node.simulated:
         return SimulatedProbe(node.name)
     return NvmlProbe(node.name, expected_gpus=node.gpus.count())

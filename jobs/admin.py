@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, TrainingJob
-from jobs.services.lifecycle import JobActionRefused, delete_job, request_stop
+from jobs.services.actions import JobActionRefused, delete_job, request_stop
 from jobs.statuses import DELETABLE
 
 
@@ -127,6 +127,14 @@ class TrainingJobAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         # New jobs come from the console or the API, which record the creation event.
         return False
+
+    def save_model(self, request: HttpRequest, obj: TrainingJob, form, change: bool) -> None:
+        # Only what the operator edited: a full save would write the status, its reason and the
+        # failover count back as they were when the form loaded, over the one writer's changes since.
+        editable = {f.name for f in obj._meta.concrete_fields} - set(self.readonly_fields)
+        fields = [name for name in form.changed_data if name in editable]
+        if fields:
+            obj.save(update_fields=fields)
 
     def has_delete_permission(self, request: HttpRequest, obj: TrainingJob | None = None) -> bool:
         # A job that may still run on a node is stopped first; the bulk action below checks each job.

@@ -257,8 +257,16 @@ class AttemptNode(models.Model):
         return "master" if self.rank == 0 else f"worker-{self.rank}"
 
 
+class JobEventQuerySet(models.QuerySet):
+    def status_changes(self) -> JobEventQuerySet:
+        """Leave out the entries that only record a new reason for the same status."""
+        return self.exclude(from_status=models.F("to_status"))
+
+
 class JobEvent(models.Model):
-    """One status change of a job: from, to, why, during which attempt, when and by whom."""
+    """One entry of a job's history: a status change (from, to), or a new reason for the same
+    status (from == to: placed, waiting for GPUs, a failover counted); why, during which attempt,
+    when and by whom."""
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
     from_status = models.CharField(max_length=32, choices=JobStatus.choices, blank=True)
@@ -268,6 +276,8 @@ class JobEvent(models.Model):
     actor = models.CharField(max_length=150, default="system")
     evidence = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+
+    objects = JobEventQuerySet.as_manager()
 
     class Meta:
         ordering = ["created_at", "id"]

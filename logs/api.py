@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -11,24 +9,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.views import APIView
 
 from jobs.models import TrainingJob
-from logs.models import LogLine
-from logs.services import STREAM_NAME
-
-CHUNK = 5000
-
-
-def stream_text(job_id: int, stream: str) -> Iterator[bytes]:
-    """Every line of the stream in seq order, read in keyset pages so memory stays flat."""
-    last = 0
-    while True:
-        rows = list(
-            LogLine.objects.filter(job_id=job_id, stream=stream, seq__gt=last).order_by("seq").values_list("seq", "text")[:CHUNK]
-        )
-        if not rows:
-            return
-        last = rows[-1][0]
-        yield ("\n".join(text for _, text in rows) + "\n").encode("utf-8")
-
+from logs.queries import STREAM_NAME, stream_text
 
 class LogDownloadView(APIView):
     @extend_schema(

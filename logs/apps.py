@@ -12,8 +12,7 @@ class LogsConfig(AppConfig):
     def ready(self) -> None:
         from jobs import hooks
 
-        if purge_when_due not in hooks.control_round_hooks:
-            hooks.control_round_hooks.append(purge_when_due)
+        hooks.on_control_round(purge_when_due)
 
 
 _last_purge = 0.0

@@ -19,7 +19,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from jobs.realtime import job_group, log_group
 from jobs.statuses import TERMINAL
-from logs.services import STREAM_NAME, attempt_banners, lines_after, tail_lines
+from logs.queries import STREAM_NAME, attempt_banners, lines_after, tail_lines
 
 BATCH_INTERVAL = 0.1  # seconds between live messages to one client
 BACKLOG_PAGE = 2000

@@ -1,13 +1,14 @@
-"""Ingestion of log lines sent by node agents."""
+"""Writing log lines: ingestion of the lines node agents send, and the purge of old ones.
+Everything that reads them is in ``logs.queries``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import Max
+from django.utils import timezone
 
 from jobs.realtime import log_group, publish
 from logs.models import LogLine
@@ -65,47 +66,9 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
     return stored
 
 
-def line_payload(line: LogLine) -> dict:
-    return {"seq": line.seq, "attempt": line.attempt, "ts": line.ts.isoformat(), "text": line.text}
-
-
-def lines_of(job_id: int, *, stream: str = "master") -> Iterable[LogLine]:
-    return LogLine.objects.filter(job_id=job_id, stream=stream).order_by("seq")
-
-
-STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"
-
-
-def attempt_banners(job_id: int) -> dict[int, str]:
-    """Per attempt after the first, the line a viewer shows where that attempt's output begins,
-    e.g. "attempt 2 on node-b GPU 0 after a GPU fault: Xid 79 … on node-a"."""
-    from jobs.models import JobEvent
-
-    banners: dict[int, str] = {}
-    rows = JobEvent.objects.filter(job_id=job_id, to_status="Running", attempt__gt=1).order_by("id").values_list("attempt", "reason")
-    for attempt, reason in rows:
-        banners[attempt] = reason
-    return banners
-
-
-def lines_after(job_id: int, stream: str, after: int, limit: int) -> list[dict]:
-    rows = LogLine.objects.filter(job_id=job_id, stream=stream, seq__gt=after).order_by("seq")[:limit]
-    return [line_payload(r) for r in rows]
-
-
-def tail_lines(job_id: int, stream: str, count: int) -> list[dict]:
-    rows = list(LogLine.objects.filter(job_id=job_id, stream=stream).order_by("-seq")[:count])
-    rows.reverse()
-    return [line_payload(r) for r in rows]
-
-
 def purge_old_lines(max_age_days: float) -> int:
     """Delete lines older than the operators' maximum age (0 keeps every line)."""
     if max_age_days <= 0:
         return 0
-    from datetime import timedelta
-
-    from django.utils import timezone
-
     deleted, _ = LogLine.objects.filter(ts__lt=timezone.now() - timedelta(days=max_age_days)).delete()
     return deleted

@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.agent.runner import kill_unfinished_runs
+from agent.runner import kill_unfinished_runs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +47,7 @@ class EmbeddedConsole:
         from django.contrib.auth import get_user_model
         from django.core.management import call_command
 
-        from jobs.agent.loop import EmbeddedControlLoop, start_local_agent
+        from agent.loop import EmbeddedControlLoop, start_local_agent
 
         call_command("migrate", interactive=False, verbosity=0)
         call_command("bootstrap", stdout=io.StringIO())
@@ -79,7 +79,7 @@ class EmbeddedConsole:
     def stop_job(self, job, *, timeout: float = 60.0) -> str:
         """Stop a job (if it still runs) and wait until it is no longer active."""
         from jobs.models import TrainingJob
-        from jobs.services.lifecycle import JobActionRefused, request_stop
+        from jobs.services.actions import JobActionRefused, request_stop
         from jobs.statuses import ACTIVE
 
         try:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.logs.stats import fmt, quantile, ratio, summary_ms
-from jobs.agent.runner import kill_unfinished_runs
+from agent.runner import kill_unfinished_runs
 
 INGEST_TARGET = 50_000  # lines/s
 LATENCY_TARGET_MS = 500.0  # p95

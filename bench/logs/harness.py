@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from jobs.agent.runner import kill_unfinished_runs
+from agent.runner import kill_unfinished_runs
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN_PASSWORD = "bench-logs-not-secret"

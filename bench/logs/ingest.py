@@ -86,7 +86,8 @@ def bench_bulk_create(job_id: int, lines, batch: int) -> IngestResult:
 def bench_drain(job_id: int, texts: list[str], t0: float, work: Path, chunk: int) -> IngestResult:
     """The agent's own path: output.jsonl as the runner writes it, read by ``NodeAgent.drain``
     ``chunk`` lines at a time (what one collect finds), parsed and ingested in INGEST_BATCH slices."""
-    from jobs.agent.local import INGEST_BATCH, NodeAgent
+    from agent.node_agent import NodeAgent
+    from agent.output import INGEST_BATCH
 
     work.mkdir(parents=True, exist_ok=True)
     path = work / "output.jsonl"

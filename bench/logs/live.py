@@ -144,8 +144,8 @@ class CpuSampler:
             return "bench viewers (WS client)"
         try:
             cmd = " ".join(proc.cmdline())
-            if "jobs.agent.runner" in cmd and self.var_dir in cmd:
-                return "runners (jobs.agent.runner)"
+            if "agent.runner" in cmd and self.var_dir in cmd:
+                return "runners (agent.runner)"
             if "printer.py" in cmd and proc.cwd().startswith(self.var_dir):
                 return "training processes (printer)"
         except Exception:  # noqa: BLE001

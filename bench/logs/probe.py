@@ -35,14 +35,15 @@ def main() -> None:
 
         return wrapper
 
-    import jobs.agent.local as local
-    import jobs.agent.loop as loop_mod
+    import agent.loop as loop_mod
+    import agent.node_agent as local
+    import agent.output as output
     from logs.consumers import JobLogConsumer
 
-    local.ingest_lines = timed("ingest_lines", local.ingest_lines, lambda a, kw: len(kw["lines"]))
+    output.ingest_lines = timed("ingest_lines", output.ingest_lines, lambda a, kw: len(kw["lines"]))
     local.NodeAgent.collect = timed("collect", local.NodeAgent.collect)
     local.NodeAgent.drain = timed("drain", local.NodeAgent.drain)
-    loop_mod.control_round = timed("control_round", loop_mod.control_round)
+    loop_mod.embedded_round = timed("control_round", loop_mod.embedded_round)
 
     orig_flush = JobLogConsumer.flush
 

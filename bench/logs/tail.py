@@ -45,7 +45,7 @@ def time_calls(fn, tries: int, warmup: int = 1) -> list[float]:
 
 
 def tail_in_process(job_id: int, tries: int) -> list[float]:
-    from logs.services import tail_lines
+    from logs.queries import tail_lines
 
     def call():
         lines = tail_lines(job_id, "master", 1000)

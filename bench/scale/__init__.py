@@ -6,7 +6,7 @@ Runs the scale-out deployment on loopback: a fresh PostgreSQL database, a flushe
 database, the control worker with beat (instrumented: ``bench/scale/control.py``) and one
 ``manage.py nodeagent --simulated`` process per node. Queues short jobs (``python -c pass``, one
 GPU each) and follows them until all are Completed. Figures: placement throughput (jobs per
-second), dispatch latency (attempt created → the agent's ``mark_running``) p50/p95/p99 with its
+second), dispatch latency (attempt created → the agent's ``run_started``) p50/p95/p99 with its
 parts, SQL queries per placement, time until all jobs are done and where the CPU went. Baseline
 in the same run: the same jobs over fewer agents (``--baseline-agents``, a quarter by default).
 """

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobs.agent.runner import kill_unfinished_runs
+from agent.runner import kill_unfinished_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable

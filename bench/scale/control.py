@@ -22,10 +22,10 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    from jobs.agent import loop
+    from jobs.services import control
 
-    original_round = loop.control_round
-    original_place = loop.place_waiting_jobs
+    original_round = control.control_round
+    original_place = control.place_waiting_jobs
     out = open(stats_path, "a", buffering=1)
     counter = {"n": 0}
     current: dict = {}
@@ -42,16 +42,17 @@ def main() -> int:
         current["placed"] = len(placed)
         return placed
 
-    def control_round(agent):
+    def control_round():
         current.clear()
         start, t0, q0 = time.time(), time.perf_counter(), counter["n"]
         with connection.execute_wrapper(count):
-            original_round(agent)
+            placed = original_round()
         row = {"t": start, "round_s": time.perf_counter() - t0, "round_q": counter["n"] - q0, **current}
         out.write(json.dumps(row) + "\n")
+        return placed
 
-    loop.place_waiting_jobs = place
-    loop.control_round = control_round
+    control.place_waiting_jobs = place
+    control.control_round = control_round
 
     from console.celery import app
 

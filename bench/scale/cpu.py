@@ -17,7 +17,7 @@ def proc_cpu(pid: int, *, children: bool) -> tuple[float, float]:
             for c in p.children(recursive=False):
                 try:
                     ct = c.cpu_times()
-                    if "jobs.agent.runner" not in " ".join(c.cmdline()):
+                    if "agent.runner" not in " ".join(c.cmdline()):
                         own += ct.user + ct.system
                 except psutil.Error:
                     pass

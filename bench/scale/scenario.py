@@ -34,7 +34,7 @@ def submit(count: int, command: str, gpus_per_job: int, mode: str, label: str) -
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
-    from jobs.agent.runtime import request_placement
+    from jobs.services.dispatch import request_placement
     from jobs.models import JobEvent, TrainingJob
     from jobs.services.creation import create_job, personal_project_for
 
@@ -154,7 +154,7 @@ def collect(cluster: Cluster, result: Result, ids: list[int], t_submit: float, t
         "dispatch-to-start (attempt created -> started_at)": summary(dispatch),
         "  created -> agent wrote spec.json (commit, broker, agent claim)": summary(spec_lag),
         "  spec.json -> runner up (pid.json)": summary(runner_lag),
-        "  spec.json -> started_at (mark_running)": summary(start_lag),
+        "  spec.json -> started_at (run_started)": summary(start_lag),
         "queue wait (job created -> attempt created)": summary(queue_wait),
         "run (runner up -> exit.json)": summary(run_s),
         "exit seen (exit.json -> attempt ended_at)": summary(exit_lag),

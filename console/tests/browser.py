@@ -41,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from jobs.agent.runner import kill_unfinished_runs
+from agent.runner import kill_unfinished_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"

@@ -1,4 +1,8 @@
-"""Health checks on the node agent: apply injected faults, probe GPUs, mark faulty nodes."""
+"""Health checks on the node agent: apply injected faults, probe GPUs, mark faulty nodes.
+
+``HealthChecker`` is a node-agent plug-in (``agent.plugins``): the agent makes one per agent and
+calls ``on_round`` on every round.
+"""
 from __future__ import annotations
 
 import logging
@@ -9,10 +13,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agent.plugins import AgentView
+from agent.processes import signal_run
 from failover.classify import classify_failure, parse_kernel_xids
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import NodeHealth, SimulatedFault
-from failover.probes import probe_for
+from failover.probes import HealthProbe, probe_for
 from jobs.models import GPU, AttemptNode, Node
 
 logger = logging.getLogger(__name__)
@@ -21,8 +27,9 @@ logger = logging.getLogger(__name__)
 class HealthChecker:
     """Per agent: the probes of its nodes and when each was last checked."""
 
-    def __init__(self) -> None:
-        self.probes: dict[str, object] = {}
+    def __init__(self, agent: AgentView) -> None:
+        self.agent = agent
+        self.probes: dict[str, HealthProbe] = {}
         self.last_check: dict[str, object] = {}
 
     def probe(self, node: Node):
@@ -40,18 +47,33 @@ class HealthChecker:
         self.last_check[node.name] = timezone.now()
         return report, kernel_log
 
-    def round(self, agent) -> None:
+    def on_round(self) -> None:
         """One agent round: make injected faults bite, and probe nodes whose check is due."""
-        apply_injected_faults(agent)
+        self.apply_injected_faults()
         interval = timedelta(seconds=settings.HEALTH_CHECK_INTERVAL)
         now = timezone.now()
-        for node in Node.objects.filter(name__in=agent.node_names):
+        for node in Node.objects.filter(name__in=self.agent.node_names):
             last = self.last_check.get(node.name)
             if last is None or now - last >= interval:
                 try:
                     self.check(node)
                 except Exception:
                     logger.exception("health check of %s failed", node.name)
+
+    def apply_injected_faults(self) -> None:
+        """Kill the training processes on GPUs that just got an injected fault, as the fault would."""
+        now = timezone.now()
+        faults = SimulatedFault.objects.filter(node__name__in=self.agent.node_names, applied_at__isnull=True, cleared_at__isnull=True)
+        for fault in faults.select_related("node"):
+            parts = AttemptNode.objects.filter(node=fault.node, runner_pid__isnull=False, ended_at__isnull=True).select_related("attempt")
+            for part in parts:
+                if fault.gpu is not None and fault.gpu not in part.gpu_indices:
+                    continue
+                if signal_run(part, signal.SIGKILL):
+                    logger.warning("job %s: %s killed its run on %s", part.attempt.job_id, fault, fault.node.name)
+            SimulatedFault.objects.filter(pk=fault.pk).update(applied_at=now)
+            # The reading is taken at once, so the node leaves placement before anything lands on it.
+            self.check(fault.node)
 
 
 def record_health(node: Node, source: str, findings: list[Finding], kernel_log: str) -> bool:
@@ -76,31 +98,3 @@ def record_health(node: Node, source: str, findings: list[Finding], kernel_log: 
                 if node.healthy:
                     logger.warning("node %s marked unhealthy: %s", node.name, verdict.reason)
     return verdict.hardware
-
-
-def apply_injected_faults(agent) -> None:
-    """Kill the training processes on GPUs that just got an injected fault, as the fault would."""
-    from jobs.agent.local import signal_run
-
-    now = timezone.now()
-    for fault in SimulatedFault.objects.filter(node__name__in=agent.node_names, applied_at__isnull=True, cleared_at__isnull=True).select_related("node"):
-        parts = AttemptNode.objects.filter(node=fault.node, runner_pid__isnull=False, ended_at__isnull=True).select_related("attempt")
-        for part in parts:
-            if fault.gpu is not None and fault.gpu not in part.gpu_indices:
-                continue
-            if signal_run(part, signal.SIGKILL):
-                logger.warning("job %s: %s killed its run on %s", part.attempt.job_id, fault, fault.node.name)
-        SimulatedFault.objects.filter(pk=fault.pk).update(applied_at=now)
-        # The reading is taken at once, so the node leaves placement before anything lands on it.
-        agent_checker(agent).check(fault.node)
-
-
-def agent_checker(agent) -> HealthChecker:
-    checker = getattr(agent, "health_checker", None)
-    if checker is None:
-        checker = agent.health_checker = HealthChecker()
-    return checker
-
-
-def agent_round(agent) -> None:
-    agent_checker(agent).round(agent)

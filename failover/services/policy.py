@@ -19,17 +19,18 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from agent.processes import signal_run
+from agent.registry import serves_node
 from failover.classify import Verdict, classify_failure, parse_kernel_xids
 from failover.evidence import Finding
 from failover.models import NodeHealth
 from failover.probes import probe_for
 from failover.services.health import record_health
-from jobs.agent import runtime
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
-from jobs.services.lifecycle import transition
+from jobs.services.lifecycle import record_reason, transition
 from jobs.services.runs import record_exit
 from jobs.statuses import JobStatus
-from logs.models import LogLine
+from logs.queries import last_lines
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def gather(attempt: JobAttempt) -> tuple[list[Finding], str, list[str], dict[int
         node = part.node
         node_findings: list[Finding] = []
         # NVML can only be read on the machine itself; other nodes count by their stored readings.
-        if node.simulated or node.name in runtime.local_nodes:
+        if node.simulated or serves_node(node.name):
             try:
                 probe = probe_for(node)
                 report = probe.check()
@@ -79,8 +80,7 @@ def gather(attempt: JobAttempt) -> tuple[list[Finding], str, list[str], dict[int
                 node_findings.append(finding)
         per_node[node.pk] = node_findings
         findings.extend(node_findings)
-    lines = list(LogLine.objects.filter(job_id=attempt.job_id, attempt=attempt.number).order_by("-seq").values_list("text", flat=True)[:LAST_LINES])
-    lines.reverse()
+    lines = last_lines(attempt.job_id, attempt=attempt.number, count=LAST_LINES)
     return findings, "\n".join(k for k in kernel_logs if k), lines, per_node
 
 
@@ -141,9 +141,14 @@ def apply_verdict(job: TrainingJob, attempt: JobAttempt, verdict: Verdict, fault
                 GPU.objects.filter(node_id=node_id, index__in=gpus).update(healthy=False, health_reason=verdict.reason[:300])
             else:
                 Node.objects.filter(pk=node_id, healthy=True).update(healthy=False, health_reason=verdict.reason[:300])
-        TrainingJob.objects.filter(pk=job.pk, status=JobStatus.FAILOVER_IN_PROGRESS).update(
+        record_reason(
+            job.pk,
+            reason=f"hardware fault ({verdict.reason}); re-placing on a healthy node",
+            expected=expected,
+            actor="failover",
+            attempt=attempt.number,
+            evidence=verdict.evidence,
             failover_count=F("failover_count") + 1,
-            status_reason=f"hardware fault ({verdict.reason}); re-placing on a healthy node",
         )
     names = ", ".join(Node.objects.filter(pk__in=faulty).values_list("name", flat=True))
     logger.warning("job %s: hardware fault on %s (%s); failing over", job.pk, names, verdict.reason)
@@ -177,8 +182,6 @@ def sweep_lost_nodes() -> None:
 
 def terminate_orphan(part: AttemptNode) -> None:
     """Where the lost node's processes are reachable from here (simulated nodes), end them."""
-    from jobs.agent.local import signal_run
-
     signal_run(part, signal.SIGKILL)
 
 

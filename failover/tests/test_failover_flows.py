@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from failover.services.faults import clear_node, inject_fault, reclaim_spot
 from jobs.models import JobAttempt, JobEvent, JobExclusion, Node
-from jobs.services.lifecycle import request_stop
+from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
 from logs.models import LogLine
 
@@ -23,7 +23,7 @@ COMMIT = re.compile(r"\[Concurrent Checkpoint\] committed step=(\d+)")
 
 
 def flow(job) -> list[str]:
-    return list(JobEvent.objects.filter(job=job).order_by("id").values_list("to_status", flat=True))
+    return list(JobEvent.objects.filter(job=job).status_changes().order_by("id").values_list("to_status", flat=True))
 
 
 def texts(job) -> list[str]:
@@ -32,9 +32,9 @@ def texts(job) -> list[str]:
 
 @pytest.fixture
 def round_(agent):
-    from jobs.agent.loop import control_round
+    from agent.loop import embedded_round
 
-    return lambda: control_round(agent)
+    return lambda: embedded_round(agent)
 
 
 def run_until(round_, condition, timeout: float = 60.0, what: str = "condition"):
@@ -97,7 +97,7 @@ def test_a_user_code_error_is_refused_as_internal_error(make_job, drive):
 
 
 def test_the_fourth_hardware_fault_exceeds_the_limit(make_job, drive, round_, settings, agent):
-    from jobs.agent.inventory import register_nodes, simulated_nodes
+    from agent.inventory import register_nodes, simulated_nodes
 
     # Four nodes, so each of the four faults can move the job to a node it never ran on.
     settings.SIMULATED_NODES = 4
@@ -150,21 +150,21 @@ def test_a_user_stop_is_never_failed_over(make_job, drive, round_):
 
 
 def test_a_node_lost_by_heartbeat_fails_its_job_over(make_job, drive, round_, nodes, settings):
-    from jobs.agent.local import NodeAgent
+    from agent.node_agent import NodeAgent
 
     settings.NODE_HEARTBEAT_TIMEOUT = 2.0
     job = drive(make_job(command=SLEEPER), JobStatus.RUNNING)
     started(job, round_)
     lost = node_of(job)
     # From now on the agent serves the other nodes only: the lost node's agent went silent.
-    from jobs.agent.loop import control_round
+    from agent.loop import embedded_round
 
     survivors = NodeAgent([n.name for n in nodes if n.pk != lost.pk])
     Node.objects.filter(pk=lost.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=5))
     deadline = time.monotonic() + 60
     while not JobAttempt.objects.filter(job=job, number=2, state="running").exists():
         assert time.monotonic() < deadline
-        control_round(survivors)
+        embedded_round(survivors)
         time.sleep(0.1)
     job.refresh_from_db()
     lost.refresh_from_db()
@@ -177,7 +177,7 @@ def test_a_node_lost_by_heartbeat_fails_its_job_over(make_job, drive, round_, no
     deadline = time.monotonic() + 30
     while job.status != JobStatus.STOPPED:
         assert time.monotonic() < deadline
-        control_round(survivors)
+        embedded_round(survivors)
         job.refresh_from_db()
         time.sleep(0.1)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from jobs.agent.runtime import request_placement
+from jobs.services.dispatch import request_placement
 from jobs.models import Project, TrainingJob
 from jobs.services.lifecycle import record_creation
 
@@ -41,7 +41,8 @@ def create_job(*, owner, actor: str | None = None, **fields: Any) -> TrainingJob
     return job
 
 
-CLONED_FIELDS = (
+# What a user sets on a job (the form, the API and a clone carry exactly these).
+JOB_SETTINGS = (
     "project",
     "job_type",
     "image",
@@ -71,7 +72,7 @@ def clone_name(source: TrainingJob, owner) -> str:
 
 def clone_job(source: TrainingJob, *, owner, name: str | None = None) -> TrainingJob:
     """A new Pending job with the source's settings, owned by ``owner``."""
-    fields = {f: getattr(source, f) for f in CLONED_FIELDS}
+    fields = {f: getattr(source, f) for f in JOB_SETTINGS}
     if not source.project.members.filter(pk=owner.pk).exists() and not owner.is_staff:
         fields["project"] = personal_project_for(owner)
     for _ in range(3):

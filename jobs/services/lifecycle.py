@@ -1,7 +1,14 @@
-"""The one place a Training Job's status changes, and the user commands built on it."""
+"""The one writer of a Training Job's status, status reason and failover count.
+
+Every change of those fields goes through ``transition`` (a new status), ``record_reason``
+(the same status, a new reason or count) or ``record_reasons`` (many jobs' reasons at once): a compare-and-swap on the job row, its event row in the
+same transaction, and a live publish after commit. A test keeps every other module from writing
+them.
+"""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
@@ -9,17 +16,11 @@ from django.utils import timezone
 
 from jobs.models import JobEvent, TrainingJob
 from jobs.realtime import job_group, jobs_group, publish
-from jobs.statuses import DELETABLE, STOPPABLE, TERMINAL, JobStatus, sources_of
+from jobs.statuses import TERMINAL, sources_of
 
 logger = logging.getLogger(__name__)
 
-
-class TransitionRefused(Exception):
-    """The job was not in a status from which the requested one may be entered."""
-
-
-class JobActionRefused(Exception):
-    """A user action that the job's current status does not allow; the message says why."""
+REASON_CHARS = 500
 
 
 def transition(
@@ -29,46 +30,101 @@ def transition(
     reason: str = "",
     actor: str = "system",
     attempt: int | None = None,
-    expected: frozenset[str] | set[str] | None = None,
+    expected: Iterable[str] | None = None,
     evidence: dict | None = None,
     **fields: Any,
 ) -> bool:
     """Move a job to ``to_status`` if the transition table allows it from its current status.
 
-    A compare-and-swap: the update only matches a row whose status is one the table allows into
-    ``to_status`` (narrowed to ``expected`` if given), and the event row is written in the same
-    transaction. Extra ``fields`` are set on the job in the same update. Returns whether the job
-    moved; a concurrent change that got there first makes it return False.
+    The update only matches a row whose status is one the table allows into ``to_status``
+    (narrowed to ``expected`` if given). Extra ``fields`` are set in the same update. Returns
+    whether the job moved; a concurrent change that got there first makes it return False.
     """
     allowed_from = sources_of(to_status)
     if expected is not None:
         allowed_from = allowed_from & frozenset(expected)
-    now = timezone.now()
-    updates: dict[str, Any] = {"status": to_status, "status_reason": reason[:500], **fields}
     if to_status in TERMINAL and "finished_at" not in fields:
-        updates["finished_at"] = now
+        fields["finished_at"] = timezone.now()
+    return write(job_id, allowed_from, to_status, reason=reason, actor=actor, attempt=attempt, evidence=evidence, fields=fields)
+
+
+def record_reason(
+    job_id: int,
+    *,
+    reason: str,
+    expected: Iterable[str],
+    actor: str = "system",
+    attempt: int | None = None,
+    evidence: dict | None = None,
+    **fields: Any,
+) -> bool:
+    """Keep the job's status (one of ``expected``) and record why it is there now: a waiting
+    reason, a placement, a retry, a failover counted (``failover_count=F(...) + 1``)."""
+    return write(job_id, frozenset(expected), None, reason=reason, actor=actor, attempt=attempt, evidence=evidence, fields=fields)
+
+
+def record_reasons(job_ids: Iterable[int], *, status: str, reason: str, actor: str = "system") -> list[int]:
+    """``record_reason`` for many jobs in ``status`` at once (a placement round's waiting
+    reasons): one update, one read and one insert of events whatever their number. Pass only jobs
+    whose reason differs. Returns the jobs changed."""
+    reason = reason[:REASON_CHARS]
+    ids = list(job_ids)
+    if not ids:
+        return []
+    now = timezone.now()
     with transaction.atomic():
-        from_status = (
-            TrainingJob.objects.filter(pk=job_id, status__in=allowed_from).values_list("status", flat=True).first()
+        TrainingJob.objects.filter(pk__in=ids, status=status).update(status_reason=reason)
+        # The update holds these rows (PostgreSQL) or the database (SQLite) until commit, so the
+        # jobs read back are exactly those it changed.
+        changed = list(TrainingJob.objects.filter(pk__in=ids, status=status, status_reason=reason).values_list("pk", flat=True))
+        JobEvent.objects.bulk_create(
+            JobEvent(job_id=pk, from_status=status, to_status=status, reason=reason, actor=actor[:150], created_at=now) for pk in changed
         )
+
+        def publish_all() -> None:
+            for pk in changed:
+                publish_status(pk, {"type": "job.status", "job": pk, "from": status, "status": status, "reason": reason})
+
+        transaction.on_commit(publish_all)
+    logger.info("jobs %s: %s (%s)", ", ".join(map(str, changed)), status, reason)
+    return changed
+
+
+def write(
+    job_id: int,
+    allowed_from: frozenset[str],
+    to_status: str | None,
+    *,
+    reason: str,
+    actor: str,
+    attempt: int | None,
+    evidence: dict | None,
+    fields: dict[str, Any],
+) -> bool:
+    """Compare-and-swap the job row from one of ``allowed_from`` (to ``to_status``, or staying
+    where it is when None), write the event row, publish after commit."""
+    reason = reason[:REASON_CHARS]
+    with transaction.atomic():
+        from_status = TrainingJob.objects.filter(pk=job_id, status__in=allowed_from).values_list("status", flat=True).first()
         if from_status is None:
             return False
-        changed = TrainingJob.objects.filter(pk=job_id, status=from_status).update(**updates)
-        if changed != 1:
+        new_status = to_status or from_status
+        updates = {"status": new_status, "status_reason": reason, **fields}
+        if TrainingJob.objects.filter(pk=job_id, status=from_status).update(**updates) != 1:
             return False
         JobEvent.objects.create(
             job_id=job_id,
             from_status=from_status,
-            to_status=to_status,
-            reason=reason[:500],
+            to_status=new_status,
+            reason=reason,
             attempt=attempt,
             actor=actor[:150],
             evidence=evidence or {},
-            created_at=now,
+            created_at=timezone.now(),
         )
-        message = {"type": "job.status", "job": job_id, "from": from_status, "status": to_status, "reason": reason[:500]}
+        message = {"type": "job.status", "job": job_id, "from": from_status, "status": new_status, "reason": reason}
         transaction.on_commit(lambda: publish_status(job_id, message))
-    logger.info("job %s: %s → %s (%s)", job_id, from_status, to_status, reason or "no reason given")
+    logger.info("job %s: %s → %s (%s)", job_id, from_status, new_status, reason or "no reason given")
     return True
 
 
@@ -80,34 +136,3 @@ def publish_status(job_id: int, message: dict) -> None:
 def record_creation(job: TrainingJob, *, actor: str) -> None:
     JobEvent.objects.create(job=job, from_status="", to_status=job.status, reason="job created", actor=actor[:150])
     logger.info("job %s: created as %s", job.pk, job.status)
-
-
-def request_stop(job: TrainingJob, *, actor: str, reason: str = "stopped by user") -> str:
-    """Stop a job: one that has no process goes straight to Stopped, a running one to Stopping.
-
-    The node agent sees ``Stopping`` and sends SIGTERM to the run's process group, then SIGKILL
-    after the grace period. Returns the new status; raises JobActionRefused if it cannot stop.
-    """
-    for _ in range(3):
-        job.refresh_from_db(fields=["status"])
-        if job.status not in STOPPABLE:
-            raise JobActionRefused(f"A job that is {job.status} cannot be stopped.")
-        if job.status == JobStatus.RUNNING:
-            if transition(job.pk, JobStatus.STOPPING, reason=reason, actor=actor, expected={JobStatus.RUNNING}):
-                return JobStatus.STOPPING
-        else:
-            # Release whatever a placement still holds before the job leaves the queue.
-            from jobs.services.placement import abandon_open_attempts
-
-            if transition(job.pk, JobStatus.STOPPED, reason=reason, actor=actor, expected={job.status}):
-                abandon_open_attempts(job.pk, cause=reason)
-                return JobStatus.STOPPED
-    raise JobActionRefused("The job changed status while stopping it; try again.")
-
-
-def delete_job(job: TrainingJob) -> None:
-    job.refresh_from_db(fields=["status"])
-    if job.status not in DELETABLE:
-        raise JobActionRefused(f"A job that is {job.status} cannot be deleted; stop it first.")
-    job.delete()
-    logger.info("job %s: deleted", job.pk)

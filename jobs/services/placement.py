@@ -11,9 +11,9 @@ from django.db import transaction
 from django.db.models import Max, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from jobs.agent.runtime import dispatch_launch
+from jobs.services.dispatch import dispatch_launch
 from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, TrainingJob
-from jobs.services.lifecycle import transition
+from jobs.services.lifecycle import record_reason, record_reasons, transition
 from jobs.statuses import JobStatus
 
 logger = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
             excluded_gpus[job_id].add((node_id, gpu))
     spot_held = set(Node.objects.filter(spot_reclaimed_until__gt=now).values_list("id", flat=True))
     placed: list[JobAttempt] = []
+    waiting: dict[tuple[str, str], list[int]] = defaultdict(list)  # (status, new reason) → jobs
     for job in candidates:
         if job.image not in images:
             if job.status == JobStatus.PENDING or (job.next_retry_at and job.next_retry_at <= now):
@@ -121,13 +122,13 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
                 continue
             if not transition(job.pk, JobStatus.PENDING, reason=f"image {job.image} is available", expected={JobStatus.IMAGE_PULL_BACKOFF}):
                 continue
-            job.status = JobStatus.PENDING
+            job.refresh_from_db(fields=["status", "status_reason"])
         avoid = excluded_nodes[job.pk] | (spot_held if job.job_type == TrainingJob.JobType.SPOT else set())
         chosen = capacity.first_fit(job.gpus_per_node, job.node_count, exclude_nodes=avoid, exclude_gpus=excluded_gpus[job.pk])
         if chosen is None:
             reason = waiting_reason(job)
             if job.status_reason != reason:
-                TrainingJob.objects.filter(pk=job.pk, status=job.status).update(status_reason=reason)
+                waiting[(job.status, reason)].append(job.pk)
             continue
         try:
             placed.append(hold_placement(job, chosen, node_names=dict(capacity.nodes), master_addr=capacity.addresses[chosen[0][0]]))
@@ -136,6 +137,8 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
             capacity = FreeCapacity.read()
             continue
         capacity.take(chosen)
+    for (status, reason), job_ids in waiting.items():
+        record_reasons(job_ids, status=status, reason=reason, actor="placement")
     return placed
 
 
@@ -156,7 +159,7 @@ def hold_placement(
                 raise PlacementConflict
             names.append(f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}")
         reason = f"placed on {', '.join(names)}; starting"
-        TrainingJob.objects.filter(pk=job.pk).update(status_reason=reason)
+        record_reason(job.pk, reason=reason, expected={job.status}, actor="placement", attempt=number)
         dispatch_launch(attempt, [node_names.get(node_id, "") for node_id, _ in chosen])
     logger.info("job %s: attempt %s %s", job.pk, number, reason)
     return attempt
@@ -171,8 +174,8 @@ def back_off_image_pull(job: TrainingJob, reason: str) -> None:
     if job.status != JobStatus.IMAGE_PULL_BACKOFF:
         transition(job.pk, JobStatus.IMAGE_PULL_BACKOFF, reason=full_reason, pull_attempts=tries, next_retry_at=next_retry)
     else:
-        TrainingJob.objects.filter(pk=job.pk, status=JobStatus.IMAGE_PULL_BACKOFF).update(
-            status_reason=full_reason, pull_attempts=tries, next_retry_at=next_retry
+        record_reason(
+            job.pk, reason=full_reason, expected={JobStatus.IMAGE_PULL_BACKOFF}, pull_attempts=tries, next_retry_at=next_retry
         )
 
 

@@ -1,4 +1,10 @@
-"""What happens to a job when its run starts and when it ends."""
+"""The facts a node agent reports about a job's run, and the decision each one leads to.
+
+The agent touches the outside world (processes, files, images) and reports what it saw: a run
+started, a rank exited with X, the image is not on the node, the launch failed, the max run
+time is reached. The functions here decide what that means for the job and make the change
+through the one writer (``jobs.services.lifecycle``).
+"""
 from __future__ import annotations
 
 import logging
@@ -7,12 +13,12 @@ import signal as signals
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import hooks
-from jobs.agent.runtime import request_placement
+from jobs.hooks import registry
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
+from jobs.services.dispatch import request_placement
 from jobs.services.lifecycle import transition
-from jobs.services.placement import release_gpus
-from jobs.statuses import JobStatus
+from jobs.services.placement import abandon_open_attempts, back_off_image_pull, release_gpus
+from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +41,35 @@ def placement_text(attempt: JobAttempt) -> str:
     )
 
 
-def mark_running(attempt: JobAttempt) -> bool:
+def launchable(attempt: JobAttempt) -> bool:
+    """Whether the attempt's job still waits for it; if not, the attempt is given up."""
+    job = attempt.job
+    if job.status in WAITING:
+        return True
+    abandon_open_attempts(job.pk, cause=f"job is {job.status}")
+    return False
+
+
+def image_unavailable(job: TrainingJob, why: str) -> None:
+    """The node cannot resolve the job's image: give up the attempt, retry later with back-off."""
+    abandon_open_attempts(job.pk, cause=why)
+    back_off_image_pull(job, why)
+
+
+def launch_failed(attempt: JobAttempt, error: str) -> None:
+    """The node could not start the run (its directories, its process): the job cannot go on."""
+    abandon_open_attempts(attempt.job_id, cause=f"launch failed: {error}")
+    transition(attempt.job_id, JobStatus.FAILED, reason=f"could not start the run: {error}", actor=AGENT, attempt=attempt.number)
+
+
+def max_run_time_reached(job: TrainingJob) -> None:
+    """The run has been Running for longer than the job allows: ask it to stop."""
+    transition(
+        job.pk, JobStatus.STOPPING, reason=f"max run time of {job.max_run_minutes} min exceeded", actor=AGENT, expected={JobStatus.RUNNING}
+    )
+
+
+def run_started(attempt: JobAttempt) -> bool:
     """The attempt's processes have started: the job is Running. False if the job moved on."""
     now = timezone.now()
     job = attempt.job
@@ -65,6 +99,28 @@ def mark_running(attempt: JobAttempt) -> bool:
         if not moved:
             JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=now)
     return moved
+
+
+def part_exited(part: AttemptNode, *, exit_code: int | None, exit_signal: int | None, cause: str = "") -> list[AttemptNode]:
+    """One rank of an attempt ended. Returns the ranks still running that must now be stopped
+    (a rank failed: the others cannot go on without it); the last rank to end closes the attempt.
+    """
+    now = timezone.now()
+    AttemptNode.objects.filter(pk=part.pk, ended_at__isnull=True).update(ended_at=now, exit_code=exit_code, exit_signal=exit_signal)
+    attempt = part.attempt
+    failed = cause or exit_signal or (exit_code not in (0, None))
+    siblings = AttemptNode.objects.filter(attempt=attempt)
+    if siblings.filter(ended_at__isnull=True).exists():
+        if failed and attempt.stop_requested_at is None:
+            JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
+            return list(siblings.filter(ended_at__isnull=True).select_related("attempt"))
+        return []
+    # The attempt's outcome: the first rank that failed, else rank 0's.
+    ended = list(siblings.order_by("ended_at", "rank"))
+    first_bad = next((p for p in ended if p.exit_signal or p.exit_code not in (0,)), None)
+    source = first_bad or ended[0]
+    record_exit(attempt, exit_code=source.exit_code, exit_signal=source.exit_signal, cause=cause)
+    return []
 
 
 def record_exit(
@@ -98,8 +154,8 @@ def record_exit(
         to, reason = JobStatus.PENDING, f"spot capacity reclaimed; {outcome}"
     elif exit_code == 0 and not exit_signal and not cause:
         to, reason = JobStatus.COMPLETED, "exit code 0"
-    elif job.failover_enabled and hooks.failed_run_handler is not None:
-        return hooks.failed_run_handler(job, attempt, outcome, lost)
+    elif job.failover_enabled and registry.failed_run_handler is not None:
+        return registry.failed_run_handler(job, attempt, outcome, lost)
     else:
         to, reason = JobStatus.FAILED, outcome if job.failover_enabled else f"{outcome}; Job Failover is off"
     transition(job.pk, to, reason=reason, actor=AGENT, attempt=attempt.number, expected={job.status})

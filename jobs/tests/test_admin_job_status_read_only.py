@@ -6,7 +6,7 @@ from django.urls import reverse
 
 from jobs.models import TrainingJob
 from jobs.statuses import JobStatus
-from jobs.tests.page_fixtures import login, put_in_status  # noqa: F401
+from console.tests.page_fixtures import login, put_in_status  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ from django.urls import reverse
 
 from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, TrainingJob
 from jobs.services.placement import place_waiting_jobs
-from jobs.services.runs import mark_running
-from jobs.tests.page_fixtures import login  # noqa: F401
+from jobs.services.runs import run_started
+from console.tests.page_fixtures import login  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +18,7 @@ MODELS = [Node, GPU, Image, Project, TrainingJob, JobAttempt, JobEvent]
 def history(nodes, make_job, teammate):
     job = make_job(gpus_per_node=2)
     place_waiting_jobs()
-    mark_running(JobAttempt.objects.get(job=job))
+    run_started(JobAttempt.objects.get(job=job))
     return job
 
 

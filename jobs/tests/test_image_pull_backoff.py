@@ -21,7 +21,7 @@ def test_an_unknown_image_backs_off_with_the_reason_and_runs_once_the_image_exis
 
     Image.objects.create(reference="team/trainer:v2", runtime=settings.DEFAULT_IMAGE_RUNTIME)
     job = drive(job, JobStatus.COMPLETED, timeout=60)
-    assert list(JobEvent.objects.filter(job=job).values_list("to_status", flat=True)) == [
+    assert list(JobEvent.objects.filter(job=job).status_changes().values_list("to_status", flat=True)) == [
         "Pending",
         "Pending - imagepullbackoff",
         "Pending",
@@ -44,7 +44,9 @@ def test_retries_back_off_exponentially_up_to_the_cap(make_job, nodes, settings)
         delays.append(round((job.next_retry_at - timezone.now()).total_seconds()))
     assert delays == [10, 20, 30, 30]
     assert job.pull_attempts == 4
-    assert JobEvent.objects.filter(job=job, to_status=JobStatus.IMAGE_PULL_BACKOFF).count() == 1
+    assert JobEvent.objects.filter(job=job, to_status=JobStatus.IMAGE_PULL_BACKOFF).status_changes().count() == 1
+    # Each later retry is in the history too, with its reason.
+    assert JobEvent.objects.filter(job=job, from_status=JobStatus.IMAGE_PULL_BACKOFF, to_status=JobStatus.IMAGE_PULL_BACKOFF).count() == 3
 
 
 def test_an_image_whose_runtime_is_missing_on_the_node_backs_off_and_frees_the_gpus(make_job, drive, tmp_path):

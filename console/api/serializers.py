@@ -1,0 +1,284 @@
+"""Serializers of the REST API: Training Jobs (read and create), their events, attempts and logs;
+nodes; and the query parameters of the list and log endpoints.
+
+They parse and check input only; creating, stopping and cloning jobs is left to the services.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from jobs.lib import CommandError, validate_command, validate_env
+from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
+from jobs.services.creation import JOB_SETTINGS
+from jobs.statuses import JobStatus
+from logs.queries import STREAM_NAME
+
+# The largest value a signed 64-bit column holds: bigger numbers in a query are refused, not sent.
+MAX_DB_INT = 2**63 - 1
+# Portable across SQLite and PostgreSQL (an ``integer`` column there).
+MAX_RUN_MINUTES = 2**31 - 1
+IMAGE_REFERENCE = r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$"
+ORDERINGS = ("name", "-name", "created_at", "-created_at", "status", "-status")
+
+
+class TextField(serializers.CharField):
+    """A CharField that takes only JSON strings: a number is a mistake here, not a name."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}, "example": {"HF_DATASETS_OFFLINE": "1"}})
+class EnvField(serializers.JSONField):
+    """Environment variables as ``{NAME: value}``; numbers are accepted and stored as text."""
+
+    def to_internal_value(self, data: Any) -> dict[str, str]:
+        try:
+            return validate_env(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class TrainingJobSerializer(serializers.ModelSerializer):
+    """A Training Job: the fields a user sets when creating it, and what the platform reports."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: TextField,
+        models.TextField: TextField,
+    }
+
+    project = serializers.PrimaryKeyRelatedField(
+        queryset=Project.objects.none(),
+        required=False,
+        allow_null=True,
+        help_text="Project id; defaults to your personal project. You must be a member of it.",
+        error_messages={
+            "does_not_exist": "Project {pk_value} does not exist or you are not a member of it.",
+            "incorrect_type": "Give the project's id (an integer).",
+        },
+    )
+    project_name = serializers.CharField(source="project.name", read_only=True)
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    image = TextField(
+        max_length=200,
+        required=False,
+        # An image the console does not know is accepted: the job then waits in imagepullbackoff.
+        validators=[RegexValidator(IMAGE_REFERENCE, "Use the form name:tag, e.g. pytorch:2.13-py3.11.")],
+        help_text="name:tag of the image to run in; defaults to the console's default image.",
+    )
+    env = EnvField(required=False, help_text="Environment variables for the run, as NAME: value.")
+    max_run_minutes = serializers.IntegerField(
+        min_value=1, max_value=MAX_RUN_MINUTES, required=False, allow_null=True,
+        help_text="Stop the job after this many minutes of running.",
+    )
+    status = serializers.ChoiceField(choices=JobStatus.choices, read_only=True, help_text="The exact status text.")
+    failover_attempts = serializers.SerializerMethodField(help_text='Failovers used of the allowed, e.g. "1/3".')
+    running_time_seconds = serializers.SerializerMethodField()
+    total_gpus = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = TrainingJob
+        fields = [
+            "id",
+            "name",
+            "owner",
+            "project_name",
+            *JOB_SETTINGS,
+            "total_gpus",
+            "status",
+            "status_reason",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "failover_count",
+            "failover_attempts",
+            "running_time_seconds",
+        ]
+        read_only_fields = ["status_reason", "created_at", "started_at", "finished_at", "failover_count"]
+        extra_kwargs = {
+            "name": {"help_text": "Lowercase DNS label, unique among your jobs."},
+            "command": {"help_text": "Launcher command, e.g. `python train.py` after VAR=value assignments."},
+            "output_dir": {"help_text": "Absolute path the training writes to (checkpoints go below it)."},
+        }
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        request = self.context.get("request")
+        if request is not None and request.user.is_authenticated:
+            fields["project"].queryset = Project.objects.for_user(request.user)
+        return fields
+
+    def get_failover_attempts(self, job: TrainingJob) -> str:
+        return f"{job.failover_count}/{settings.MAX_FAILOVERS}"
+
+    def get_running_time_seconds(self, job: TrainingJob) -> int | None:
+        running = job.running_time
+        return None if running is None else int(running.total_seconds())
+
+    def validate_command(self, value: str) -> str:
+        try:
+            validate_command(value)
+        except CommandError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+        return value
+
+    def validate_output_dir(self, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise serializers.ValidationError("Give an absolute path (starting with /), or leave it empty.")
+        return value
+
+    def validate_name(self, value: str) -> str:
+        owner = self.context["request"].user
+        if TrainingJob.objects.filter(owner=owner, name=value).exists():
+            raise serializers.ValidationError(f"You already have a job named {value}.")
+        return value
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        fields = super().to_internal_value(data)
+        fields.setdefault("image", settings.DEFAULT_IMAGE)
+        return fields
+
+
+class CloneRequestSerializer(serializers.Serializer):
+    name = TextField(
+        max_length=63,
+        required=False,
+        validators=[DNS_LABEL],
+        help_text="Name of the new job; defaults to <name>-copy (then -copy-2, …).",
+    )
+
+    def validate_name(self, value: str) -> str:
+        owner = self.context["request"].user
+        if TrainingJob.objects.filter(owner=owner, name=value).exists():
+            raise serializers.ValidationError(f"You already have a job named {value}.")
+        return value
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    # Plain text, not an enum: the creation event has an empty ``from_status``.
+    from_status = serializers.CharField(read_only=True)
+    to_status = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = JobEvent
+        fields = ["id", "from_status", "to_status", "reason", "attempt", "actor", "created_at"]
+        read_only_fields = fields
+
+
+class PlacementSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+    stream = serializers.CharField(read_only=True, help_text="The log stream of this part of the run.")
+    gpu_indices = serializers.ListField(child=serializers.IntegerField(), read_only=True)
+
+    class Meta:
+        model = AttemptNode
+        fields = ["node", "rank", "stream", "gpu_indices", "exit_code", "exit_signal", "ended_at"]
+        read_only_fields = fields
+
+
+class JobAttemptSerializer(serializers.ModelSerializer):
+    nodes = serializers.SerializerMethodField(help_text="Names of the nodes the attempt ran on, by rank.")
+    placements = PlacementSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = JobAttempt
+        fields = [
+            "number", "state", "nodes", "placements", "created_at", "started_at", "ended_at",
+            "exit_code", "exit_signal", "cause",
+        ]
+        read_only_fields = fields
+
+    def get_nodes(self, attempt: JobAttempt) -> list[str]:
+        return [placement.node.name for placement in attempt.placements.all()]
+
+
+class LogLineSerializer(serializers.Serializer):
+    seq = serializers.IntegerField()
+    attempt = serializers.IntegerField()
+    ts = serializers.DateTimeField()
+    text = serializers.CharField()
+
+
+class LogPageSerializer(serializers.Serializer):
+    lines = LogLineSerializer(many=True)
+    next_after = serializers.IntegerField(
+        allow_null=True, help_text="The last line's seq: pass it as `after` for the next page; null if no lines."
+    )
+    has_more = serializers.BooleanField(
+        help_text="More lines match beyond this page (after it; before it for a tail page)."
+    )
+
+
+class LogQuerySerializer(serializers.Serializer):
+    """The query of a log range: forward from ``after``, or the tail before ``before``."""
+
+    stream = serializers.RegexField(STREAM_NAME, required=False, default="master", max_length=16,
+                                    error_messages={"invalid": "Use master or worker-<n>."})
+    after = serializers.IntegerField(min_value=0, max_value=MAX_DB_INT, required=False,
+                                     help_text="Only lines with a greater seq.")
+    before = serializers.IntegerField(min_value=0, max_value=MAX_DB_INT, required=False,
+                                      help_text="Only lines with a smaller seq; without `after`, the last page before it.")
+    limit = serializers.IntegerField(min_value=1, max_value=5000, required=False, default=1000)
+    q = serializers.CharField(max_length=1000, required=False, help_text="Only lines containing this text (any case).")
+
+
+class JobListQuerySerializer(serializers.Serializer):
+    status = serializers.ListField(child=serializers.CharField(max_length=64), required=False)
+    job_type = serializers.ChoiceField(choices=TrainingJob.JobType.values, required=False)
+    search = serializers.CharField(max_length=200, required=False)
+    ordering = serializers.ChoiceField(choices=ORDERINGS, required=False, default="-created_at")
+
+    def validate_status(self, value: list[str]) -> list[str]:
+        unknown = [text for text in value if text not in JobStatus.values]
+        if unknown:
+            raise serializers.ValidationError(
+                f"Not a status: {', '.join(repr(t) for t in unknown)}. Use the exact texts: {', '.join(JobStatus.values)}."
+            )
+        return value
+
+
+class GPUSerializer(serializers.ModelSerializer):
+    allocated = serializers.SerializerMethodField(help_text="Held by a job's placement.")
+
+    class Meta:
+        model = GPU
+        fields = ["index", "model", "memory_mb", "healthy", "health_reason", "allocated"]
+        read_only_fields = fields
+
+    def get_allocated(self, gpu: GPU) -> bool:
+        return gpu.allocated_to_id is not None
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpus = GPUSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id", "name", "gpu_model", "state", "healthy", "health_reason", "cordoned", "simulated",
+            "last_heartbeat", "gpus",
+        ]
+        read_only_fields = fields
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    password = serializers.CharField(style={"input_type": "password"})
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField()
+

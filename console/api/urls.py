@@ -1,0 +1,16 @@
+"""The REST API's routes, included at ``/api/v1/``."""
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from console.api.jobs import NodeViewSet, ObtainTokenView, TrainingJobViewSet
+
+router = SimpleRouter()
+router.register("training-jobs", TrainingJobViewSet, basename="training-job")
+router.register("nodes", NodeViewSet, basename="node")
+
+urlpatterns = [
+    path("auth/token/", ObtainTokenView.as_view(), name="api-token"),
+    *router.urls,
+]

@@ -1,0 +1,233 @@
+"""Forms of the console pages: the Training Job form and the list's filters."""
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db.models import QuerySet
+
+from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, parse_env_text, validate_command
+from jobs.models import DNS_LABEL, Project, TrainingJob
+from jobs.services.creation import JOB_SETTINGS
+from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
+
+IMAGE_REFERENCE = RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag, e.g. pytorch:2.13-py3.11.")
+
+
+class TrainingJobForm(forms.Form):
+    """What a user sets on a new job; ``cleaned_job_fields`` feeds ``creation.create_job``."""
+
+    name = forms.CharField(
+        max_length=63,
+        validators=[DNS_LABEL],
+        help_text="Lowercase letters, digits and '-'; unique among your jobs.",
+        widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false", "autofocus": True}),
+    )
+    project = forms.ModelChoiceField(
+        queryset=Project.objects.none(),
+        empty_label=None,
+        error_messages={"invalid_choice": "Choose one of your projects."},
+        help_text="Members of the project can see and manage the job.",
+    )
+    job_type = forms.ChoiceField(
+        label="Job type",
+        choices=TrainingJob.JobType.choices,
+        initial=TrainingJob.JobType.ON_DEMAND,
+        widget=forms.RadioSelect,
+        help_text="Spot jobs use spare capacity and may be interrupted.",
+    )
+    image = forms.CharField(
+        max_length=200,
+        validators=[IMAGE_REFERENCE],
+        help_text="name:tag of a registered image.",
+        widget=forms.TextInput(attrs={"list": "image-choices", "autocomplete": "off", "spellcheck": "false"}),
+    )
+    command = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
+        help_text="Run as written: VAR=value assignments, then python, torchrun, deepspeed or accelerate launch.",
+    )
+    env_text = forms.CharField(
+        label="Environment variables",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono", "placeholder": "NAME=value"}),
+        help_text="One NAME=value per line.",
+    )
+    gpus_per_node = forms.IntegerField(label="GPUs per node", min_value=0, max_value=64, initial=1)
+    node_count = forms.IntegerField(label="Nodes", min_value=1, max_value=64, initial=1)
+    failover_enabled = forms.BooleanField(
+        label="Job Failover",
+        required=False,
+        initial=True,
+        help_text="On a hardware fault, re-place the job on healthy nodes and resume from its last checkpoint "
+        f"(at most {settings.MAX_FAILOVERS} times).",
+    )
+    output_dir = forms.CharField(
+        label="Output directory",
+        required=False,
+        max_length=500,
+        help_text="Optional absolute path; checkpoints go to its concurrent_checkpoint/ folder.",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "placeholder": "/data/runs/my-job"}),
+    )
+    max_run_minutes = forms.IntegerField(
+        label="Maximum run time (minutes)",
+        required=False,
+        min_value=1,
+        help_text="Optional; the job is stopped when it has run this long.",
+    )
+    description = forms.CharField(required=False, max_length=500, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def __init__(self, *args: Any, owner, **kwargs: Any) -> None:
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+        self.owner = owner
+        self.fields["project"].queryset = Project.objects.filter(members=owner).order_by("name")
+        if "command" not in self.initial:
+            self.fields["command"].initial = EXAMPLE_COMMAND
+        if "image" not in self.initial:
+            self.fields["image"].initial = settings.DEFAULT_IMAGE
+
+    @classmethod
+    def initial_from(cls, source: TrainingJob, *, name: str, project: Project) -> dict[str, Any]:
+        """The form's initial values that copy ``source`` (Clone)."""
+        initial: dict[str, Any] = {field: getattr(source, field) for field in JOB_SETTINGS if field != "env"}
+        initial.update(name=name, project=project, env_text=format_env_text(source.env or {}))
+        return initial
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        if TrainingJob.objects.filter(owner=self.owner, name=name).exists():
+            raise forms.ValidationError(f"You already have a job named “{name}”. Choose another name.", code="taken")
+        return name
+
+    def clean_command(self) -> str:
+        command = self.cleaned_data["command"]
+        try:
+            validate_command(command)
+        except CommandError as exc:
+            raise forms.ValidationError(str(exc), code="command") from None
+        return command.strip()
+
+    def clean_env_text(self) -> dict[str, str]:
+        try:
+            return parse_env_text(self.cleaned_data["env_text"])
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc), code="env") from None
+
+    def clean_output_dir(self) -> str:
+        path = self.cleaned_data["output_dir"]
+        if path and not path.startswith("/"):
+            raise forms.ValidationError("Use an absolute path, starting with /.", code="relative")
+        if "\x00" in path:
+            raise forms.ValidationError("The path contains a NUL character.", code="nul")
+        return path
+
+    def cleaned_job_fields(self) -> dict[str, Any]:
+        data = dict(self.cleaned_data)
+        data["env"] = data.pop("env_text")
+        return data
+
+    def name_taken(self) -> None:
+        """Report a name another request took between validation and the insert."""
+        self.add_error("name", forms.ValidationError("You already have a job with this name. Choose another name."))
+
+
+# The list's status groups: the badge groups, plus every active and every finished status.
+GROUP_LABELS: dict[str, str] = {
+    "active": "Active",
+    "finished": "Finished",
+    "pending": "Pending",
+    "running": "Running",
+    "failover": "Failover in progress",
+    "warning": "Image pull back-off",
+    "stopping": "Stopping",
+    "error": "Error",
+    "success": "Completed",
+    "stopped": "Stopped",
+}
+
+
+def statuses_of_group(group: str) -> frozenset[str]:
+    if group == "active":
+        return ACTIVE
+    if group == "finished":
+        return TERMINAL
+    return frozenset(status for status, (badge, _icon) in BADGE_GROUPS.items() if badge == group)
+
+
+SORTS: dict[str, tuple[str, ...]] = {
+    "-created": ("-created_at", "-id"),
+    "created": ("created_at", "id"),
+    "name": ("name", "id"),
+    "-name": ("-name", "-id"),
+    "status": ("status", "-created_at", "-id"),
+    "-status": ("-status", "-created_at", "-id"),
+}
+PAGE_SIZES = (20, 50, 100)
+# console.js submits the filter form when one of these changes; the Apply button does it without JavaScript.
+AUTOSUBMIT = forms.Select(attrs={"data-autosubmit": ""})
+
+
+class JobListFilterForm(forms.Form):
+    """The list's querystring: filters, search, sort and page size. Bad values fall back to defaults."""
+
+    q = forms.CharField(label="Search by name", required=False, max_length=63)
+    status = forms.ChoiceField(
+        label="Status", required=False, choices=[("", "Any status"), *JobStatus.choices], widget=AUTOSUBMIT
+    )
+    group = forms.ChoiceField(
+        label="Status group", required=False, choices=[("", "Any group"), *GROUP_LABELS.items()], widget=AUTOSUBMIT
+    )
+    type = forms.ChoiceField(
+        label="Type", required=False, choices=[("", "Any type"), *TrainingJob.JobType.choices], widget=AUTOSUBMIT
+    )
+    sort = forms.ChoiceField(
+        label="Sort by",
+        required=False,
+        choices=[
+            ("-created", "Newest first"),
+            ("created", "Oldest first"),
+            ("name", "Name A–Z"),
+            ("-name", "Name Z–A"),
+            ("status", "Status A–Z"),
+            ("-status", "Status Z–A"),
+        ],
+        widget=AUTOSUBMIT,
+    )
+    page_size = forms.TypedChoiceField(
+        label="Per page",
+        required=False,
+        coerce=int,
+        empty_value=PAGE_SIZES[0],
+        choices=[(n, str(n)) for n in PAGE_SIZES],
+        widget=AUTOSUBMIT,
+    )
+
+    def value(self, name: str) -> Any:
+        """The cleaned value of a filter; None when absent or invalid (an invalid one is ignored)."""
+        self.is_valid()  # cleans once; invalid fields are simply missing from cleaned_data
+        return self.cleaned_data.get(name) or None
+
+    @property
+    def per_page(self) -> int:
+        return self.value("page_size") or PAGE_SIZES[0]
+
+    @property
+    def sort_key(self) -> str:
+        return self.value("sort") or "-created"
+
+    @property
+    def is_filtered(self) -> bool:
+        return any(self.value(name) for name in ("q", "status", "group", "type"))
+
+    def apply(self, jobs: QuerySet[TrainingJob]) -> QuerySet[TrainingJob]:
+        if query := (self.value("q") or "").strip():
+            jobs = jobs.filter(name__icontains=query)
+        if status := self.value("status"):
+            jobs = jobs.filter(status=status)
+        if group := self.value("group"):
+            jobs = jobs.filter(status__in=statuses_of_group(group))
+        if job_type := self.value("type"):
+            jobs = jobs.filter(job_type=job_type)
+        return jobs.order_by(*SORTS[self.sort_key])

@@ -1,0 +1,75 @@
+"""The node agent of one GPU node: ``manage.py nodeagent --name NODE``.
+
+Registers the node (its real GPUs through NVML, or simulated ones), then supervises runs: a loop
+thread heartbeats, checks health, enforces stops and starts placed attempts it finds every
+AGENT_POLL_INTERVAL, and collects output and exits every OUTPUT_POLL_INTERVAL; with a broker (REDIS_URL) the process is also a Celery worker consuming the
+node's own queue ``node.NODE``, through which placement dispatches launches at once.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from agent.inventory import NodeSpec, discover_nodes, register_nodes, simulated_nodes
+from agent.loop import EmbeddedControlLoop
+from agent.node_agent import NodeAgent
+from jobs.models import Node
+from jobs.services.dispatch import node_queue
+
+logger = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Run the node agent of one GPU node (a Celery worker on queue node.NAME when REDIS_URL is set)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--name", required=True, help="the node's name (a DNS label)")
+        parser.add_argument("--address", default=None, help="where other ranks reach this node (default: its hostname)")
+        parser.add_argument("--simulated", action="store_true", help="serve simulated GPUs even if NVML is present")
+
+    def handle(self, *args, name: str, address: str | None, simulated: bool, **options):
+        spec = self.node_spec(name, simulated)
+        node = register_nodes([spec], agent=f"nodeagent@{socket.gethostname()}")[0]
+        Node.objects.filter(pk=node.pk).update(address=address or ("127.0.0.1" if spec.simulated else socket.getfqdn()))
+        agent = NodeAgent([node.name], name=f"nodeagent-{node.name}")
+        agent.stop_strays()
+        loop = EmbeddedControlLoop(agent, control=False)
+        stop = loop.stopped
+        loop.start()
+        self.stdout.write(f"node agent for {node.name} ({len(spec.gpus)} GPUs{', simulated' if spec.simulated else ''}) started")
+        try:
+            if settings.SCALE_OUT:
+                from console.celery import app
+
+                app.worker_main(
+                    [
+                        "worker",
+                        "-Q", node_queue(node.name),
+                        "-n", f"{node.name}@{socket.gethostname()}",
+                        "-P", "solo",
+                        "--without-gossip", "--without-mingle", "--without-heartbeat",
+                        "-l", "WARNING",
+                    ]
+                )
+            else:
+                signal.signal(signal.SIGTERM, lambda *_: stop.set())
+                while not stop.wait(1.0):
+                    pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            stop.set()
+
+    @staticmethod
+    def node_spec(name: str, simulated: bool) -> NodeSpec:
+        specs = simulated_nodes() if simulated else discover_nodes()
+        if not specs:
+            raise CommandError("no GPUs found")
+        first = specs[0]
+        return NodeSpec(name=name, gpu_model=first.gpu_model, gpus=tuple(
+            type(g)(index=g.index, uuid=g.uuid.replace(first.name, name), model=g.model, memory_mb=g.memory_mb) for g in first.gpus
+        ), simulated=first.simulated)

@@ -1,0 +1,251 @@
+"""The console's Training Job pages: list (with bulk actions), create/clone, detail, stop and delete."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.db import IntegrityError
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm
+from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
+from jobs.models import Image, Project, TrainingJob
+from jobs.services.creation import clone_name, create_job, personal_project_for
+from jobs.services.actions import JobActionRefused, delete_job, request_stop
+from jobs.statuses import DELETABLE, STOPPABLE
+from logs.models import Checkpoint, JobProgress
+from logs.progress import chart_points
+from logs.queries import stream_tail
+
+logger = logging.getLogger(__name__)
+
+TABS = ("details", "logs", "checkpoints", "failover", "events")
+LOG_TAIL_LINES = 1000
+# A bulk request names at most this many jobs (a page holds at most 100).
+BULK_LIMIT = 500
+
+
+def visible_jobs(request: HttpRequest) -> QuerySet[TrainingJob]:
+    return TrainingJob.objects.visible_to(request.user).select_related("owner", "project")
+
+
+def safe_next(request: HttpRequest, default: str) -> str:
+    """The ``next`` the form carries (the list with its querystring), if it points to this site."""
+    target = request.POST.get("next") or request.GET.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return target
+    return default
+
+
+@login_required
+@require_GET
+def job_list(request: HttpRequest) -> HttpResponse:
+    filters = JobListFilterForm(request.GET)
+    jobs = filters.apply(visible_jobs(request)).select_related("progress")
+    page = Paginator(jobs, filters.per_page).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "jobs/job_list.html",
+        {
+            "filters": filters,
+            "page": page,
+            "jobs": page.object_list,
+            "max_failovers": settings.MAX_FAILOVERS,
+            "group_labels": GROUP_LABELS,
+            "nav": "jobs",
+            "live": True,
+        },
+    )
+
+
+def selected_ids(request: HttpRequest) -> list[int]:
+    ids = []
+    for raw in request.POST.getlist("job_ids")[:BULK_LIMIT]:
+        try:
+            ids.append(int(raw))
+        except ValueError:
+            continue
+    return sorted(set(ids))
+
+
+@login_required
+@require_POST
+def bulk_action(request: HttpRequest) -> HttpResponse:
+    """Stop or delete the selected jobs, one service call each; refusals become messages.
+
+    Deleting asks for confirmation first (a page listing the jobs), so it is safe with JavaScript off.
+    """
+    back = safe_next(request, reverse("jobs:list"))
+    action = request.POST.get("action")
+    ids = selected_ids(request)
+    if action not in {"stop", "delete"}:
+        messages.error(request, "Choose Stop or Delete.")
+        return redirect(back)
+    if not ids:
+        messages.warning(request, "Select at least one job first.")
+        return redirect(back)
+    jobs = list(visible_jobs(request).filter(pk__in=ids).order_by("name"))
+    if action == "delete" and request.POST.get("confirmed") != "yes":
+        deletable = [job for job in jobs if job.status in DELETABLE]
+        return render(
+            request,
+            "jobs/bulk_confirm_delete.html",
+            {"jobs": jobs, "deletable": deletable, "missing": len(ids) - len(jobs), "next": back, "nav": "jobs"},
+        )
+    actor = request.user.get_username()
+    done: list[str] = []
+    for job in jobs:
+        try:
+            if action == "stop":
+                request_stop(job, actor=actor)
+            else:
+                delete_job(job)
+        except JobActionRefused as exc:
+            messages.error(request, f"{job.name}: {exc}")
+        else:
+            done.append(job.name)
+    if done:
+        verb = "Stop requested for" if action == "stop" else "Deleted"
+        messages.success(request, f"{verb} {len(done)} job{'s' if len(done) != 1 else ''}: {', '.join(done)}.")
+    if missing := len(ids) - len(jobs):
+        messages.error(request, f"{missing} selected job{'s were' if missing != 1 else ' was'} not found.")
+    return redirect(back)
+
+
+def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: TrainingJob | None = None) -> HttpResponse:
+    """The create form (blank or cloned from ``source``); a valid POST creates the job."""
+    form = TrainingJobForm(request.POST or None, owner=request.user, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = create_job(owner=request.user, actor=request.user.get_username(), **form.cleaned_job_fields())
+        except IntegrityError:
+            # Another request took the name between the form's check and the insert.
+            form.name_taken()
+        else:
+            messages.success(request, f"Training Job {job.name} created. It is {job.status}.")
+            return redirect("jobs:detail", pk=job.pk)
+    images = Image.objects.order_by("reference").values_list("reference", "description")
+    return render(request, "jobs/job_form.html", {"form": form, "source": source, "images": images, "nav": "jobs"})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_create(request: HttpRequest) -> HttpResponse:
+    return job_form_page(request, initial={"project": personal_project_for(request.user)})
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_clone(request: HttpRequest, pk: int) -> HttpResponse:
+    source = get_object_or_404(visible_jobs(request), pk=pk)
+    member = Project.objects.filter(pk=source.project_id, members=request.user).exists()
+    project = source.project if member else personal_project_for(request.user)
+    initial = TrainingJobForm.initial_from(source, name=clone_name(source, request.user), project=project)
+    return job_form_page(request, initial=initial, source=source)
+
+
+def log_tab(job: TrainingJob, requested_stream: str | None) -> dict[str, Any]:
+    """The last lines of one stream, oldest first, and the streams the job has."""
+    tail = stream_tail(job.pk, requested_stream, LOG_TAIL_LINES)
+    return {"streams": tail.streams, "stream": tail.stream, "log_lines": tail.lines, "log_truncated": tail.truncated, "log_tail": LOG_TAIL_LINES}
+
+
+@login_required
+@require_GET
+def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(visible_jobs(request), pk=pk)
+    tab = request.GET.get("tab") if request.GET.get("tab") in TABS else "details"
+    context: dict[str, Any] = {
+        "job": job,
+        "tab": tab,
+        "tabs": [(name, name.capitalize()) for name in TABS],
+        "can_stop": job.status in STOPPABLE,
+        "can_delete": job.status in DELETABLE,
+        "max_failovers": settings.MAX_FAILOVERS,
+        "nav": "jobs",
+    }
+    context["progress"] = JobProgress.objects.filter(job=job).first()
+    if tab == "details":
+        context["attempts"] = job.attempts.prefetch_related("placements__node").order_by("number")
+        context["chart_points"] = chart_points(job.pk)
+    elif tab == "logs":
+        context.update(log_tab(job, request.GET.get("stream")))
+    elif tab == "checkpoints":
+        context.update(checkpoints_tab(job))
+    elif tab == "failover":
+        context["timeline"] = failover_timeline(job)
+    else:
+        context["events"] = job.events.order_by("created_at", "id")
+    return render(request, "jobs/job_detail.html", context)
+
+
+CHECKPOINT_ROWS = 500
+
+
+def checkpoints_tab(job: TrainingJob) -> dict[str, Any]:
+    """The newest committed checkpoints first, and the last one (the work at risk is counted from it)."""
+    rows = list(Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")[: CHECKPOINT_ROWS + 1])
+    return {
+        "checkpoints": rows[:CHECKPOINT_ROWS],
+        "checkpoints_truncated": len(rows) > CHECKPOINT_ROWS,
+        "last_checkpoint": rows[0] if rows else None,
+    }
+
+
+def failover_timeline(job: TrainingJob) -> list[dict[str, Any]]:
+    """Each attempt with where it ran, how it ended, the verdict and evidence, and its events."""
+    attempts = list(job.attempts.prefetch_related("placements__node").order_by("number"))
+    events: dict[int | None, list] = {}
+    for event in job.events.order_by("created_at", "id"):
+        events.setdefault(event.attempt, []).append(event)
+    return [{"attempt": attempt, "events": events.get(attempt.number, [])} for attempt in attempts]
+
+
+@login_required
+@require_GET
+def job_live(request: HttpRequest) -> HttpResponse:
+    """Catch-up snapshots of the jobs a live page shows (``?ids=1,2,3``), after its socket (re)connects."""
+    ids: list[int] = []
+    for raw in request.GET.get("ids", "").split(",")[:MAX_SNAPSHOTS]:
+        raw = raw.strip()
+        if raw.isdigit() and len(raw) <= 18:
+            ids.append(int(raw))
+    return JsonResponse({"now": server_now(), "jobs": visible_snapshots(request.user, ids)})
+
+
+@login_required
+@require_POST
+def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(visible_jobs(request), pk=pk)
+    try:
+        new_status = request_stop(job, actor=request.user.get_username())
+    except JobActionRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"{job.name} is {new_status}.")
+    return redirect(safe_next(request, reverse("jobs:detail", args=[job.pk])))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_delete(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET asks for confirmation; POST deletes a finished job."""
+    job = get_object_or_404(visible_jobs(request), pk=pk)
+    if request.method == "GET":
+        return render(request, "jobs/job_confirm_delete.html", {"job": job, "can_delete": job.status in DELETABLE, "nav": "jobs"})
+    try:
+        delete_job(job)
+    except JobActionRefused as exc:
+        messages.error(request, str(exc))
+        return redirect("jobs:detail", pk=job.pk)
+    messages.success(request, f"Training Job {job.name} deleted.")
+    return redirect("jobs:list")

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from console.pages import jobs as views
+
+app_name = "jobs"
+urlpatterns = [
+    path("", views.job_list, name="list"),
+    path("training-jobs/new/", views.job_create, name="create"),
+    path("training-jobs/bulk/", views.bulk_action, name="bulk"),
+    path("training-jobs/live/", views.job_live, name="live"),
+    path("training-jobs/<int:pk>/", views.job_detail, name="detail"),
+    path("training-jobs/<int:pk>/clone/", views.job_clone, name="clone"),
+    path("training-jobs/<int:pk>/stop/", views.job_stop, name="stop"),
+    path("training-jobs/<int:pk>/delete/", views.job_delete, name="delete"),
+]

@@ -1,0 +1,114 @@
+"""The operators' Nodes page: what it shows, its actions, who may use it, and bad input."""
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from failover.models import SimulatedFault
+from jobs.models import GPU, Node
+from jobs.services.placement import place_waiting_jobs
+from console.tests.page_fixtures import login  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+
+def action_url(node: str, action: str) -> str:
+    return reverse("nodes:action", args=[node, action])
+
+
+def test_staff_see_nodes_gpus_health_and_running_jobs(login, staff, nodes, make_job):
+    job = make_job(name="resnet", gpus_per_node=2)
+    place_waiting_jobs()
+    GPU.objects.filter(node__name="node-c", index=3).update(healthy=False, health_reason="Xid 79: GPU has fallen off the bus")
+    Node.objects.filter(name="node-c").update(healthy=False, health_reason="GPU 3 fell off the bus")
+    html = login(staff).get(reverse("nodes:list")).content.decode()
+    for node in nodes:
+        assert f'data-node="{node.name}"' in html
+    assert "resnet" in html and reverse("jobs:detail", args=[job.pk]) in html
+    assert "GPU 3 fell off the bus" in html and "Xid 79: GPU has fallen off the bus" in html
+    assert 'aria-current="page">Nodes</a>' in html
+    assert html.count('name="csrfmiddlewaretoken"') >= 3 * len(nodes)
+
+
+@pytest.mark.parametrize("who", ["owner", "outsider"])
+def test_users_who_are_not_staff_may_not_open_it_or_act(request, login, nodes, who):
+    client = login(request.getfixturevalue(who))
+    assert client.get(reverse("nodes:list")).status_code == 403
+    assert client.post(action_url("node-a", "cordon")).status_code == 403
+    assert not Node.objects.filter(cordoned=True).exists()
+    assert "Nodes</a>" not in client.get(reverse("jobs:list")).content.decode()
+
+
+def test_anonymous_visitors_are_sent_to_log_in(client, nodes):
+    response = client.get(reverse("nodes:list"))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("login"))
+
+
+def test_cordon_and_uncordon(login, staff, nodes):
+    client = login(staff)
+    response = client.post(action_url("node-a", "cordon"), follow=True)
+    assert "node-a cordoned" in response.content.decode()
+    assert Node.objects.get(name="node-a").cordoned
+    client.post(action_url("node-a", "uncordon"))
+    assert not Node.objects.get(name="node-a").cordoned
+
+
+def test_inject_a_fault_into_a_simulated_gpu_and_clear_it(login, staff, nodes):
+    client = login(staff)
+    response = client.post(action_url("node-b", "inject"), {"kind": "xid", "gpu": "2", "xid": "79"}, follow=True)
+    assert "Injected: Xid error on node-b/gpu2" in response.content.decode()
+    fault = SimulatedFault.objects.get()
+    assert (fault.node.name, fault.gpu, fault.kind, fault.xid, fault.created_by) == ("node-b", 2, "xid", 79, "operator")
+    client.post(action_url("node-b", "clear"))
+    assert SimulatedFault.objects.get().cleared_at is not None
+
+
+def test_a_whole_node_fault_ignores_an_xid_for_other_kinds(login, staff, nodes):
+    login(staff).post(action_url("node-a", "inject"), {"kind": "ecc", "gpu": "", "xid": "79"})
+    fault = SimulatedFault.objects.get()
+    assert (fault.gpu, fault.kind, fault.xid) == (None, "ecc", None)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"kind": "meteor", "gpu": "0"}, "Fault: Select a valid choice."),
+        ({"kind": "xid", "gpu": "9"}, "node-a has no GPU 9."),
+        ({"kind": "xid", "gpu": "abc"}, "GPU: Enter a whole number."),
+        ({"kind": "xid", "gpu": "0", "xid": "5000"}, "Xid: Ensure this value is less than or equal to 1000."),
+        ({}, "Fault: This field is required."),
+    ],
+)
+def test_bad_fault_requests_come_back_as_messages(login, staff, nodes, payload, message):
+    response = login(staff).post(action_url("node-a", "inject"), payload, follow=True)
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not SimulatedFault.objects.exists()
+
+
+def test_faults_go_only_into_simulated_nodes(login, staff, nodes):
+    Node.objects.filter(name="node-a").update(simulated=False)
+    response = login(staff).post(action_url("node-a", "inject"), {"kind": "xid", "gpu": "0"}, follow=True)
+    assert "faults can only be injected into simulated ones" in response.content.decode()
+
+
+def test_reclaim_spot_capacity(login, staff, nodes):
+    response = login(staff).post(action_url("node-a", "reclaim"), follow=True)
+    assert "Spot capacity on node-a reclaimed: 0 Spot jobs stopping." in response.content.decode()
+    assert Node.objects.get(name="node-a").spot_reclaimed_until is not None
+
+
+def test_unknown_nodes_and_actions_are_404_and_get_is_refused(login, staff, nodes):
+    client = login(staff)
+    assert client.post(action_url("node-zz", "cordon")).status_code == 404
+    assert client.post(action_url("node-a", "explode")).status_code == 404
+    assert client.get(action_url("node-a", "cordon")).status_code == 405
+
+
+def test_actions_need_the_csrf_token(staff, nodes):
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff)
+    assert client.post(action_url("node-a", "cordon")).status_code == 403
+    assert not Node.objects.get(name="node-a").cordoned

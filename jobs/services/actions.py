@@ -1,0 +1,43 @@
+"""What a user (or an operator) may do to a job: stop it, delete it."""
+from __future__ import annotations
+
+import logging
+
+from jobs.models import TrainingJob
+from jobs.services.lifecycle import transition
+from jobs.services.placement import abandon_open_attempts
+from jobs.statuses import DELETABLE, STOPPABLE, JobStatus
+
+logger = logging.getLogger(__name__)
+
+
+class JobActionRefused(Exception):
+    """A user action that the job's current status does not allow; the message says why."""
+
+
+def request_stop(job: TrainingJob, *, actor: str, reason: str = "stopped by user") -> str:
+    """Stop a job: one that has no process goes straight to Stopped, a running one to Stopping.
+
+    The node agent sees ``Stopping`` and sends SIGTERM to the run's process group, then SIGKILL
+    after the grace period. Returns the new status; raises JobActionRefused if it cannot stop.
+    """
+    for _ in range(3):
+        job.refresh_from_db(fields=["status"])
+        if job.status not in STOPPABLE:
+            raise JobActionRefused(f"A job that is {job.status} cannot be stopped.")
+        if job.status == JobStatus.RUNNING:
+            if transition(job.pk, JobStatus.STOPPING, reason=reason, actor=actor, expected={JobStatus.RUNNING}):
+                return JobStatus.STOPPING
+        elif transition(job.pk, JobStatus.STOPPED, reason=reason, actor=actor, expected={job.status}):
+            # Release whatever a placement still holds now that the job has left the queue.
+            abandon_open_attempts(job.pk, cause=reason)
+            return JobStatus.STOPPED
+    raise JobActionRefused("The job changed status while stopping it; try again.")
+
+
+def delete_job(job: TrainingJob) -> None:
+    job.refresh_from_db(fields=["status"])
+    if job.status not in DELETABLE:
+        raise JobActionRefused(f"A job that is {job.status} cannot be deleted; stop it first.")
+    job.delete()
+    logger.info("job %s: deleted", job.pk)

@@ -1,0 +1,80 @@
+"""Sending work to other processes after commit (scale-out only): a launch to each node agent's
+queue, a control round to the control queue. Tasks are sent by name, so the control plane never
+imports the agent that runs them."""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+LAUNCH_TASK = "agent.launch_attempt"
+PLACE_TASK = "jobs.place_jobs"
+PLACEMENT_REQUESTED = "console:placement-requested"
+
+
+def node_queue(node_name: str) -> str:
+    return f"node.{node_name}"
+
+
+def send_task(name: str, *, args: list | None = None, queue: str) -> None:
+    from celery import current_app
+
+    current_app.send_task(name, args=args or [], queue=queue)
+
+
+def dispatch_launch(attempt, node_names: list[str]) -> None:
+    """After commit, ask each node's agent to start its part (scale-out only; the embedded agent
+    finds placed attempts on its own round)."""
+    if not settings.SCALE_OUT:
+        return
+    names = sorted(set(node_names))
+
+    def send() -> None:
+        for name in names:
+            send_task(LAUNCH_TASK, args=[attempt.pk], queue=node_queue(name))
+
+    transaction.on_commit(send)
+
+
+def request_placement() -> None:
+    """After commit, run a control round now rather than at the next beat (scale-out only).
+
+    Requests made while one is already queued merge into it: a Redis key marks "a round is
+    queued", and the round clears it when it starts, so a request made during a round still gets
+    the next one.
+    """
+    if not settings.SCALE_OUT:
+        return
+
+    def send() -> None:
+        try:
+            if not redis_client().set(PLACEMENT_REQUESTED, 1, nx=True, ex=10):
+                return
+        except Exception:
+            logger.warning("could not mark a placement request; sending it anyway", exc_info=True)
+        send_task(PLACE_TASK, queue="control")
+
+    transaction.on_commit(send)
+
+
+def placement_started() -> None:
+    if settings.SCALE_OUT:
+        try:
+            redis_client().delete(PLACEMENT_REQUESTED)
+        except Exception:
+            logger.warning("could not clear the placement request mark", exc_info=True)
+
+
+_redis = None
+
+
+def redis_client():
+    global _redis
+    if _redis is None:
+        import redis
+
+        _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+    return _redis

@@ -1,0 +1,112 @@
+"""Reading log lines: every query on ``LogLine`` outside ingestion lives here (pages, the REST
+API, the log socket, the failover policy)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from jobs.models import JobEvent
+from logs.models import LogLine
+
+STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"
+CHUNK = 5000
+
+
+def line_payload(line: LogLine) -> dict:
+    return {"seq": line.seq, "attempt": line.attempt, "ts": line.ts.isoformat(), "text": line.text}
+
+
+def attempt_banners(job_id: int) -> dict[int, str]:
+    """Per attempt after the first, the line a viewer shows where that attempt's output begins,
+    e.g. "attempt 2 on node-b GPU 0 after a GPU fault: Xid 79 … on node-a"."""
+    banners: dict[int, str] = {}
+    rows = JobEvent.objects.filter(job_id=job_id, to_status="Running", attempt__gt=1).order_by("id").values_list("attempt", "reason")
+    for attempt, reason in rows:
+        banners[attempt] = reason
+    return banners
+
+
+def lines_after(job_id: int, stream: str, after: int, limit: int) -> list[dict]:
+    rows = LogLine.objects.filter(job_id=job_id, stream=stream, seq__gt=after).order_by("seq")[:limit]
+    return [line_payload(r) for r in rows]
+
+
+def tail_lines(job_id: int, stream: str, count: int) -> list[dict]:
+    rows = list(LogLine.objects.filter(job_id=job_id, stream=stream).order_by("-seq")[:count])
+    rows.reverse()
+    return [line_payload(r) for r in rows]
+
+
+def read_log_page(
+    job_id: int, *, stream: str, limit: int, after: int | None = None, before: int | None = None, q: str | None = None
+) -> dict[str, Any]:
+    """One page of a job's log stream, ascending by ``seq``.
+
+    Forward from ``after`` (up to ``before``), or — with ``before`` and no ``after`` — the last
+    ``limit`` lines before ``before`` (the tail page). One row past the limit tells ``has_more``.
+    """
+    lines = LogLine.objects.filter(job_id=job_id, stream=stream)
+    if after is not None:
+        lines = lines.filter(seq__gt=after)
+    if before is not None:
+        lines = lines.filter(seq__lt=before)
+    if q:
+        lines = lines.filter(text__icontains=q)
+    tail = before is not None and after is None
+    rows = list(lines.order_by("-seq" if tail else "seq").values("seq", "attempt", "ts", "text")[: limit + 1])
+    has_more = len(rows) > limit
+    rows = rows[:limit]
+    if tail:
+        rows.reverse()
+    return {"lines": rows, "next_after": rows[-1]["seq"] if rows else None, "has_more": has_more}
+
+
+def stream_text(job_id: int, stream: str) -> Iterator[bytes]:
+    """Every line of the stream in seq order, read in keyset pages so memory stays flat."""
+    last = 0
+    while True:
+        rows = list(
+            LogLine.objects.filter(job_id=job_id, stream=stream, seq__gt=last).order_by("seq").values_list("seq", "text")[:CHUNK]
+        )
+        if not rows:
+            return
+        last = rows[-1][0]
+        yield ("\n".join(text for _, text in rows) + "\n").encode("utf-8")
+
+
+def last_lines(job_id: int, *, attempt: int, count: int) -> list[str]:
+    """The texts of an attempt's last ``count`` lines (every stream), oldest first."""
+    texts = list(LogLine.objects.filter(job_id=job_id, attempt=attempt).order_by("-seq").values_list("text", flat=True)[:count])
+    texts.reverse()
+    return texts
+
+
+def stream_order(stream: str) -> tuple[int, int, str]:
+    """``master`` first, then ``worker-1``, ``worker-2`` … by number, then anything else."""
+    if stream == "master":
+        return (0, 0, stream)
+    prefix, _, number = stream.rpartition("-")
+    if prefix == "worker" and number.isdigit():
+        return (1, int(number), stream)
+    return (2, 0, stream)
+
+
+@dataclass(frozen=True)
+class StreamTail:
+    streams: list[str]  # every stream the job has, master first
+    stream: str  # the one shown
+    lines: list[LogLine]  # its last lines, oldest first
+    truncated: bool  # whether older lines exist
+
+
+def stream_tail(job_id: int, requested_stream: str | None, count: int) -> StreamTail:
+    """The last ``count`` lines of the requested stream (else master, else the first)."""
+    streams = sorted(set(LogLine.objects.filter(job_id=job_id).order_by().values_list("stream", flat=True).distinct()), key=stream_order)
+    if requested_stream in streams:
+        stream = requested_stream
+    else:
+        stream = "master" if "master" in streams or not streams else streams[0]
+    lines = list(LogLine.objects.filter(job_id=job_id, stream=stream).order_by("-seq")[:count])[::-1]
+    earlier = bool(lines) and LogLine.objects.filter(job_id=job_id, stream=stream, seq__lt=lines[0].seq).exists()
+    return StreamTail(streams, stream, lines, earlier)
