@@ -170,6 +170,12 @@ def test_the_writer_check_sees_a_write(tmp_path):
 # --- module size -------------------------------------------------------------------------------
 def test_no_module_is_over_600_lines():
     static = ROOT / "console" / "static" / "console"
-    files = production_files(".py") + sorted(static.glob("*.js"))
+    files = production_files(".py") + sorted(static.rglob("*.js"))
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in files if (n := len(p.read_text().splitlines())) > MAX_LINES]
     assert long == []
+
+
+def test_every_socket_of_the_browser_code_goes_through_the_one_reconnect_helper():
+    static = ROOT / "console" / "static" / "console"
+    opening = sorted(str(p.relative_to(static)) for p in static.rglob("*.js") if "new WebSocket(" in p.read_text())
+    assert opening == ["socket.js"]
