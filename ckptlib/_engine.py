@@ -34,13 +34,16 @@ from typing import Any
 
 import torch
 
-from ckptlib import _format, _signals
+import ckptlib._format as _format
+import ckptlib._signals as _signals
 from ckptlib._cache import HostCache
 from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
-from ckptlib._events import LOG_PREFIX, CheckpointResult, install_console_handler
+from ckptlib._events import LOG_PREFIX, install_console_handler
 from ckptlib._plan import StatePlan, plan_object, plan_state, restore_rng_state, unwrap_optimizer
+from ckptlib._reader import read_checkpoint
 from ckptlib._stage import Stager
+from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
 from ckptlib._writer import FileSink, WriteItem
 
 logger = logging.getLogger(__name__)
@@ -73,25 +76,6 @@ class _StagingHook:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_StagingHook, (None,), {"_force": self._force})
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be found, read or written."""
-
-
-@dataclass(frozen=True)
-class LoadedCheckpoint:
-    """A checkpoint read back by ``CheckpointEngine.load``.
-
-    Attributes:
-        step: The step it was saved at.
-        path: Its committed directory.
-        state: Key → loaded object (state dicts, ``rng_state``), as given to ``save``.
-    """
-
-    step: int
-    path: Path
-    state: dict[str, Any]
 
 
 @dataclass(eq=False)
@@ -356,8 +340,6 @@ class CheckpointEngine:
         Raises:
             CheckpointError: No such committed checkpoint.
         """
-        from ckptlib._reader import read_checkpoint
-
         if step is None or step == -1:
             step = self.latest_step()
             if step is None:

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ckptlib._events import CheckpointResult
+from ckptlib import CheckpointResult
 from logs.metrics import CheckpointRecord, Progress, fold_lines, parse_line
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
