@@ -18,20 +18,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ckptlib._config import RuntimeConfig, parse_runtime_config
-from ckptlib._events import COMMIT_LINE_RE, CheckpointResult, CommitEvent, parse_commit_line
+from ckptlib._events import COMMIT_LINE_RE, CommitEvent, parse_commit_line
 from ckptlib._layout import CHECKPOINT_SUBDIR, checkpoint_root, committed_steps, read_latest
+from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
 
 if TYPE_CHECKING:
-    from ckptlib._engine import CheckpointEngine, CheckpointError, LoadedCheckpoint
+    from ckptlib._engine import CheckpointEngine
     from ckptlib._trainer import DecoratedCheckpointing
 
-# The engine needs torch; the layout and the log-line parser do not. Importing the package stays
-# light (the console reads checkpoint steps and commit lines without torch); the engine's names
-# load on first use.
+# The engine needs torch; the layout, the result types and the log-line parser do not. Importing
+# the package stays light (the console reads checkpoint steps and commit lines without torch); the
+# engine's names load on first use.
 _LAZY = {
     "CheckpointEngine": "ckptlib._engine",
-    "CheckpointError": "ckptlib._engine",
-    "LoadedCheckpoint": "ckptlib._engine",
     "DecoratedCheckpointing": "ckptlib._trainer",
 }
 

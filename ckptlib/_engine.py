@@ -6,17 +6,22 @@ Order of calls for one checkpoint:
    ``ckptlib._plan``), clones or serializes what forward or user code may change (buffers,
    scheduler, RNG, plain values), queues the checkpoint for staging, stages a first part and
    returns.
-2. Staging (``ckptlib._stage``), on the training thread at hook points (module forward
-   pre-hooks, parameters' post-accumulate-grad hooks, the optimizer's pre-step hook): page-
+2. Staging (``ckptlib._stage``), on the training thread at hook points (``ckptlib._hooks``: module
+   forward pre-hooks, parameters' post-accumulate-grad hooks, the optimizer's pre-step hook): page-
    aligned CPU tensor ranges go to the writers as they are (no copy); everything else is copied
    into host-cache chunks, a few chunks ahead of the writers. The next ``optimizer.step()``
    waits until nothing of the checkpoint still needs the live tensors: it is the only thing that
    changes them.
-3. ``parser_threads`` writer threads: write each item into ``checkpoint-<step>.tmp/`` with direct
-   I/O (``ckptlib._writer``), give chunks back, fsync each finished file; the last one marks
-   this rank done. When training reaches no hook point for a while, they stage in its place.
-4. Rank 0 commits once every rank is done (see ``ckptlib._format``) and logs one line.
+3. ``parser_threads`` writer threads (``ckptlib._background``): write each item into
+   ``checkpoint-<step>.tmp/`` with direct I/O (``ckptlib._writer``), give chunks back, fsync each
+   finished file; the last one marks this rank done. When training reaches no hook point for a
+   while, they stage in its place.
+4. Rank 0 commits once every rank is done (``ckptlib._commit``, on-disk steps in
+   ``ckptlib._format``); the job ends committed or failed and rank 0 logs one line
+   (``ckptlib._jobs``).
 5. ``wait(persist=True)`` / ``shutdown()`` block until the checkpoints in flight are committed.
+
+This module holds the public API and wires the steps together; each step has its own module.
 """
 
 from __future__ import annotations
@@ -26,91 +31,32 @@ import os
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ckptlib import _format, _signals
+import ckptlib._format as _format
+import ckptlib._signals as _signals
+from ckptlib._background import BackgroundWriters
 from ckptlib._cache import HostCache
+from ckptlib._commit import MultiRankCommit
 from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
-from ckptlib._events import LOG_PREFIX, CheckpointResult, install_console_handler
-from ckptlib._plan import StatePlan, plan_object, plan_state, restore_rng_state, unwrap_optimizer
+from ckptlib._events import LOG_PREFIX, install_console_handler
+from ckptlib._hooks import StagingPoints
+from ckptlib._jobs import Job, JobBook
+from ckptlib._plan import StatePlan, plan_object, plan_state, restore_rng_state
+from ckptlib._reader import read_checkpoint
 from ckptlib._stage import Stager
-from ckptlib._writer import FileSink, WriteItem
+from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
+from ckptlib._writer import WriteItem
 
 logger = logging.getLogger(__name__)
 
-_COMMIT_TIMEOUT_S = float(os.environ.get("CKPT_COMMIT_TIMEOUT_S", "600"))
-_POLL_S = 0.01
-_IDLE_STAGING_S = 0.2
 # How long shutdown waits for each writer thread to return once everything in flight is done.
 _JOIN_TIMEOUT_S = 5.0
-
-
-class _StagingHook:
-    """A hook that lets the engine stage a little (or, ``force``, everything left).
-
-    It holds the engine weakly, and pickles and copies as a no-op, so models and optimizers
-    carrying it stay picklable.
-    """
-
-    def __init__(self, engine: CheckpointEngine | None, *, force: bool = False) -> None:
-        self._engine = weakref.ref(engine) if engine is not None else None
-        self._force = force
-
-    def __call__(self, *_args: Any, **_kwargs: Any) -> None:
-        engine = self._engine() if self._engine is not None else None
-        if engine is not None:
-            try:
-                engine._stage_at_hook(force=self._force)
-            except Exception:  # noqa: BLE001 - a checkpoint must never break the training step
-                logger.exception("%s staging failed", LOG_PREFIX)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_StagingHook, (None,), {"_force": self._force})
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be found, read or written."""
-
-
-@dataclass(frozen=True)
-class LoadedCheckpoint:
-    """A checkpoint read back by ``CheckpointEngine.load``.
-
-    Attributes:
-        step: The step it was saved at.
-        path: Its committed directory.
-        state: Key → loaded object (state dicts, ``rng_state``), as given to ``save``.
-    """
-
-    step: int
-    path: Path
-    state: dict[str, Any]
-
-
-@dataclass(eq=False)
-class _Job:
-    step: int
-    directory: Path
-    target: Path
-    plan: StatePlan
-    started: float
-    blocking_s: float = 0.0
-    bytes: int = 0
-    error: str | None = None
-    # A file at a path the caller lays out and commits itself (``save_file``).
-    external: bool = False
-    files_left: int = 0
-    staged: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    result: CheckpointResult | None = None
 
 
 class CheckpointEngine:
@@ -162,32 +108,29 @@ class CheckpointEngine:
         self.stop_requested = threading.Event()
         self.on_commit: list[Callable[[CheckpointResult], None]] = []
 
-        self._jobs: list[_Job] = []
-        self._jobs_lock = threading.Lock()
-        self._results: list[CheckpointResult] = []
-        self._unreported: list[CheckpointResult] = []
-        self._commit_lock = threading.Lock()
-        self._write_queue: queue.Queue[WriteItem | None] = queue.Queue()
+        self._jobs = JobBook(rank=self.place.rank, on_commit=self.on_commit)
+        self._closed = threading.Event()
+        self._committer = MultiRankCommit(root=self.root, place=self.place, closed=self._closed)
+        write_queue: queue.Queue[WriteItem | None] = queue.Queue()
         # Chunks kept ahead of the writers at ordinary staging points.
-        self._window_bytes = min(self.cache.limit_bytes, max(4, 2 * parser_threads) * self.cache.chunk_bytes)
-        self._stager = Stager(self.cache, window_bytes=self._window_bytes, hand_over=self._write_queue.put)
-        # Chunks kept for reuse (a fresh chunk costs page faults): the window, and room for what
-        # the pre-step hook copies of live ranges the disk has not reached (0.12–0.2 s at that
-        # hook with 2 windows kept, 0.09 s with 4, for a 2 GB state on the development VM).
-        self._keep_bytes = 4 * self._window_bytes
-        self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._hooked_points: set[str] = set()
-        self._hook_handles: list[Any] = []
-        self._closed = False
+        window_bytes = min(self.cache.limit_bytes, max(4, 2 * parser_threads) * self.cache.chunk_bytes)
+        self._stager = Stager(self.cache, window_bytes=window_bytes, hand_over=write_queue.put)
+        self._points = StagingPoints(self._stager, self._jobs)
+        self._writers = BackgroundWriters(
+            write_queue,
+            count=parser_threads,
+            stager=self._stager,
+            cache=self.cache,
+            # Chunks kept for reuse (a fresh chunk costs page faults): the window, and room for
+            # what the pre-step hook copies of live ranges the disk has not reached (0.12–0.2 s at
+            # that hook with 2 windows kept, 0.09 s with 4, for a 2 GB state on the development VM).
+            keep_bytes=4 * window_bytes,
+            finished=self._finish,
+        )
 
         if self.place.rank == 0:
             _format.remove_stale_tmp_dirs(self.root)
-        self._threads = [
-            threading.Thread(target=self._write_loop, name=f"ckptlib-writer-{i}", daemon=True)
-            for i in range(parser_threads)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._writers.start()
         if handle_signals:
             _signals.register(self)
 
@@ -220,7 +163,7 @@ class CheckpointEngine:
             True if a checkpoint was started; False if ``step`` is already saved or could not
             be started (the error is logged and training goes on).
         """
-        if self._closed:
+        if self._closed.is_set():
             raise CheckpointError("the checkpoint engine is shut down")
         began = time.perf_counter()
         if self._is_known_step(step):
@@ -238,23 +181,22 @@ class CheckpointEngine:
                 capture_rng=capture_rng,
             )
         except Exception as error:  # noqa: BLE001 - reported, training goes on
-            job = _Job(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
-            self._fail(job, f"cannot plan the checkpoint: {error}")
+            job = Job(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
+            self._jobs.fail(job, f"cannot plan the checkpoint: {error}")
             return False
-        job = _Job(step=step, directory=directory, target=target, plan=plan, started=began)
+        job = Job(step=step, directory=directory, target=target, plan=plan, started=began)
         job.files_left = len(plan.files)
         try:
             directory.mkdir(parents=True, exist_ok=True)
             if write_extra_files is not None:
                 write_extra_files(directory)
         except Exception as error:  # noqa: BLE001 - reported, training goes on
-            self._fail(job, f"cannot create {directory}: {error}")
+            self._jobs.fail(job, f"cannot create {directory}: {error}")
             return False
         for optimizer in plan.optimizers:
             self.watch(optimizer)
-        self._hook_forward_passes()
-        with self._jobs_lock:
-            self._jobs.append(job)
+        self._points.hook_forward_passes()
+        self._jobs.add(job)
         if not job.plan.files:
             # A rank with nothing to write still reports done, so rank 0 can commit.
             job.staged.set()
@@ -276,17 +218,16 @@ class CheckpointEngine:
         tensors are staged before the next step of an optimizer given to ``watch``, or before
         this returns when none is watched.
         """
-        if self._closed:
+        if self._closed.is_set():
             raise CheckpointError("the checkpoint engine is shut down")
         began = time.perf_counter()
         target = Path(path)
-        watched = any(isinstance(candidate, torch.optim.Optimizer) for candidate in self._hooked)
+        watched = self._points.watches_an_optimizer()
         plan = StatePlan(files=[plan_object(target.name, obj, background=True)])
-        job = _Job(step=-1, directory=target.parent, target=target, plan=plan, started=began, external=True)
+        job = Job(step=-1, directory=target.parent, target=target, plan=plan, started=began, external=True)
         job.files_left = 1
-        self._hook_forward_passes()
-        with self._jobs_lock:
-            self._jobs.append(job)
+        self._points.hook_forward_passes()
+        self._jobs.add(job)
         self._stager.add(job, live=watched)
         self._stager.run(force=not watched)
         job.blocking_s += time.perf_counter() - began
@@ -303,8 +244,7 @@ class CheckpointEngine:
             ``wait(persist=True)`` (committed or failed), oldest first; else [].
         """
         self._stager.run(force=True)
-        with self._jobs_lock:
-            jobs = list(self._jobs)
+        jobs = self._jobs.in_flight()
         deadline = None if timeout is None else time.monotonic() + timeout
         for job in jobs:
             event = job.done if persist else job.staged
@@ -312,9 +252,7 @@ class CheckpointEngine:
             event.wait(remaining)
         if not persist:
             return []
-        with self._jobs_lock:
-            reported, self._unreported = self._unreported, []
-        return reported
+        return self._jobs.take_unreported()
 
     def staging_stats(self) -> dict[str, int]:
         """Bytes this engine copied into the host cache, and bytes it wrote straight from live
@@ -332,7 +270,7 @@ class CheckpointEngine:
     @property
     def results(self) -> tuple[CheckpointResult, ...]:
         """Every finished checkpoint of this engine, in finishing order."""
-        return tuple(self._results)
+        return tuple(self._jobs.results)
 
     def load(
         self,
@@ -356,8 +294,6 @@ class CheckpointEngine:
         Raises:
             CheckpointError: No such committed checkpoint.
         """
-        from ckptlib._reader import read_checkpoint
-
         if step is None or step == -1:
             step = self.latest_step()
             if step is None:
@@ -373,30 +309,23 @@ class CheckpointEngine:
 
     def shutdown(self, *, timeout: float | None = None) -> None:
         """Waits for the checkpoints in flight to persist, then stops the threads."""
-        if self._closed:
+        if self._closed.is_set():
             return
         self.wait(persist=True, timeout=timeout)
-        self._closed = True
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles.clear()
-        for _ in range(self.options.parser_threads):
-            self._write_queue.put(None)
+        self._closed.set()
+        self._points.remove()
         # Joined, not left to die with the interpreter: a daemon thread still inside a torch call
         # that released the GIL when Python finalizes aborts the process ("terminate called
-        # without an active exception", pytorch/pytorch#38228).
-        with self._jobs_lock:
-            settled = not self._jobs  # a job leaves the list when it completes
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                # Past the timeout (a grace period ran out) they may still be writing: don't wait.
-                thread.join(timeout=_JOIN_TIMEOUT_S if settled else 0)
+        # without an active exception", pytorch/pytorch#38228). Past the timeout (a grace period
+        # ran out) they may still be writing: then don't wait.
+        settled = self._jobs.empty()  # a job leaves the list when it completes
+        self._writers.stop(join_timeout=_JOIN_TIMEOUT_S if settled else 0)
         self.cache.clear()
         _signals.unregister(self)
 
     def final_checkpoint(self) -> None:
         """Takes the final checkpoint (if ``final_state`` is set) and waits for it, within the grace."""
-        if self._closed:
+        if self._closed.is_set():
             return
         try:
             if self.final_save is not None:
@@ -418,204 +347,20 @@ class CheckpointEngine:
         only thing that changes parameters and optimizer state. ``save`` calls this for the
         optimizers in its state.
         """
-        optimizer = unwrap_optimizer(optimizer) or optimizer
-        if optimizer in self._hooked:
-            return
-        self._hooked.add(optimizer)
-        self._hook_handles.append(optimizer.register_step_pre_hook(_StagingHook(self, force=True)))
-        for group in optimizer.param_groups:
-            for parameter in group["params"]:
-                if parameter.requires_grad and parameter not in self._hooked:
-                    self._hooked.add(parameter)
-                    hook = _StagingHook(self, force=False)
-                    self._hook_handles.append(parameter.register_post_accumulate_grad_hook(hook))
-
-    def _hook_forward_passes(self) -> None:
-        if "forward" not in self._hooked_points:
-            self._hooked_points.add("forward")
-            hook = _StagingHook(self, force=False)
-            self._hook_handles.append(torch.nn.modules.module.register_module_forward_pre_hook(hook))
+        self._points.watch(optimizer)
 
     def _stage_at_hook(self, *, force: bool) -> None:
-        if self._stager.idle:
-            return
-        with self._jobs_lock:
-            pending = [job for job in self._jobs if not job.staged.is_set()]
-        began = time.perf_counter()
-        if self._stager.run(force=force) and pending:
-            pending[0].blocking_s += time.perf_counter() - began
+        self._points.stage(force=force)
 
-    def _write_loop(self) -> None:
-        while True:
-            try:
-                # Poll only while a checkpoint is staging: an idle thread waking 20 times a second
-                # measurably slowed a 2-core training loop (its steps took 7 % longer).
-                item = self._write_queue.get(timeout=None if self._stager.idle else _POLL_S * 5)
-            except queue.Empty:
-                if not self._stager.idle and time.monotonic() - self._stager.last_run > _IDLE_STAGING_S:
-                    # Training has not reached a staging point for a while: stage in its place.
-                    self._stager.run(force=False)
-                continue
-            if item is None:
-                return
-            self._write(item)
-
-    def _write(self, item: WriteItem) -> None:
-        job, sink = item.job, item.sink
-        if item.end:
-            if sink.end():
-                self._close_file(job, sink)
-            return
-        if item.chunk is not None or item.live is not None:
-            live_ok = item.live is None or self._stager.begin_live_write(item)
-            try:
-                if item.ready is not None:
-                    item.ready.synchronize()
-                if job.error is None and live_ok:
-                    sink.write(item)
-                    with job.lock:
-                        job.bytes += item.length
-            except Exception as error:  # noqa: BLE001 - reported, training goes on
-                self._fail_in_flight(job, f"writing {sink.path.name} failed: {error}")
-            finally:
-                if item.chunk is not None:
-                    self.cache.release(item.chunk, keep_bytes=self._keep_bytes)
-                if item.live is not None:
-                    self._stager.end_live_write(item)
-        if sink.done_one():
-            self._close_file(job, sink)
-
-    def _close_file(self, job: _Job, sink: FileSink) -> None:
-        try:
-            sink.close(durable=job.error is None)
-        except Exception as error:  # noqa: BLE001
-            self._fail_in_flight(job, f"writing {sink.path.name} failed: {error}")
-        with job.lock:
-            job.files_left -= 1
-            last = job.files_left == 0
-        if last:
-            self._finish(job)
-
-    def _finish(self, job: _Job) -> None:
+    def _finish(self, job: Job) -> None:
+        """A job's last file is closed (on a writer thread): commit it, then end it."""
         if job.external:
-            try:
-                if job.error is None:
-                    _format.fsync_path(job.directory)
-            except OSError as error:
-                job.error = f"commit failed: {error}"
-            self._complete(job)
-            return
-        try:
-            if job.error is None:
-                self._mark_rank_done(job)
-                if self.place.rank == 0:
-                    self._commit(job)
-                else:
-                    self._await_commit(job)
-        except Exception as error:  # noqa: BLE001
-            job.error = job.error or f"commit failed: {error}"
-        if job.error is not None:
-            self._mark_rank_failed(job)
-            if self.place.rank == 0:
-                _format.remove_tree(job.directory)
-        self._complete(job)
-
-    def _mark_rank_done(self, job: _Job) -> None:
-        for path in job.directory.iterdir():
-            if path.is_file() and not path.name.startswith("."):
-                _format.fsync_path(path)
-        _format.write_bytes_durably(_format.rank_marker(job.directory, self.place.rank), b"ok\n")
-
-    def _mark_rank_failed(self, job: _Job) -> None:
-        try:
-            (job.directory / f".rank-{self.place.rank}.failed").write_text(job.error or "failed")
-        except OSError:
-            pass
-
-    def _commit(self, job: _Job) -> None:
-        deadline = time.monotonic() + _COMMIT_TIMEOUT_S
-        for rank in range(1, self.place.world_size):
-            while not _format.rank_marker(job.directory, rank).exists():
-                failed = job.directory / f".rank-{rank}.failed"
-                if failed.exists():
-                    raise CheckpointError(f"rank {rank} failed: {failed.read_text()}")
-                if time.monotonic() > deadline:
-                    raise CheckpointError(f"rank {rank} did not finish within {_COMMIT_TIMEOUT_S:.0f}s")
-                time.sleep(_POLL_S)
-        files = {
-            path.name: path.stat().st_size
-            for path in sorted(job.directory.iterdir())
-            if path.is_file() and not path.name.startswith(".")
-        }
-        manifest = {
-            "format": _format.FORMAT_VERSION,
-            "step": job.step,
-            "world_size": self.place.world_size,
-            "keys": job.plan.keys,
-            "files": files,
-            "bytes": sum(files.values()),
-            "committed_at": time.time(),
-        }
-        _format.write_manifest(job.directory, manifest)
-        for marker in job.directory.glob(".rank-*"):
-            marker.unlink(missing_ok=True)
-        with self._commit_lock:
-            _format.commit(self.root, job.step)
-
-    def _await_commit(self, job: _Job) -> None:
-        deadline = time.monotonic() + _COMMIT_TIMEOUT_S
-        while not (job.target / _format.MANIFEST_NAME).exists():
-            if time.monotonic() > deadline:
-                raise CheckpointError(f"rank 0 did not commit step {job.step} within {_COMMIT_TIMEOUT_S:.0f}s")
-            if self._closed:
-                return
-            time.sleep(_POLL_S)
-
-    def _complete(self, job: _Job) -> None:
-        result = CheckpointResult(
-            step=job.step,
-            path=str(job.target),
-            bytes=job.bytes,
-            blocking_s=job.blocking_s,
-            persist_s=time.perf_counter() - job.started,
-            committed=job.error is None,
-            error=job.error,
-        )
-        job.result = result
-        self._results.append(result)
-        if job.external:
-            if not result.committed:
-                logger.error("%s writing %s failed: %s", LOG_PREFIX, job.target, job.error)
-        elif result.committed:
-            if self.place.rank == 0:
-                logger.info(result.log_line())
-            for callback in self.on_commit:
-                try:
-                    callback(result)
-                except Exception:  # noqa: BLE001 - rotation must not break training
-                    logger.exception("%s after-commit callback failed", LOG_PREFIX)
+            self._committer.settle_file(job)
         else:
-            logger.error("%s checkpoint step=%s failed: %s", LOG_PREFIX, job.step, job.error)
-        with self._jobs_lock:
-            self._unreported.append(result)
-            if job in self._jobs:
-                self._jobs.remove(job)
-        job.done.set()
-
-    def _fail_in_flight(self, job: _Job, message: str) -> None:
-        with job.lock:
-            if job.error is None:
-                job.error = message
-
-    def _fail(self, job: _Job, message: str) -> None:
-        job.error = message
-        job.staged.set()
-        if self.place.rank == 0:
-            _format.remove_tree(job.directory)
-        self._complete(job)
+            self._committer.settle(job)
+        self._jobs.complete(job)
 
     def _is_known_step(self, step: int) -> bool:
-        with self._jobs_lock:
-            if any(job.step == step for job in self._jobs):
-                return True
+        if self._jobs.has_step(step):
+            return True
         return (_format.committed_dir(self.root, step) / _format.MANIFEST_NAME).exists()

@@ -1,4 +1,8 @@
-"""Checkpoint results and the one console line logged per committed checkpoint."""
+"""The one console line logged per committed checkpoint, written and read back.
+
+``CommitEvent`` is what the line carries: ``CommitEvent.log_line`` writes it, ``parse_commit_line``
+reads it back (the console does, from job logs, without torch). Standard library only.
+"""
 
 from __future__ import annotations
 
@@ -20,45 +24,29 @@ COMMIT_LINE_RE = re.compile(
 
 
 @dataclass(frozen=True)
-class CheckpointResult:
-    """What happened to one checkpoint of this process.
+class CommitEvent:
+    """A committed checkpoint as its commit line tells it (one rank's part).
 
     Attributes:
         step: The training step saved.
-        path: The committed directory (or the one it would have been).
-        bytes: Bytes this rank wrote.
-        blocking_s: Seconds the training loop waited: inside ``save`` plus optimizer steps held
-            back until staging finished.
-        persist_s: Seconds from the ``save`` call until the checkpoint was committed.
-        committed: Whether the checkpoint reached disk whole and became selectable.
-        error: Why it was not committed, when it was not.
+        bytes: Bytes the logging rank wrote.
+        blocking_s: Seconds the training loop waited for it.
+        persist_s: Seconds from the ``save`` call until it was committed.
+        path: The committed directory.
     """
 
     step: int
-    path: str
     bytes: int
     blocking_s: float
     persist_s: float
-    committed: bool
-    error: str | None = None
+    path: str
 
     def log_line(self) -> str:
-        """The console line for a committed checkpoint (see ``COMMIT_LINE_RE``)."""
+        """The console line (see ``COMMIT_LINE_RE``)."""
         return (
             f"{LOG_PREFIX} committed step={self.step} bytes={self.bytes} "
             f"blocking_s={self.blocking_s:.6f} persist_s={self.persist_s:.6f} path={self.path}"
         )
-
-
-@dataclass(frozen=True)
-class CommitEvent:
-    """A committed checkpoint as parsed back from a log line."""
-
-    step: int
-    bytes: int
-    blocking_s: float
-    persist_s: float
-    path: str
 
 
 def parse_commit_line(line: str) -> CommitEvent | None:

@@ -21,11 +21,8 @@ from typing import Any
 
 import torch
 
-from ckptlib import _format
-
-
-Piece = bytes | tuple[int, int, int]
-"""A run of a file's bytes: literal bytes, or ``(slot, start, length)`` of a slot's tensor bytes."""
+import ckptlib._format as _format
+from ckptlib._torchfile import Piece, streamed_pieces
 
 
 @dataclass(eq=False)
@@ -189,8 +186,6 @@ def _plan_value(name: str, value: Any, *, guarded: bool) -> FilePlan:
 def plan_object(name: str, obj: Any, *, background: bool) -> FilePlan:
     """A ``.pt`` file: streamed storage by storage when ``background``, else serialized now."""
     if background:
-        from ckptlib._torchfile import streamed_pieces
-
         streamed = streamed_pieces(obj)
         if streamed is not None:
             slots, pieces = streamed

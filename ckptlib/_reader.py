@@ -8,23 +8,22 @@ from typing import Any
 
 import torch
 
-from ckptlib import _format
+import ckptlib._format as _format
 from ckptlib._dist import ProcessPlace
+from ckptlib._types import CheckpointError, LoadedCheckpoint
 
 _SAFETENSORS_CODES = {code: dtype for dtype, code in _format._SAFETENSORS_DTYPES.items()}
 
 
-def read_checkpoint(directory: Path, *, place: ProcessPlace, map_location: str | torch.device) -> Any:
+def read_checkpoint(directory: Path, *, place: ProcessPlace, map_location: str | torch.device) -> LoadedCheckpoint:
     """Loads every file this rank needs from a committed checkpoint.
 
     Returns:
-        A ``LoadedCheckpoint``.
+        The checkpoint.
 
     Raises:
         CheckpointError: The directory is not a committed checkpoint.
     """
-    from ckptlib._engine import CheckpointError, LoadedCheckpoint
-
     try:
         manifest = _format.read_manifest(directory)
     except (OSError, ValueError) as error:

@@ -14,20 +14,33 @@ import signal
 import sys
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ckptlib._engine import CheckpointEngine
+from ckptlib._config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
 
-_engines: weakref.WeakSet[CheckpointEngine] = weakref.WeakSet()
+
+class SignalledEngine(Protocol):
+    """What the handlers need of ``ckptlib.CheckpointEngine`` (named here, not imported: the
+    engine imports this module)."""
+
+    options: RuntimeConfig
+    stop_requested: threading.Event
+    defer_final_checkpoint: bool
+
+    def final_checkpoint(self) -> None: ...
+
+    def shutdown(self, *, timeout: float | None = None) -> None: ...
+
+
+_engines: weakref.WeakSet[SignalledEngine] = weakref.WeakSet()
 _previous_handler: Any = None
 _installed = False
 _lock = threading.Lock()
 
 
-def register(engine: CheckpointEngine) -> None:
+def register(engine: SignalledEngine) -> None:
     """Covers ``engine`` by the SIGTERM handler and the exit hook."""
     global _installed, _previous_handler
     with _lock:
@@ -40,7 +53,7 @@ def register(engine: CheckpointEngine) -> None:
         _installed = True
 
 
-def unregister(engine: CheckpointEngine) -> None:
+def unregister(engine: SignalledEngine) -> None:
     with _lock:
         _engines.discard(engine)
 

@@ -129,9 +129,7 @@ class Stager:
 
     def _abandon(self, cursor: _Cursor, message: str) -> None:
         """Fails the checkpoint and hands over the rest of its files as ends, without copying."""
-        job = cursor.job
-        with job.lock:
-            job.error = job.error or message
+        cursor.job.fail_in_flight(message)
         if not cursor.copied:
             cursor.copied = self._advance(cursor, force=True)
         self._take_back_live(cursor)  # with the error set: revokes without copying

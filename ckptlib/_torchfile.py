@@ -27,9 +27,11 @@ import numpy as np
 import torch
 from torch.serialization import DEFAULT_PROTOCOL, location_tag
 
-from ckptlib._plan import Piece
-
 _PAGE = 4096
+
+Piece = bytes | tuple[int, int, int]
+"""A run of a file's bytes: literal bytes, or ``(slot, start, length)`` of a slot's tensor bytes
+(``ckptlib._plan.FilePlan.pieces``)."""
 
 
 def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece]] | None:

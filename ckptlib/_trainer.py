@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
-from ckptlib import _format
+import ckptlib._format as _format
 from ckptlib._config import parse_runtime_config
 from ckptlib._engine import CheckpointEngine
-from ckptlib._events import LOG_PREFIX, CheckpointResult
+from ckptlib._events import LOG_PREFIX
+from ckptlib._types import CheckpointResult
 
 logger = logging.getLogger(__name__)
 

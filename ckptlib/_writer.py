@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ckptlib import _format
+import ckptlib._format as _format
 from ckptlib._cache import PAGE, Chunk
 
 _DIRECT = getattr(os, "O_DIRECT", 0)

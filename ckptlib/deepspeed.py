@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from ckptlib._engine import CheckpointEngine, CheckpointError
-from ckptlib._events import LOG_PREFIX, CheckpointResult
+from ckptlib._engine import CheckpointEngine
+from ckptlib._events import LOG_PREFIX
+from ckptlib._types import CheckpointError, CheckpointResult
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from itertools import accumulate
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ckptlib._events import parse_commit_line
+from ckptlib import CommitEvent, parse_commit_line
 
 NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 # A cheap test that skips most lines before any of the patterns below runs.
@@ -64,20 +64,9 @@ class Progress:
 
 
 @dataclass(frozen=True)
-class CheckpointRecord:
-    """A committed checkpoint as one rank's commit line told it."""
-
-    step: int
-    bytes: int
-    blocking_s: float
-    persist_s: float
-    path: str
-
-
-@dataclass(frozen=True)
 class LineMetrics:
     progress: Progress | None = None
-    checkpoint: CheckpointRecord | None = None
+    checkpoint: CommitEvent | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +86,7 @@ class BatchMetrics:
 
     progress: Progress = field(default_factory=Progress)
     samples: list[MetricSample] = field(default_factory=list)
-    checkpoints: list[tuple[CheckpointRecord, datetime]] = field(default_factory=list)
+    checkpoints: list[tuple[CommitEvent, datetime]] = field(default_factory=list)
     changed: bool = False
 
 
@@ -170,13 +159,7 @@ def parse_line(text: str) -> LineMetrics | None:
 def parse_candidate(text: str) -> LineMetrics | None:
     if "[Concurrent Checkpoint]" in text:
         event = parse_commit_line(text)
-        if event is not None:
-            return LineMetrics(
-                checkpoint=CheckpointRecord(
-                    step=event.step, bytes=event.bytes, blocking_s=event.blocking_s, persist_s=event.persist_s, path=event.path
-                )
-            )
-        return None
+        return LineMetrics(checkpoint=event) if event is not None else None
     progress = parse_trainer_dict(text) if "{'" in text else None
     if progress is None:
         progress = parse_tqdm(text)

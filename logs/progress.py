@@ -16,8 +16,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from ckptlib import CommitEvent
 from jobs.realtime import job_metrics_group, jobs_group, publish
-from logs.metrics import BatchMetrics, CheckpointRecord, LineMetrics, Progress, fold, parse_lines
+from logs.metrics import BatchMetrics, LineMetrics, Progress, fold, parse_lines
 from logs.models import Checkpoint, JobProgress, MetricPoint
 
 logger = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def thin_points(job_id: int) -> int:
     return len(ids) - len(doomed)
 
 
-def save_checkpoints(job_id: int, attempt: int, records: list[tuple[CheckpointRecord, datetime]]) -> list[Checkpoint]:
+def save_checkpoints(job_id: int, attempt: int, records: list[tuple[CommitEvent, datetime]]) -> list[Checkpoint]:
     """Store commit lines; ranks committing the same step add up into one row."""
     by_step: dict[int, Checkpoint] = {
         c.step: c for c in Checkpoint.objects.filter(job_id=job_id, attempt=attempt, step__in={r.step for r, _ in records})

@@ -9,7 +9,7 @@ from channels.layers import get_channel_layer
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ckptlib._events import CheckpointResult
+from ckptlib import CheckpointResult
 from jobs.realtime import job_metrics_group
 from logs import progress as progress_module
 from logs.models import Checkpoint, JobProgress, MetricPoint

@@ -5,8 +5,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ckptlib._events import CheckpointResult
-from logs.metrics import CheckpointRecord, Progress, fold_lines, parse_line
+from ckptlib import CheckpointResult, CommitEvent
+from logs.metrics import Progress, fold_lines, parse_line
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -58,7 +58,7 @@ def test_it_reads_ckptlib_commit_lines_as_checkpoints():
     line = CheckpointResult(step=40, path="/out/concurrent_checkpoint/step-40", bytes=1234, blocking_s=0.0123, persist_s=1.5, committed=True).log_line()
     found = parse_line("[2026-11-30 12:00:00,000] [INFO] [_engine.py:10:save] " + line)
     assert found is not None and found.progress is None
-    assert found.checkpoint == CheckpointRecord(step=40, bytes=1234, blocking_s=0.0123, persist_s=1.5, path="/out/concurrent_checkpoint/step-40")
+    assert found.checkpoint == CommitEvent(step=40, bytes=1234, blocking_s=0.0123, persist_s=1.5, path="/out/concurrent_checkpoint/step-40")
 
 
 def test_a_batch_folds_into_the_latest_progress_and_one_sample_per_step():
