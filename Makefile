@@ -8,6 +8,10 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: run test clean-venv
 
 $(STAMP): pyproject.toml
+	@# Jobs run in a bubblewrap sandbox: install it where we may (root with apt), else say so.
+	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
+	  echo "WARNING: bubblewrap (bwrap) is not installed: jobs will not run until it is (apt-get install bubblewrap) or JOB_SANDBOX=off is set."
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first, pinned, so nothing pulls a multi-GB CUDA build.

@@ -12,9 +12,11 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Q
 
-from agent.processes import RUNNER_MODULE, job_dir, run_dir
+from agent import sandbox
+from agent.processes import RUNNER_MODULE, run_dir
 from jobs.models import AttemptNode, Image, JobAttempt, TrainingJob
 from jobs.services import runs
+from jobs.services.paths import PathRefused, job_dir, output_dir_of, volumes_of
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +36,38 @@ def latest_checkpoint_step(output_dir: str) -> int | None:
     return read_latest(checkpoint_root(output_dir))
 
 
-def output_dir_of(job: TrainingJob) -> str:
-    return job.output_dir or str(job_dir(job.pk) / "output")
+class SandboxUnavailable(RuntimeError):
+    """Jobs must run sandboxed and this node cannot start a sandbox."""
+
+
+def simulated_devices(node_name: str, gpu_count: int) -> Path:
+    """A simulated node's stand-in device nodes (plain files), made on first use."""
+    directory = Path(settings.SIMULATED_DEVICE_DIR) / node_name
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in [f"nvidia{i}" for i in range(gpu_count)] + ["nvidiactl"]:
+        (directory / name).touch(exist_ok=True)
+    return directory
+
+
+def sandbox_policy(job: TrainingJob, part: AttemptNode, runtime: str, workdir: Path, output_dir: str) -> dict | None:
+    """What the run may see (``agent.sandbox``); None where an operator turned the sandbox off."""
+    if settings.JOB_SANDBOX == "off":
+        return None
+    ready, why = sandbox.availability()
+    if not ready:
+        raise SandboxUnavailable(f"this node cannot sandbox jobs: {why}; install bubblewrap or set JOB_SANDBOX=off")
+    node = part.node
+    device_dir = simulated_devices(node.name, node.gpus.count()) if node.simulated else Path("/dev")
+    volumes = volumes_of(job.project)
+    hidden = {settings.VAR_DIR, settings.JOB_WORK_ROOT, settings.PROJECT_DATA_ROOT}
+    return {
+        "bwrap": sandbox.bwrap_path(),
+        "hidden": sorted(str(Path(p).resolve()) for p in hidden),
+        "readonly": [runtime, *(v.path for v in volumes if v.read_only)],
+        "writable": [str(workdir), output_dir, *(v.path for v in volumes if not v.read_only)],
+        "devices": sandbox.gpu_devices(part.gpu_indices, device_dir=str(device_dir)),
+        "home": "/tmp",
+    }
 
 
 def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> dict[str, str]:
@@ -101,7 +133,11 @@ class Launcher:
         claimed = [p for p in mine if AttemptNode.objects.filter(pk=p.pk, runner_pid__isnull=True).update(runner_pid=0)]
         if not claimed:
             return
-        output_dir = output_dir_of(job)
+        try:
+            output_dir = str(output_dir_of(job))
+        except PathRefused as exc:
+            runs.launch_failed(attempt, f"output directory refused: {exc}")
+            return
         if attempt.number > 1:
             attempt.resume_step = latest_checkpoint_step(output_dir)
             if claimed[0].rank == 0:
@@ -110,6 +146,10 @@ class Launcher:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
             for part in claimed:
                 self.start_runner(job, attempt, part, image.runtime, output_dir)
+        except SandboxUnavailable as exc:
+            logger.error("job %s: %s", job.pk, exc)
+            runs.launch_failed(attempt, str(exc))
+            return
         except OSError as exc:
             logger.exception("job %s: launch failed", job.pk)
             runs.launch_failed(attempt, str(exc))
@@ -128,14 +168,19 @@ class Launcher:
         for stale in ("pid.json", "exit.json", "output.jsonl"):
             (directory / stale).unlink(missing_ok=True)
         workdir = job_dir(job.pk) / "work"
+        workdir.mkdir(parents=True, exist_ok=True)
         spec = {
             "command": job.command,
             "cwd": str(workdir),
             "env": run_env(job, attempt, part, runtime, output_dir),
             "max_line_chars": settings.LOG_MAX_LINE_CHARS,
+            "sandbox": sandbox_policy(job, part, runtime, workdir, output_dir),
         }
         spec_path = directory / "spec.json"
-        spec_path.write_text(json.dumps(spec))
+        # The spec holds the job's environment (its secrets): the agent's eyes only.
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(spec))
         with open(directory / "runner.log", "ab") as err:
             child = subprocess.Popen(
                 [sys.executable, "-m", RUNNER_MODULE, str(spec_path)],

@@ -136,18 +136,30 @@ class NodeAgent:
         """Ingest new output of every live run and report the runs that ended; returns how many."""
         ended = 0
         for part in self.live_parts().select_related("attempt", "node"):
-            directory = run_dir(part)
-            exit_info = read_json(directory / "exit.json")  # read first: once it exists, output is whole
-            drained = self.drain(part, directory)
+            try:
+                ended += self.collect_part(part)
+            except Exception:
+                # One run's bad output or exit record must not stop the others being served.
+                logger.exception("job %s: collecting attempt %s rank %s failed", part.attempt.job_id, part.attempt.number, part.rank)
             self.heartbeat()
-            if exit_info is not None:
-                if drained:
-                    self.part_ended(part, exit_info.get("exit_code"), exit_info.get("signal"), "")
-                    ended += 1
-            elif not self.runner_alive(part, directory):
-                self.part_ended(part, None, None, "the run's supervisor process was lost")
-                ended += 1
         return ended
+
+    def collect_part(self, part: AttemptNode) -> int:
+        directory = run_dir(part)
+        exit_info = read_json(directory / "exit.json")  # read first: once it exists, output is whole
+        drained = self.drain(part, directory)
+        if exit_info is not None:
+            if not drained:
+                return 0
+            code, sig = exit_info.get("exit_code"), exit_info.get("signal")
+            code = code if isinstance(code, int) and not isinstance(code, bool) and -(2**31) <= code < 2**31 else None
+            sig = sig if isinstance(sig, int) and not isinstance(sig, bool) and 0 < sig < 128 else None
+            self.part_ended(part, code, sig, "" if code is not None or sig else "the run's exit record was unreadable")
+            return 1
+        if not self.runner_alive(part, directory):
+            self.part_ended(part, None, None, "the run's supervisor process was lost")
+            return 1
+        return 0
 
     def drain(self, part: AttemptNode, directory: Path) -> bool:
         """Ingest the run's next output lines; True once everything written so far is stored."""

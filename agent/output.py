@@ -46,25 +46,43 @@ class OutputReader:
         try:
             # One parse for the whole slice; the runner writes one JSON object per line.
             parsed = json.loads(b"[" + b",".join(records) + b"]")
-        except ValueError:
+        except (ValueError, RecursionError):
             parsed = [parse_record(raw, part) for raw in records]
         lines = []
         for rec in parsed:
-            if rec is None:
-                continue
-            try:
-                lines.append(RawLine(int(rec["n"]), datetime.fromtimestamp(rec["t"], tz=UTC), str(rec["s"])))
-            except (ValueError, KeyError, TypeError):
+            line = checked_line(rec)
+            if line is None:
                 logger.warning("job %s: skipped an unreadable output record", part.attempt.job_id)
+            else:
+                lines.append(line)
         for start in range(0, len(lines), INGEST_BATCH):
             ingest_lines(job_id=part.attempt.job_id, stream=part.stream, attempt=part.attempt.number, lines=lines[start : start + INGEST_BATCH])
         self.offsets[part.pk] = offset + end + 1
         return at_end and end + 1 == len(chunk)
 
 
+# What a record may hold: a line number a database column takes, a time from 1970 to 2200.
+MAX_LINE_NO = 2**62
+MAX_TIMESTAMP = 7_258_118_400.0
+
+
+def checked_line(rec: object) -> RawLine | None:
+    """The line a record stands for, or None when any field is missing or out of range."""
+    if not isinstance(rec, dict):
+        return None
+    number, stamp, text = rec.get("n"), rec.get("t"), rec.get("s")
+    if isinstance(number, bool) or not isinstance(number, int) or not 0 < number < MAX_LINE_NO:
+        return None
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not 0 <= stamp < MAX_TIMESTAMP:
+        return None
+    if not isinstance(text, str):
+        return None
+    return RawLine(number, datetime.fromtimestamp(stamp, tz=UTC), text)
+
+
 def parse_record(raw: bytes, part: AttemptNode) -> dict | None:
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         logger.warning("job %s: skipped an unreadable output record", part.attempt.job_id)
         return None

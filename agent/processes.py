@@ -13,17 +13,13 @@ import signal
 from pathlib import Path
 
 import psutil
-from django.conf import settings
 
 from jobs.models import AttemptNode
+from jobs.services.paths import job_dir
 
 logger = logging.getLogger(__name__)
 
 RUNNER_MODULE = "agent.runner"
-
-
-def job_dir(job_id: int) -> Path:
-    return Path(settings.JOB_WORK_ROOT) / str(job_id)
 
 
 def run_dir(part: AttemptNode) -> Path:
@@ -38,22 +34,77 @@ def read_json(path: Path) -> dict | None:
 
 
 def signal_run(part: AttemptNode, sig: int) -> bool:
-    """Signal a run's process group by its pid.json; False if it has not recorded its group yet.
+    """Signal every process of a run; False if the run has not recorded its process group yet.
 
-    Works from any process of the machine the run is on (the agent, or the control plane for a
-    simulated node).
+    A run is all of its processes, whatever session they moved to (torchrun's, DeepSpeed's and
+    accelerate's workers start their own): each process descended from the run's group leader is
+    signalled. In the sandbox the leader is ``bwrap``, whose death ends the whole sandbox, so a
+    SIGTERM goes to the processes inside (the training can checkpoint) and a SIGKILL also to the
+    leader. Works from any process of the machine the run is on (the agent, or the control plane
+    for a simulated node).
     """
     pid_info = read_json(run_dir(part) / "pid.json")
     if not pid_info:
         return False
     try:
-        os.killpg(int(pid_info["pgid"]), sig)
-        logger.info("job %s: sent %s to attempt %s rank %s", part.attempt.job_id, signal.Signals(sig).name, part.attempt.number, part.rank)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        logger.warning("job %s: not allowed to signal process group %s", part.attempt.job_id, pid_info["pgid"])
+        pgid = int(pid_info["pgid"])
+    except (KeyError, TypeError, ValueError):
+        logger.warning("job %s: unreadable pid.json of attempt %s rank %s", part.attempt.job_id, part.attempt.number, part.rank)
+        return False
+    in_sandbox = sandboxed(pgid)
+    for process in run_processes(pgid):
+        if sig != signal.SIGKILL and in_sandbox and spared_from_term(process):
+            continue
+        try:
+            process.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.AccessDenied:
+            logger.warning("job %s: not allowed to signal process %s", part.attempt.job_id, process.pid)
+    if sig == signal.SIGKILL or not in_sandbox:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            logger.warning("job %s: not allowed to signal process group %s", part.attempt.job_id, pgid)
+    logger.info("job %s: sent %s to attempt %s rank %s", part.attempt.job_id, signal.Signals(sig).name, part.attempt.number, part.rank)
     return True
+
+
+def run_processes(pgid: int) -> list[psutil.Process]:
+    """The run's group leader and every process descended from it (children first)."""
+    try:
+        leader = psutil.Process(pgid)
+        return [*leader.children(recursive=True), leader]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def is_sandbox(process: psutil.Process) -> bool:
+    try:
+        return process.name() == "bwrap"
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def spared_from_term(process: psutil.Process) -> bool:
+    """``bwrap`` and the command's own shell: the sandbox ends when its first process exits, so
+    they must outlive the training processes a SIGTERM asks to checkpoint and exit."""
+    if is_sandbox(process):
+        return True
+    try:
+        parent = process.parent()
+        return process.name() == "bash" and parent is not None and is_sandbox(parent)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def sandboxed(pgid: int) -> bool:
+    try:
+        return is_sandbox(psutil.Process(pgid))
+    except psutil.NoSuchProcess:
+        return False
 
 
 def is_runner(pid: int) -> bool:

@@ -3,8 +3,9 @@
 Standard library only, no Django: the node agent starts it detached (its own session), so a
 restart of the console or the agent does not touch the training run. It
 
-1. starts the command with ``bash -c`` in a new process group and records that group in
-   ``pid.json`` (the agent signals the group to stop the run);
+1. starts the command with ``bash -c`` in a new process group, inside the sandbox the spec
+   describes (``agent.sandbox``; without one only where an operator turned it off), and records
+   that group in ``pid.json`` (the agent signals the run's processes through it);
 2. captures stdout and stderr merged, line by line and in order, as JSON lines
    ``{"n": line number, "t": unix time, "s": text}`` in ``output.jsonl``: invalid UTF-8 is
    replaced, carriage-return progress bars collapse to their last state, a line longer than the
@@ -20,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from agent.sandbox import wrap
 
 CUT_MARKER = " …[line cut at {limit} characters]"
 
@@ -51,8 +54,11 @@ def run(spec_path: Path) -> int:
     run_dir = spec_path.parent
     limit = int(spec.get("max_line_chars", 16384))
     Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
+    argv = ["bash", "-c", spec["command"]]
+    if spec.get("sandbox"):
+        argv = wrap(argv, policy=spec["sandbox"], cwd=spec["cwd"])
     proc = subprocess.Popen(
-        ["bash", "-c", spec["command"]],
+        argv,
         cwd=spec["cwd"],
         env=spec["env"],
         stdin=subprocess.DEVNULL,
@@ -69,6 +75,9 @@ def run(spec_path: Path) -> int:
             record = {"n": count, "t": time.time(), "s": clean_line(raw, limit)}
             out.write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
     code = proc.wait()
+    if spec.get("sandbox") and 128 < code < 128 + 65:
+        # bwrap reports a command killed by signal N as exit status 128 + N, as shells do.
+        code = -(code - 128)
     write_json_atomic(
         run_dir / "exit.json",
         {

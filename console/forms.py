@@ -10,7 +10,8 @@ from django.db.models import QuerySet
 
 from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, parse_env_text, validate_command
 from jobs.models import DNS_LABEL, Project, TrainingJob
-from jobs.services.creation import JOB_SETTINGS
+from jobs.services.creation import JOB_SETTINGS, personal_project_for
+from jobs.services.paths import PathRefused, check_output_dir
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
 
 IMAGE_REFERENCE = RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag, e.g. pytorch:2.13-py3.11.")
@@ -67,8 +68,9 @@ class TrainingJobForm(forms.Form):
         label="Output directory",
         required=False,
         max_length=500,
-        help_text="Optional absolute path; checkpoints go to its concurrent_checkpoint/ folder.",
-        widget=forms.TextInput(attrs={"spellcheck": "false", "placeholder": "/data/runs/my-job"}),
+        help_text="Optional: a folder in your project's data directory (a relative path is placed there) "
+        "or a writable project volume; empty keeps the job's own. Checkpoints go to its concurrent_checkpoint/ folder.",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "placeholder": "runs/my-job"}),
     )
     max_run_minutes = forms.IntegerField(
         label="Maximum run time (minutes)",
@@ -115,13 +117,15 @@ class TrainingJobForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(str(exc), code="env") from None
 
-    def clean_output_dir(self) -> str:
-        path = self.cleaned_data["output_dir"]
-        if path and not path.startswith("/"):
-            raise forms.ValidationError("Use an absolute path, starting with /.", code="relative")
-        if "\x00" in path:
-            raise forms.ValidationError("The path contains a NUL character.", code="nul")
-        return path
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        if data.get("output_dir"):
+            project = data.get("project") or personal_project_for(self.owner)
+            try:
+                data["output_dir"] = check_output_dir(data["output_dir"], project)
+            except PathRefused as exc:
+                self.add_error("output_dir", forms.ValidationError(str(exc), code="output_dir"))
+        return data
 
     def cleaned_job_fields(self) -> dict[str, Any]:
         data = dict(self.cleaned_data)

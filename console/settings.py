@@ -6,6 +6,7 @@ NVML is unavailable. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -25,8 +26,9 @@ if not SECRET_KEY:
 
         SECRET_KEY = secrets.token_urlsafe(50)
         try:
-            VAR_DIR.mkdir(parents=True, exist_ok=True)
-            _key_file.write_text(SECRET_KEY)
+            VAR_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with os.fdopen(os.open(_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as _fh:
+                _fh.write(SECRET_KEY)
         except OSError:
             pass
 
@@ -134,7 +136,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 12 * 3600}
 CELERY_BEAT_SCHEDULE = {"control-round": {"task": "jobs.place_jobs", "schedule": 1.0, "options": {"queue": "control", "expires": 5}}}
 
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -198,6 +203,16 @@ IMAGE_PULL_BACKOFF_MAX = env_float("IMAGE_PULL_BACKOFF_MAX", 300.0)
 # The image every install knows: the project's own Python environment.
 DEFAULT_IMAGE = env_str("DEFAULT_IMAGE", "pytorch:2.13-py3.11")
 DEFAULT_IMAGE_RUNTIME = env_str("DEFAULT_IMAGE_RUNTIME", sys.prefix)
+# Every run starts in a bubblewrap sandbox (agent.sandbox). "off" runs jobs with the agent's own
+# privileges: only for a machine that cannot sandbox and runs nobody else's code.
+JOB_SANDBOX = env_str("JOB_SANDBOX", "on")  # on | off
+# Host directories every project's jobs see, e.g. "/data:ro,/srv/code:ro" (default read-only;
+# ":rw" makes one writable). Operators add per-project volumes in the admin.
+JOB_VOLUMES = env_str("JOB_VOLUMES", "")
+# Output directories a job may choose lie under <PROJECT_DATA_ROOT>/<project name>/.
+PROJECT_DATA_ROOT = Path(env_str("PROJECT_DATA_ROOT", str(VAR_DIR / "projects")))
+# Stand-ins for simulated GPUs' device nodes (<dir>/<node>/nvidia<N>): a run sees only its own.
+SIMULATED_DEVICE_DIR = Path(env_str("SIMULATED_DEVICE_DIR", str(VAR_DIR / "sim-devices")))
 # Longest log line kept; longer lines are cut with a visible marker.
 LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 16384)
 MAX_FAILOVERS = 3

@@ -6,10 +6,30 @@ ckptlib's tests run without it.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
 import pytest
+
+from agent.sandbox import availability
+
+SANDBOX_READY, SANDBOX_WHY = availability()
+if not SANDBOX_READY and os.environ.get("JOB_SANDBOX") != "off":
+    if os.environ.get("REQUIRE_SANDBOX") == "1":
+        raise pytest.UsageError(f"REQUIRE_SANDBOX=1 but jobs cannot be sandboxed here: {SANDBOX_WHY}")
+    # Jobs run unsandboxed in this test run (the console processes the tests start included);
+    # the sandbox's own tests are skipped. pytest's header says so.
+    os.environ["JOB_SANDBOX"] = "off"
+
+
+def pytest_report_header(config) -> str:
+    if SANDBOX_READY:
+        return "job sandbox: on (bubblewrap)"
+    return f"job sandbox: OFF for this run ({SANDBOX_WHY}); its tests are skipped. Install bubblewrap to run them."
+
+
+needs_sandbox = pytest.mark.skipif(not SANDBOX_READY, reason=f"jobs cannot be sandboxed here: {SANDBOX_WHY}")
 
 
 @pytest.fixture(autouse=True)
@@ -20,6 +40,9 @@ def job_work_root(request, tmp_path):
         return None
     settings = request.getfixturevalue("settings")
     settings.JOB_WORK_ROOT = tmp_path / "jobs"
+    settings.PROJECT_DATA_ROOT = tmp_path / "projects"
+    settings.SIMULATED_DEVICE_DIR = tmp_path / "sim-devices"
+    settings.JOB_SANDBOX = os.environ.get("JOB_SANDBOX", "on")
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     return settings.JOB_WORK_ROOT
 

@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, TrainingJob
+from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, ProjectVolume, TrainingJob
 from jobs.services.actions import JobActionRefused, delete_job, request_stop
 from jobs.statuses import DELETABLE
 
@@ -71,12 +71,19 @@ class ImageAdmin(admin.ModelAdmin):
     search_fields = ("reference", "description")
 
 
+class ProjectVolumeInline(admin.TabularInline):
+    model = ProjectVolume
+    extra = 0
+    verbose_name = "volume (a host directory its jobs see at the same path)"
+
+
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     list_display = ("name", "description", "personal_for", "created_at")
     search_fields = ("name", "description")
     filter_horizontal = ("members",)
     list_select_related = ("personal_for",)
+    inlines = (ProjectVolumeInline,)
 
 
 class ReadOnlyInline(admin.TabularInline):

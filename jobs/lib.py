@@ -7,7 +7,8 @@ import shlex
 LAUNCHERS = ("python", "python3", "torchrun", "deepspeed", "accelerate")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Names the platform sets for every run; a job may not override them.
+# Names the platform sets for every run, or that change how the run's programs start: a job may
+# not set them, in its environment field or in its command's leading assignments.
 RESERVED_ENV = frozenset(
     {
         "CUDA_VISIBLE_DEVICES",
@@ -15,15 +16,30 @@ RESERVED_ENV = frozenset(
         "RANK",
         "LOCAL_RANK",
         "WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
         "NODE_RANK",
-        "JOB_NAME",
-        "JOB_ATTEMPT",
         "CKPT_LAST_STEP",
         "OUTPUT_DIR",
+        "PATH",
+        "HOME",
+        "VIRTUAL_ENV",
+        "PYTHONHOME",
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
     }
 )
+RESERVED_PREFIXES = ("JOB_", "MASTER_", "LD_", "BASH_FUNC_")
+
+
+def reserved_reason(name: str) -> str | None:
+    """Why a job may not set ``name`` (None: it may)."""
+    if name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES):
+        if name.startswith("LD_") or name in {"BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PYTHONHOME"} or name.startswith("BASH_FUNC_"):
+            return f"{name} is reserved: it changes how the platform starts the run's programs."
+        return f"{name} is set by the platform for every run and cannot be overridden."
+    return None
+
 
 EXAMPLE_COMMAND = (
     'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" \\\n'
@@ -82,6 +98,9 @@ def validate_command(command: str) -> None:
             raise CommandError(f"Line {number}: {exc} (check quotes).") from None
         rest = words
         while rest and ASSIGNMENT.match(rest[0]):
+            why = reserved_reason(rest[0].split("=", 1)[0])
+            if why:
+                raise CommandError(f"Line {number}: {why}")
             rest = rest[1:]
         if not rest:
             raise CommandError(f"Line {number}: only variable assignments; add the program to run.")
@@ -105,8 +124,9 @@ def validate_env(env: object) -> dict[str, str]:
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.match(name):
             raise ValueError(f"'{name}' is not a valid variable name (letters, digits and _, not starting with a digit).")
-        if name in RESERVED_ENV:
-            raise ValueError(f"{name} is set by the platform and cannot be overridden.")
+        why = reserved_reason(name)
+        if why:
+            raise ValueError(why)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError(f"The value of {name} must be a string or a number.")
         text = str(value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
@@ -42,6 +43,24 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ProjectVolume(models.Model):
+    """A host directory an operator maps into a project's jobs, at the same path."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="volumes")
+    path = models.CharField(max_length=500, help_text="Absolute host path, e.g. /data/imagenet; jobs see it at the same path.")
+    read_only = models.BooleanField(default=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "path"], name="volume_project_path")]
+
+    def __str__(self) -> str:
+        return f"{self.path} ({'ro' if self.read_only else 'rw'})"
+
+    def clean(self) -> None:
+        if not self.path.startswith("/") or ".." in self.path.split("/"):
+            raise ValidationError({"path": "Use an absolute host path without '..'."})
 
 
 class Image(models.Model):

@@ -1,7 +1,6 @@
 """The streamed download of a job's whole log stream, as plain text."""
 from __future__ import annotations
 
-import re
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -9,7 +8,7 @@ from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.views import APIView
 
 from jobs.models import TrainingJob
-from logs.queries import STREAM_NAME, stream_text
+from logs.queries import is_stream_name, stream_text
 
 class LogDownloadView(APIView):
     @extend_schema(
@@ -23,7 +22,7 @@ class LogDownloadView(APIView):
     )
     def get(self, request, pk: int):
         stream = request.query_params.get("stream", "master")
-        if not re.match(STREAM_NAME, stream):
+        if not is_stream_name(stream):
             raise ValidationError({"stream": "stream must be master or worker-<n>"})
         job = TrainingJob.objects.visible_to(request.user).filter(pk=pk).only("id", "name").first()
         if job is None:

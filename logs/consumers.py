@@ -11,7 +11,6 @@ Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or n
 from __future__ import annotations
 
 import asyncio
-import re
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -19,7 +18,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from jobs.realtime import job_group, log_group
 from jobs.statuses import TERMINAL
-from logs.queries import STREAM_NAME, attempt_banners, lines_after, tail_lines
+from logs.queries import is_stream_name, attempt_banners, lines_after, tail_lines
 
 BATCH_INTERVAL = 0.1  # seconds between live messages to one client
 BACKLOG_PAGE = 2000
@@ -38,7 +37,7 @@ def parse_params(query_string: bytes) -> tuple[str, int | None, int]:
     except UnicodeDecodeError:
         raise BadParameters("the query string is not valid UTF-8") from None
     stream = params.get("stream", ["master"])[-1]
-    if not re.match(STREAM_NAME, stream):
+    if not is_stream_name(stream):
         raise BadParameters("stream must be master or worker-<n>")
     after = None
     if "after" in params:

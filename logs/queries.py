@@ -2,6 +2,7 @@
 API, the log socket, the failover policy)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -9,7 +10,12 @@ from typing import Any
 from jobs.models import JobEvent
 from logs.models import LogLine
 
-STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"
+STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"  # as the API schema shows it
+
+
+def is_stream_name(name: str) -> bool:
+    """``master`` or ``worker-<n>``, exactly (``$`` alone would let a trailing newline through)."""
+    return re.fullmatch(STREAM_NAME[1:-1], name) is not None
 CHUNK = 5000
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.services.paths import default_output_dir
 from jobs.models import JobAttempt, JobEvent
 from jobs.statuses import JobStatus
 from logs.models import LogLine
@@ -21,10 +22,9 @@ def statuses(job) -> list[str]:
     return list(JobEvent.objects.filter(job=job).status_changes().order_by("id").values_list("to_status", flat=True))
 
 
-def test_a_small_pytorch_training_runs_to_completed_with_its_output_captured_in_order(make_job, drive, tmp_path):
-    out = tmp_path / "out"
+def test_a_small_pytorch_training_runs_to_completed_with_its_output_captured_in_order(make_job, drive):
     job = make_job(
-        command=f"PYTHONPATH=$CHECKPOINT_VENDOR python -m jobs.examples.train_tiny --epochs 3 --steps-per-epoch 20 --output-dir {out}",
+        command="PYTHONPATH=$CHECKPOINT_VENDOR python -m jobs.examples.train_tiny --epochs 3 --steps-per-epoch 20 --output-dir $OUTPUT_DIR",
         gpus_per_node=2,
     )
     job = drive(job, JobStatus.COMPLETED, timeout=120)
@@ -37,7 +37,7 @@ def test_a_small_pytorch_training_runs_to_completed_with_its_output_captured_in_
     assert [ln.split(" loss")[0] for ln in lines[2:5]] == ["epoch 1/3 step 20/60", "epoch 2/3 step 40/60", "epoch 3/3 step 60/60"]
     assert lines[-1].startswith("Training complete: final loss")
     assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("seq", flat=True)) == list(range(1, len(lines) + 1))
-    assert (out / "model.pt").exists()
+    assert (default_output_dir(job.pk) / "model.pt").exists()
     assert job.started_at and job.finished_at and job.finished_at >= job.started_at
 
 

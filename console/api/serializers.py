@@ -15,9 +15,10 @@ from rest_framework import serializers
 
 from jobs.lib import CommandError, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
-from jobs.services.creation import JOB_SETTINGS
+from jobs.services.creation import JOB_SETTINGS, personal_project_for
+from jobs.services.paths import PathRefused, check_output_dir
 from jobs.statuses import JobStatus
-from logs.queries import STREAM_NAME
+from logs.queries import STREAM_NAME, is_stream_name
 
 # The largest value a signed 64-bit column holds: bigger numbers in a query are refused, not sent.
 MAX_DB_INT = 2**63 - 1
@@ -107,7 +108,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         extra_kwargs = {
             "name": {"help_text": "Lowercase DNS label, unique among your jobs."},
             "command": {"help_text": "Launcher command, e.g. `python train.py` after VAR=value assignments."},
-            "output_dir": {"help_text": "Absolute path the training writes to (checkpoints go below it)."},
+            "output_dir": {"help_text": "Where the training writes (checkpoints go below it): a folder in the project's data directory (a relative path is placed there) or a writable project volume; empty: the job's own."},
         }
 
     def get_fields(self) -> dict[str, serializers.Field]:
@@ -131,10 +132,14 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(str(exc)) from None
         return value
 
-    def validate_output_dir(self, value: str) -> str:
-        if value and not value.startswith("/"):
-            raise serializers.ValidationError("Give an absolute path (starting with /), or leave it empty.")
-        return value
+    def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        if data.get("output_dir"):
+            project = data.get("project") or personal_project_for(self.context["request"].user)
+            try:
+                data["output_dir"] = check_output_dir(data["output_dir"], project)
+            except PathRefused as exc:
+                raise serializers.ValidationError({"output_dir": [str(exc)]}) from None
+        return data
 
     def validate_name(self, value: str) -> str:
         owner = self.context["request"].user
@@ -225,6 +230,11 @@ class LogQuerySerializer(serializers.Serializer):
                                     error_messages={"invalid": "Use master or worker-<n>."})
     after = serializers.IntegerField(min_value=0, max_value=MAX_DB_INT, required=False,
                                      help_text="Only lines with a greater seq.")
+
+    def validate_stream(self, value: str) -> str:
+        if not is_stream_name(value):
+            raise serializers.ValidationError("Use master or worker-<n>.")
+        return value
     before = serializers.IntegerField(min_value=0, max_value=MAX_DB_INT, required=False,
                                       help_text="Only lines with a smaller seq; without `after`, the last page before it.")
     limit = serializers.IntegerField(min_value=1, max_value=5000, required=False, default=1000)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Prefetch
@@ -21,6 +22,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from agent.sandbox import availability
 from failover.models import SimulatedFault
 from failover.services.faults import FaultError, clear_node, inject_fault, reclaim_spot
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
@@ -87,8 +89,13 @@ def node_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "nodes/node_list.html",
-        {"nodes": node_overview(), "fault_kinds": SimulatedFault.Kind.choices, "nav": "nodes"},
+        {"nodes": node_overview(), "fault_kinds": SimulatedFault.Kind.choices, "nav": "nodes", "sandbox": sandbox_state()},
     )
+
+
+def sandbox_state() -> dict:
+    ready, why = availability()
+    return {"off": settings.JOB_SANDBOX == "off", "ready": ready, "why": why}
 
 
 def inject(request: HttpRequest, node: Node) -> None:

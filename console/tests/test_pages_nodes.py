@@ -112,3 +112,9 @@ def test_actions_need_the_csrf_token(staff, nodes):
     client.force_login(staff)
     assert client.post(action_url("node-a", "cordon")).status_code == 403
     assert not Node.objects.get(name="node-a").cordoned
+
+
+def test_the_nodes_page_says_loudly_when_jobs_run_unsandboxed(login, staff, nodes, settings):
+    settings.JOB_SANDBOX = "off"
+    html = login(staff).get(reverse("nodes:list")).content.decode()
+    assert 'data-field="sandbox"' in html and "run with the console's own privileges" in html

@@ -5,6 +5,7 @@ import logging
 
 from jobs.models import TrainingJob
 from jobs.services.lifecycle import transition
+from jobs.services.paths import remove_job_files_of
 from jobs.services.placement import abandon_open_attempts
 from jobs.statuses import DELETABLE, STOPPABLE, JobStatus
 
@@ -39,5 +40,8 @@ def delete_job(job: TrainingJob) -> None:
     job.refresh_from_db(fields=["status"])
     if job.status not in DELETABLE:
         raise JobActionRefused(f"A job that is {job.status} cannot be deleted; stop it first.")
+    job_id = job.pk
     job.delete()
-    logger.info("job %s: deleted", job.pk)
+    # After the row: a failed delete keeps the files; the files go with the job, checkpoints included.
+    remove_job_files_of(job_id)
+    logger.info("job %s: deleted with its files", job_id)

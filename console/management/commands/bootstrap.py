@@ -1,15 +1,20 @@
 """First-run set-up: migrate, the operator account, the default image and the local nodes."""
 from __future__ import annotations
 
+import os
 import secrets
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
 
-from console.env import env_str
 from agent.inventory import discover_nodes, register_nodes
+from agent.sandbox import availability
+from console.env import env_str
 from jobs.models import Image
 
 
@@ -25,6 +30,15 @@ def ensure_default_image() -> Image:
     return image
 
 
+def lock_down(var_dir: Path) -> None:
+    """The console's state is its own: var/ 0700, the files in it 0600."""
+    var_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(var_dir, 0o700)
+    for path in var_dir.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o600)
+
+
 class Command(BaseCommand):
     help = "Migrate, create the operator account on first run, register the default image and local nodes."
 
@@ -33,18 +47,29 @@ class Command(BaseCommand):
 
     def handle(self, *args, no_nodes: bool = False, **options):
         call_command("migrate", interactive=False, verbosity=0)
+        lock_down(Path(settings.VAR_DIR))
         User = get_user_model()
         if not User.objects.filter(username="admin").exists():
             password = env_str("CONSOLE_ADMIN_PASSWORD", "")
             generated = not password
             if generated:
                 password = secrets.token_urlsafe(12)
+            if not generated:
+                try:
+                    validate_password(password, User(username="admin"))
+                except ValidationError as exc:
+                    raise CommandError(f"CONSOLE_ADMIN_PASSWORD is too weak: {' '.join(exc.messages)}") from None
             User.objects.create_superuser("admin", "", password)
             if generated:
                 self.stdout.write(self.style.WARNING(f"Operator account created: admin / {password}  (shown once)"))
             else:
                 self.stdout.write("Operator account created: admin (password from CONSOLE_ADMIN_PASSWORD)")
         ensure_default_image()
+        ready, why = availability()
+        if settings.JOB_SANDBOX != "off" and not ready:
+            self.stdout.write(self.style.ERROR(f"JOBS CANNOT RUN: {why}. Install bubblewrap, or set JOB_SANDBOX=off to run jobs unsandboxed."))
+        elif settings.JOB_SANDBOX == "off":
+            self.stdout.write(self.style.WARNING("JOB_SANDBOX=off: jobs run with the console's own privileges."))
         if not no_nodes and settings.EMBEDDED_AGENT:
             nodes = register_nodes(discover_nodes(), agent="embedded")
             self.stdout.write(f"Nodes: {', '.join(n.name for n in nodes)}")

@@ -1,0 +1,100 @@
+"""Where a job's files live on the nodes, and which host paths it may see.
+
+A job writes to its work directory and its output directory: the default output directory is
+``<JOB_WORK_ROOT>/<id>/output``; one the user chooses lies under the project's data directory
+(``<PROJECT_DATA_ROOT>/<project>/``) or a writable project volume. ``..`` and symlinks that lead
+out are refused when the job is created and again when a run is launched.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from jobs.models import Project, TrainingJob
+
+
+class PathRefused(ValueError):
+    """The path is not one this job may use; the message says why."""
+
+
+@dataclass(frozen=True)
+class Volume:
+    path: str
+    read_only: bool
+
+
+def job_dir(job_id: int) -> Path:
+    return Path(settings.JOB_WORK_ROOT) / str(job_id)
+
+
+def default_output_dir(job_id: int) -> Path:
+    return job_dir(job_id) / "output"
+
+
+def project_root(project: Project) -> Path:
+    return Path(settings.PROJECT_DATA_ROOT) / project.name
+
+
+def parse_volumes(text: str) -> list[Volume]:
+    """``/data:ro,/srv/code:ro,/scratch:rw`` → volumes (read-only unless ``:rw``)."""
+    volumes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        path, _, mode = item.rpartition(":") if item.endswith((":ro", ":rw")) else (item, "", "ro")
+        if not path.startswith("/"):
+            raise PathRefused(f"Volume {item!r}: use an absolute host path.")
+        volumes.append(Volume(os.path.normpath(path), mode != "rw"))
+    return volumes
+
+
+def volumes_of(project: Project | None) -> list[Volume]:
+    """The host directories a project's jobs see: JOB_VOLUMES, then the project's own."""
+    volumes = parse_volumes(settings.JOB_VOLUMES)
+    if project is not None:
+        volumes += [Volume(os.path.normpath(v.path), v.read_only) for v in project.volumes.all()]
+    return volumes
+
+
+def within(path: str | Path, root: str | Path) -> bool:
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_output_dir(value: str, project: Project) -> str:
+    """The output directory a user asked for, normalised; raises PathRefused if not allowed.
+
+    Empty means the default. A relative path lies under the project's data directory.
+    """
+    value = (value or "").strip()
+    if not value:
+        return ""
+    if "\x00" in value:
+        raise PathRefused("The path contains a NUL character.")
+    if ".." in Path(value).parts:
+        raise PathRefused("'..' is not allowed in an output directory.")
+    root = project_root(project)
+    path = Path(value) if value.startswith("/") else root / value
+    path = Path(os.path.normpath(path))
+    allowed = [root] + [Path(v.path) for v in volumes_of(project) if not v.read_only]
+    if not any(within(path, candidate) for candidate in allowed):
+        where = ", ".join(str(p) for p in allowed)
+        raise PathRefused(f"An output directory must lie in your project's data directory or a writable project volume: {where}.")
+    return str(path)
+
+
+def output_dir_of(job: TrainingJob) -> Path:
+    """Where a run of the job writes; raises PathRefused if a chosen directory now leads out
+    (a symlink made since the job was created)."""
+    if not job.output_dir:
+        return default_output_dir(job.pk)
+    check_output_dir(job.output_dir, job.project)
+    return Path(job.output_dir)
+
+
+def remove_job_files_of(job_id: int) -> None:
+    """Delete a job's work directory, its runs' records and its default output directory (with
+    their checkpoints). A chosen output directory in the project's data is the project's to keep."""
+    shutil.rmtree(job_dir(job_id), ignore_errors=True)
