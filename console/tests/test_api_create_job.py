@@ -9,6 +9,12 @@ from console.tests.api_fixtures import JOBS_URL, api_as, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
+
+@pytest.fixture(autouse=True)
+def data_volume(settings):
+    """/data is a writable volume of every project here: the output directories below lie in it."""
+    settings.JOB_VOLUMES = "/data:rw"
+
 COMMAND = 'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" python train.py'
 
 

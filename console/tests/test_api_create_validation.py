@@ -51,7 +51,7 @@ BAD_FIELDS = [
     ("node_count", None),
     ("failover_enabled", "maybe"),
     ("failover_enabled", None),
-    ("output_dir", "relative/path"),
+    ("output_dir", "/etc/out"),
     ("output_dir", "/data/\x00out"),
     ("output_dir", "/" + "x" * 600),
     ("max_run_minutes", 0),

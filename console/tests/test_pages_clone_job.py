@@ -12,6 +12,12 @@ from console.tests.page_fixtures import login, put_in_status  # noqa: F401
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def data_volume(settings):
+    """/data is a writable volume of every project here: the output directories below lie in it."""
+    settings.JOB_VOLUMES = "/data:rw"
+
+
 @pytest.fixture
 def source(make_job) -> TrainingJob:
     job = make_job(

@@ -14,6 +14,12 @@ from console.tests.page_fixtures import field_errors, login, shows  # noqa: F401
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def data_volume(settings):
+    """/data is a writable volume of every project here: the output directories below lie in it."""
+    settings.JOB_VOLUMES = "/data:rw"
+
+
 @pytest.fixture
 def valid(owner, default_image) -> dict[str, str]:
     return {
@@ -126,7 +132,7 @@ INVALID = [
     ("gpus_per_node", "many", "Enter a whole number."),
     ("node_count", "0", "greater than or equal to 1"),
     ("node_count", "65", "less than or equal to 64"),
-    ("output_dir", "runs/bert", "Use an absolute path, starting with /."),
+    ("output_dir", "runs/../../bert", "'..' is not allowed in an output directory."),
     ("max_run_minutes", "0", "greater than or equal to 1"),
     ("project", "999999", "Choose one of your projects."),
     ("description", "x" * 501, "at most 500 characters"),

@@ -17,6 +17,9 @@ from django.conf import settings
 from jobs.models import Project, TrainingJob
 
 
+MAX_PATH_CHARS = 500  # TrainingJob.output_dir's column
+
+
 class PathRefused(ValueError):
     """The path is not one this job may use; the message says why."""
 
@@ -78,6 +81,8 @@ def check_output_dir(value: str, project: Project) -> str:
     root = project_root(project)
     path = Path(value) if value.startswith("/") else root / value
     path = Path(os.path.normpath(path))
+    if len(str(path)) > MAX_PATH_CHARS:
+        raise PathRefused(f"The output directory's full path, {len(str(path))} characters, is longer than {MAX_PATH_CHARS}.")
     allowed = [root] + [Path(v.path) for v in volumes_of(project) if not v.read_only]
     if not any(within(path, candidate) for candidate in allowed):
         where = ", ".join(str(p) for p in allowed)
