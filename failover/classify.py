@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from failover.evidence import Finding, FindingKind
@@ -213,13 +213,21 @@ class _Candidate:
         return _PRIORITY_RANK.get(self.key, len(_PRIORITY_RANK))
 
 
-def parse_kernel_xids(kernel_log: str) -> list[Finding]:
+def pci_key(address: str) -> str:
+    """``bus:device`` of a PCI address, lower case: the kernel's ``0000:3b:00`` and NVML's
+    ``00000000:3B:00.0`` both become ``3b:00``."""
+    parts = address.split(".")[0].lower().split(":")
+    return ":".join(parts[-2:])
+
+
+def parse_kernel_xids(kernel_log: str, gpu_by_pci: Mapping[str, int] | None = None) -> list[Finding]:
     """Xid findings from kernel-log text (``dmesg`` / ``journalctl -k``).
 
     ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` becomes
     ``Finding(kind="xid", xid=79, detail="NVRM: Xid (PCI:0000:3b:00): 79, ...")``. A line saying
     "caused by previous Xid 149" also yields a finding for Xid 149, which the driver names as the
-    root cause. The GPU index is unknown from a PCI address, so ``gpu`` stays None.
+    root cause. ``gpu`` is the index ``gpu_by_pci`` (keys from :func:`pci_key`) gives the line's
+    PCI address; None where it is not known.
     """
     findings: list[Finding] = []
     for line in (kernel_log or "").splitlines():
@@ -227,10 +235,11 @@ def parse_kernel_xids(kernel_log: str) -> list[Finding]:
         if not match:
             continue
         detail = _trim(line[match.start():])
-        findings.append(Finding(kind=FindingKind.XID, xid=int(match["xid"]), detail=detail))
+        gpu = (gpu_by_pci or {}).get(pci_key(match["pci"]))
+        findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(match["xid"]), detail=detail))
         cause = _CAUSED_BY.search(line)
         if cause:
-            findings.append(Finding(kind=FindingKind.XID, xid=int(cause[1]), detail=f"(named as cause) {detail}"))
+            findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(cause[1]), detail=f"(named as cause) {detail}"))
     return findings
 
 
@@ -241,6 +250,7 @@ def classify_failure(
     findings: Sequence[Finding] = (),
     kernel_log: str = "",
     log_lines: Sequence[str] = (),
+    kernel_findings: Sequence[Finding] = (),
 ) -> Verdict:
     """Judge one stopped run: hardware fault (fail over) or not (refuse), with the reason.
 
@@ -252,6 +262,8 @@ def classify_failure(
         kernel_log: the node's recent kernel log; ``NVRM: Xid`` lines and kernel hardware
             messages in it are node-side evidence.
         log_lines: the run's last log lines.
+        kernel_findings: Xid findings already read from the kernel log (their lines are not in
+            ``kernel_log``), reported with the kernel log as their source.
 
     Returns:
         A :class:`Verdict`.
@@ -260,7 +272,7 @@ def classify_failure(
         log_lines = log_lines.splitlines()
     exit_facts = _exit_facts(exit_code, exit_signal)
     nvml_findings = list(findings)
-    kernel_findings = parse_kernel_xids(kernel_log)
+    kernel_findings = list(kernel_findings) + parse_kernel_xids(kernel_log)
     kernel_lines = (kernel_log or "").splitlines()
     node_findings = [(f, "nvml") for f in nvml_findings] + [(f, "kernel_log") for f in kernel_findings]
 
