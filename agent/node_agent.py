@@ -85,6 +85,12 @@ class NodeAgent:
             return
         Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
         self.last_heartbeat = now
+        # Beating again after the control plane took a node as lost: it is Ready again, and the
+        # runs it closed meanwhile must not go on here.
+        if Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY):
+            Node.objects.filter(name__in=self.node_names, health_reason__startswith="lost:").update(health_reason="")
+            logger.warning("agent %s: heartbeat resumed; nodes Ready again", self.name)
+            self.stop_strays()
 
     # --- launch ----------------------------------------------------------------------------
     def launch_placed(self) -> None:

@@ -229,11 +229,17 @@ LOGGING = {
 # --- Job Failover ------------------------------------------------------------------------------
 # How often the node agent checks GPU health (seconds; it also checks at every run exit).
 HEALTH_CHECK_INTERVAL = env_float("HEALTH_CHECK_INTERVAL", 5.0)
-# A node whose agent has not reported for this long is lost; its running jobs fail over.
-NODE_HEARTBEAT_TIMEOUT = env_float("NODE_HEARTBEAT_TIMEOUT", 30.0)
+# A node whose agent has not reported for this long is lost; its running jobs fail over. Well above
+# the database's busy timeout (SQLite: 30 s): a beat held up by one lock never makes a node lost
+# (a system check in failover keeps it so).
+NODE_HEARTBEAT_TIMEOUT = env_float("NODE_HEARTBEAT_TIMEOUT", 90.0)
 # What a hardware fault excludes from a job's next placements: "node" (as the service does) or
 # "gpu" (a single machine with real GPUs: the job may move to the machine's healthy GPUs).
 FAILOVER_EXCLUDE = env_str("FAILOVER_EXCLUDE", "node")
+# A job waiting to fail over whose every node that could hold it is excluded (it faulted on each)
+# waits this long for an operator to repair one (which lifts the exclusion), then ends
+# Pending - maxretriesexceeded (seconds).
+FAILOVER_REPAIR_WAIT = env_float("FAILOVER_REPAIR_WAIT", 600.0)
 # After a spot reclaim, no Spot job is placed on that node for this long (seconds).
 SPOT_RECLAIM_HOLD = env_float("SPOT_RECLAIM_HOLD", 300.0)
 

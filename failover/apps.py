@@ -9,6 +9,7 @@ class FailoverConfig(AppConfig):
         # Job Failover plugs into the job lifecycle and the node agent through the interfaces
         # they own; neither imports failover.
         from agent import plugins
+        from failover import checks  # noqa: F401  (registers the system checks)
         from failover.services import health, policy
         from jobs import hooks
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from failover.evidence import Finding, FindingKind
@@ -38,12 +38,20 @@ NON_HARDWARE = "non-hardware"
 # --- Table 1: Xid codes -------------------------------------------------------------------------
 # (xid, class, reason). Classes:
 #   "hardware"    — a hardware fault by itself;
-#   "remap"       — Xid 63: hardware only with remap evidence (a REMAP_PENDING / REMAP_FAILURE /
-#                   RETIRED_PAGES_PENDING finding, or Xid 64 alongside);
+#   "remap"       — Xid 63: hardware only with evidence that the remap *failed* (a REMAP_FAILURE
+#                   finding, or Xid 64 alongside). A pending remap is the normal outcome of Xid 63
+#                   (the row is marked and waits for a reset) and is no fault of the run;
 #   "recovery"    — Xid 154: hardware when the driver's new recovery action is not "None";
 #   "application" — usually the application's own fault; hardware only with ECC or remap evidence
 #                   (ECC evidence is hardware by itself; remap evidence upgrades these).
 # Xids not listed are not evidence by themselves.
+#
+# Sources: NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors, the "resolution" column:
+# RESET_GPU / RESTART_BM / WORKFLOW_XID_*), and the public rule sets built on it: NVIDIA
+# Resiliency Extension (NVRx, github.com/NVIDIA/nvidia-resiliency-ext, its health checks) and
+# gpud (github.com/leptonai/gpud, components/accelerator/nvidia/xid, which marks each Xid
+# "reset GPU" / "reboot"). Where the catalogue names an Xid only by its resolution, the reason
+# says that rather than guessing a name.
 XID_RULES: tuple[tuple[int, str, str], ...] = (
     (79, "hardware", "GPU has fallen off the bus"),
     (48, "hardware", "double-bit (uncorrectable) ECC error"),
@@ -63,13 +71,26 @@ XID_RULES: tuple[tuple[int, str, str], ...] = (
     (120, "hardware", "GSP error"),
     (143, "hardware", "GPU initialization failure"),
     (46, "hardware", "GPU stopped processing"),
-    (109, "hardware", "context-switch timeout"),
+    # Catalogued with the resolution "reset the GPU".
+    (62, "hardware", "internal micro-controller halt (GPU reset required)"),
+    (110, "hardware", "security fault error (GPU reset required)"),
+    (136, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
+    (155, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
+    (156, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
+    (158, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
+    # Catalogued with the resolution "reboot the node".
+    (121, "hardware", "GPU error whose catalogued resolution is a node reboot"),
+    (167, "hardware", "GPU error whose catalogued resolution is a node reboot"),
+    (169, "hardware", "GPU error whose catalogued resolution is a node reboot"),
     (154, "recovery", "GPU recovery action changed"),
     (63, "remap", "ECC page retirement / row-remapping event"),
     (13, "application", "graphics engine exception"),
     (31, "application", "GPU memory page fault (MMU fault)"),
     (43, "application", "GPU stopped processing the channel (reset channel)"),
     (45, "application", "preemptive channel removal"),
+    # Disputed: a context-switch timeout follows a hung or faulting kernel (often after an
+    # application Xid 13) as often as a hardware fault; alone it is the application's.
+    (109, "application", "context-switch timeout"),
 )
 XID_BY_CODE: dict[int, tuple[str, str]] = {xid: (cls, reason) for xid, cls, reason in XID_RULES}
 
@@ -96,12 +117,19 @@ FINDING_RULES: tuple[tuple[str, str, str], ...] = (
 FINDING_BY_KIND: dict[str, tuple[str, str]] = {kind: (cls, reason) for kind, cls, reason in FINDING_RULES}
 SUPPORTING_KINDS = frozenset(kind for kind, cls, _ in FINDING_RULES if cls == "supporting")
 # NVML's nvmlGpuRecoveryAction_t values (0 is NONE).
-RECOVERY_ACTIONS = {1: "GPU reset required", 2: "node reboot required", 3: "drain P2P", 4: "drain and reset"}
+# 5–7 arrived with newer drivers (nvidia-ml-py's NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN,
+# _BUS_RESET, _SYSTEM_REBOOT).
+RECOVERY_ACTIONS = {
+    1: "GPU reset required", 2: "node reboot required", 3: "drain P2P", 4: "drain and reset",
+    5: "recover the IMEX domain", 6: "bus reset required", 7: "system reboot required",
+}
 # Kinds whose probe detail says something the reason does not (which port, which condition).
 DETAIL_IN_REASON = frozenset({FindingKind.THERMAL, FindingKind.NETWORK_LINK})
 REMAP_EVIDENCE_KINDS = frozenset(
     {FindingKind.REMAP_PENDING, FindingKind.REMAP_FAILURE, FindingKind.RETIRED_PAGES_PENDING}
 )
+# What makes Xid 63 a fault: the remap failed (NVRx / gpud: a failed remap needs the GPU replaced).
+REMAP_FAILED_KINDS = frozenset({FindingKind.REMAP_FAILURE})
 
 # --- Table 3: kernel-log hardware messages (besides Xid lines) ----------------------------------
 # (name, pattern, reason). Corrected / non-fatal AER messages are deliberately not listed.
@@ -112,6 +140,9 @@ KERNEL_SIGNATURES: tuple[tuple[str, str, str], ...] = (
     ("network_link_down", r"mlx5_core\b.*\blink\s+down\b", "InfiniBand / RoCE link down"),
     ("thermal_shutdown", r"critical temperature reached.*shutting down|\bthermal shutdown\b",
      "thermal shutdown"),
+    # GSP firmware stopped answering (the driver's lines around Xid 119; NVRx and gpud reset the GPU).
+    ("gsp_timeout", r"Timeout waiting for RPC from GSP|\bGSP\b.*\bheartbeat\b.*(?:timeout|timed out|missed)|"
+     r"\bGSP (?:RPC )?Timeout\b", "GSP firmware not responding (RPC / heartbeat timeout)"),
 )
 
 # --- Table 4: hardware signatures in the run's own output ---------------------------------------
@@ -127,6 +158,11 @@ LOG_HARDWARE_SIGNATURES: tuple[tuple[str, str, str], ...] = (
      "uncorrectable NVLink error"),
     ("ib_port_error", r"NET/IB\w* ?: Got async event ?: port error|IBV_EVENT_PORT_ERR",
      "InfiniBand port error (link down or flapping)"),
+    # CUDA's "uncorrectable error contained": the GPU needs a reset (CUDA driver API docs).
+    ("cuda_contained", r"CUDA_ERROR_CONTAINED|cudaErrorContained", "uncorrectable GPU error contained (GPU reset needed)"),
+    # nvidia-smi's own words when the driver cannot reach a GPU any more.
+    ("device_handle_unknown", r"Unable to determine the device handle for (?:GPU|gpu)\S*.*Unknown Error",
+     "nvidia-smi cannot reach the GPU (Unknown Error)"),
 )
 RUNTIME_PREFIX = re.compile(r"CUDA error|CUDA_ERROR_|cudaError|cuda runtime error|NVMLError|NVML_ERROR|NCCL")
 
@@ -169,9 +205,10 @@ HARDWARE_PRIORITY: tuple[str, ...] = (
     "xid:94", "xid:140", "finding:ecc_uncorrected", "xid:64", "finding:remap_failure", "xid:63",
     "kernel:pcie_fatal", "xid:74", "xid:144", "xid:145", "xid:146", "xid:147", "xid:148", "xid:149",
     "xid:150", "finding:nvlink_down", "finding:network_link", "kernel:network_link_down",
-    "xid:119", "xid:120", "xid:143", "xid:46", "xid:109", "xid:154", "finding:recovery_action",
+    "xid:62", "xid:110", "xid:136", "xid:155", "xid:156", "xid:158", "xid:121", "xid:167", "xid:169",
+    "xid:119", "xid:120", "kernel:gsp_timeout", "xid:143", "xid:46", "xid:154", "finding:recovery_action",
     "finding:reset_required", "finding:gpu_count", "finding:thermal", "kernel:thermal_shutdown",
-    "xid:13", "xid:31", "xid:43", "xid:45",
+    "xid:13", "xid:31", "xid:43", "xid:45", "xid:109",
 )
 _PRIORITY_RANK = {key: rank for rank, key in enumerate(HARDWARE_PRIORITY)}
 
@@ -213,13 +250,21 @@ class _Candidate:
         return _PRIORITY_RANK.get(self.key, len(_PRIORITY_RANK))
 
 
-def parse_kernel_xids(kernel_log: str) -> list[Finding]:
+def pci_key(address: str) -> str:
+    """``bus:device`` of a PCI address, lower case: the kernel's ``0000:3b:00`` and NVML's
+    ``00000000:3B:00.0`` both become ``3b:00``."""
+    parts = address.split(".")[0].lower().split(":")
+    return ":".join(parts[-2:])
+
+
+def parse_kernel_xids(kernel_log: str, gpu_by_pci: Mapping[str, int] | None = None) -> list[Finding]:
     """Xid findings from kernel-log text (``dmesg`` / ``journalctl -k``).
 
     ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` becomes
     ``Finding(kind="xid", xid=79, detail="NVRM: Xid (PCI:0000:3b:00): 79, ...")``. A line saying
     "caused by previous Xid 149" also yields a finding for Xid 149, which the driver names as the
-    root cause. The GPU index is unknown from a PCI address, so ``gpu`` stays None.
+    root cause. ``gpu`` is the index ``gpu_by_pci`` (keys from :func:`pci_key`) gives the line's
+    PCI address; None where it is not known.
     """
     findings: list[Finding] = []
     for line in (kernel_log or "").splitlines():
@@ -227,10 +272,11 @@ def parse_kernel_xids(kernel_log: str) -> list[Finding]:
         if not match:
             continue
         detail = _trim(line[match.start():])
-        findings.append(Finding(kind=FindingKind.XID, xid=int(match["xid"]), detail=detail))
+        gpu = (gpu_by_pci or {}).get(pci_key(match["pci"]))
+        findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(match["xid"]), detail=detail))
         cause = _CAUSED_BY.search(line)
         if cause:
-            findings.append(Finding(kind=FindingKind.XID, xid=int(cause[1]), detail=f"(named as cause) {detail}"))
+            findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(cause[1]), detail=f"(named as cause) {detail}"))
     return findings
 
 
@@ -241,6 +287,7 @@ def classify_failure(
     findings: Sequence[Finding] = (),
     kernel_log: str = "",
     log_lines: Sequence[str] = (),
+    kernel_findings: Sequence[Finding] = (),
 ) -> Verdict:
     """Judge one stopped run: hardware fault (fail over) or not (refuse), with the reason.
 
@@ -252,6 +299,8 @@ def classify_failure(
         kernel_log: the node's recent kernel log; ``NVRM: Xid`` lines and kernel hardware
             messages in it are node-side evidence.
         log_lines: the run's last log lines.
+        kernel_findings: Xid findings already read from the kernel log (their lines are not in
+            ``kernel_log``), reported with the kernel log as their source.
 
     Returns:
         A :class:`Verdict`.
@@ -260,13 +309,14 @@ def classify_failure(
         log_lines = log_lines.splitlines()
     exit_facts = _exit_facts(exit_code, exit_signal)
     nvml_findings = list(findings)
-    kernel_findings = parse_kernel_xids(kernel_log)
+    kernel_findings = list(kernel_findings) + parse_kernel_xids(kernel_log)
     kernel_lines = (kernel_log or "").splitlines()
     node_findings = [(f, "nvml") for f in nvml_findings] + [(f, "kernel_log") for f in kernel_findings]
 
     supporting = [(f, src) for f, src in node_findings if f.kind in SUPPORTING_KINDS]
     xids_present = {f.xid for f, _ in node_findings if f.kind == FindingKind.XID and f.xid is not None}
     has_remap_evidence = any(f.kind in REMAP_EVIDENCE_KINDS for f, _ in node_findings) or 64 in xids_present
+    has_remap_failure = any(f.kind in REMAP_FAILED_KINDS for f, _ in node_findings) or 64 in xids_present
 
     # 1. Node-side evidence.
     candidates: list[_Candidate] = []
@@ -274,7 +324,7 @@ def classify_failure(
     unconfirmed_xids: list[tuple[Finding, str]] = []  # Xid 63 without remap evidence
     for finding, source in node_findings:
         if finding.kind == FindingKind.XID:
-            judged = _judge_xid(finding, source, has_remap_evidence)
+            judged = _judge_xid(finding, source, has_remap_failure)
             if judged == "application":
                 application_xids.append((finding, source))
             elif judged == "unconfirmed":
@@ -325,7 +375,7 @@ def classify_failure(
         evidence = {"source": source, "xid": finding.xid, "gpu": finding.gpu, "matched": finding.detail or None}
     elif unconfirmed_xids:
         finding, source = unconfirmed_xids[0]
-        reason = f"{_xid_label(finding)}: {XID_BY_CODE[finding.xid][1]} (no pending or failed remap reading)"
+        reason = f"{_xid_label(finding)}: {XID_BY_CODE[finding.xid][1]} (no failed remap reading)"
         evidence = {"source": source, "xid": finding.xid, "gpu": finding.gpu, "matched": finding.detail or None}
     elif exit_facts.get("reason"):
         reason = exit_facts["reason"]
@@ -338,16 +388,16 @@ def classify_failure(
 
 # --- judging node-side findings ------------------------------------------------------------------
 
-def _judge_xid(finding: Finding, source: str, has_remap_evidence: bool) -> _Candidate | str | None:
+def _judge_xid(finding: Finding, source: str, has_remap_failure: bool) -> _Candidate | str | None:
     """A hardware candidate; "application" for an application-class Xid; "unconfirmed" for Xid 63
-    without remap evidence; None for an Xid that is no evidence at all."""
+    without a failed remap; None for an Xid that is no evidence at all."""
     rule = XID_BY_CODE.get(finding.xid)
     if rule is None:
         return None
     cls, reason = rule
     if cls == "application":
         return "application"
-    if cls == "remap" and not has_remap_evidence:
+    if cls == "remap" and not has_remap_failure:
         return "unconfirmed"
     if cls == "recovery":
         target = _RECOVERY_TARGET.search(finding.detail or "")
@@ -356,7 +406,7 @@ def _judge_xid(finding: Finding, source: str, has_remap_evidence: bool) -> _Cand
         if target:
             reason = f"{reason} to {target[1].strip()}"
     if cls == "remap":
-        reason = f"{reason} with remap evidence"
+        reason = f"{reason} with a failed remap"
     evidence = {"source": source, "xid": finding.xid, "gpu": finding.gpu, "matched": finding.detail or None}
     return _Candidate(f"xid:{finding.xid}", f"{_xid_label(finding)}: {reason}", evidence)
 

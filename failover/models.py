@@ -38,13 +38,21 @@ class SimulatedFault(models.Model):
 
 
 class NodeHealth(models.Model):
-    """The latest health reading of a node: its findings as JSON, and when and how it was taken."""
+    """The latest health reading of a node: its findings as JSON, and when and how it was taken.
+
+    Each stored finding carries ``seen``, when a reading first showed it, and ``kernel_seen`` maps
+    each kernel-log line kept to when it was first read: a verdict counts only evidence first seen
+    within its attempt's time window, and a line read before an operator's clear (``cleared_at``)
+    never flags the node again.
+    """
 
     node = models.OneToOneField("jobs.Node", on_delete=models.CASCADE, related_name="health")
     checked_at = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=16, default="simulated")
     findings = models.JSONField(default=list, blank=True)
     kernel_log = models.TextField(blank=True)
+    kernel_seen = models.JSONField(default=dict, blank=True)
+    cleared_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "node health"

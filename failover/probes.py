@@ -34,6 +34,14 @@ class HealthProbe(Protocol):
         """The node's kernel log lines the classifier reads (empty where it cannot be read)."""
         ...
 
+    def gpu_by_pci(self) -> dict[str, int]:
+        """GPU index by PCI ``bus:device`` (``classify.pci_key``), to scope kernel-log Xid lines."""
+        ...
+
+
+def simulated_bus(gpu: int | None) -> str:
+    return f"0000:{0x18 + (gpu or 0) * 0x10:02x}:00"
+
 
 class SimulatedProbe:
     """Reads the faults an operator injected into a simulated node."""
@@ -57,9 +65,16 @@ class SimulatedProbe:
         for fault in SimulatedFault.objects.filter(node__name=self.node_name, cleared_at__isnull=True).order_by("created_at"):
             xid = fault_xid(fault.kind, fault.xid)
             if xid is not None:
-                bus = f"0000:{0x18 + (fault.gpu or 0) * 0x10:02x}:00"
+                bus = simulated_bus(fault.gpu)
                 lines.append(f"NVRM: Xid (PCI:{bus}): {xid}, pid=0, name=python, {XID_TEXT.get(xid, 'Graphics Exception')}")
         return "\n".join(lines)
+
+
+    def gpu_by_pci(self) -> dict[str, int]:
+        from jobs.models import GPU
+
+        indices = GPU.objects.filter(node__name=self.node_name).values_list("index", flat=True)
+        return {simulated_bus(index)[5:]: index for index in indices}
 
 
 def fault_xid(kind: str, xid: int | None) -> int | None:
@@ -219,6 +234,20 @@ class NvmlProbe:
                 pass
             out.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(data.eventData), detail="NVML Xid critical error event"))
         return out
+
+    def gpu_by_pci(self) -> dict[str, int]:
+        import pynvml as nv
+
+        from failover.classify import pci_key
+
+        found: dict[str, int] = {}
+        try:
+            for index in range(nv.nvmlDeviceGetCount()):
+                bus = nv.nvmlDeviceGetPciInfo(nv.nvmlDeviceGetHandleByIndex(index)).busId
+                found[pci_key(bus.decode() if isinstance(bus, bytes) else bus)] = index
+        except nv.NVMLError:
+            logger.warning("could not read the PCI addresses of %s's GPUs", self.node_name)
+        return found
 
     def kernel_log(self) -> str:
         """The kernel log's recent ``NVRM: Xid`` lines (empty where dmesg is not readable)."""

@@ -11,7 +11,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from failover.models import NodeHealth, SimulatedFault
-from jobs.models import GPU, JobAttempt, Node, TrainingJob
+from jobs.models import GPU, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.statuses import JobStatus
 
 logger = logging.getLogger(__name__)
@@ -52,8 +52,12 @@ def clear_node(node: Node, *, actor: str = "operator") -> None:
         )
         Node.objects.filter(pk=node.pk).update(healthy=True, health_reason="")
         GPU.objects.filter(node=node).update(healthy=True, health_reason="")
-        NodeHealth.objects.filter(node=node).update(findings=[], kernel_log="", checked_at=now)
-    logger.info("node %s cleared by %s", node.name, actor)
+        # The kernel lines already read stay known (with when they were read), so an old Xid
+        # still in the ring does not flag the repaired node again.
+        NodeHealth.objects.filter(node=node).update(findings=[], checked_at=now, cleared_at=now)
+        # Repaired: jobs excluded from it after a fault there may be placed on it again.
+        lifted = JobExclusion.objects.filter(node=node).delete()[0]
+    logger.info("node %s cleared by %s; %s job exclusion(s) lifted", node.name, actor, lifted)
 
 
 def reclaim_spot(node: Node, *, actor: str = "operator") -> list[int]:

@@ -5,9 +5,12 @@ calls ``on_round`` on every round.
 """
 from __future__ import annotations
 
+import json
 import logging
 import signal
-from datetime import timedelta
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -15,7 +18,7 @@ from django.utils import timezone
 
 from agent.plugins import AgentView
 from agent.processes import signal_run
-from failover.classify import classify_failure, parse_kernel_xids
+from failover.classify import Verdict, classify_failure, parse_kernel_xids
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import NodeHealth, SimulatedFault
 from failover.probes import HealthProbe, probe_for
@@ -42,8 +45,7 @@ class HealthChecker:
         probe = self.probe(node)
         report = probe.check()
         kernel_log = probe.kernel_log()
-        findings = list(report.findings) + [f for f in parse_kernel_xids(kernel_log) if f not in report.findings]
-        record_health(node, report.source, findings, kernel_log)
+        record_health(node, report, kernel_log, probe.gpu_by_pci())
         self.last_check[node.name] = timezone.now()
         return report, kernel_log
 
@@ -76,25 +78,107 @@ class HealthChecker:
             self.check(fault.node)
 
 
-def record_health(node: Node, source: str, findings: list[Finding], kernel_log: str) -> bool:
-    """Store a reading; a hardware fault makes the node unhealthy until an operator clears it."""
-    verdict = classify_failure(findings=findings, kernel_log="")
+KERNEL_LINES_KEPT = 500
+
+
+def finding_key(data: dict) -> str:
+    return json.dumps({k: v for k, v in data.items() if k not in ("seen", "from_kernel")}, sort_keys=True)
+
+
+def seen_at(data: dict) -> datetime | None:
+    try:
+        return datetime.fromisoformat(data["seen"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def record_health(node: Node, report: HealthReport, kernel_log: str, gpu_by_pci: Mapping[str, int] | None = None) -> bool:
+    """Store a reading; a hardware fault first seen since the node was last cleared makes the
+    node unhealthy until an operator clears it.
+
+    Each finding keeps the time a reading first showed it, each kernel-log line the time it was
+    first read, so an old line still in the ring never re-flags a cleared node and a verdict can
+    count only what appeared during its attempt. NVML Xid events are read once (the event set is
+    drained), so they are kept until the node is cleared instead of being overwritten by the next
+    reading.
+    """
+    now = timezone.now()
+    stamp = now.isoformat()
+    previous = NodeHealth.objects.filter(node=node).first()
+    cleared_at = previous.cleared_at if previous else None
+    old_kernel = previous.kernel_seen if previous else {}
+    old_findings = previous.findings if previous else []
+    old_seen = {finding_key(d): d.get("seen") for d in old_findings}
+
+    lines = [line.strip() for line in (kernel_log or "").splitlines() if line.strip()][-KERNEL_LINES_KEPT:]
+    kernel_seen = {line: old_kernel.get(line, stamp) for line in lines}
+    stored: dict[str, dict] = {}
+    for finding in report.findings:
+        data = finding.to_dict()
+        stored.setdefault(finding_key(data), dict(data, seen=old_seen.get(finding_key(data)) or stamp))
+    for line in lines:
+        for finding in parse_kernel_xids(line, gpu_by_pci):
+            data = finding.to_dict()
+            stored.setdefault(finding_key(data), dict(data, seen=kernel_seen[line], from_kernel=True))
+    for data in old_findings:  # events already drained from NVML stay until the node is cleared
+        if data.get("kind") == FindingKind.XID and not data.get("from_kernel"):
+            stored.setdefault(finding_key(data), data)
+    fresh = [Finding.from_dict(d) for d in stored.values() if cleared_at is None or (seen_at(d) or now) > cleared_at]
+    verdict = classify_failure(findings=fresh, kernel_log="")
     with transaction.atomic():
         NodeHealth.objects.update_or_create(
             node=node,
-            defaults={"checked_at": timezone.now(), "source": source, "findings": [f.to_dict() for f in findings], "kernel_log": kernel_log[-20000:]},
+            defaults={
+                "checked_at": now, "source": report.source, "findings": list(stored.values()),
+                "kernel_log": "\n".join(lines)[-20000:], "kernel_seen": kernel_seen,
+            },
         )
         if verdict.hardware:
-            bad_gpus = {f.gpu for f in findings if f.gpu is not None}
+            bad_gpus = {f.gpu for f in fresh if f.gpu is not None}
             for index in bad_gpus:
-                reasons = "; ".join(f.detail or f.kind for f in findings if f.gpu == index)
+                reasons = "; ".join(f.detail or f.kind for f in fresh if f.gpu == index)
                 GPU.objects.filter(node=node, index=index).update(healthy=False, health_reason=reasons[:300])
             # Per node, as the service does; FAILOVER_EXCLUDE=gpu keeps the node's healthy GPUs in use
-            # when the fault names its GPUs (a kernel-log Xid line names a PCI address, not an index;
-            # any other node-wide finding still takes the node out).
-            node_wide = not bad_gpus or any(f.gpu is None and f.kind != FindingKind.XID for f in findings)
+            # when the fault names its GPUs (any node-wide finding still takes the node out).
+            node_wide = not bad_gpus or any(f.gpu is None and f.kind != FindingKind.XID for f in fresh)
             if settings.FAILOVER_EXCLUDE != "gpu" or node_wide:
                 Node.objects.filter(pk=node.pk).update(healthy=False, health_reason=verdict.reason[:300])
                 if node.healthy:
                     logger.warning("node %s marked unhealthy: %s", node.name, verdict.reason)
     return verdict.hardware
+
+
+@dataclass(frozen=True)
+class ScopedEvidence:
+    """A node's evidence that bears on one attempt: on its GPUs (or node-wide), first seen since
+    the attempt was placed."""
+
+    findings: list[Finding]  # NVML (or simulated) readings
+    kernel_findings: list[Finding]  # Xid lines of the kernel log
+    kernel_log: str  # the kernel log's other lines (hardware messages, the OOM killer)
+
+    def judge(self, **facts) -> Verdict:
+        return classify_failure(findings=self.findings, kernel_findings=self.kernel_findings, kernel_log=self.kernel_log, **facts)
+
+
+def scoped_evidence(node: Node, *, gpus: Sequence[int], since: datetime) -> ScopedEvidence:
+    health = NodeHealth.objects.filter(node=node).first()
+    if health is None:
+        return ScopedEvidence([], [], "")
+    mine = set(gpus)
+    findings: list[Finding] = []
+    kernel_findings: list[Finding] = []
+    for data in health.findings:
+        seen = seen_at(data)
+        if seen is not None and seen < since:
+            continue
+        finding = Finding.from_dict(data)
+        if finding.gpu is not None and finding.gpu not in mine:
+            continue
+        (kernel_findings if data.get("from_kernel") else findings).append(finding)
+    lines = []
+    for line, stamp in (health.kernel_seen or {}).items():
+        seen = seen_at({"seen": stamp})
+        if (seen is None or seen >= since) and not parse_kernel_xids(line):
+            lines.append(line)
+    return ScopedEvidence(findings, kernel_findings, "\n".join(lines))

@@ -6,7 +6,13 @@ node, its kernel log, the run's last lines; no transaction open) → classify �
 hardware: exclude the faulty node, mark it unhealthy, count the failover and leave the job to
 placement (``→ Running`` on a healthy node, resuming from its latest checkpoint); non-hardware:
 ``→ Pending - internalerror``; limit spent: ``→ Pending - maxretriesexceeded``.
-The verdict is stored on the attempt first, so a crash mid-way is picked up by ``redecide``.
+The attempt is *claimed* first (its verdict set to ``judging`` by compare-and-swap), so one fault
+is judged, and counted, once however many control workers see it; a claim older than
+``CLAIM_TIMEOUT`` (its judge crashed) is taken over by ``redecide``.
+
+Evidence is scoped to the attempt: node readings on its GPUs (or node-wide) first seen since it
+was placed. The run's own output may make the verdict "hardware" and exclude its nodes *for this
+job*, but never marks a node unhealthy: only node-side evidence does (DESIGN.md, Trust).
 """
 from __future__ import annotations
 
@@ -16,18 +22,18 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q, Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from agent.processes import signal_run
 from agent.registry import serves_node
-from failover.classify import Verdict, classify_failure, parse_kernel_xids
-from failover.evidence import Finding
-from failover.models import NodeHealth
+from failover.classify import Verdict, classify_failure
 from failover.probes import probe_for
-from failover.services.health import record_health
+from failover.services.health import ScopedEvidence, record_health, scoped_evidence
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import record_reason, transition
+from jobs.services.placement import release_part_gpus
 from jobs.services.runs import record_exit
 from jobs.statuses import JobStatus
 from logs.queries import last_lines
@@ -35,10 +41,14 @@ from logs.queries import last_lines
 logger = logging.getLogger(__name__)
 
 LAST_LINES = 50
+JUDGING = "judging"  # JobAttempt.verdict while a judge holds the claim
+CLAIM_TIMEOUT = timedelta(seconds=120)
 
 
 def handle_failed_run(job: TrainingJob, attempt: JobAttempt, outcome: str, lost: bool) -> str:
     """The hook jobs calls when a Running job's run fails and Job Failover is on."""
+    if not claim(attempt):
+        return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
     moved = transition(
         job.pk,
         JobStatus.FAILOVER_IN_PROGRESS,
@@ -49,65 +59,96 @@ def handle_failed_run(job: TrainingJob, attempt: JobAttempt, outcome: str, lost:
         evidence={"exit_code": attempt.exit_code, "exit_signal": attempt.exit_signal},
     )
     if not moved:
+        JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(verdict="", judged_at=None)
         return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
     return decide(job.pk, attempt.pk, lost=lost)
 
 
-def gather(attempt: JobAttempt) -> tuple[list[Finding], str, list[str], dict[int, list[Finding]]]:
-    """Evidence for a judgement: every node's findings (fresh probe + stored reading), kernel
-    logs, and the run's last output lines."""
-    findings: list[Finding] = []
-    kernel_logs: list[str] = []
-    per_node: dict[int, list[Finding]] = {}
-    for part in attempt.placements.select_related("node"):
+def claim(attempt: JobAttempt) -> bool:
+    """Take the right to judge an exited attempt: its verdict goes from "" to ``judging`` (or a
+    claim whose judge went silent is taken over), by compare-and-swap on the attempt row."""
+    now = timezone.now()
+    unjudged = JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.EXITED)
+    if unjudged.filter(verdict="").update(verdict=JUDGING, judged_at=now):
+        return True
+    current = unjudged.filter(verdict=JUDGING).values_list("judged_at", flat=True).first()
+    if current is None or current > now - CLAIM_TIMEOUT:
+        return False
+    return bool(unjudged.filter(verdict=JUDGING, judged_at=current).update(judged_at=now))
+
+
+def gather(attempt: JobAttempt, parts: list[AttemptNode]) -> tuple[dict[int, ScopedEvidence], list[str]]:
+    """Evidence for a judgement: per node, the readings on the attempt's GPUs first seen since it
+    was placed (a fresh probe first where the node is reachable from here); and the run's last
+    output lines."""
+    per_node: dict[int, ScopedEvidence] = {}
+    for part in parts:
         node = part.node
-        node_findings: list[Finding] = []
         # NVML can only be read on the machine itself; other nodes count by their stored readings.
         if node.simulated or serves_node(node.name):
             try:
                 probe = probe_for(node)
-                report = probe.check()
-                kernel_log = probe.kernel_log()
-                node_findings = list(report.findings) + parse_kernel_xids(kernel_log)
-                record_health(node, report.source, node_findings, kernel_log)
-                kernel_logs.append(kernel_log)
+                record_health(node, probe.check(), probe.kernel_log(), probe.gpu_by_pci())
             except Exception:
                 logger.exception("could not probe %s while judging job %s", node.name, attempt.job_id)
-        stored = NodeHealth.objects.filter(node=node).values_list("findings", flat=True).first() or []
-        for data in stored:
-            finding = Finding.from_dict(data)
-            if finding not in node_findings:
-                node_findings.append(finding)
-        per_node[node.pk] = node_findings
-        findings.extend(node_findings)
+        per_node[node.pk] = scoped_evidence(node, gpus=part.gpu_indices, since=attempt.created_at)
     lines = last_lines(attempt.job_id, attempt=attempt.number, count=LAST_LINES)
-    return findings, "\n".join(k for k in kernel_logs if k), lines, per_node
+    return per_node, lines
+
+
+def lost_parts(parts: list[AttemptNode]) -> list[AttemptNode]:
+    """Ranks ended by the lost-node sweep: no exit seen, on a node that is NotReady."""
+    return [p for p in parts if p.node.state == Node.State.NOT_READY and p.exit_code is None and p.exit_signal is None]
 
 
 def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
+    """Judge a claimed attempt, store the verdict, and act on it."""
     attempt = JobAttempt.objects.select_related("job").get(pk=attempt_id)
     job = attempt.job
     parts = list(attempt.placements.select_related("node"))
-    if lost:
-        names = ", ".join(p.node.name for p in parts if p.node.state == Node.State.NOT_READY) or "its node"
+    gone = lost_parts(parts)
+    exclude: dict[int, list[int]] = {}  # node → GPUs excluded for this job (empty: the node)
+    unhealthy: dict[int, list[int]] = {}  # node → GPUs with node-side evidence (empty: node-wide)
+    by_gpu = settings.FAILOVER_EXCLUDE == "gpu"
+    if lost or gone:
+        gone = gone or parts
+        names = ", ".join(p.node.name for p in gone)
         verdict = Verdict(hardware=True, reason=f"node {names} lost: {attempt.cause}", evidence={"source": "heartbeat", "cause": attempt.cause})
-        faulty = {p.node_id: [] for p in parts if p.node.state == Node.State.NOT_READY} or {p.node_id: [] for p in parts}
+        # A silent node is NotReady until its heartbeat returns; that alone is no hardware
+        # reading, so it is excluded for this job but not marked unhealthy.
+        exclude = {p.node_id: [] for p in gone}
     else:
-        findings, kernel_log, lines, per_node = gather(attempt)
+        per_node, lines = gather(attempt, parts)
         verdict = classify_failure(
-            exit_code=attempt.exit_code, exit_signal=attempt.exit_signal, findings=findings, kernel_log=kernel_log, log_lines=lines
+            exit_code=attempt.exit_code,
+            exit_signal=attempt.exit_signal,
+            findings=[f for e in per_node.values() for f in e.findings],
+            kernel_findings=[f for e in per_node.values() for f in e.kernel_findings],
+            kernel_log="\n".join(e.kernel_log for e in per_node.values() if e.kernel_log),
+            log_lines=lines,
         )
-        faulty = {node_id: f for node_id, f in per_node.items() if classify_failure(findings=f).hardware}
-        if verdict.hardware and not faulty:
-            # Only the run's own output told: every node it ran on is suspect.
-            faulty = {p.node_id: [] for p in parts}
-    JobAttempt.objects.filter(pk=attempt.pk).update(
+        for node_id, evidence in per_node.items():
+            if evidence.judge().hardware:
+                gpus = sorted({f.gpu for f in evidence.findings + evidence.kernel_findings if f.gpu is not None})
+                unhealthy[node_id] = gpus if by_gpu else []
+        exclude = dict(unhealthy)
+        if verdict.hardware and not unhealthy:
+            # Only the run's own output (or supporting evidence with an ambiguous failure) told:
+            # its nodes are excluded for this job, and nobody else's placement changes.
+            exclude = {p.node_id: list(p.gpu_indices) if by_gpu else [] for p in parts}
+            verdict = Verdict(hardware=True, reason=verdict.reason, evidence={**verdict.evidence, "scope": "this job only"})
+    stored = JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(
         verdict=verdict.verdict, verdict_reason=verdict.reason[:500], evidence=verdict.evidence, judged_at=timezone.now()
     )
-    return apply_verdict(job, attempt, verdict, faulty)
+    if not stored:
+        logger.info("job %s: attempt %s was judged by another worker", job.pk, attempt.number)
+        return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
+    return apply_verdict(job, attempt, verdict, exclude, unhealthy)
 
 
-def apply_verdict(job: TrainingJob, attempt: JobAttempt, verdict: Verdict, faulty: dict[int, list[Finding]]) -> str:
+def apply_verdict(
+    job: TrainingJob, attempt: JobAttempt, verdict: Verdict, exclude: dict[int, list[int]], unhealthy: dict[int, list[int]]
+) -> str:
     expected = {JobStatus.FAILOVER_IN_PROGRESS}
     if not verdict.hardware:
         transition(
@@ -120,7 +161,8 @@ def apply_verdict(job: TrainingJob, attempt: JobAttempt, verdict: Verdict, fault
             evidence=verdict.evidence,
         )
         return JobStatus.INTERNAL_ERROR
-    if job.failover_count >= settings.MAX_FAILOVERS:
+    count = TrainingJob.objects.values_list("failover_count", flat=True).get(pk=job.pk)
+    if count >= settings.MAX_FAILOVERS:
         transition(
             job.pk,
             JobStatus.MAX_RETRIES_EXCEEDED,
@@ -131,12 +173,11 @@ def apply_verdict(job: TrainingJob, attempt: JobAttempt, verdict: Verdict, fault
             evidence=verdict.evidence,
         )
         return JobStatus.MAX_RETRIES_EXCEEDED
-    exclude_gpu_only = settings.FAILOVER_EXCLUDE == "gpu"
     with transaction.atomic():
-        for node_id, findings in faulty.items():
-            gpus = sorted({f.gpu for f in findings if f.gpu is not None}) if exclude_gpu_only else []
+        for node_id, gpus in exclude.items():
             for gpu in gpus or [None]:
                 JobExclusion.objects.get_or_create(job=job, node_id=node_id, gpu=gpu, defaults={"reason": verdict.reason[:500]})
+        for node_id, gpus in unhealthy.items():
             if gpus:
                 GPU.objects.filter(node_id=node_id, index__in=gpus).update(healthy=False, health_reason=verdict.reason[:300])
             else:
@@ -148,36 +189,108 @@ def apply_verdict(job: TrainingJob, attempt: JobAttempt, verdict: Verdict, fault
             actor="failover",
             attempt=attempt.number,
             evidence=verdict.evidence,
-            failover_count=F("failover_count") + 1,
+            # The claim makes this run once per fault; the cap holds even if it did not.
+            failover_count=Least(F("failover_count") + 1, Value(settings.MAX_FAILOVERS)),
         )
-    names = ", ".join(Node.objects.filter(pk__in=faulty).values_list("name", flat=True))
+    names = ", ".join(Node.objects.filter(pk__in=exclude).values_list("name", flat=True))
     logger.warning("job %s: hardware fault on %s (%s); failing over", job.pk, names, verdict.reason)
     return JobStatus.FAILOVER_IN_PROGRESS
 
 
 def redecide() -> None:
-    """Judge failovers a crash interrupted: exited attempts of jobs in failover with no verdict."""
-    for attempt in JobAttempt.objects.filter(
-        job__status=JobStatus.FAILOVER_IN_PROGRESS, state=JobAttempt.State.EXITED, verdict=""
+    """Judge failovers a crash interrupted: the latest exited attempt of a job in failover with
+    no verdict, or with a claim whose judge went silent."""
+    stale = timezone.now() - CLAIM_TIMEOUT
+    for attempt in JobAttempt.objects.filter(job__status=JobStatus.FAILOVER_IN_PROGRESS, state=JobAttempt.State.EXITED).filter(
+        Q(verdict="") | Q(verdict=JUDGING, judged_at__lt=stale)
     ).order_by("job_id", "-number"):
-        if attempt.number == attempt.job.attempts.order_by("-number").values_list("number", flat=True).first():
+        latest = attempt.job.attempts.order_by("-number").values_list("number", flat=True).first()
+        if attempt.number == latest and claim(attempt):
             decide(attempt.job_id, attempt.pk)
 
 
+def end_stranded_failovers() -> None:
+    """A job waiting to fail over whose every node that could hold it is excluded (each faulted
+    under it) waits ``FAILOVER_REPAIR_WAIT`` for an operator's repair, which lifts the exclusion;
+    then it ends ``Pending - maxretriesexceeded``: no re-placement can happen."""
+    now = timezone.now()
+    open_attempts = JobAttempt.objects.filter(state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING])
+    waiting = TrainingJob.objects.filter(status=JobStatus.FAILOVER_IN_PROGRESS).exclude(pk__in=open_attempts.values("job_id"))
+    for job in waiting.filter(exclusions__isnull=False).distinct():
+        last = job.attempts.order_by("-number").first()
+        if last is None or last.verdict != "hardware" or eligible_nodes(job) >= job.node_count:
+            continue
+        if last.judged_at and now - last.judged_at < timedelta(seconds=settings.FAILOVER_REPAIR_WAIT):
+            continue
+        excluded = ", ".join(sorted(set(job.exclusions.values_list("node__name", flat=True))))
+        transition(
+            job.pk,
+            JobStatus.MAX_RETRIES_EXCEEDED,
+            reason=(
+                f"failover stopped after {job.failover_count} failover(s): no node left that can hold the job "
+                f"(excluded after faults: {excluded}; none repaired within {settings.FAILOVER_REPAIR_WAIT:.0f}s)"
+            ),
+            actor="failover",
+            attempt=last.number,
+            expected={JobStatus.FAILOVER_IN_PROGRESS},
+            evidence={"excluded": excluded},
+        )
+
+
+def eligible_nodes(job: TrainingJob) -> int:
+    """Nodes (in any state: a lost or faulty one may come back) with enough GPUs the job is not
+    excluded from."""
+    excluded_nodes = set(job.exclusions.filter(gpu__isnull=True).values_list("node_id", flat=True))
+    excluded_gpus = set(job.exclusions.filter(gpu__isnull=False).values_list("node_id", "gpu"))
+    usable: dict[int, int] = {}
+    for node_id, index in GPU.objects.exclude(node_id__in=excluded_nodes).values_list("node_id", "index"):
+        if (node_id, index) not in excluded_gpus:
+            usable[node_id] = usable.get(node_id, 0) + 1
+    return sum(1 for count in usable.values() if count >= job.gpus_per_node)
+
+
 def sweep_lost_nodes() -> None:
-    """Nodes whose agent stopped reporting are lost; their runs end and fail over."""
+    """Nodes whose agent stopped reporting are lost; their runs end and fail over.
+
+    Nodes an agent of this process serves are never swept here: that agent beats for them from
+    this very process, so a late beat means this process stalled (say, on a database lock), not
+    the node. On a multi-node run the ranks on surviving nodes are stopped by their agents
+    (SIGTERM, then SIGKILL after the grace period); the attempt closes, and their GPUs are freed,
+    when the last of them has exited.
+    """
     deadline = timezone.now() - timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT)
     for node in Node.objects.filter(state=Node.State.READY, last_heartbeat__lt=deadline):
+        if serves_node(node.name):
+            continue
         silent = int((timezone.now() - node.last_heartbeat).total_seconds())
         reason = f"no heartbeat for {silent}s"
         if not Node.objects.filter(pk=node.pk, state=Node.State.READY).update(state=Node.State.NOT_READY, health_reason=f"lost: {reason}"):
             continue
         logger.warning("node %s lost: %s", node.name, reason)
-        now = timezone.now()
         for part in AttemptNode.objects.filter(node=node, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]).select_related("attempt"):
-            AttemptNode.objects.filter(pk=part.pk).update(ended_at=now)
-            terminate_orphan(part)
-            record_exit(part.attempt, exit_code=None, exit_signal=None, cause=f"node {node.name} lost ({reason})", lost=True)
+            end_lost_part(part, cause=f"node {node.name} lost ({reason})")
+
+
+def end_lost_part(part: AttemptNode, *, cause: str) -> None:
+    now = timezone.now()
+    if not AttemptNode.objects.filter(pk=part.pk, ended_at__isnull=True).update(ended_at=now):
+        return
+    terminate_orphan(part)
+    release_part_gpus(part)
+    attempt = part.attempt
+    # Ranks not started yet are ended here (claimed, so no agent starts them); started ones
+    # are asked to stop.
+    AttemptNode.objects.filter(attempt=attempt, ended_at__isnull=True, runner_pid__isnull=True).update(runner_pid=0, ended_at=now)
+    for unstarted in AttemptNode.objects.filter(attempt=attempt, ended_at=now, runner_pid=0).exclude(pk=part.pk):
+        release_part_gpus(unstarted)
+    if AttemptNode.objects.filter(attempt=attempt, ended_at__isnull=True).exists():
+        JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
+        logger.warning("job %s: %s; stopping the attempt's other ranks", attempt.job_id, cause)
+        return
+    status = record_exit(attempt, exit_code=None, exit_signal=None, cause=cause, lost=True)
+    if status == JobStatus.FAILOVER_IN_PROGRESS and claim(attempt):
+        # The attempt was being placed for a failover: the lost node is judged as a lost node.
+        decide(attempt.job_id, attempt.pk, lost=True)
 
 
 def terminate_orphan(part: AttemptNode) -> None:
@@ -188,5 +301,4 @@ def terminate_orphan(part: AttemptNode) -> None:
 def control_round() -> None:
     sweep_lost_nodes()
     redecide()
-
-
+    end_stranded_failovers()

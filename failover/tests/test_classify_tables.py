@@ -94,16 +94,60 @@ def test_xid_63_alone_is_not_hardware():
 
     assert not verdict.hardware
     assert verdict.reason.startswith("Xid 63 on PCI 0000:3b:00")
-    assert "no pending or failed remap" in verdict.reason
+    assert "no failed remap" in verdict.reason
 
 
 @pytest.mark.parametrize(
-    "evidence",
-    [[Finding(kind=FindingKind.REMAP_PENDING, gpu=1)], [Finding(kind=FindingKind.REMAP_FAILURE, gpu=1)], [xid(64)]],
-    ids=["remap_pending", "remap_failure", "xid64"],
+    "evidence", [[Finding(kind=FindingKind.REMAP_FAILURE, gpu=1)], [xid(64)]], ids=["remap_failure", "xid64"],
 )
-def test_xid_63_with_remap_evidence_is_hardware(evidence):
+def test_xid_63_with_a_failed_remap_is_hardware(evidence):
     assert classify_failure(findings=[xid(63), *evidence]).hardware
+
+
+def test_xid_63_with_a_pending_remap_is_not_hardware():
+    # The row was marked and waits for a reset: the remap worked, the run was not its victim.
+    verdict = classify_failure(exit_code=1, findings=[xid(63), Finding(kind=FindingKind.REMAP_PENDING, gpu=0)])
+    assert not verdict.hardware and "no failed remap" in verdict.reason
+
+
+def test_xid_109_alone_is_the_applications():
+    verdict = classify_failure(kernel_log=xid_line(109, "Ch 00000008, errorString CTX SWITCH TIMEOUT"))
+    assert not verdict.hardware and "application-class" in verdict.reason
+
+
+@pytest.mark.parametrize("code", [62, 110, 136, 155, 156, 158, 121, 167, 169])
+def test_xids_whose_catalogued_resolution_is_a_reset_or_reboot_are_hardware(code):
+    assert classify_failure(exit_code=1, kernel_log=xid_line(code)).hardware
+
+
+@pytest.mark.parametrize("action", [5, 6, 7])
+def test_the_newer_recovery_actions_are_hardware(action):
+    verdict = classify_failure(findings=[Finding(kind=FindingKind.RECOVERY_ACTION, gpu=0, value=action)])
+    assert verdict.hardware and "action" not in verdict.reason.split(": ", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: CUDA error: CUDA_ERROR_CONTAINED",
+        "torch.AcceleratorError: CUDA error: cudaErrorContained",
+        "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error",
+    ],
+)
+def test_contained_errors_and_an_unreachable_gpu_in_the_run_log_are_hardware(line):
+    assert classify_failure(exit_code=1, log_lines=[line]).hardware
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Timeout waiting for RPC from GSP0! Expected function 76 (GSP_RM_CONTROL) (0x20801348 0x4).",
+        "NVRM: _kgspLogXid119: ********************************* GSP Timeout **********************************",
+    ],
+)
+def test_gsp_timeouts_in_the_kernel_log_are_hardware(line):
+    verdict = classify_failure(exit_code=1, kernel_log=line)
+    assert verdict.hardware and verdict.evidence["signature"] == "gsp_timeout"
 
 
 def test_xid_63_is_not_upgraded_by_unrelated_supporting_evidence():

@@ -127,6 +127,9 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
         chosen = capacity.first_fit(job.gpus_per_node, job.node_count, exclude_nodes=avoid, exclude_gpus=excluded_gpus[job.pk])
         if chosen is None:
             reason = waiting_reason(job)
+            if excluded_nodes[job.pk]:
+                count = len(excluded_nodes[job.pk])
+                reason += f" on a node it is not excluded from ({count} node{'s' if count != 1 else ''} excluded after faults)"
             if job.status_reason != reason:
                 waiting[(job.status, reason)].append(job.pk)
             continue
@@ -192,3 +195,8 @@ def abandon_open_attempts(job_id: int, *, cause: str) -> None:
             JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(
                 state=JobAttempt.State.ABANDONED, ended_at=now, cause=cause[:500]
             )
+
+
+def release_part_gpus(part: AttemptNode) -> None:
+    """Free one rank's GPUs (its node was lost, or it never started) while the others run on."""
+    GPU.objects.filter(allocated_to=part).update(allocated_to=None)

@@ -1,0 +1,100 @@
+"""Lost nodes: a loss during a failover's placement is still a loss; the console never sweeps the
+nodes its own agent serves; a node is Ready again when its heartbeat returns; on a multi-node
+run the survivors are stopped before their GPUs are freed."""
+from __future__ import annotations
+
+import gc
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from failover.services import policy
+from jobs.models import GPU, AttemptNode, JobAttempt, Node
+from jobs.services.placement import place_waiting_jobs
+from jobs.services.runs import part_exited, record_exit, run_started
+from jobs.statuses import JobStatus
+from logs.services import RawLine, ingest_lines
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def no_local_agent():
+    gc.collect()
+
+
+def silence(node_name: str, seconds: float = 600) -> None:
+    Node.objects.filter(name=node_name).update(last_heartbeat=timezone.now() - timedelta(seconds=seconds))
+
+
+def started(job) -> JobAttempt:
+    [attempt] = [a for a in place_waiting_jobs() if a.job_id == job.pk]
+    AttemptNode.objects.filter(attempt=attempt).update(runner_pid=2**22 + 12345)  # no such process
+    assert run_started(attempt)
+    return JobAttempt.objects.get(pk=attempt.pk)
+
+
+def test_a_node_lost_while_a_failover_is_being_placed_is_judged_a_lost_node(make_job, nodes):
+    Node.objects.update(last_heartbeat=timezone.now())
+    job = make_job()
+    first = started(job)
+    ingest_lines(job_id=job.pk, stream="master", attempt=1, lines=[RawLine(1, timezone.now(), "RuntimeError: CUDA error: uncorrectable ECC error encountered")])
+    assert record_exit(first, exit_code=1, exit_signal=None) == JobStatus.FAILOVER_IN_PROGRESS
+    [second] = place_waiting_jobs()  # placed on node-b, not started yet
+    assert second.placements.get().node.name == "node-b"
+    silence("node-b")
+    policy.control_round()
+    job.refresh_from_db()
+    second.refresh_from_db()
+    assert job.status == JobStatus.FAILOVER_IN_PROGRESS, job.status_reason
+    assert second.verdict == "hardware" and "node-b lost" in second.verdict_reason
+    assert job.failover_count == 2
+    assert not GPU.objects.filter(node__name="node-b", allocated_to__isnull=False).exists()
+    [third] = place_waiting_jobs()
+    assert third.placements.get().node.name == "node-c"
+
+
+def test_the_console_never_sweeps_the_nodes_its_own_agent_serves(nodes, make_job):
+    from agent.node_agent import NodeAgent
+
+    local = NodeAgent([n.name for n in nodes])
+    silence("node-a")  # its beat was held up (say, by a 40 s database lock) in this very process
+    policy.control_round()
+    assert Node.objects.get(name="node-a").state == Node.State.READY
+    del local
+
+
+def test_a_node_is_ready_again_when_its_heartbeat_returns(nodes):
+    from agent.node_agent import NodeAgent
+
+    silence("node-a")
+    policy.control_round()
+    assert Node.objects.get(name="node-a").state == Node.State.NOT_READY
+    NodeAgent(["node-a"]).heartbeat()
+    node = Node.objects.get(name="node-a")
+    assert node.state == Node.State.READY and node.health_reason == ""
+
+
+def test_on_a_multi_node_run_the_survivors_are_stopped_before_their_gpus_are_freed(make_job, nodes):
+    Node.objects.update(last_heartbeat=timezone.now())
+    job = make_job(node_count=2, gpus_per_node=2)
+    attempt = started(job)
+    master, worker = attempt.placements.order_by("rank")
+    assert (master.node.name, worker.node.name) == ("node-a", "node-b")
+    silence("node-b")
+    policy.control_round()
+    attempt.refresh_from_db()
+    # The lost node's GPUs are free; the survivor is asked to stop and keeps its GPUs meanwhile.
+    assert attempt.state == JobAttempt.State.RUNNING and attempt.stop_requested_at is not None
+    assert GPU.objects.filter(allocated_to=master).count() == 2
+    assert GPU.objects.filter(allocated_to=worker).count() == 0
+    assert GPU.objects.filter(allocated_to=master).count() == 2
+    # The survivor's agent stopped it (SIGTERM): now the attempt closes and is judged a lost node.
+    part_exited(AttemptNode.objects.select_related("attempt").get(pk=master.pk), exit_code=None, exit_signal=15)
+    attempt.refresh_from_db()
+    job.refresh_from_db()
+    assert attempt.state == JobAttempt.State.EXITED
+    assert GPU.objects.filter(allocated_to=master).count() == 0
+    assert attempt.verdict == "hardware" and "node-b lost" in attempt.verdict_reason
+    assert job.status == JobStatus.FAILOVER_IN_PROGRESS and job.failover_count == 1
