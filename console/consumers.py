@@ -8,7 +8,8 @@ Messages to the client (JSON):
 * ``{"type": "progress", "job": id, "progress": {...}, "checkpoints": [...], "now": iso}`` as
   the log tells progress (at most about once a second per job) and on each checkpoint.
 Staff get every job; others the jobs they may see, checked per message. The socket is one-way.
-Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours).
+Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours), 4403
+access revoked (access is asked again every ``SOCKET_ACCESS_RECHECK`` seconds).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from console.live import server_now, visible_snapshot
 from jobs.models import TrainingJob
 from jobs.realtime import job_group, job_metrics_group, jobs_group
+from jobs.sockets import AccessRechecks
 
 # How long "not visible to this user" is believed before asking the database again.
 HIDDEN_TTL = 30.0
@@ -44,7 +46,7 @@ def parse_job_param(query_string: bytes) -> int | None:
     return int(raw)
 
 
-class TrainingJobsConsumer(AsyncJsonWebsocketConsumer):
+class TrainingJobsConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.groups_joined: list[str] = []
         self.visible: dict[int, bool] = {}
@@ -70,10 +72,20 @@ class TrainingJobsConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
             self.groups_joined.append(group)
         await self.send_json({"type": "ready", "now": server_now()})
+        self.start_access_rechecks()
 
     async def disconnect(self, code: int) -> None:
+        await self.stop_access_rechecks()
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def still_allowed(self, user) -> bool:
+        """A fresh user row and no remembered answers; one job's socket closes when that job is
+        no longer visible, the list's stays open and shows only what is visible now."""
+        self.user = user
+        self.visible.clear()
+        self.hidden_since.clear()
+        return self.job_id is None or await self.may_see(self.job_id)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         await self.send_json({"type": "error", "detail": "this socket only sends; fetch the catch-up snapshot instead"})

@@ -243,6 +243,9 @@ FAILOVER_REPAIR_WAIT = env_float("FAILOVER_REPAIR_WAIT", 600.0)
 # After a spot reclaim, no Spot job is placed on that node for this long (seconds).
 SPOT_RECLAIM_HOLD = env_float("SPOT_RECLAIM_HOLD", 300.0)
 
+# How often an open socket asks again whether its user may still see what it follows (seconds).
+SOCKET_ACCESS_RECHECK = env_float("SOCKET_ACCESS_RECHECK", 5.0)
+
 # --- Logs --------------------------------------------------------------------------------------
 # Log lines are kept until their job is deleted; operators may set a maximum age (days; 0 keeps all).
 LOG_MAX_AGE_DAYS = env_float("LOG_MAX_AGE_DAYS", 0.0)

@@ -6,7 +6,8 @@ Messages to the client (JSON):
 * ``{"type": "end", "status": "Completed"}`` once the job has finished, then the socket closes.
 Without ``after`` the backlog is the stream's last ``tail`` lines (default 1000); with it, every
 line after that ``seq``. Live lines are sent in batches, at most 10 messages a second.
-Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours).
+Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours), 4403
+access revoked (asked again every ``SOCKET_ACCESS_RECHECK`` seconds).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from jobs.realtime import job_group, log_group
+from jobs.sockets import AccessRechecks
 from jobs.statuses import TERMINAL
 from logs.queries import is_stream_name, attempt_banners, lines_after, tail_lines
 
@@ -54,7 +56,7 @@ def parse_params(query_string: bytes) -> tuple[str, int | None, int]:
     return stream, after, tail
 
 
-class JobLogConsumer(AsyncJsonWebsocketConsumer):
+class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.groups_joined: list[str] = []
         self.pending: list[dict] = []
@@ -77,6 +79,7 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
         if status is None:
             await self.close(code=4404, reason="no such training job")
             return
+        self.start_access_rechecks()
         # Join before reading the backlog: a line committed in between arrives twice at most,
         # and the seq check drops the second copy.
         for group in (log_group(self.job_id, self.stream), job_group(self.job_id)):
@@ -98,10 +101,14 @@ class JobLogConsumer(AsyncJsonWebsocketConsumer):
             await self.finish(status)
 
     async def disconnect(self, code):
+        await self.stop_access_rechecks()
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         if getattr(self, "flusher", None):
             self.flusher.cancel()
+
+    async def still_allowed(self, user) -> bool:
+        return await self.read_status(user) is not None
 
     async def receive_json(self, content, **kwargs):
         # The socket is one-way; a client message is answered with an error, never a crash.

@@ -156,3 +156,15 @@ async def test_progress_from_the_log_reaches_the_list_and_the_jobs_socket(make_j
     assert (await next_job_message(listing))["job"]["progress"]["step"] == 50
     for ws in (listing, detail, stranger):
         await ws.disconnect()
+
+
+async def test_a_removed_members_job_socket_closes_with_4403(make_job, owner, teammate, settings):
+    settings.SOCKET_ACCESS_RECHECK = 0.2
+    job = await database_sync_to_async(make_job)()
+    ws = await connect(teammate, f"job={job.pk}")
+    await database_sync_to_async(lambda: job.project.members.remove(teammate))()
+    while True:
+        output = await ws.receive_output(timeout=3)
+        if output["type"] == "websocket.close":
+            break
+    assert output["code"] == 4403

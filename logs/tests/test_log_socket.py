@@ -243,3 +243,15 @@ async def test_a_backlog_larger_than_one_websocket_message_arrives_whole_in_seve
     assert [ln["seq"] for ln in received] == list(range(1, 5001))
     assert messages > 1
     await ws.disconnect()
+
+
+async def test_a_removed_members_socket_closes_with_4403(running_job, owner, teammate, settings):
+    settings.SOCKET_ACCESS_RECHECK = 0.2
+    ws = await connect(running_job.pk, teammate)
+    assert (await ws.receive_json_from())["type"] == "attempts"
+    await database_sync_to_async(lambda: running_job.project.members.remove(teammate))()
+    while True:
+        output = await ws.receive_output(timeout=3)
+        if output["type"] == "websocket.close":
+            break
+    assert output["code"] == 4403

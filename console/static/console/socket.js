@@ -11,7 +11,7 @@
  * leaving the page closes the socket (the page can enter the back/forward cache) and coming back
  * to it reconnects. The returned handle's stop() closes the socket for good.
  */
-export const REFUSED = { 4400: "the request was refused", 4401: "you are signed out", 4404: "the job is not found" };
+export const REFUSED = { 4400: "the request was refused", 4401: "you are signed out", 4403: "your access was revoked", 4404: "the job is not found" };
 const MAX_DELAY_S = 30;
 
 function socketUrl(path) {
