@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 from console.env import env_bool, env_float, env_int, env_str
@@ -45,7 +46,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -161,14 +162,26 @@ LOGOUT_REDIRECT_URL = "login"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "knox.auth.TokenAuthentication",
     ],
+    "DEFAULT_THROTTLE_RATES": {"token": env_str("TOKEN_THROTTLE_RATE", "10/min")},
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
 }
+
+# API tokens (django-rest-knox): stored as SHA-512 digests, sent as "Authorization: Token <key>",
+# valid for API_TOKEN_TTL_DAYS, revocable on the account's Tokens page.
+REST_KNOX = {"TOKEN_TTL": timedelta(days=env_float("API_TOKEN_TTL_DAYS", 30.0)), "AUTH_HEADER_PREFIX": "Token"}
+# Counters shared by every console process (sign-in lock-out): Redis in scale-out.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+# Sign-in lock-out (console.lockout): this many failures for one username within the window lock
+# it for the rest of the window.
+LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
+LOGIN_FAILURE_WINDOW = env_int("LOGIN_FAILURE_WINDOW", 900)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Simple AI Training console API",

@@ -39,6 +39,9 @@ def job_work_root(request, tmp_path):
     if not request.config.pluginmanager.hasplugin("django"):
         return None
     settings = request.getfixturevalue("settings")
+    from django.core.cache import cache
+
+    cache.clear()  # sign-in failure counts and request throttles start afresh in every test
     settings.JOB_WORK_ROOT = tmp_path / "jobs"
     settings.PROJECT_DATA_ROOT = tmp_path / "projects"
     settings.SIMULATED_DEVICE_DIR = tmp_path / "sim-devices"

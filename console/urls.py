@@ -5,10 +5,15 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from console.pages import nodes
+from console.pages import account, nodes
 
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="registration/login.html", authentication_form=account.LockoutAuthenticationForm),
+        name="login",
+    ),
+    path("account/", include(([path("tokens/", account.tokens, name="tokens")], "account"))),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("failover.api_urls")),

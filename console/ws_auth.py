@@ -1,17 +1,21 @@
-"""WebSocket authentication: the session cookie (Channels' AuthMiddleware) or a DRF token in an
+"""WebSocket authentication: the session cookie (Channels' AuthMiddleware) or an API token in an
 ``Authorization: Token …`` header."""
 from __future__ import annotations
 
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
+from knox.auth import TokenAuthentication
+from rest_framework.exceptions import AuthenticationFailed
 
 
 @database_sync_to_async
 def user_for_token(key: str):
-    from rest_framework.authtoken.models import Token
-
-    token = Token.objects.select_related("user").filter(key=key).first()
-    return token.user if token and token.user.is_active else None
+    """The active user of an unexpired API token (knox compares digests), else None."""
+    try:
+        user, _token = TokenAuthentication().authenticate_credentials(key.encode("utf-8"))
+    except (AuthenticationFailed, UnicodeError):
+        return None
+    return user if user.is_active else None
 
 
 class TokenAuthMiddleware(BaseMiddleware):

@@ -140,9 +140,9 @@ def main(argv=None) -> int:
 
             section(f"3. Tail of a {args.tail_lines:,}-line log (baseline: 1,000 lines); {args.tries} tries each")
             tail_jobs = tail.prepare(args.tail_lines, 1000)
-            from rest_framework.authtoken.models import Token
+            from knox.models import AuthToken
 
-            token = Token.objects.get_or_create(user=harness.admin_user())[0].key
+            token = AuthToken.objects.create(harness.admin_user())[1]
             for label, job_id in tail_jobs.items():
                 tail_res.setdefault("(a) tail_lines(job, 'master', 1000)", {})[label] = tail.tail_in_process(job_id, args.tries)
                 tail_res.setdefault("(b) REST tail page, Django test Client", {})[label] = tail.rest_test_client(job_id, token, args.tries)

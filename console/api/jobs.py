@@ -15,7 +15,6 @@ from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
-from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import LimitOffsetPagination
@@ -36,8 +35,6 @@ from console.api.serializers import (
     LogPageSerializer,
     LogQuerySerializer,
     NodeSerializer,
-    TokenRequestSerializer,
-    TokenSerializer,
     TrainingJobSerializer,
 )
 from jobs.services.creation import clone_job, create_job
@@ -315,20 +312,3 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def uncordon(self, request: Request, name: str | None = None) -> Response:
         return self.set_cordoned(request, False)
-
-
-class ObtainTokenView(ObtainAuthToken):
-    """Username and password → the user's API token (send it as ``Authorization: Token <key>``)."""
-
-    # Credentials in the body are the whole authentication: no session, so no CSRF check.
-    authentication_classes = ()
-
-    @extend_schema(
-        summary="Get your API token",
-        request=TokenRequestSerializer,
-        responses={200: TokenSerializer, 400: FIELD_ERRORS},
-        auth=[],
-        tags=["auth"],
-    )
-    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        return super().post(request, *args, **kwargs)

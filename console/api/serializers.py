@@ -290,5 +290,6 @@ class TokenRequestSerializer(serializers.Serializer):
 
 
 class TokenSerializer(serializers.Serializer):
-    token = serializers.CharField()
+    token = serializers.CharField(help_text="Shown once: only its digest is stored.")
+    expiry = serializers.DateTimeField(help_text="When it stops working; revoke it sooner on the account's Tokens page.")
 

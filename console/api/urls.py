@@ -4,7 +4,8 @@ from __future__ import annotations
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from console.api.jobs import NodeViewSet, ObtainTokenView, TrainingJobViewSet
+from console.api.jobs import NodeViewSet, TrainingJobViewSet
+from console.api.tokens import ObtainTokenView
 
 router = SimpleRouter()
 router.register("training-jobs", TrainingJobViewSet, basename="training-job")

@@ -183,13 +183,13 @@ class LiveConsole:
         code = f"""
 import json
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 user, _ = User.objects.get_or_create(username={username!r})
 user.set_password({password!r}); user.is_staff = user.is_superuser = {staff!r}; user.save()
 if {teammate_of!r}:
     from jobs.services.creation import personal_project_for
     personal_project_for(User.objects.get(username={teammate_of!r})).members.add(user)
-print(json.dumps(Token.objects.get_or_create(user=user)[0].key))
+print(json.dumps(AuthToken.objects.create(user)[1]))
 """
         self.tokens[username] = self.shell_json(code)
         return self.tokens[username]

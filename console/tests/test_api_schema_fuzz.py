@@ -14,7 +14,7 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
@@ -62,8 +62,8 @@ def world(db, requests_on_the_test_connection, owner, teammate, staff, project, 
     return {
         "job_ids": [running.pk, finished.pk, pending.pk],
         "node_keys": ["node-a", str(node.pk)],
-        "owner_token": Token.objects.create(user=owner).key,
-        "staff_token": Token.objects.create(user=staff).key,
+        "owner_token": AuthToken.objects.create(owner)[1],
+        "staff_token": AuthToken.objects.create(staff)[1],
     }
 
 

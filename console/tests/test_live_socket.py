@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 
 from console.asgi import application
 from jobs.services.lifecycle import transition
@@ -25,7 +25,7 @@ def fresh_throttle(monkeypatch):
 
 
 def token_for(user) -> bytes:
-    return f"Token {Token.objects.get_or_create(user=user)[0].key}".encode()
+    return f"Token {AuthToken.objects.create(user)[1]}".encode()
 
 
 async def connect(user=None, query: str = "", *, expect_ready: bool = True) -> WebsocketCommunicator:
