@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, parse_env_text, validate_command
 from jobs.models import DNS_LABEL, Project, TrainingJob
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
-from jobs.services.paths import PathRefused, check_output_dir
+from jobs.services.paths import PathRefused, check_output_dir, volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
 
 IMAGE_REFERENCE = RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag, e.g. pytorch:2.13-py3.11.")
@@ -85,6 +85,7 @@ class TrainingJobForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.owner = owner
         self.fields["project"].queryset = Project.objects.filter(members=owner).order_by("name")
+        self.fields["output_dir"].help_text += " " + visible_volumes_text(self.fields["project"].queryset)
         if "command" not in self.initial:
             self.fields["command"].initial = EXAMPLE_COMMAND
         if "image" not in self.initial:
@@ -135,6 +136,15 @@ class TrainingJobForm(forms.Form):
     def name_taken(self) -> None:
         """Report a name another request took between validation and the insert."""
         self.add_error("name", forms.ValidationError("You already have a job with this name. Choose another name."))
+
+
+def visible_volumes_text(projects) -> str:
+    """What host directories the jobs of these projects see, for the form to say."""
+    shared = volumes_of(None)
+    parts = [f"{v.path} ({'read-only' if v.read_only else 'read-write'})" for v in shared]
+    for project in projects.prefetch_related("volumes"):
+        parts += [f"{v.path} ({'read-only' if v.read_only else 'read-write'}, {project.name} only)" for v in project.volumes.all()]
+    return ("Jobs also see: " + ", ".join(parts) + ".") if parts else "Jobs see no other host directories."
 
 
 # The list's status groups: the badge groups, plus every active and every finished status.

@@ -36,6 +36,28 @@ if not SECRET_KEY:
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver,[::1]").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in env_str("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# Where users reach the console. Behind an https proxy (CONSOLE_PUBLIC_URL=https://…) cookies are
+# secure, HSTS is on and the proxy's X-Forwarded-Proto is trusted, so `manage.py check --deploy`
+# is clean; the embedded default serves plain http on 127.0.0.1 for one machine.
+CONSOLE_PUBLIC_URL = env_str("CONSOLE_PUBLIC_URL", "")
+if CONSOLE_PUBLIC_URL.startswith("https://"):
+    from urllib.parse import urlsplit
+
+    _public_host = urlsplit(CONSOLE_PUBLIC_URL).hostname or ""
+    if _public_host and _public_host not in ALLOWED_HOSTS:
+        ALLOWED_HOSTS.append(_public_host)
+    if CONSOLE_PUBLIC_URL.rstrip("/") not in CSRF_TRUSTED_ORIGINS:
+        CSRF_TRUSTED_ORIGINS.append(CONSOLE_PUBLIC_URL.rstrip("/"))
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    # Submitting a domain to the browsers' preload list is the operator's decision, not ours.
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
 
 INSTALLED_APPS = [
     "daphne",

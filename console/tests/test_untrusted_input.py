@@ -104,3 +104,14 @@ def test_nul_and_lone_surrogates_are_stored_as_replacement_characters(make_job):
     now = datetime.now(UTC)
     ingest_lines(job_id=job.pk, stream="master", attempt=1, lines=[RawLine(1, now, "a\x00b"), RawLine(2, now, "c\ud800d")])
     assert list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True)) == ["a\ufffdb", "c\ufffdd"]
+
+
+def test_the_deploy_checks_are_clean_behind_an_https_public_url():
+    import subprocess
+    import sys
+
+    env = {"CONSOLE_PUBLIC_URL": "https://console.example.com", "PATH": "/usr/bin:/bin", "HOME": str(settings.BASE_DIR)}
+    checked = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=settings.BASE_DIR, env=env, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
