@@ -133,6 +133,8 @@ class CheckpointEngine:
         self._writers.start()
         if handle_signals:
             _signals.register(self)
+            # A SIGTERM before the first save still needs a safe point to be served at.
+            self._points.hook_forward_passes()
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -323,10 +325,19 @@ class CheckpointEngine:
         self.cache.clear()
         _signals.unregister(self)
 
-    def final_checkpoint(self) -> None:
-        """Takes the final checkpoint (if ``final_state`` is set) and waits for it, within the grace."""
+    def final_checkpoint(self, *, deadline: float | None = None) -> None:
+        """Takes the final checkpoint (if ``final_state`` is set) and waits for it to persist.
+
+        Call it only where the state is whole (``ckptlib._signals`` calls it at a safe point).
+
+        Args:
+            deadline: ``time.monotonic()`` by which to stop waiting (a SIGTERM's grace period);
+                default: ``grace_period_s`` from now.
+        """
         if self._closed.is_set():
             return
+        if deadline is None:
+            deadline = time.monotonic() + self.options.grace_period_s
         try:
             if self.final_save is not None:
                 self.final_save()
@@ -336,7 +347,7 @@ class CheckpointEngine:
                     self.save(state, step=step)
         except Exception:
             logger.exception("%s final checkpoint could not be started", LOG_PREFIX)
-        self.wait(persist=True, timeout=self.options.grace_period_s)
+        self.wait(persist=True, timeout=max(0.0, deadline - time.monotonic()))
 
     # ---- stage ------------------------------------------------------------------------------
 
