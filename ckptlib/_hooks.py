@@ -87,6 +87,9 @@ class StagingPoints:
     def watches_an_optimizer(self) -> bool:
         return any(isinstance(candidate, torch.optim.Optimizer) for candidate in self._hooked)
 
+    def watched_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [candidate for candidate in self._hooked if isinstance(candidate, torch.optim.Optimizer)]
+
     def hook_forward_passes(self) -> None:
         """Hooks every module's forward pass (once)."""
         if "forward" not in self._hooked_points:
