@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ckptlib._config import RuntimeConfig, parse_runtime_config
 from ckptlib._events import COMMIT_LINE_RE, CommitEvent, parse_commit_line
+from ckptlib._signals import safe_point
 from ckptlib._layout import CHECKPOINT_SUBDIR, checkpoint_root, committed_steps, read_latest
 from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
 
@@ -59,6 +60,7 @@ __all__ = [
     "parse_commit_line",
     "parse_runtime_config",
     "read_latest",
+    "safe_point",
     "vendor_path",
 ]
 

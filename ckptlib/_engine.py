@@ -31,6 +31,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ from ckptlib._dist import ProcessPlace, current_place
 from ckptlib._events import LOG_PREFIX, install_console_handler
 from ckptlib._hooks import StagingPoints
 from ckptlib._jobs import Job, JobBook
-from ckptlib._plan import StatePlan, plan_object, plan_state, restore_rng_state
+from ckptlib._plan import StatePlan, plan_object, plan_state, protected_storages, restore_rng_state
 from ckptlib._reader import read_checkpoint
 from ckptlib._stage import Stager
 from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
@@ -107,6 +108,7 @@ class CheckpointEngine:
         self.final_save: Callable[[], None] | None = None
         self.stop_requested = threading.Event()
         self.on_commit: list[Callable[[CheckpointResult], None]] = []
+        self._stepped_modules: list[weakref.ref[torch.nn.Module]] = []
 
         self._jobs = JobBook(rank=self.place.rank, on_commit=self.on_commit)
         self._closed = threading.Event()
@@ -133,6 +135,8 @@ class CheckpointEngine:
         self._writers.start()
         if handle_signals:
             _signals.register(self)
+            # A SIGTERM before the first save still needs a safe point to be served at.
+            self._points.hook_forward_passes()
 
     # ---- public API -------------------------------------------------------------------------
 
@@ -223,7 +227,13 @@ class CheckpointEngine:
         began = time.perf_counter()
         target = Path(path)
         watched = self._points.watches_an_optimizer()
-        plan = StatePlan(files=[plan_object(target.name, obj, background=True)])
+        # Only what a watched optimizer's step alone changes stays live; buffers (BatchNorm
+        # statistics) and anything else are copied now.
+        protected = None
+        if watched:
+            modules = tuple(module for ref in self._stepped_modules if (module := ref()) is not None)
+            protected = protected_storages(self._points.watched_optimizers(), modules)
+        plan = StatePlan(files=[plan_object(target.name, obj, background=True, protected=protected)])
         job = Job(step=-1, directory=target.parent, target=target, plan=plan, started=began, external=True)
         job.files_left = 1
         self._points.hook_forward_passes()
@@ -323,10 +333,19 @@ class CheckpointEngine:
         self.cache.clear()
         _signals.unregister(self)
 
-    def final_checkpoint(self) -> None:
-        """Takes the final checkpoint (if ``final_state`` is set) and waits for it, within the grace."""
+    def final_checkpoint(self, *, deadline: float | None = None) -> None:
+        """Takes the final checkpoint (if ``final_state`` is set) and waits for it to persist.
+
+        Call it only where the state is whole (``ckptlib._signals`` calls it at a safe point).
+
+        Args:
+            deadline: ``time.monotonic()`` by which to stop waiting (a SIGTERM's grace period);
+                default: ``grace_period_s`` from now.
+        """
         if self._closed.is_set():
             return
+        if deadline is None:
+            deadline = time.monotonic() + self.options.grace_period_s
         try:
             if self.final_save is not None:
                 self.final_save()
@@ -336,18 +355,26 @@ class CheckpointEngine:
                     self.save(state, step=step)
         except Exception:
             logger.exception("%s final checkpoint could not be started", LOG_PREFIX)
-        self.wait(persist=True, timeout=self.options.grace_period_s)
+        self.wait(persist=True, timeout=max(0.0, deadline - time.monotonic()))
 
     # ---- stage ------------------------------------------------------------------------------
 
-    def watch(self, optimizer: torch.optim.Optimizer) -> None:
+    def watch(self, optimizer: torch.optim.Optimizer, *, stepped_modules: tuple[torch.nn.Module, ...] = ()) -> None:
         """Stages at ``optimizer``'s steps and its parameters' gradient accumulation.
 
         Before each step, everything still unstaged is staged (the step waits): the step is the
         only thing that changes parameters and optimizer state. ``save`` calls this for the
         optimizers in its state.
+
+        Args:
+            optimizer: The optimizer.
+            stepped_modules: Modules whose parameters only this optimizer's step changes though
+                they are not its parameters (DeepSpeed copies them from its flat partitions);
+                ``save_file`` then leaves them live too, instead of copying them.
         """
         self._points.watch(optimizer)
+        for module in stepped_modules:
+            self._stepped_modules.append(weakref.ref(module))
 
     def _stage_at_hook(self, *, force: bool) -> None:
         self._points.stage(force=force)

@@ -4,6 +4,9 @@
 staged: the step is the only thing that changes parameters and optimizer state) and its
 parameters' gradient accumulation (a little is staged); ``hook_forward_passes`` hooks every
 module's forward pass (a little). ``remove`` takes every hook off again (shutdown).
+
+The forward pre-hook and the pre-step hook are also where a pending SIGTERM may be served
+(``ckptlib._signals.at_hook_point``): both run between whole steps.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import torch
 
+import ckptlib._signals as _signals
 from ckptlib._events import LOG_PREFIX
 from ckptlib._jobs import JobBook
 from ckptlib._plan import unwrap_optimizer
@@ -26,24 +30,29 @@ logger = logging.getLogger(__name__)
 class StagingHook:
     """A hook that lets the engine stage a little (or, ``force``, everything left).
 
-    It holds its ``StagingPoints`` weakly, and pickles and copies as a no-op, so models and
+    ``kind`` (``"forward"``, ``"pre-step"``, ``"grad"``) says where it runs; the first two are
+    safe points for a pending SIGTERM. It holds its ``StagingPoints`` weakly, and pickles and copies as a no-op, so models and
     optimizers carrying it stay picklable.
     """
 
-    def __init__(self, points: StagingPoints | None, *, force: bool = False) -> None:
+    def __init__(self, points: StagingPoints | None, *, force: bool = False, kind: str = "grad") -> None:
         self._points = weakref.ref(points) if points is not None else None
         self._force = force
+        self._kind = kind
 
     def __call__(self, *_args: Any, **_kwargs: Any) -> None:
         points = self._points() if self._points is not None else None
         if points is not None:
+            if self._kind != "grad":
+                # May take the final checkpoint and raise SystemExit (not caught below).
+                _signals.at_hook_point(kind=self._kind)
             try:
                 points.stage(force=self._force)
             except Exception:  # noqa: BLE001 - a checkpoint must never break the training step
                 logger.exception("%s staging failed", LOG_PREFIX)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (StagingHook, (None,), {"_force": self._force})
+        return (StagingHook, (None,), {"_force": self._force, "_kind": self._kind})
 
 
 class StagingPoints:
@@ -67,7 +76,7 @@ class StagingPoints:
         if optimizer in self._hooked:
             return
         self._hooked.add(optimizer)
-        self._handles.append(optimizer.register_step_pre_hook(StagingHook(self, force=True)))
+        self._handles.append(optimizer.register_step_pre_hook(StagingHook(self, force=True, kind="pre-step")))
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 if parameter.requires_grad and parameter not in self._hooked:
@@ -78,11 +87,14 @@ class StagingPoints:
     def watches_an_optimizer(self) -> bool:
         return any(isinstance(candidate, torch.optim.Optimizer) for candidate in self._hooked)
 
+    def watched_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [candidate for candidate in self._hooked if isinstance(candidate, torch.optim.Optimizer)]
+
     def hook_forward_passes(self) -> None:
         """Hooks every module's forward pass (once)."""
         if "forward" not in self._hooked_points:
             self._hooked_points.add("forward")
-            hook = StagingHook(self, force=False)
+            hook = StagingHook(self, force=False, kind="forward")
             self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(hook))
 
     def stage(self, *, force: bool) -> None:

@@ -6,13 +6,18 @@ a module → ``<key>.safetensors`` (``model.safetensors``), anything else → ``
 (``pieces``): headers and metadata as bytes made now, tensor bytes as references to live tensors
 that staging (``ckptlib._stage``) writes or copies before the next optimizer step. With an optimizer in
 the state, only module parameters and optimizer state are left to staging (nothing else changes
-them); module buffers are cloned and other objects serialized inside ``save``, because forward
-or user code may change them at any time. Without one, everything is left to staging and
+them); everything else is copied inside ``save``, because forward or user code may change it
+at any time: module buffers (BatchNorm statistics), the tensors of a module no optimizer in the
+state steps (an EMA copy updated after ``save``), an optimizer's ``param_groups`` (a tensor
+learning rate that ``scheduler.step()`` changes in place), schedulers and plain values. Only
+tensors whose storage belongs to a parameter or a state tensor of an optimizer in the state
+(``protected_storages``) stay live. Without an optimizer, everything is left to staging and
 ``save`` waits for it.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import random
 from collections.abc import Mapping
@@ -142,13 +147,14 @@ def plan_state(
     """
     plan = StatePlan()
     optimizers = [opt for value in state.values() if (opt := unwrap_optimizer(value)) is not None]
-    guarded = bool(optimizers)
+    # None: no optimizer step to wait for, so everything is staged before save returns.
+    protected = protected_storages(optimizers) if optimizers else None
     plan.optimizers = optimizers
     if write_state:
         for key, value in state.items():
             name = file_name_for(key, value, rank=rank, sharded=sharded)
             plan.keys[key] = name
-            plan.files.append(_plan_value(name, value, guarded=guarded))
+            plan.files.append(_plan_value(name, value, protected=protected))
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
         plan.keys["rng_state"] = name
@@ -162,13 +168,34 @@ def _is_flat_module(value: Any) -> bool:
     return all(isinstance(v, torch.Tensor) for v in value.state_dict().values())
 
 
-def _plan_value(name: str, value: Any, *, guarded: bool) -> FilePlan:
+def protected_storages(optimizers: list[torch.optim.Optimizer], modules: tuple[Any, ...] = ()) -> set[int]:
+    """Storage addresses that only an optimizer step changes: the optimizers' parameters and
+    per-parameter state (``exp_avg``, ``step``, …), and the parameters of ``modules`` that such a
+    step updates (DeepSpeed's module parameters, copied from its flat partitions in its step)."""
+    protected: set[int] = set()
+    for optimizer in optimizers:
+        optimizer = unwrap_optimizer(optimizer) or optimizer
+        for group in optimizer.param_groups:
+            protected.update(_storage_address(p) for p in group["params"] if isinstance(p, torch.Tensor))
+        for per_parameter in optimizer.state.values():
+            if isinstance(per_parameter, Mapping):
+                protected.update(_storage_address(t) for t in per_parameter.values() if isinstance(t, torch.Tensor))
+    for module in modules:
+        protected.update(_storage_address(p) for p in module.parameters())
+    return protected
+
+
+def _storage_address(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def _plan_value(name: str, value: Any, *, protected: set[int] | None) -> FilePlan:
     if name.endswith(".safetensors"):
-        parameter_ptrs = {p.data_ptr() for p in value.parameters()}
         slots, names = [], []
         for tensor_name, tensor in value.state_dict().items():
-            # Buffers (BatchNorm statistics) change in forward: copy them now.
-            background = not guarded or tensor.data_ptr() in parameter_ptrs
+            # Buffers and tensors no optimizer here steps (an EMA module) may change before the
+            # next optimizer step: copy them now.
+            background = protected is None or _storage_address(tensor) in protected
             slots.append(Slot(source=tensor.detach() if background else tensor.detach().clone()))
             names.append(tensor_name)
         header = _format.safetensors_header(
@@ -177,19 +204,33 @@ def _plan_value(name: str, value: Any, *, guarded: bool) -> FilePlan:
         pieces: list[Piece] = [header, *((index, 0, slot.nbytes) for index, slot in enumerate(slots) if slot.nbytes)]
         return FilePlan(name=name, slots=slots, pieces=pieces)
     if unwrap_optimizer(value) is not None:
-        return plan_object(name, value.state_dict(), background=True)
+        state_dict = value.state_dict()
+        if protected is not None and "param_groups" in state_dict:
+            # Hyper-parameters may be tensors a scheduler changes in place (a tensor lr).
+            state_dict = {**state_dict, "param_groups": copy.deepcopy(state_dict["param_groups"])}
+        return plan_object(name, state_dict, background=True, protected=protected)
     if hasattr(value, "state_dict") and callable(value.state_dict):
-        return plan_object(name, value.state_dict(), background=not guarded)
-    return plan_object(name, value, background=not guarded)
+        return plan_object(name, value.state_dict(), background=protected is None)
+    return plan_object(name, value, background=protected is None)
 
 
-def plan_object(name: str, obj: Any, *, background: bool) -> FilePlan:
-    """A ``.pt`` file: streamed storage by storage when ``background``, else serialized now."""
+def plan_object(name: str, obj: Any, *, background: bool, protected: set[int] | None = None) -> FilePlan:
+    """A ``.pt`` file: streamed storage by storage when ``background``, else serialized now.
+
+    Args:
+        name: File name.
+        obj: What ``torch.save`` would be given.
+        background: Stream its storages (staged later) instead of serializing now.
+        protected: With ``background``: the storages that may stay live until the next
+            optimizer step (``protected_storages``); the others are copied now. None: all live.
+    """
     if background:
         streamed = streamed_pieces(obj)
         if streamed is not None:
-            slots, pieces = streamed
-            return FilePlan(name=name, slots=[Slot(source=s) for s in slots], pieces=pieces)
+            sources, pieces = streamed
+            if protected is not None:
+                sources = [s if s.data_ptr() in protected else s.clone() for s in sources]
+            return FilePlan(name=name, slots=[Slot(source=s) for s in sources], pieces=pieces)
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return FilePlan(name=name, slots=[], pieces=[buffer.getvalue()])

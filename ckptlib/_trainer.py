@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 import ckptlib._format as _format
+import ckptlib._signals as _signals
 from ckptlib._config import parse_runtime_config
 from ckptlib._engine import CheckpointEngine
 from ckptlib._events import LOG_PREFIX
@@ -146,7 +147,8 @@ class DecoratedCheckpointing:
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 if decorator._stop_agreed():
-                    decorator.engine.final_checkpoint()
+                    _signals.mark_served()
+                    decorator.engine.final_checkpoint(deadline=_signals.stop_deadline())
                     raise SystemExit(_SIGTERM_EXIT_STATUS)
 
         trainer.add_callback(FinalCheckpointOnStop())

@@ -145,7 +145,9 @@ def use_ckptlib(ds_engine: Any, **options: Any) -> DeepSpeedCheckpointEngine:
     adapter = DeepSpeedCheckpointEngine(getattr(ds_engine, "_config", None), **options)
     optimizer = getattr(ds_engine, "optimizer", None)
     if optimizer is not None:
-        adapter.engine.watch(optimizer)
+        module = getattr(ds_engine, "module", None)
+        stepped = (module,) if isinstance(module, torch.nn.Module) else ()
+        adapter.engine.watch(optimizer, stepped_modules=stepped)
     ds_engine.checkpoint_engine = adapter
     return adapter
 
