@@ -150,13 +150,28 @@ def commit(root: Path, step: int) -> Path:
     """
     source, target = tmp_dir(root, step), committed_dir(root, step)
     fsync_path(source)
+    if root not in _parents_synced:
+        # ``concurrent_checkpoint/`` itself was created by this run's first save: its entry
+        # in the output directory must be durable before anything under it counts.
+        fsync_path(root.parent)
+        _parents_synced.add(root)
     os.replace(source, target)
-    fsync_path(root)
-    marker_tmp = root / f"{LATEST_NAME}{TMP_SUFFIX}"
-    write_bytes_durably(marker_tmp, f"{step}\n".encode())
-    os.replace(marker_tmp, root / LATEST_NAME)
-    fsync_path(root)
+    try:
+        fsync_path(root)
+        marker_tmp = root / f"{LATEST_NAME}{TMP_SUFFIX}"
+        write_bytes_durably(marker_tmp, f"{step}\n".encode())
+        os.replace(marker_tmp, root / LATEST_NAME)
+        fsync_path(root)
+    except BaseException:
+        # Reported failed, so it must not stay selectable: back to its temporary name (which
+        # the caller removes, as is any .tmp at the next start).
+        os.replace(target, source)
+        fsync_path(root)
+        raise
     return target
+
+
+_parents_synced: set[Path] = set()
 
 
 def remove_tree(path: Path) -> None:
@@ -200,4 +215,6 @@ def rotate(root: Path, *, keep: int, protect: Iterable[Path] = ()) -> list[int]:
         os.replace(path, doomed)
         remove_tree(doomed)
         removed.append(step)
+    if removed:
+        fsync_path(root)  # the renames and removals are entries of root
     return removed

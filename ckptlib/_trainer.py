@@ -137,8 +137,10 @@ class DecoratedCheckpointing:
 
                 def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                     commit_pending(trainer.model_wrapped)
+                    decorator._rotate_deepspeed()
 
             trainer.add_callback(DeepSpeedThroughCkptlib())
+            trainer._save_checkpoint = self._save_checkpoint_rotating_after_commit(trainer._save_checkpoint)
         else:
             trainer._save_checkpoint = self._save_checkpoint
 
@@ -152,6 +154,50 @@ class DecoratedCheckpointing:
                     raise SystemExit(_SIGTERM_EXIT_STATUS)
 
         trainer.add_callback(FinalCheckpointOnStop())
+
+    def _save_checkpoint_rotating_after_commit(self, original: Any) -> Any:
+        """The Trainer's own save (DeepSpeed), without its immediate rotation.
+
+        The Trainer rotates right after writing: with ``save_total_limit=1`` it would delete the
+        last committed checkpoint while the new one is not committed yet (DeepSpeed writes its
+        ``latest`` only at the next step). Rotation runs instead among committed checkpoints
+        only: before the next save (by then the previous one is committed) and at the end of
+        training, so at most ``save_total_limit`` + 1 directories exist for a while.
+        """
+
+        def save_checkpoint(model: Any, trial: Any) -> None:
+            self._rotate_deepspeed()
+            args = self.trainer.args
+            limit = args.save_total_limit
+            args.save_total_limit = None
+            try:
+                original(model, trial)
+            finally:
+                args.save_total_limit = limit
+
+        return save_checkpoint
+
+    def _rotate_deepspeed(self) -> None:
+        args = self.trainer.args
+        limit = args.save_total_limit
+        if limit is None or limit <= 0 or not args.should_save:
+            return
+        output_dir = Path(args.output_dir)
+        steps = deepspeed_committed_steps(output_dir)
+        best = self.trainer.state.best_model_checkpoint
+        protected = {Path(best).resolve()} if best else set()
+        removed = []
+        for step in steps[: max(0, len(steps) - limit)]:
+            path = output_dir / f"{_format.CHECKPOINT_PREFIX}{step}"
+            if path.resolve() in protected:
+                continue
+            doomed = output_dir / f".deleting-{_format.CHECKPOINT_PREFIX}{step}"
+            os.replace(path, doomed)  # never seen half deleted under its own name
+            _format.remove_tree(doomed)
+            removed.append(step)
+        if removed:
+            _format.fsync_path(output_dir)
+            logger.info("%s rotated out steps %s (save_total_limit=%s)", LOG_PREFIX, removed, limit)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         trainer = self.trainer

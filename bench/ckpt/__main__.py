@@ -2,7 +2,8 @@
 
 One run measures, on the same machine and disk:
 
-* the raw sequential write bandwidth of the disk under the output directory (write + fsync);
+* the raw sequential write bandwidth of the disk under the output directory (create, write and
+  fsync of a file of the checkpoint's size, direct I/O; two samples before each ckptlib run);
 * training runs of the same model, each in a fresh process (so peak RSS is its own): ``--rounds``
   pairs of ``none`` (no checkpoint) then ``ckptlib``, then one ``trainer``
   (``Trainer._save_checkpoint``, synchronous) and one ``dcp``
@@ -226,35 +227,43 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
 
 
 def raw_write_bandwidth(directory: Path, nbytes: int) -> float:
-    """Bytes per second of one sequential write of ``nbytes`` then fsync: the fastest of one
-    buffered write (``dd conv=fsync``) and two with direct I/O (``dd oflag=direct conv=fsync``),
-    64 MiB at a time."""
+    """Bytes per second of one sequential write of ``nbytes`` then fsync, timed like persist:
+    the file's creation, the writes (direct I/O, 64 MiB at a time; buffered where the filesystem
+    refuses ``O_DIRECT``) and the fsync. The file's removal is not timed (persist removes
+    nothing). One sample; ``main`` takes one before each ckptlib run, at the checkpoint's size."""
     chunk = mmap.mmap(-1, 64 << 20)  # page-aligned, as O_DIRECT needs
     chunk.write(os.urandom(1 << 20) * 64)
     view = memoryview(chunk)
     path = directory / "raw-bandwidth.bin"
-    best = 0.0
-    direct = getattr(os, "O_DIRECT", 0)
-    for flags in (0, direct, direct):  # direct I/O twice: the better of two tries
-        began = time.perf_counter()
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o644)
-        except OSError:
-            continue
-        try:
-            written = 0
-            while written < nbytes:
-                written += os.write(fd, view[: min(len(view), nbytes - written)])
-            os.fsync(fd)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-            path.unlink()
-        best = max(best, nbytes / (time.perf_counter() - began))
-    view.release()
-    chunk.close()
-    return best
+    try:
+        for flags in (getattr(os, "O_DIRECT", 0), 0):
+            began = time.perf_counter()
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o644)
+            except OSError:
+                continue
+            try:
+                written = 0
+                while written < nbytes:
+                    written += os.write(fd, view[: min(len(view), nbytes - written)])
+                os.fsync(fd)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            elapsed = time.perf_counter() - began
+            path.unlink(missing_ok=True)  # outside the timed part
+            return nbytes / elapsed
+        return float("nan")
+    finally:
+        path.unlink(missing_ok=True)
+        view.release()
+        chunk.close()
+
+
+def _spread(values: list[float], scale: float = 1.0) -> str:
+    shown = [f"{value / scale:.0f}" for value in values]
+    return f"min {min(values) / scale:.0f}, max {max(values) / scale:.0f} [{' '.join(shown)}]" if values else "none"
 
 
 def _run_variant(variant: str, options: argparse.Namespace, workdir: Path) -> RunFigures:
@@ -322,7 +331,10 @@ def _report(runs: dict[str, list[RunFigures]], raw_bw: float, options: argparse.
             f"batch: {options.batch}  host_cache_size: {options.size_gb * 1.05:.2f} GB  rounds: {options.rounds}  "
             f"THP_MEM_ALLOC_ENABLE: {'0' if options.no_thp else '1'}  allocator: {options.allocator}"
         ),
-        f"raw sequential write bandwidth (write+fsync, best of buffered and direct): {raw_bw / 1e6:.0f} MB/s",
+        (
+            f"raw sequential write bandwidth (create+write+fsync, direct I/O, mean of {2 * options.rounds} samples "
+            f"taken before each ckptlib run, unlink not timed): {raw_bw / 1e6:.0f} MB/s"
+        ),
         "",
         (
             f"overhead = step time in windows with one checkpoint per {every} steps over windows without, "
@@ -412,17 +424,22 @@ def main(argv: list[str] | None = None) -> int:
         options.allocator = ctypes.util.find_library("jemalloc") or "glibc"
     workdir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=options.dir))
     try:
-        raw_bw = raw_write_bandwidth(workdir, int(options.size_gb * 1e9))
-        print(f"raw disk bandwidth: {raw_bw / 1e6:.0f} MB/s", flush=True)
         runs: dict[str, list[RunFigures]] = {name: [] for name in _VARIANTS}
+        raw_samples: list[float] = []
         order = [("none", "ckptlib")] * options.rounds + [("trainer", "dcp")]
         for round_variants in order:
             for variant in round_variants:
+                if variant == "ckptlib":
+                    # Interleaved with the runs, at the size each checkpoint writes.
+                    nbytes = runs["ckptlib"][-1].state_bytes if runs["ckptlib"] else int(options.size_gb * 1e9)
+                    raw_samples += [raw_write_bandwidth(workdir, nbytes) for _ in range(2)]
+                    print(f"raw disk bandwidth samples: {_spread(raw_samples, 1e6)} MB/s", flush=True)
                 began = time.perf_counter()
                 runs[variant].append(_run_variant(variant, options, workdir))
                 print(f"{variant}: done in {time.perf_counter() - began:.0f}s", flush=True)
         print()
-        print(_report(runs, raw_bw, options))
+        print(_report(runs, _mean(raw_samples), options))
+        print(f"raw write+fsync samples (MB/s): {_spread(raw_samples, 1e6)}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
