@@ -63,7 +63,7 @@ def sandbox_policy(job: TrainingJob, part: AttemptNode, runtime: str, workdir: P
     return {
         "bwrap": sandbox.bwrap_path(),
         "hidden": sorted(str(Path(p).resolve()) for p in hidden),
-        "readonly": [runtime, *(v.path for v in volumes if v.read_only)],
+        "readonly": [str(settings.BASE_DIR), runtime, *(v.path for v in volumes if v.read_only)],
         "writable": [str(workdir), output_dir, *(v.path for v in volumes if not v.read_only)],
         "devices": sandbox.gpu_devices(part.gpu_indices, device_dir=str(device_dir)),
         "home": "/tmp",

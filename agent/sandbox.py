@@ -78,12 +78,13 @@ def wrap(command: list[str], *, policy: Mapping, cwd: str) -> list[str]:
         "--die-with-parent",
         "--new-session",
     ]
+    # Read-only trees first (the image, the platform's code: they may lie under /tmp, which the
+    # run gets empty), then the hidden state on top, then the run's own directories on top of that.
+    for path in policy.get("readonly", ()):
+        argv += ["--ro-bind-try", path, path]
     for path in policy.get("hidden", ()):
         if Path(path).is_dir():
             argv += ["--tmpfs", path]
-    # Mounted after the hidden trees, so a job's own directories under them show through.
-    for path in policy.get("readonly", ()):
-        argv += ["--ro-bind-try", path, path]
     for path in policy.get("writable", ()):
         argv += ["--bind", path, path]
     for host, inside in policy.get("devices", ()):
