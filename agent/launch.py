@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,10 @@ def sandbox_policy(job: TrainingJob, part: AttemptNode, runtime: str, workdir: P
     ready, why = sandbox.availability()
     if not ready:
         raise SandboxUnavailable(f"this node cannot sandbox jobs: {why}; install bubblewrap or set JOB_SANDBOX=off")
+    user = job_user(job)
+    if user is not None:
+        for directory in (workdir, Path(output_dir)):
+            os.chown(directory, user["uid"], user["uid"])
     node = part.node
     device_dir = simulated_devices(node.name, node.gpus.count()) if node.simulated else Path("/dev")
     volumes = volumes_of(job.project)
@@ -63,11 +68,27 @@ def sandbox_policy(job: TrainingJob, part: AttemptNode, runtime: str, workdir: P
     return {
         "bwrap": sandbox.bwrap_path(),
         "hidden": sorted(str(Path(p).resolve()) for p in hidden),
-        "readonly": [str(settings.BASE_DIR), runtime, *(v.path for v in volumes if v.read_only)],
+        "readonly": [str(settings.BASE_DIR), runtime, interpreter_home(runtime), *(v.path for v in volumes if v.read_only)],
         "writable": [str(workdir), output_dir, *(v.path for v in volumes if not v.read_only)],
         "devices": sandbox.gpu_devices(part.gpu_indices, device_dir=str(device_dir)),
         "home": "/tmp",
+        "user": user,
     }
+
+
+def interpreter_home(runtime: str) -> str:
+    """Where the image's Python really lives (a virtualenv's python links to its base install)."""
+    return str(Path(os.path.realpath(runtime_python(runtime))).parents[1])
+
+
+def job_user(job: TrainingJob) -> dict | None:
+    """The project's own unprivileged user, where the agent is root (None: the agent's user)."""
+    if settings.JOB_USERS == "off" or os.geteuid() != 0:
+        return None
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxUnavailable("setpriv (util-linux) is not installed, so jobs cannot run as their project's user")
+    return {"uid": settings.JOB_UID_BASE + job.project_id, "name": f"job-{job.project.name}"[:32], "setpriv": setpriv}
 
 
 def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> dict[str, str]:

@@ -56,7 +56,7 @@ def run(spec_path: Path) -> int:
     Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
     argv = ["bash", "-c", spec["command"]]
     if spec.get("sandbox"):
-        argv = wrap(argv, policy=spec["sandbox"], cwd=spec["cwd"])
+        argv = wrap(argv, policy=spec["sandbox"], cwd=spec["cwd"], run_dir=str(run_dir))
     proc = subprocess.Popen(
         argv,
         cwd=spec["cwd"],

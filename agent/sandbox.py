@@ -61,16 +61,18 @@ def gpu_devices(gpu_indices: Iterable[int], *, device_dir: str = "/dev") -> list
     return [(str(base / name), f"/dev/{name}") for name in names if (base / name).exists()]
 
 
-def wrap(command: list[str], *, policy: Mapping, cwd: str) -> list[str]:
+def wrap(command: list[str], *, policy: Mapping, cwd: str, run_dir: str | None = None) -> list[str]:
     """The argv that runs ``command`` in the sandbox ``policy`` describes (see ``agent.launch``):
-    ``bwrap``, ``hidden``, ``writable``, ``readonly``, ``devices``, ``home``."""
+    ``bwrap``, ``hidden``, ``writable``, ``readonly``, ``devices``, ``home`` and, where the
+    agent is root, ``user`` (the project's unprivileged uid, named in an ``/etc/passwd`` written
+    to ``run_dir``)."""
     argv = [
         policy["bwrap"],
         "--ro-bind", "/", "/",
         "--dev", "/dev",
         "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        "--tmpfs", "/dev/shm",
+        "--perms", "1777", "--tmpfs", "/tmp",
+        "--perms", "1777", "--tmpfs", "/dev/shm",
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
@@ -78,17 +80,78 @@ def wrap(command: list[str], *, policy: Mapping, cwd: str) -> list[str]:
         "--die-with-parent",
         "--new-session",
     ]
+    user = policy.get("user")
+    empty = ["/tmp", *policy.get("hidden", ())]
+    if user:
+        # A job user must reach what it may read, e.g. an interpreter under root's 0700 home: such
+        # a closed directory becomes an empty one it may traverse, and only the trees it needs
+        # are mounted back into it.
+        for closed in closed_parents([*policy.get("readonly", ()), *policy.get("writable", ())], empty):
+            argv += ["--perms", "0711", "--tmpfs", closed]
+            empty.append(closed)
     # Read-only trees first (the image, the platform's code: they may lie under /tmp, which the
     # run gets empty), then the hidden state on top, then the run's own directories on top of that.
     for path in policy.get("readonly", ()):
-        argv += ["--ro-bind-try", path, path]
+        argv += parents_of(path, empty) + ["--ro-bind-try", path, path]
     for path in policy.get("hidden", ()):
         if Path(path).is_dir():
             argv += ["--tmpfs", path]
     for path in policy.get("writable", ()):
-        argv += ["--bind", path, path]
+        argv += parents_of(path, empty) + ["--bind", path, path]
     for host, inside in policy.get("devices", ()):
         argv += ["--dev-bind", host, inside]
+    if user and run_dir:
+        passwd, group = identity_files(user, Path(run_dir))
+        argv += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
+        command = [
+            user["setpriv"], f"--reuid={user['uid']}", f"--regid={user['uid']}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--", *command,
+        ]
     home = policy.get("home") or "/tmp"
     argv += ["--setenv", "HOME", home, "--chdir", cwd, "--", *command]
     return argv
+
+
+def closed_parents(paths: list[str], empty: list[str]) -> list[str]:
+    """Directories above ``paths`` that other users cannot traverse (outside the emptied trees),
+    outermost first."""
+    found: set[str] = set()
+    for path in paths:
+        for parent in Path(path).parents:
+            if parent == Path("/") or any(Path(base) == parent or Path(base) in parent.parents for base in empty):
+                continue
+            try:
+                if not parent.stat().st_mode & 0o001:
+                    found.add(str(parent))
+            except OSError:
+                continue
+    return sorted(found, key=lambda p: (p.count("/"), p))
+
+
+def parents_of(path: str, empty: list[str]) -> list[str]:
+    """``--dir`` for every directory between an emptied tree (``/tmp``, a hidden one) and
+    ``path``: bwrap would make them 0700, closed to an unprivileged job user."""
+    args: list[str] = []
+    target = Path(path)
+    for base in map(Path, empty):
+        if base in target.parents:
+            for parent in reversed(target.parents):
+                if base in parent.parents:
+                    args += ["--perms", "0755", "--dir", str(parent)]
+            break
+    return args
+
+
+def identity_files(user: Mapping, run_dir: Path) -> tuple[Path, Path]:
+    """The node's /etc/passwd and /etc/group with the job's user added, for the sandbox."""
+    name, uid = user["name"], int(user["uid"])
+    passwd, group = run_dir / "passwd", run_dir / "group"
+    try:
+        system_users = Path("/etc/passwd").read_text()
+        system_groups = Path("/etc/group").read_text()
+    except OSError:
+        system_users = "root:x:0:0:root:/root:/bin/sh\n"
+        system_groups = "root:x:0:\n"
+    passwd.write_text(system_users.rstrip("\n") + f"\n{name}:x:{uid}:{uid}:{name}:/tmp:/bin/sh\n")
+    group.write_text(system_groups.rstrip("\n") + f"\n{name}:x:{uid}:\n")
+    return passwd, group

@@ -241,6 +241,11 @@ DEFAULT_IMAGE_RUNTIME = env_str("DEFAULT_IMAGE_RUNTIME", sys.prefix)
 # Every run starts in a bubblewrap sandbox (agent.sandbox). "off" runs jobs with the agent's own
 # privileges: only for a machine that cannot sandbox and runs nobody else's code.
 JOB_SANDBOX = env_str("JOB_SANDBOX", "on")  # on | off
+# Where the agent runs as root, each project's jobs run as their own unprivileged user, uid
+# JOB_UID_BASE + the project's id (named job-<project> inside the sandbox). "off" keeps the
+# agent's own user.
+JOB_USERS = env_str("JOB_USERS", "auto")  # auto | off
+JOB_UID_BASE = env_int("JOB_UID_BASE", 200000)
 # Host directories every project's jobs see, e.g. "/data:ro,/srv/code:ro" (default read-only;
 # ":rw" makes one writable). Operators add per-project volumes in the admin.
 JOB_VOLUMES = env_str("JOB_VOLUMES", "")

@@ -115,3 +115,15 @@ def test_deleting_a_job_deletes_its_files(make_job, drive, client, owner):
     assert (default_output_dir(job.pk) / "model.pt").exists()
     delete_job(job)
     assert not job_dir(job.pk).exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="jobs run as their project's user only where the agent is root")
+def test_where_the_agent_is_root_a_job_runs_as_its_projects_own_user(make_job, drive, project):
+    script = (
+        "import getpass, os\nprint('who', os.getuid(), getpass.getuser(), flush=True)\n"
+        "try:\n    print(os.listdir('/root'), flush=True)\nexcept OSError as exc:\n    print(type(exc).__name__, flush=True)"
+    )
+    job = drive(make_job(command="python -c " + shlex.quote(script)), JobStatus.COMPLETED, timeout=60)
+    lines = list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
+    assert lines[0] == f"who {settings.JOB_UID_BASE + project.pk} job-{project.name}"
+    assert lines[1] == "PermissionError"  # root's home: closed to it (only the interpreter is mounted back)
