@@ -84,8 +84,8 @@ class HostCache:
         if self.limit_bytes < limit_bytes:
             logger.info(
                 "[Concurrent Checkpoint] host cache bounded to %.2f GB of free memory (asked %.2f GB)",
-                self.limit_bytes / 1e9,
-                limit_bytes / 1e9,
+                self.limit_bytes / (1 << 30),
+                limit_bytes / (1 << 30),
             )
         # Small enough that several fit under the bound, large enough for full-speed direct I/O.
         self.chunk_bytes = max(PAGE, min(_MAX_CHUNK, self.limit_bytes // _MIN_CHUNKS // PAGE * PAGE))

@@ -18,24 +18,50 @@ class RuntimeConfig:
     """Engine options.
 
     Attributes:
-        host_cache_size: Upper bound of the host staging cache, in GB (10**9 bytes). A bound,
-            not an allocation: the cache grows only to what staged state needs.
-        parser_threads: Background threads writing staged bytes to disk.
+        host_cache_size: Upper bound of the host staging cache, in GB as DataStates counts them
+            (``size * 2**30`` bytes, upstream's ``int(size * (1 << 30))``). A bound, not an
+            allocation: the cache grows only to what staged state needs. ``0`` (upstream's
+            default) means "size it for me": 80 % of ``MemAvailable`` when the engine starts
+            (the cap the cache applies to any bound), or 50 GB where that cannot be read.
+        parser_threads: Background threads writing staged bytes to disk (upstream's default, 4).
         pin_host_cache: Pin the cache (page-locked) when CUDA is present.
         grace_period_s: Seconds a final checkpoint on SIGTERM or exit may take to persist.
     """
 
-    host_cache_size: float = 50.0
-    parser_threads: int = 1
+    host_cache_size: float = 0.0
+    parser_threads: int = 4
     pin_host_cache: bool = True
     grace_period_s: float = _DEFAULT_GRACE_PERIOD_S
 
     @property
     def host_cache_bytes(self) -> int:
-        return int(self.host_cache_size * 1e9)
+        if self.host_cache_size == 0:
+            return auto_host_cache_bytes()
+        return int(self.host_cache_size * GB)
 
 
-_KNOWN_KEYS = {"host_cache_size", "parser_threads", "pin_host_cache", "grace_period_s", "trainer"}
+# Upstream DataStates converts ``host_cache_size`` with ``1 << 30``.
+GB = 1 << 30
+# Where MemAvailable cannot be read, "size it for me" falls back to this bound.
+_AUTO_FALLBACK_BYTES = 50 * GB
+# Share of MemAvailable the automatic bound takes (the cap HostCache applies to any bound).
+AUTO_SHARE = 0.8
+
+
+def auto_host_cache_bytes() -> int:
+    """The bound ``host_cache_size: 0`` stands for: 80 % of ``MemAvailable`` now, else 50 GB."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(int(line.split()[1]) * 1024 * AUTO_SHARE)
+    except (OSError, ValueError, IndexError):
+        pass
+    return _AUTO_FALLBACK_BYTES
+
+
+# ``fast_cache_init`` is one of upstream's keys (no effect here: the cache is never memset).
+_KNOWN_KEYS = {"host_cache_size", "parser_threads", "pin_host_cache", "fast_cache_init", "grace_period_s", "trainer"}
 
 
 def parse_runtime_config(config: Mapping[str, Any]) -> tuple[RuntimeConfig, Any]:
@@ -59,11 +85,13 @@ def parse_runtime_config(config: Mapping[str, Any]) -> tuple[RuntimeConfig, Any]
             logger.warning("[Concurrent Checkpoint] unknown runtime_config key %r is ignored", key)
     defaults = RuntimeConfig()
     options = RuntimeConfig(
-        host_cache_size=_positive_number(config, "host_cache_size", defaults.host_cache_size),
+        host_cache_size=_non_negative_number(config, "host_cache_size", defaults.host_cache_size),
         parser_threads=_positive_int(config, "parser_threads", defaults.parser_threads),
         pin_host_cache=_boolean(config, "pin_host_cache", defaults.pin_host_cache),
         grace_period_s=_positive_number(config, "grace_period_s", defaults.grace_period_s),
     )
+    if "fast_cache_init" in config:
+        _boolean(config, "fast_cache_init", False)
     return options, config.get("trainer")
 
 
@@ -71,6 +99,13 @@ def _positive_number(config: Mapping[str, Any], key: str, default: float) -> flo
     value = config.get(key, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"runtime_config[{key!r}] must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _non_negative_number(config: Mapping[str, Any], key: str, default: float) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"runtime_config[{key!r}] must be a number >= 0, got {value!r}")
     return float(value)
 
 

@@ -212,7 +212,7 @@ class CheckpointEngine:
         job.blocking_s += time.perf_counter() - began
         return True
 
-    def save_file(self, obj: Any, path: str | os.PathLike[str]) -> None:
+    def save_file(self, obj: Any, path: str | os.PathLike[str]) -> Job:
         """Writes ``obj`` as a ``torch.save`` file at ``path``, in the background.
 
         For callers that lay out and commit their checkpoints themselves (DeepSpeed's
@@ -221,6 +221,10 @@ class CheckpointEngine:
         directory too) once ``wait(persist=True)`` returns; a failure is reported there. Its
         tensors are staged before the next step of an optimizer given to ``watch``, or before
         this returns when none is watched.
+
+        Returns:
+            The file's job (internal): its ``done`` event is set once the file is durable or
+            failed, with ``error`` set on failure.
         """
         if self._closed.is_set():
             raise CheckpointError("the checkpoint engine is shut down")
@@ -241,6 +245,7 @@ class CheckpointEngine:
         self._stager.add(job, live=watched)
         self._stager.run(force=not watched)
         job.blocking_s += time.perf_counter() - began
+        return job
 
     def wait(self, persist: bool = False, *, timeout: float | None = None) -> list[CheckpointResult]:
         """Blocks until the checkpoints in flight are staged, or also persisted.

@@ -23,7 +23,7 @@ def test_an_unknown_key_warns() -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        ("host_cache_size", 0),
+        ("host_cache_size", -1),
         ("host_cache_size", "50"),
         ("parser_threads", 0),
         ("parser_threads", 1.5),
@@ -34,3 +34,11 @@ def test_an_unknown_key_warns() -> None:
 def test_a_bad_value_raises_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(ValueError, match=key):
         parse_runtime_config({key: value})
+
+
+def test_upstream_defaults_units_and_keys() -> None:
+    options, _ = parse_runtime_config({"fast_cache_init": True})
+    assert options.parser_threads == 4  # upstream's CKPT_PARSER_THREADS_DEFAULT
+    assert options.host_cache_size == 0  # "size it for me"
+    assert options.host_cache_bytes > 0
+    assert RuntimeConfig(host_cache_size=1).host_cache_bytes == 1 << 30  # upstream: GB * (1 << 30)
