@@ -1,7 +1,10 @@
-"""Vendor shim: ``datastates`` as the service's documentation imports it, backed by ckptlib.
+"""Vendor shim: ``datastates`` as upstream DataStates and the service's documentation import it,
+backed by ckptlib.
 
-``datastates.CheckpointEngine`` is what DeepSpeed's ``"datastates_ckpt": {"enabled": true}``
-setting instantiates (``ckptlib.deepspeed.DataStatesEngine``).
+``datastates.CheckpointEngine(runtime_config, rank)`` is upstream's path-addressed engine (what
+DeepSpeed's ``"datastates_ckpt": {"enabled": true}`` setting instantiates): ``save(state_dict,
+path)``, ``load(path, map_location)``, ``wait(persist)``, ``commit(tag)``, ``shutdown()``; see
+``ckptlib._dropin`` for what is and is not the same as upstream.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ except ImportError:
 
 
 def __getattr__(name: str):  # noqa: ANN202 - lazy: torch is imported only when used
-    if name == "CheckpointEngine":
-        from ckptlib.deepspeed import DataStatesEngine
+    if name in ("CheckpointEngine", "BaseCheckpointEngine"):
+        from ckptlib._dropin import PathCheckpointing
 
-        return DataStatesEngine
+        return PathCheckpointing
     raise AttributeError(name)
