@@ -30,6 +30,31 @@ from ckptlib._events import LOG_PREFIX
 from ckptlib._types import CheckpointResult
 
 logger = logging.getLogger(__name__)
+# The service's guide shows ``ERROR:datastates.llm.decorator:[Concurrent Checkpoint] No Checkpoint
+# found with step: -1``: that line also goes to this logger, which propagates to the script's own
+# logging setup; where the script set none up, a handler in that format prints it.
+guide_logger = logging.getLogger("datastates.llm.decorator")
+
+
+class _RootUnconfigured(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not logging.getLogger().handlers
+
+
+def _install_guide_handler() -> None:
+    if any(getattr(h, "_ckptlib_guide", False) for h in guide_logger.handlers):
+        return
+    handler = logging.StreamHandler()  # sys.stderr at emit time, as logging.basicConfig's
+    handler._ckptlib_guide = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    handler.addFilter(_RootUnconfigured())
+    guide_logger.addHandler(handler)
+
+
+def _no_checkpoint_found(step: int) -> None:
+    logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, step)
+    _install_guide_handler()
+    guide_logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, step)
 
 _SIGTERM_EXIT_STATUS = 143
 
@@ -101,11 +126,11 @@ class DecoratedCheckpointing:
             if requested in steps:
                 logger.info("%s resuming from %s", LOG_PREFIX, directory(requested))
                 return str(directory(requested))
-            logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, requested)
+            _no_checkpoint_found(requested)
         latest = max(steps, default=None) if self._deepspeed else _format.read_latest(root)
         if latest is None:
             if requested == -1:
-                logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, requested)
+                _no_checkpoint_found(requested)
             return None
         path = str(directory(latest))
         logger.info("%s resuming from %s", LOG_PREFIX, path)
