@@ -113,6 +113,9 @@ FINDING_RULES: tuple[tuple[str, str, str], ...] = (
     (FindingKind.PCIE_REPLAY, "supporting", "PCIe replay counter grew"),
     (FindingKind.PCIE_LINK_DEGRADED, "supporting", "PCIe link degraded"),
     (FindingKind.NVLINK_ERRORS, "supporting", "NVLink error counters grew"),
+    # A hung NVML call says the driver is wedged, not which part failed: it upgrades an ambiguous
+    # failure but does not take a node down by itself.
+    (FindingKind.DRIVER_ERROR, "supporting", "NVML driver call hung or failed"),
 )
 FINDING_BY_KIND: dict[str, tuple[str, str]] = {kind: (cls, reason) for kind, cls, reason in FINDING_RULES}
 SUPPORTING_KINDS = frozenset(kind for kind, cls, _ in FINDING_RULES if cls == "supporting")

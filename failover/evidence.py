@@ -23,11 +23,12 @@ class FindingKind:
     THERMAL = "thermal"  # hardware slowdown / thermal shutdown clock reasons
     RECOVERY_ACTION = "recovery_action"  # the driver's recovery action is not NONE; ``detail`` names it
     NETWORK_LINK = "network_link"  # InfiniBand / RoCE port down
+    DRIVER_ERROR = "driver_error"  # an NVML call hung past the watchdog, or failed unexpectedly
 
     ALL = (
         XID, ECC_UNCORRECTED, RETIRED_PAGES_PENDING, REMAP_PENDING, REMAP_FAILURE, GPU_LOST,
         RESET_REQUIRED, GPU_COUNT, PCIE_REPLAY, PCIE_LINK_DEGRADED, NVLINK_DOWN, NVLINK_ERRORS,
-        THERMAL, RECOVERY_ACTION, NETWORK_LINK,
+        THERMAL, RECOVERY_ACTION, NETWORK_LINK, DRIVER_ERROR,
     )
 
 

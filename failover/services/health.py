@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -34,11 +36,25 @@ class HealthChecker:
         self.agent = agent
         self.probes: dict[str, HealthProbe] = {}
         self.last_check: dict[str, object] = {}
+        self.lock = threading.Lock()
+        _checkers.add(self)
 
     def probe(self, node: Node):
-        if node.name not in self.probes:
-            self.probes[node.name] = probe_for(node)
-        return self.probes[node.name]
+        """The node's probe, made once and kept for the agent's life (an NVML probe holds NVML
+        and its Xid event set; the failover policy reads the same one, ``local_probe``)."""
+        with self.lock:
+            if node.name not in self.probes:
+                self.probes[node.name] = probe_for(node)
+            return self.probes[node.name]
+
+    def close(self) -> None:
+        """Release the probes (NVML: the event set freed, ``nvmlShutdown``)."""
+        with self.lock:
+            probes, self.probes = list(self.probes.values()), {}
+        for probe in probes:
+            close = getattr(probe, "close", None)
+            if close is not None:
+                close()
 
     def check(self, node: Node) -> tuple[HealthReport, str]:
         """Probe a node now, store the reading, mark it (and its GPUs) unhealthy on a hardware fault."""
@@ -76,6 +92,24 @@ class HealthChecker:
             SimulatedFault.objects.filter(pk=fault.pk).update(applied_at=now)
             # The reading is taken at once, so the node leaves placement before anything lands on it.
             self.check(fault.node)
+
+
+_checkers: weakref.WeakSet = weakref.WeakSet()
+_spare_probes: dict[str, HealthProbe] = {}  # nodes served here with no health checker (kept too)
+_spare_lock = threading.Lock()
+
+
+def local_probe(node: Node) -> HealthProbe:
+    """The probe of a node read from this process: the one its agent's health checker keeps, so
+    a judgement never makes a probe of its own (no second ``nvmlInit``, no event set registered
+    only after the fault); failing that, one kept here per node."""
+    for checker in list(_checkers):
+        if node.name in checker.agent.node_names:
+            return checker.probe(node)
+    with _spare_lock:
+        if node.name not in _spare_probes:
+            _spare_probes[node.name] = probe_for(node)
+        return _spare_probes[node.name]
 
 
 KERNEL_LINES_KEPT = 500

@@ -29,8 +29,7 @@ from django.utils import timezone
 from agent.processes import signal_run
 from agent.registry import serves_node
 from failover.classify import Verdict, classify_failure
-from failover.probes import probe_for
-from failover.services.health import ScopedEvidence, record_health, scoped_evidence
+from failover.services.health import ScopedEvidence, local_probe, record_health, scoped_evidence
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import record_reason, transition
 from jobs.services.placement import release_part_gpus
@@ -79,15 +78,15 @@ def claim(attempt: JobAttempt) -> bool:
 
 def gather(attempt: JobAttempt, parts: list[AttemptNode]) -> tuple[dict[int, ScopedEvidence], list[str]]:
     """Evidence for a judgement: per node, the readings on the attempt's GPUs first seen since it
-    was placed (a fresh probe first where the node is reachable from here); and the run's last
-    output lines."""
+    was placed (a fresh reading first where the node is reachable from here, through the probe
+    its agent keeps); and the run's last output lines."""
     per_node: dict[int, ScopedEvidence] = {}
     for part in parts:
         node = part.node
         # NVML can only be read on the machine itself; other nodes count by their stored readings.
         if node.simulated or serves_node(node.name):
             try:
-                probe = probe_for(node)
+                probe = local_probe(node)
                 record_health(node, probe.check(), probe.kernel_log(), probe.gpu_by_pci())
             except Exception:
                 logger.exception("could not probe %s while judging job %s", node.name, attempt.job_id)

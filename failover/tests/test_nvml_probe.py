@@ -1,0 +1,147 @@
+"""The NVML backend, run against the fake pynvml over scripted GPU timelines."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from failover.classify import classify_failure
+from failover.evidence import FindingKind
+from failover.nvml import DriverHung, NvmlProbe, Watchdog
+from failover.tests import fake_pynvml
+
+
+@pytest.fixture
+def gpus():
+    driver = fake_pynvml.reset(gpus=2)
+    yield driver
+    driver.release()
+
+
+@pytest.fixture
+def probe(gpus):
+    made = NvmlProbe("gpu-node-1", expected_gpus=2, nvml=fake_pynvml, timeout=0.5)
+    yield made
+    made.close()
+
+
+def kinds(report):
+    return [(f.kind, f.gpu) for f in report.findings]
+
+
+def test_nominal_gpus_give_no_findings(probe):
+    assert probe.check().nominal
+    assert probe.check().nominal
+
+
+def test_nvml_is_initialised_once_and_shut_down_on_close(gpus):
+    probe = NvmlProbe("n", expected_gpus=2, nvml=fake_pynvml)
+    for _ in range(3):
+        probe.check()
+    assert gpus.inits == 1 and gpus.shutdowns == 0
+    probe.close()
+    probe.close()
+    assert gpus.shutdowns == 1 and gpus.initialised == 0
+
+
+def test_the_event_set_is_registered_at_construction_and_freed_on_close(gpus):
+    probe = NvmlProbe("n", expected_gpus=2, nvml=fake_pynvml)
+    assert list(gpus.event_sets) == [probe.events] and gpus.event_sets[probe.events]["gpus"] == {0, 1}
+    events = probe.events
+    probe.close()
+    assert gpus.freed == [events] and not gpus.event_sets
+
+
+def test_an_xid_before_the_first_check_is_seen(gpus, probe):
+    gpus.xid(1, 48)  # the fault happens before anyone checks
+
+    report = probe.check()
+
+    assert [(f.kind, f.gpu, f.xid) for f in report.findings] == [(FindingKind.XID, 1, 48)]
+    assert probe.check().nominal  # drained once, not repeated
+
+
+def test_timeline_xid_mid_run_then_ecc_rise(gpus, probe):
+    assert probe.check().nominal
+    gpus.xid(0, 13)
+    assert [(f.kind, f.xid) for f in probe.check().findings] == [(FindingKind.XID, 13)]
+    gpus.gpus[0].ecc_uncorrected = 2
+    report = probe.check()
+    assert [(f.kind, f.gpu, f.value) for f in report.findings] == [(FindingKind.ECC_UNCORRECTED, 0, 2)]
+    assert classify_failure(exit_code=1, findings=report.findings).hardware
+
+
+def test_a_lost_gpu_is_reported_from_the_event_wait_and_the_readings(gpus, probe):
+    probe.check()
+    gpus.gpus[1].lost = True  # no Xid event: the wait itself answers GPU_IS_LOST
+
+    found = kinds(probe.check())
+
+    assert (FindingKind.GPU_LOST, None) in found  # from nvmlEventSetWait, not swallowed
+    assert (FindingKind.GPU_LOST, 1) in found
+    assert all(gpu != 0 for _, gpu in found)
+
+
+def test_a_down_nvlink_is_reported(gpus, probe):
+    gpus.link_down(0, 2)
+
+    report = probe.check()
+
+    assert [(f.kind, f.gpu, f.value) for f in report.findings] == [(FindingKind.NVLINK_DOWN, 0, 2)]
+    assert "NVLink link 2 down" in classify_failure(exit_code=1, findings=report.findings).reason
+
+
+def test_legacy_nvlink_counters_not_supported_fall_back_to_field_values(gpus, probe):
+    for gpu in gpus.gpus:
+        gpu.legacy_link_counters = False
+    assert probe.check().nominal
+    gpus.gpus[1].link_errors[(3, fake_pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)] = 5
+    gpus.gpus[1].ecc_uncorrected = 1
+    gpus.link_down(0, 1)
+
+    found = {(f.kind, f.gpu, f.value) for f in probe.check().findings}
+
+    assert found == {(FindingKind.NVLINK_ERRORS, 1, 5), (FindingKind.ECC_UNCORRECTED, 1, 1), (FindingKind.NVLINK_DOWN, 0, 1)}
+
+
+def test_a_gpu_without_nvlink_still_gets_its_other_checks(gpus, probe):
+    gpus.gpus[0].links = []  # nvmlDeviceGetNvLinkState: NOT_SUPPORTED
+    gpus.gpus[0].recovery_action = 1
+    assert kinds(probe.check()) == [(FindingKind.RECOVERY_ACTION, 0)]
+
+
+def test_a_hung_call_gives_a_finding_within_the_timeout(gpus, probe):
+    probe.check()
+    gpus.xid(0, 79)
+    gate = gpus.hang("nvmlDeviceGetTotalEccErrors")
+
+    started = time.monotonic()
+    report = probe.check()
+    took = time.monotonic() - started
+
+    assert took < 2
+    assert [f.kind for f in report.findings] == [FindingKind.XID, FindingKind.DRIVER_ERROR]
+    assert "driver call hung" in report.findings[-1].detail
+    started = time.monotonic()
+    assert [f.kind for f in probe.check().findings] == [FindingKind.DRIVER_ERROR]  # fails fast
+    assert time.monotonic() - started < 0.5
+    gate.set()
+    time.sleep(0.05)
+    assert probe.check().nominal  # the call returned: checks go through again
+
+
+def test_a_hung_driver_does_not_make_the_node_unhealthy_alone(gpus, probe):
+    gpus.hang("nvmlDeviceGetCount")
+    report = probe.check()
+    assert [f.kind for f in report.findings] == [FindingKind.DRIVER_ERROR]
+    assert not classify_failure(exit_code=1, findings=report.findings).hardware
+
+
+def test_the_watchdog_passes_results_and_errors_through():
+    watchdog = Watchdog(timeout=0.2)
+    assert watchdog(lambda a, b: a + b, 2, 3) == 5
+    with pytest.raises(ZeroDivisionError):
+        watchdog(lambda: 1 / 0)
+    with pytest.raises(DriverHung):
+        watchdog(time.sleep, 1)
+    watchdog.stop()

@@ -1,0 +1,74 @@
+"""A judgement reads the node through the probe its agent keeps: NVML is initialised and the Xid
+event set registered once per node, so an Xid that killed the run before the judgement is seen."""
+from __future__ import annotations
+
+import gc
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from agent import registry
+from failover.evidence import FindingKind
+from failover.services import health, policy
+from failover.tests import fake_pynvml
+from jobs.models import AttemptNode, Node
+from jobs.services.placement import place_waiting_jobs
+
+pytestmark = pytest.mark.django_db
+
+
+@dataclass(eq=False)
+class FakeAgent:
+    name: str = "agent-1"
+    node_names: list = field(default_factory=lambda: ["node-a"])
+
+    def launch(self, attempt) -> None:  # registry.LocalAgent
+        pass
+
+
+@pytest.fixture
+def gpus(monkeypatch, nodes):
+    gc.collect()  # agents of earlier tests are gone from the registry
+    driver = fake_pynvml.reset(gpus=4)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
+    monkeypatch.setattr(health, "_spare_probes", {})
+    Node.objects.filter(name="node-a").update(simulated=False)
+    yield driver
+    driver.release()
+
+
+def test_the_checker_and_the_judge_share_one_probe(gpus):
+    agent = FakeAgent()
+    checker = health.HealthChecker(agent)
+    node = Node.objects.get(name="node-a")
+
+    checker.check(node)
+    assert health.local_probe(node) is checker.probe(node)
+    health.local_probe(node).check()
+
+    assert gpus.inits == 1 and len(gpus.event_sets) == 1
+    checker.close()
+    assert gpus.shutdowns == 1 and not gpus.event_sets
+
+
+def test_a_judgement_sees_the_xid_that_arrived_before_it_and_makes_no_probe(gpus, make_job):
+    agent = FakeAgent()
+    registry.add(agent)
+    checker = health.HealthChecker(agent)
+    checker.on_round()  # the agent's periodic check: the probe is made, its event set registered
+    job = make_job()
+    [attempt] = [a for a in place_waiting_jobs() if a.job_id == job.pk]
+    parts = list(AttemptNode.objects.filter(attempt=attempt).select_related("node"))
+    assert parts[0].node.name == "node-a"
+    gpu = parts[0].gpu_indices[0]
+    gpus.xid(gpu, 79)  # the fault, before any judgement
+
+    for _ in range(2):
+        per_node, _lines = policy.gather(attempt, parts)
+
+    [evidence] = per_node.values()
+    assert [(f.kind, f.gpu, f.xid) for f in evidence.findings] == [(FindingKind.XID, gpu, 79)]
+    assert gpus.inits == 1 and len(gpus.event_sets) == 1
+    assert evidence.judge(exit_code=1).hardware
+    checker.close()
