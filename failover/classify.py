@@ -318,7 +318,6 @@ def classify_failure(
 
     supporting = [(f, src) for f, src in node_findings if f.kind in SUPPORTING_KINDS]
     xids_present = {f.xid for f, _ in node_findings if f.kind == FindingKind.XID and f.xid is not None}
-    has_remap_evidence = any(f.kind in REMAP_EVIDENCE_KINDS for f, _ in node_findings) or 64 in xids_present
     has_remap_failure = any(f.kind in REMAP_FAILED_KINDS for f, _ in node_findings) or 64 in xids_present
 
     # 1. Node-side evidence.
