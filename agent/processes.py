@@ -51,8 +51,9 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
     except (KeyError, TypeError, ValueError):
         logger.warning("job %s: unreadable pid.json of attempt %s rank %s", part.attempt.job_id, part.attempt.number, part.rank)
         return False
-    in_sandbox = sandboxed(pgid)
-    for process in run_processes(pgid):
+    processes = run_processes(pgid)
+    in_sandbox = bool(processes) and is_sandbox(processes[-1])  # the group leader comes last
+    for process in processes:
         if sig != signal.SIGKILL and in_sandbox and spared_from_term(process):
             continue
         try:
@@ -97,13 +98,6 @@ def spared_from_term(process: psutil.Process) -> bool:
         parent = process.parent()
         return process.name() == "bash" and parent is not None and is_sandbox(parent)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
-
-
-def sandboxed(pgid: int) -> bool:
-    try:
-        return is_sandbox(psutil.Process(pgid))
-    except psutil.NoSuchProcess:
         return False
 
 

@@ -3,6 +3,7 @@ Everything that reads them is in ``logs.queries``."""
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -15,6 +16,10 @@ from logs.models import LogLine
 from logs.progress import publish_progress, record_metrics
 
 logger = logging.getLogger(__name__)
+
+# What a database refuses in text, stored as U+FFFD instead: NUL (PostgreSQL's text columns) and
+# lone surrogates (not UTF-8).
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 class RawLine(NamedTuple):
@@ -36,7 +41,7 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
     """
     if not lines:
         return []
-    lines = [ln._replace(text=storable(ln.text)) if needs_cleaning(ln.text) else ln for ln in lines]
+    lines = [ln._replace(text=UNSTORABLE.sub("\ufffd", ln.text)) if UNSTORABLE.search(ln.text) else ln for ln in lines]
     table = connection.ops.quote_name(LogLine._meta.db_table)
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -65,17 +70,6 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
         if progress is not None:
             transaction.on_commit(lambda: publish_progress(job_id, progress))
     return stored
-
-
-def needs_cleaning(text: str) -> bool:
-    return "\x00" in text or not text.isascii() and any("\ud800" <= ch <= "\udfff" for ch in text)
-
-
-def storable(text: str) -> str:
-    """The text with what a database refuses replaced: NUL (PostgreSQL's text columns) and lone
-    surrogates (not UTF-8), each by U+FFFD."""
-    text = text.replace("\x00", "\ufffd")
-    return "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
 
 
 def purge_old_lines(max_age_days: float) -> int:

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from agent.sandbox import availability, bwrap_path, gpu_devices, wrap
+from bench.stats import quantile
 
 STEP_SCRIPT = """
 import sys, time, torch
@@ -87,8 +88,10 @@ def step_time(steps: int, sandbox: dict | None, cwd: Path) -> float:
 
 def spread(values: list[float], scale: float, unit: str) -> str:
     values = sorted(v * scale for v in values)
-    p95 = values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
-    return f"median {statistics.median(values):.1f} {unit}, p95 {p95:.1f}, min {values[0]:.1f}, max {values[-1]:.1f} (n={len(values)})"
+    return (
+        f"median {quantile(values, 0.5):.1f} {unit}, p95 {quantile(values, 0.95):.1f}, "
+        f"min {values[0]:.1f}, max {values[-1]:.1f} (n={len(values)})"
+    )
 
 
 def main() -> int:

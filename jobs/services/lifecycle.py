@@ -83,7 +83,7 @@ def record_reasons(job_ids: Iterable[int], *, status: str, reason: str, actor: s
 
         def publish_all() -> None:
             for pk in changed:
-                publish_status(pk, {"type": "job.status", "job": pk, "from": status, "status": status, "reason": reason})
+                publish_status(pk, status_message(pk, status, status, reason))
 
         transaction.on_commit(publish_all)
     logger.info("jobs %s: %s (%s)", ", ".join(map(str, changed)), status, reason)
@@ -122,10 +122,14 @@ def write(
             evidence=evidence or {},
             created_at=timezone.now(),
         )
-        message = {"type": "job.status", "job": job_id, "from": from_status, "status": new_status, "reason": reason}
+        message = status_message(job_id, from_status, new_status, reason)
         transaction.on_commit(lambda: publish_status(job_id, message))
     logger.info("job %s: %s → %s (%s)", job_id, from_status, new_status, reason or "no reason given")
     return True
+
+
+def status_message(job_id: int, from_status: str, to_status: str, reason: str) -> dict:
+    return {"type": "job.status", "job": job_id, "from": from_status, "status": to_status, "reason": reason}
 
 
 def publish_status(job_id: int, message: dict) -> None:
