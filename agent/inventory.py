@@ -9,7 +9,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from agent import cgroups
+from agent.processes import is_runner
 from jobs.models import GPU, Node
+from jobs.services.limits import machine_size
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +83,23 @@ def discover_nodes() -> list[NodeSpec]:
     return simulated_nodes()
 
 
+def resource_limits() -> tuple[bool, str]:
+    """Whether this machine's runs get their CPU and memory limits, and how (or why not); the
+    cgroups of runs whose supervisor died are removed on the way."""
+    enforced, note = cgroups.support(settings.JOB_CGROUP_PARENT)
+    found, _ = cgroups.hierarchy(settings.JOB_CGROUP_PARENT)
+    if found is not None:
+        cgroups.sweep(found, alive=is_runner)
+    return enforced, note if enforced else f"CPU and memory limits not enforced: {note}"
+
+
 def register_nodes(specs: list[NodeSpec], *, agent: str) -> list[Node]:
     """Create or refresh the nodes and GPUs this agent serves; keep operator settings (cordon)."""
     now = timezone.now()
+    cpu_count, memory_mb = machine_size()
+    enforced, note = resource_limits()
+    if not enforced:
+        logger.warning("agent %s: %s", agent, note)
     nodes = []
     with transaction.atomic():
         for spec in specs:
@@ -94,6 +111,10 @@ def register_nodes(specs: list[NodeSpec], *, agent: str) -> list[Node]:
                     "agent": agent,
                     "state": Node.State.READY,
                     "last_heartbeat": now,
+                    "cpu_count": cpu_count,
+                    "memory_mb": memory_mb,
+                    "limits_enforced": enforced,
+                    "limits_note": note[:300],
                 },
             )
             for gpu in spec.gpus:

@@ -17,6 +17,7 @@ from agent import sandbox
 from agent.processes import RUNNER_MODULE, run_dir
 from jobs.models import AttemptNode, Image, JobAttempt, TrainingJob
 from jobs.services import runs
+from jobs.services.limits import limits_of
 from jobs.services.paths import PathRefused, job_dir, output_dir_of, volumes_of
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,12 @@ def sandbox_policy(job: TrainingJob, part: AttemptNode, runtime: str, workdir: P
         "home": "/tmp",
         "user": user,
     }
+
+
+def run_limits(job: TrainingJob) -> dict:
+    """The run's CPU and memory limits (``agent.cgroups``; None: unlimited, still its own cgroup)."""
+    limits = limits_of(job)
+    return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "cgroup_parent": settings.JOB_CGROUP_PARENT}
 
 
 def interpreter_home(runtime: str) -> str:
@@ -196,6 +203,7 @@ class Launcher:
             "env": run_env(job, attempt, part, runtime, output_dir),
             "max_line_chars": settings.LOG_MAX_LINE_CHARS,
             "sandbox": sandbox_policy(job, part, runtime, workdir, output_dir),
+            "limits": run_limits(job),
         }
         spec_path = directory / "spec.json"
         # The spec holds the job's environment (its secrets): the agent's eyes only.

@@ -160,7 +160,10 @@ class NodeAgent:
             code, sig = exit_info.get("exit_code"), exit_info.get("signal")
             code = code if isinstance(code, int) and not isinstance(code, bool) and -(2**31) <= code < 2**31 else None
             sig = sig if isinstance(sig, int) and not isinstance(sig, bool) and 0 < sig < 128 else None
-            self.part_ended(part, code, sig, "" if code is not None or sig else "the run's exit record was unreadable")
+            cause = "" if code is not None or sig else "the run's exit record was unreadable"
+            if (sig or code) and out_of_memory(exit_info):
+                cause = runs.memory_limit_cause(whole_number(exit_info.get("memory_limit_mb")))
+            self.part_ended(part, code, sig, cause)
             return 1
         if not self.runner_alive(part, directory):
             self.part_ended(part, None, None, "the run's supervisor process was lost")
@@ -188,3 +191,13 @@ class NodeAgent:
         self.terminated.discard(part.pk)
         for other in runs.part_exited(part, exit_code=exit_code, exit_signal=exit_signal, cause=cause):
             signal_run(other, signal.SIGTERM)
+
+
+def whole_number(value: object) -> int | None:
+    """A positive count from a record, or None (the runner's records are range-checked too)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**53 else None
+
+
+def out_of_memory(exit_info: dict) -> bool:
+    """The kernel killed a process of the run for exceeding the run's memory limit."""
+    return whole_number(exit_info.get("oom_kills")) is not None

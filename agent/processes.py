@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from agent import cgroups
 from jobs.models import AttemptNode
 from jobs.services.paths import job_dir
 
@@ -40,8 +41,8 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
     accelerate's workers start their own): each process descended from the run's group leader is
     signalled. In the sandbox the leader is ``bwrap``, whose death ends the whole sandbox, so a
     SIGTERM goes to the processes inside (the training can checkpoint) and a SIGKILL also to the
-    leader. Works from any process of the machine the run is on (the agent, or the control plane
-    for a simulated node).
+    leader and to everything in the run's cgroup (where the node gives it one). Works from any
+    process of the machine the run is on (the agent, or the control plane for a simulated node).
     """
     pid_info = read_json(run_dir(part) / "pid.json")
     if not pid_info:
@@ -62,6 +63,10 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
             pass
         except psutil.AccessDenied:
             logger.warning("job %s: not allowed to signal process %s", part.attempt.job_id, process.pid)
+    if sig == signal.SIGKILL:
+        # The run's cgroup holds every process of it, whatever it forked or where it moved.
+        own = [Path(d) for d in pid_info.get("cgroup") or () if isinstance(d, str) and cgroups.is_run_cgroup(d)]
+        cgroups.kill_all(own)
     if sig == signal.SIGKILL or not in_sandbox:
         try:
             os.killpg(pgid, sig)

@@ -10,7 +10,12 @@ restart of the console or the agent does not touch the training run. It
    ``{"n": line number, "t": unix time, "s": text}`` in ``output.jsonl``: invalid UTF-8 is
    replaced, carriage-return progress bars collapse to their last state, a line longer than the
    limit is cut with a visible marker;
-3. writes ``exit.json`` (exit code or signal) atomically once the output is complete.
+3. writes ``exit.json`` (exit code or signal, and whether the kernel killed a process of the
+   run for exceeding its memory limit) atomically once the output is complete.
+
+Where the spec asks for ``limits``, the whole run (the sandbox and everything in it) starts in a
+cgroup of its own with the run's CPU and memory limits (``agent.cgroups``), removed when the run
+ends; where the node allows none, the run goes on without and its log's first line says so.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from agent import cgroups
 from agent.sandbox import wrap
 
 CUT_MARKER = " …[line cut at {limit} characters]"
@@ -57,8 +63,9 @@ def run(spec_path: Path) -> int:
     argv = ["bash", "-c", spec["command"]]
     if spec.get("sandbox"):
         argv = wrap(argv, policy=spec["sandbox"], cwd=spec["cwd"], run_dir=str(run_dir))
-    proc = subprocess.Popen(
-        argv,
+    limits = spec.get("limits")
+    cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
+    popen = dict(
         cwd=spec["cwd"],
         env=spec["env"],
         stdin=subprocess.DEVNULL,
@@ -66,10 +73,22 @@ def run(spec_path: Path) -> int:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    write_json_atomic(run_dir / "pid.json", {"runner_pid": os.getpid(), "pgid": proc.pid, "started_at": time.time()})
+    try:
+        # The child joins the cgroup before it runs anything: the whole sandbox starts inside.
+        proc = subprocess.Popen(argv, preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, **popen)
+    except subprocess.SubprocessError as exc:
+        cgroups.remove([Path(d) for d in cgroup])
+        cgroup, unlimited = [], f"could not join the run's cgroup ({exc})"
+        proc = subprocess.Popen(argv, **popen)
+    pid_info = {"runner_pid": os.getpid(), "pgid": proc.pid, "started_at": time.time(), "cgroup": cgroup}
+    write_json_atomic(run_dir / "pid.json", pid_info)
     count = 0
     assert proc.stdout is not None
     with open(run_dir / "output.jsonl", "ab", buffering=0) as out:
+        if unlimited and (limits.get("cpus") or limits.get("memory_mb")):
+            count += 1
+            note = f"[console] the job's CPU and memory limits are not enforced on this node: {unlimited}"
+            out.write(json.dumps({"n": count, "t": time.time(), "s": note}).encode("utf-8") + b"\n")
         for raw in iter(proc.stdout.readline, b""):
             count += 1
             record = {"n": count, "t": time.time(), "s": clean_line(raw, limit)}
@@ -78,6 +97,9 @@ def run(spec_path: Path) -> int:
     if spec.get("sandbox") and 128 < code < 128 + 65:
         # bwrap reports a command killed by signal N as exit status 128 + N, as shells do.
         code = -(code - 128)
+    oom_kills = cgroups.oom_kills([Path(d) for d in cgroup]) if cgroup else 0
+    if cgroup:
+        cgroups.remove([Path(d) for d in cgroup])
     write_json_atomic(
         run_dir / "exit.json",
         {
@@ -85,9 +107,25 @@ def run(spec_path: Path) -> int:
             "signal": -code if code < 0 else None,
             "ended_at": time.time(),
             "lines": count,
+            "oom_kills": oom_kills,
+            "memory_limit_mb": limits.get("memory_mb") if limits else None,
         },
     )
     return 0
+
+
+def make_cgroup(limits: dict) -> tuple[list[str], str]:
+    """The run's own cgroup with its limits (its directories), or none and why."""
+    found, why = cgroups.hierarchy(limits.get("cgroup_parent") or "")
+    if found is None:
+        return [], why
+    try:
+        directories = cgroups.create(
+            found, f"{cgroups.RUN_PREFIX}{os.getpid()}", cpus=limits.get("cpus"), memory_mb=limits.get("memory_mb")
+        )
+    except OSError as exc:
+        return [], f"cannot create a cgroup {found.mode}: {exc.strerror or exc}"
+    return [str(d) for d in directories], ""
 
 
 def main() -> int:
@@ -106,7 +144,8 @@ def kill_unfinished_runs(work_root: Path) -> int:
     clean up with it: runs sit in their own sessions and outlive whoever started them).
 
     A run counts only while its supervisor's pid is still a ``agent.runner`` process, so a
-    pid reused by the system is never hit. Returns how many runs were killed.
+    pid reused by the system is never hit; the run's cgroup goes with it. Returns how many runs
+    were killed.
     """
     killed = 0
     for pid_file in Path(work_root).glob("**/rank-*/pid.json"):
@@ -125,5 +164,8 @@ def kill_unfinished_runs(work_root: Path) -> int:
                 kill(target, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        own = [Path(d) for d in info.get("cgroup") or () if isinstance(d, str) and cgroups.is_run_cgroup(d)]
+        if own:
+            cgroups.remove(own)  # its runner died before it could
         killed += 1
     return killed

@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, parse_env_text, validate_command
 from jobs.models import DNS_LABEL, Project, TrainingJob
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
+from jobs.services.limits import LimitRefused, check_limits, default_limits, format_cpus, format_memory, parse_memory
 from jobs.services.paths import PathRefused, check_output_dir, volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
 
@@ -78,6 +79,19 @@ class TrainingJobForm(forms.Form):
         min_value=1,
         help_text="Optional; the job is stopped when it has run this long.",
     )
+    cpu_limit = forms.FloatField(
+        label="CPU limit (cores per node)",
+        required=False,
+        widget=forms.NumberInput(attrs={"step": "0.01", "min": "0.01", "placeholder": "default", "inputmode": "decimal"}),
+        help_text="Optional, e.g. 0.5 or 4; empty: the node's default.",
+    )
+    memory_limit_mb = forms.CharField(
+        label="Memory limit (per node)",
+        required=False,
+        max_length=20,
+        widget=forms.TextInput(attrs={"placeholder": "default", "spellcheck": "false"}),
+        help_text="Optional, e.g. 512M or 8G (a plain number is MiB); a run that needs more is killed: out of memory.",
+    )
     description = forms.CharField(required=False, max_length=500, widget=forms.Textarea(attrs={"rows": 2}))
 
     def __init__(self, *args: Any, owner, **kwargs: Any) -> None:
@@ -90,6 +104,9 @@ class TrainingJobForm(forms.Form):
             self.fields["command"].initial = EXAMPLE_COMMAND
         if "image" not in self.initial:
             self.fields["image"].initial = settings.DEFAULT_IMAGE
+        cpus, memory = default_limits()
+        self.fields["cpu_limit"].help_text += f" Default: {format_cpus(cpus) if cpus else 'no limit'}."
+        self.fields["memory_limit_mb"].help_text += f" Default: {format_memory(memory) if memory else 'no limit'}."
 
     @classmethod
     def initial_from(cls, source: TrainingJob, *, name: str, project: Project) -> dict[str, Any]:
@@ -118,8 +135,21 @@ class TrainingJobForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(str(exc), code="env") from None
 
+    def clean_memory_limit_mb(self) -> int | None:
+        text = self.cleaned_data["memory_limit_mb"].strip()
+        try:
+            return parse_memory(text) if text else None
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc), code="memory") from None
+
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        for name in ("cpu_limit", "memory_limit_mb"):
+            if data.get(name) is not None:
+                try:
+                    data[name] = check_limits(**{name: data[name]})[name]
+                except LimitRefused as exc:
+                    self.add_error(name, forms.ValidationError(str(exc), code="limit"))
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.owner)
             try:

@@ -253,6 +253,12 @@ JOB_VOLUMES = env_str("JOB_VOLUMES", "")
 PROJECT_DATA_ROOT = Path(env_str("PROJECT_DATA_ROOT", str(VAR_DIR / "projects")))
 # Stand-ins for simulated GPUs' device nodes (<dir>/<node>/nvidia<N>): a run sees only its own.
 SIMULATED_DEVICE_DIR = Path(env_str("SIMULATED_DEVICE_DIR", str(VAR_DIR / "sim-devices")))
+# CPU cores and memory (MiB) per node a job gets when it asks for none (empty or 0: no limit),
+# enforced with a cgroup per run where the node allows it (agent.cgroups). JOB_CGROUP_PARENT: the
+# cgroup runs' cgroups go below (empty: the agent's own; cgroup v2 usually needs a prepared one).
+JOB_DEFAULT_CPUS = env_float("JOB_DEFAULT_CPUS", 0.0)
+JOB_DEFAULT_MEMORY_MB = env_int("JOB_DEFAULT_MEMORY_MB", 0)
+JOB_CGROUP_PARENT = env_str("JOB_CGROUP_PARENT", "")
 # Longest log line kept; longer lines are cut with a visible marker.
 LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 16384)
 MAX_FAILOVERS = 3

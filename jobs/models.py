@@ -103,6 +103,12 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     # Spot capacity on this node was reclaimed: no Spot job is placed here until then.
     spot_reclaimed_until = models.DateTimeField(null=True, blank=True)
+    # The machine's size and whether runs on it get their CPU and memory limits (a cgroup each),
+    # as its agent found at registration; ``limits_note`` says how, or why not.
+    cpu_count = models.PositiveIntegerField(null=True, blank=True)
+    memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    limits_enforced = models.BooleanField(default=False)
+    limits_note = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -170,6 +176,9 @@ class TrainingJob(models.Model):
     failover_enabled = models.BooleanField(default=True)
     output_dir = models.CharField(max_length=500, blank=True)
     max_run_minutes = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    # Per node the job runs on (None: the node's default, JOB_DEFAULT_CPUS / JOB_DEFAULT_MEMORY_MB).
+    cpu_limit = models.FloatField(null=True, blank=True, help_text="CPU cores per node")
+    memory_limit_mb = models.PositiveIntegerField(null=True, blank=True, help_text="Memory per node, MiB")
     description = models.CharField(max_length=500, blank=True)
 
     status = models.CharField(max_length=32, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)

@@ -16,6 +16,7 @@ from rest_framework import serializers
 from jobs.lib import CommandError, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
+from jobs.services.limits import LimitRefused, check_limits, limits_of
 from jobs.services.paths import PathRefused, check_output_dir
 from jobs.statuses import JobStatus
 from logs.queries import STREAM_NAME, is_stream_name
@@ -46,6 +47,17 @@ class EnvField(serializers.JSONField):
             return validate_env(data)
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
+
+
+LIMITS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "cpus": {"type": "number", "nullable": True, "description": "CPU cores per node; null: no limit"},
+        "memory_mb": {"type": "integer", "nullable": True, "description": "MiB per node; null: no limit"},
+        "text": {"type": "string", "example": "0.5 CPU cores, 2 GiB memory (default)"},
+    },
+    "required": ["cpus", "memory_mb", "text"],
+}
 
 
 class TrainingJobSerializer(serializers.ModelSerializer):
@@ -81,6 +93,16 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         min_value=1, max_value=MAX_RUN_MINUTES, required=False, allow_null=True,
         help_text="Stop the job after this many minutes of running.",
     )
+    cpu_limit = serializers.FloatField(
+        required=False, allow_null=True,
+        help_text="CPU cores per node, e.g. 0.5 or 4 (at most the largest node's); null: the node's default.",
+    )
+    memory_limit_mb = serializers.IntegerField(
+        required=False, allow_null=True, max_value=MAX_RUN_MINUTES,
+        help_text="Memory per node in MiB (at least 32, at most the largest node's); null: the node's default. "
+        "A run that needs more is killed and the job fails with 'out of memory'.",
+    )
+    limits = serializers.SerializerMethodField(help_text="The limits each run gets: the request, else the default.")
     status = serializers.ChoiceField(choices=JobStatus.choices, read_only=True, help_text="The exact status text.")
     failover_attempts = serializers.SerializerMethodField(help_text='Failovers used of the allowed, e.g. "1/3".')
     running_time_seconds = serializers.SerializerMethodField()
@@ -95,6 +117,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "project_name",
             *JOB_SETTINGS,
             "total_gpus",
+            "limits",
             "status",
             "status_reason",
             "created_at",
@@ -121,6 +144,11 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     def get_failover_attempts(self, job: TrainingJob) -> str:
         return f"{job.failover_count}/{settings.MAX_FAILOVERS}"
 
+    @extend_schema_field(LIMITS_SCHEMA)
+    def get_limits(self, job: TrainingJob) -> dict[str, Any]:
+        limits = limits_of(job)
+        return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "text": limits.describe()}
+
     def get_running_time_seconds(self, job: TrainingJob) -> int | None:
         running = job.running_time
         return None if running is None else int(running.total_seconds())
@@ -133,6 +161,10 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         return value
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        try:
+            data.update(check_limits(data.get("cpu_limit"), data.get("memory_limit_mb")))
+        except LimitRefused as exc:
+            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.context["request"].user)
             try:
@@ -275,7 +307,7 @@ class NodeSerializer(serializers.ModelSerializer):
         model = Node
         fields = [
             "id", "name", "gpu_model", "state", "healthy", "health_reason", "cordoned", "simulated",
-            "last_heartbeat", "gpus",
+            "last_heartbeat", "cpu_count", "memory_mb", "limits_enforced", "limits_note", "gpus",
         ]
         read_only_fields = fields
 

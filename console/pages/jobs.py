@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from jobs.models import Image, Project, TrainingJob
+from jobs.services.limits import limits_of, unenforced_nodes
 from jobs.services.paths import default_output_dir, volumes_of
 from jobs.services.creation import clone_name, create_job, personal_project_for
 from jobs.services.actions import JobActionRefused, delete_job, request_stop
@@ -177,6 +178,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["progress"] = JobProgress.objects.filter(job=job).first()
     context["output_dir"] = job.output_dir or default_output_dir(job.pk)
     context["volumes"] = volumes_of(job.project)
+    context["limits"] = limits_of(job)
+    context["limits_unenforced"] = unenforced_nodes(job) if context["limits"].any else []
     if tab == "details":
         context["attempts"] = job.attempts.prefetch_related("placements__node").order_by("number")
         context["chart_points"] = chart_points(job.pk)

@@ -9,6 +9,7 @@ from typing import Any
 from django import template
 from django.utils.html import format_html
 
+from jobs.services.limits import format_memory
 from jobs.statuses import BADGE_GROUPS
 
 register = template.Library()
@@ -126,3 +127,9 @@ def evidence_items(evidence: dict[str, Any] | None) -> list[tuple[str, str]]:
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
         items.append((str(key).replace("_", " "), text))
     return items
+
+
+@register.filter
+def memory(mb: int | None) -> str:
+    """MiB as the console writes memory sizes: "512 MiB", "23.5 GiB"."""
+    return format_memory(int(mb)) if mb else "—"

@@ -53,6 +53,8 @@ JOB_SETTINGS = (
     "failover_enabled",
     "output_dir",
     "max_run_minutes",
+    "cpu_limit",
+    "memory_limit_mb",
     "description",
 )
 

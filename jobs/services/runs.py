@@ -17,12 +17,20 @@ from jobs.hooks import registry
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
 from jobs.services.dispatch import request_placement
 from jobs.services.lifecycle import transition
+from jobs.services.limits import format_memory
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull, release_gpus
 from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
 
 AGENT = "node-agent"
+# The cause of a run the kernel killed at the job's own memory limit (see ``memory_limit_cause``).
+OUT_OF_MEMORY = "out of memory"
+
+
+def memory_limit_cause(limit_mb: int | None) -> str:
+    limit = f"its memory limit of {format_memory(limit_mb)}" if limit_mb else "its memory limit"
+    return f"{OUT_OF_MEMORY}: the run needed more than {limit} and the kernel killed it"
 
 
 def describe_exit(exit_code: int | None, exit_signal: int | None) -> str:
@@ -110,6 +118,8 @@ def part_exited(part: AttemptNode, *, exit_code: int | None, exit_signal: int | 
     attempt = part.attempt
     failed = cause or exit_signal or (exit_code not in (0, None))
     siblings = AttemptNode.objects.filter(attempt=attempt)
+    if cause:  # the first rank's cause is the attempt's (an out-of-memory kill, a lost supervisor)
+        JobAttempt.objects.filter(pk=attempt.pk, cause="").update(cause=cause[:500])
     if siblings.filter(ended_at__isnull=True).exists():
         if failed and attempt.stop_requested_at is None:
             JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
@@ -119,7 +129,8 @@ def part_exited(part: AttemptNode, *, exit_code: int | None, exit_signal: int | 
     ended = list(siblings.order_by("ended_at", "rank"))
     first_bad = next((p for p in ended if p.exit_signal or p.exit_code not in (0,)), None)
     source = first_bad or ended[0]
-    record_exit(attempt, exit_code=source.exit_code, exit_signal=source.exit_signal, cause=cause)
+    first_cause = JobAttempt.objects.values_list("cause", flat=True).get(pk=attempt.pk)
+    record_exit(attempt, exit_code=source.exit_code, exit_signal=source.exit_signal, cause=first_cause or cause)
     return []
 
 
@@ -129,8 +140,9 @@ def record_exit(
     """Close the attempt, free its GPUs and move the job to where the exit takes it.
 
     A job being stopped ends ``Stopped``; a reclaimed Spot run goes back to ``Pending``; exit 0
-    ends ``Completed``; any other end of a run is judged by Job Failover when the job has it on
-    (``lost``: the node itself was lost), else ends ``Failed``. Returns the job's new status.
+    ends ``Completed``; a run killed at its own memory limit ends ``Failed``; any other end of a
+    run is judged by Job Failover when the job has it on (``lost``: the node itself was lost),
+    else ends ``Failed``. Returns the job's new status.
     """
     now = timezone.now()
     outcome = cause or describe_exit(exit_code, exit_signal)
@@ -154,6 +166,9 @@ def record_exit(
         to, reason = JobStatus.PENDING, f"spot capacity reclaimed; {outcome}"
     elif exit_code == 0 and not exit_signal and not cause:
         to, reason = JobStatus.COMPLETED, "exit code 0"
+    elif outcome.startswith(OUT_OF_MEMORY):
+        # Its own limit, not the hardware: Job Failover has nothing to judge.
+        to, reason = JobStatus.FAILED, f"{outcome}; raise the job's memory limit"
     elif job.failover_enabled and registry.failed_run_handler is not None:
         return registry.failed_run_handler(job, attempt, outcome, lost)
     else:
