@@ -74,6 +74,8 @@ def sandbox_policy(job: TrainingJob, part: AttemptNode, runtime: str, workdir: P
         "devices": sandbox.gpu_devices(part.gpu_indices, device_dir=str(device_dir)),
         "home": "/tmp",
         "user": user,
+        # Ranks on several nodes meet over the network; one node's processes meet on loopback.
+        "network": "host" if job.node_count > 1 or settings.JOB_NETWORK == "host" else "loopback",
     }
 
 

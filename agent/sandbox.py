@@ -11,7 +11,10 @@ Standard library only: the runner (``agent.runner``) imports it. What a run sees
 * a private ``/tmp`` (also its ``HOME``), a new PID namespace with its own ``/proc`` (no other
   process of the node is visible, ``/proc/<pid>/environ`` of the console included), a minimal
   ``/dev`` with only its own GPUs' device nodes (``/dev/nvidia<N>`` and the control devices);
-* the node's network (multi-node jobs need it for rendezvous).
+* a network of its own with only the loopback interface (``--unshare-net``; bwrap brings ``lo``
+  up): nothing of the node or beyond is reachable, the console, its database and Redis on
+  127.0.0.1 included, while the processes of one run still meet on localhost (torchrun's
+  workers); multi-node jobs keep the node's network, which their rendezvous needs.
 
 The sandbox dies with its runner (``--die-with-parent``): SIGKILL to the run's process group
 ends every process of the run, whatever session it moved to. The runner's own records
@@ -41,7 +44,7 @@ def availability() -> tuple[bool, str]:
         return False, "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
     try:
         probe = subprocess.run(
-            [path, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "--die-with-parent", "true"],
+            [path, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "--unshare-net", "--die-with-parent", "true"],
             capture_output=True,
             timeout=20,
         )
@@ -63,9 +66,10 @@ def gpu_devices(gpu_indices: Iterable[int], *, device_dir: str = "/dev") -> list
 
 def wrap(command: list[str], *, policy: Mapping, cwd: str, run_dir: str | None = None) -> list[str]:
     """The argv that runs ``command`` in the sandbox ``policy`` describes (see ``agent.launch``):
-    ``bwrap``, ``hidden``, ``writable``, ``readonly``, ``devices``, ``home`` and, where the
-    agent is root, ``user`` (the project's unprivileged uid, named in an ``/etc/passwd`` written
-    to ``run_dir``)."""
+    ``bwrap``, ``hidden``, ``writable``, ``readonly``, ``devices``, ``home``, ``network``
+    ("loopback": a network namespace of its own; "host": the node's) and, where the agent is
+    root, ``user`` (the project's unprivileged uid, named in an ``/etc/passwd`` written to
+    ``run_dir``)."""
     argv = [
         policy["bwrap"],
         "--ro-bind", "/", "/",
@@ -80,6 +84,8 @@ def wrap(command: list[str], *, policy: Mapping, cwd: str, run_dir: str | None =
         "--die-with-parent",
         "--new-session",
     ]
+    if policy.get("network", "loopback") != "host":
+        argv.append("--unshare-net")
     user = policy.get("user")
     empty = ["/tmp", *policy.get("hidden", ())]
     if user:

@@ -259,6 +259,9 @@ SIMULATED_DEVICE_DIR = Path(env_str("SIMULATED_DEVICE_DIR", str(VAR_DIR / "sim-d
 JOB_DEFAULT_CPUS = env_float("JOB_DEFAULT_CPUS", 0.0)
 JOB_DEFAULT_MEMORY_MB = env_int("JOB_DEFAULT_MEMORY_MB", 0)
 JOB_CGROUP_PARENT = env_str("JOB_CGROUP_PARENT", "")
+# A single-node job's sandbox has a network of its own with loopback only; "host" gives every job
+# the node's network (multi-node jobs always have it, for their rendezvous).
+JOB_NETWORK = env_str("JOB_NETWORK", "loopback")  # loopback | host
 # Longest log line kept; longer lines are cut with a visible marker.
 LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 16384)
 MAX_FAILOVERS = 3
