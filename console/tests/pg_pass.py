@@ -3,16 +3,27 @@
 Runs every database test again with ``DATABASE_URL`` pointing at ``TEST_POSTGRES_URL`` (default
 the local server's ``postgres`` database; pytest-django creates its own test database beside it).
 Where no PostgreSQL answers it says so and skips, unless ``REQUIRE_SCALEOUT=1`` (CI), where that
-is a failure. ckptlib (no database) and the process-level tests in console/tests (browser,
-scale-out cluster: they set up their own databases) run in the first pass only.
+is a failure. ckptlib (no database) and the tests in console/tests run in the first pass only
+(the process-level ones, browser and scale-out cluster, set up their own databases), except those
+named in ``ON_POSTGRES_TOO``: the schemathesis fuzz of every API endpoint runs on both.
 """
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from console.tests.scaleout import reachable
+
+CONSOLE_TESTS = Path(__file__).resolve().parent
+ON_POSTGRES_TOO = ("test_api_schema_fuzz.py",)
+
+
+def pytest_command(argv: list[str]) -> list[str]:
+    """The pytest command line of the PostgreSQL pass."""
+    first_pass_only = [f"--ignore={path}" for path in sorted(CONSOLE_TESTS.glob("test_*.py")) if path.name not in ON_POSTGRES_TOO]
+    return [sys.executable, "-m", "pytest", *argv, "--ignore=ckptlib", *first_pass_only]
 
 
 def main(argv: list[str]) -> int:
@@ -23,8 +34,7 @@ def main(argv: list[str]) -> int:
         return 1 if os.environ.get("REQUIRE_SCALEOUT") else 0
     print(f"\nPostgreSQL pass: the suite again on {url}", flush=True)
     env = {**os.environ, "DATABASE_URL": url}
-    command = [sys.executable, "-m", "pytest", *argv, "--ignore=ckptlib", "--ignore=console/tests"]
-    return subprocess.call(command, env=env)
+    return subprocess.call(pytest_command(argv), env=env)
 
 
 if __name__ == "__main__":
