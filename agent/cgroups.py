@@ -257,7 +257,7 @@ def support(parent: str = "") -> tuple[bool, str]:
     h, why = hierarchy(parent)
     if h is None:
         return False, why
-    name = f"{RUN_PREFIX}{os.getpid()}"
+    name = f"sac-probe-{os.getpid()}"  # not a run's name: no sweep takes it for a dead run's
     try:
         directories = create(h, name, cpus=1.0, memory_mb=64)
     except OSError as exc:

@@ -10,11 +10,13 @@ import shlex
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agent import cgroups
 from agent.processes import run_dir
 from jobs.models import AttemptNode, JobAttempt, Node
+from jobs.services.paths import default_output_dir
 from jobs.statuses import JobStatus
 from logs.models import LogLine
 
@@ -23,13 +25,13 @@ needs_cgroups = pytest.mark.skipif(not ENFORCED, reason=f"this machine cannot en
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
-# Two processes burn the CPU for a few seconds of wall time; the parent prints the CPU time they
-# got per second of wall time (cores used).
+# Four processes burn the CPU for a few seconds of wall time (enough to reach the quota on a
+# busy machine); the parent prints the CPU time they got per second of wall time (cores used).
 BURN = """
 import os, time
 start = time.time()
 children = []
-for _ in range(2):
+for _ in range(4):
     pid = os.fork()
     if pid == 0:
         while time.time() - start < 3.0:
@@ -89,19 +91,21 @@ def test_a_job_with_half_a_cpu_gets_about_half_a_core(make_job, drive):
     ]
     assert int(quota[0]) / int(quota[1]) == 0.5
     throttled = 0
-    for _ in range(40):  # the kernel's own count of periods the run spent its quota in
-        stat = dict(line.split() for line in (cpu_dir / "cpu.stat").read_text().splitlines())
+    while not throttled and not (run_dir(part) / "exit.json").exists():
+        # The kernel's own count of periods in which the run spent its quota.
+        try:
+            stat = dict(line.split() for line in (cpu_dir / "cpu.stat").read_text().splitlines())
+        except OSError:
+            break  # the run ended and its cgroup went with it
         throttled = int(stat.get("nr_throttled", 0))
-        if throttled:
-            break
         time.sleep(0.05)
     job = drive(job, {JobStatus.COMPLETED, JobStatus.FAILED}, timeout=60)
     assert job.status == JobStatus.COMPLETED, job.status_reason
-    assert throttled > 0
     cores = float(lines_of(job)[-1].split()[1])
-    # Two busy processes would use up to two cores; the quota holds them to half of one
-    # (loose bounds: the machine is shared, so fewer than two is all an unlimited run may get).
-    assert 0.1 < cores < 0.7, cores
+    assert throttled > 0, cores
+    # Four busy processes would use every core; the quota holds them to half of one (loose
+    # bounds: the machine is shared).
+    assert 0.05 < cores < 0.7, cores
 
 
 @needs_cgroups
@@ -121,3 +125,41 @@ def test_where_the_node_cannot_enforce_limits_the_job_still_runs_and_its_log_say
     first, *rest = lines_of(job)
     assert first.startswith("[console] the job's CPU and memory limits are not enforced on this node: ")
     assert rest == ["ran"]
+
+
+
+ESCAPE = """
+import os, time
+path = os.path.join(os.environ["OUTPUT_DIR"], "daemon.pid")
+if os.fork() == 0:
+    os.setsid()
+    if os.fork():
+        os._exit(0)
+    null = os.open(os.devnull, os.O_RDWR)  # a proper daemon: off the run's output too
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    open(path + ".tmp", "w").write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    time.sleep(300)
+    os._exit(0)
+while not os.path.exists(path):
+    time.sleep(0.05)
+print("daemon started", flush=True)
+"""
+
+
+@needs_cgroups
+def test_a_process_that_left_its_run_ends_with_the_run_even_without_the_sandbox(make_job, drive, settings):
+    # Without the sandbox's PID namespace, a double-forked daemon leaves the run's session and
+    # process tree; its cgroup still holds it, and the runner ends it with the run.
+    settings.JOB_SANDBOX = "off"
+    job = drive(make_job(command="python -c " + shlex.quote(ESCAPE)), {JobStatus.COMPLETED, JobStatus.FAILED}, timeout=60)
+    assert job.status == JobStatus.COMPLETED, job.status_reason
+    daemon = int((default_output_dir(job.pk) / "daemon.pid").read_text())
+    for _ in range(40):
+        if not psutil.pid_exists(daemon) or psutil.Process(daemon).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.05)
+    else:
+        psutil.Process(daemon).kill()
+        raise AssertionError(f"the run's daemon {daemon} outlived it")

