@@ -102,10 +102,11 @@ def test_a_job_with_half_a_cpu_gets_about_half_a_core(make_job, drive):
     job = drive(job, {JobStatus.COMPLETED, JobStatus.FAILED}, timeout=60)
     assert job.status == JobStatus.COMPLETED, job.status_reason
     cores = float(lines_of(job)[-1].split()[1])
-    assert throttled > 0, cores
     # Four busy processes would use every core; the quota holds them to half of one (loose
-    # bounds: the machine is shared).
+    # bounds: the machine is shared). The kernel throttled the run whenever it reached its
+    # quota; only a machine too busy to give it even that much leaves it unthrottled.
     assert 0.05 < cores < 0.7, cores
+    assert throttled > 0 or cores < 0.45, (throttled, cores)
 
 
 @needs_cgroups
