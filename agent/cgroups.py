@@ -262,7 +262,8 @@ def support(parent: str = "") -> tuple[bool, str]:
         directories = create(h, name, cpus=1.0, memory_mb=64)
     except OSError as exc:
         where = ", ".join(str(p) for p in sorted(set(h.parents.values())))
-        return False, f"cannot create a cgroup {h.mode} under {where}: {exc.strerror or exc}"
+        hint = "; v2 hands cpu and memory only to a cgroup without processes: set JOB_CGROUP_PARENT" if h.mode == "v2" else ""
+        return False, f"cannot create a cgroup {h.mode} under {where}: {exc.strerror or exc}{hint}"
     remove(directories)
     return True, f"cgroup {h.mode}"
 
