@@ -322,6 +322,11 @@ class NvmlProbe:
                 break
             except nv.NVMLError as exc:
                 finding = self.error_finding(exc, None)
+                if finding is not None and finding.kind == FindingKind.GPU_LOST:
+                    # The wait says one of the set's GPUs is lost, not which: ask each of them.
+                    out.extend(Finding(kind=FindingKind.GPU_LOST, gpu=i, detail="NVML: GPU is lost") for i in self.lost_gpus())
+                    if any(f.kind == FindingKind.GPU_LOST for f in out):
+                        break
                 out.append(finding or Finding(kind=FindingKind.DRIVER_ERROR, detail=f"NVML event wait failed: {exc}"))
                 break
             gpu = None
@@ -331,6 +336,19 @@ class NvmlProbe:
                 pass
             out.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(data.eventData), detail="NVML Xid critical error event"))
         return out
+
+    def lost_gpus(self) -> list[int]:
+        """The GPUs that answer GPU_IS_LOST."""
+        nv = self.nv
+        lost = []
+        for index in range(self.call(nv.nvmlDeviceGetCount)):
+            try:
+                self.call(nv.nvmlDeviceGetHandleByIndex, index)
+            except nv.NVMLError_GpuIsLost:
+                lost.append(index)
+            except nv.NVMLError:
+                pass
+        return lost
 
     def gpu_by_pci(self) -> dict[str, int]:
         from failover.classify import pci_key

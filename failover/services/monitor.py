@@ -74,7 +74,7 @@ class HealthMonitor:
     def __init__(self, checker, *, interval: float | None = None, kernel: KernelLogReader | None = None) -> None:
         self.checker = checker
         self.interval = settings.HEALTH_MONITOR_INTERVAL if interval is None else interval
-        self.kernel = kernel if kernel is not None else KernelLogReader()
+        self.kernel = kernel  # made at the first poll that needs it (KERNEL_LOG_PATH)
         self.killed: dict[int, tuple[float, str]] = {}  # AttemptNode id → (when SIGKILLed, why)
         self.stored: dict[tuple, float] = {}  # event key → when last stored (standing conditions)
         self.pci: dict[str, dict[str, int]] = {}
@@ -99,7 +99,8 @@ class HealthMonitor:
         self.stopped.set()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join(timeout)
-        self.kernel.close()
+        if self.kernel is not None:
+            self.kernel.close()
 
     def run(self) -> None:
         while not self.stopped.is_set():
@@ -116,7 +117,11 @@ class HealthMonitor:
         """Drain every source once, act on fatal events; returns how many events were stored."""
         with self.lock:
             nodes = list(Node.objects.filter(name__in=self.checker.agent.node_names))
-            lines = self.kernel.read() if any(not n.simulated for n in nodes) else []
+            lines = []
+            if any(not n.simulated for n in nodes):
+                if self.kernel is None:
+                    self.kernel = KernelLogReader(settings.KERNEL_LOG_PATH)
+                lines = self.kernel.read()
             stored = 0
             for node in nodes:
                 try:
@@ -157,7 +162,7 @@ class HealthMonitor:
                 if event.fatal:
                     stop_gpus.add(event.gpu)
                 events.append(event)
-            note = self.kernel.problem
+            note = self.kernel.problem if self.kernel is not None else ""
             NodeHealth.objects.filter(node=node).exclude(kernel_log_note=note).update(kernel_log_note=note)
         if stop_gpus:
             why = "; ".join(sorted({e.message or e.kind for e in events if e.fatal}))[:300]
