@@ -231,3 +231,49 @@ def test_the_monitor_knows_which_events_are_fatal():
     assert is_fatal(Finding(kind="gpu_lost", gpu=0)) and is_fatal(Finding(kind="recovery_action", gpu=0, value=2))
     assert not is_fatal(Finding(kind="ecc_uncorrected", gpu=0, value=1))
     assert HealthMonitor  # the monitor class the plug-in keeps
+
+
+@pytest.mark.django_db
+def test_a_verdict_reads_the_events_on_its_gpus_within_its_window(nodes):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from failover.services.health import scoped_evidence
+
+    node = nodes[0]
+    since = timezone.now()
+    HealthEvent.objects.create(node=node, kind="xid", gpu=1, xid=79, source="nvml", at=since - timedelta(minutes=5))  # before
+    HealthEvent.objects.create(node=node, kind="ecc_uncorrected", gpu=3, value=2, source="nvml", at=since + timedelta(seconds=1))  # not ours
+    HealthEvent.objects.create(node=node, kind="oom_kill", source="kmsg", at=since + timedelta(seconds=2),
+                               message="Out of memory: Killed process 4321 (python)")
+
+    quiet = scoped_evidence(node, gpus=[0, 1], since=since)
+    assert quiet.findings == [] and quiet.kernel_findings == []
+    assert not quiet.judge(exit_code=None, exit_signal=9).hardware  # the OOM killer's line explains a SIGKILL
+
+    HealthEvent.objects.create(node=node, kind="xid", gpu=1, xid=48, source="kmsg", at=since + timedelta(seconds=3),
+                               message="NVRM: Xid (PCI:0000:28:00): 48, pid=1, name=python, DBE (Double Bit Error) ECC Error")
+    HealthEvent.objects.create(node=node, kind="thermal", gpu=0, value=0x40, source="nvml", at=since + timedelta(seconds=4),
+                               message="hardware slowdown clock reason in 3 readings within 60s")
+    evidence = scoped_evidence(node, gpus=[0, 1], since=since)
+    assert [(f.kind, f.gpu, f.xid) for f in evidence.kernel_findings] == [("xid", 1, 48)]
+    assert [(f.kind, f.gpu) for f in evidence.findings] == [("thermal", 0)]
+    verdict = evidence.judge(exit_code=1)
+    assert verdict.hardware and "48" in verdict.reason
+
+
+def test_a_hardware_slowdown_counts_over_a_window_not_on_one_reading():
+    from failover.nvml import HW_SLOWDOWN_MIN_READINGS, NvmlProbe
+
+    driver = fake_pynvml.reset(gpus=2)
+    probe = NvmlProbe("gpu-node", expected_gpus=2, nvml=fake_pynvml, timeout=1.0)
+    try:
+        driver.gpus[1].clock_reasons = fake_pynvml.nvmlClocksEventReasonHwSlowdown
+        seen = [any(f.kind == "thermal" for f in probe.check().findings) for _ in range(HW_SLOWDOWN_MIN_READINGS + 1)]
+        assert seen == [False] * (HW_SLOWDOWN_MIN_READINGS - 1) + [True, True]
+        driver.gpus[1].clock_reasons = 0
+        assert not any(f.kind == "thermal" for f in probe.check().findings)  # over as soon as it stops
+    finally:
+        probe.close()
+        driver.release()
