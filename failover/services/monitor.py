@@ -216,18 +216,21 @@ class HealthMonitor:
                 continue
             if signal_run(part, signal.SIGKILL):
                 logger.warning("job %s: fatal GPU event on %s (%s); its run was killed", part.attempt.job_id, node.name, why)
-                self.killed.setdefault(part.pk, (time.monotonic(), why))
+            # Kept even when the run has not recorded its processes yet: the kill is sent again
+            # at every pass until the rank has ended (``escalate``).
+            self.killed.setdefault(part.pk, (time.monotonic(), why))
 
     def escalate(self) -> None:
         """Runs killed for a fatal event whose supervisor still reports nothing: their processes
         are stuck in the driver (or escaped the run). The rank is reported ended, so the job
         fails over; its GPUs stay marked unhealthy."""
         for pk, (when, why) in list(self.killed.items()):
-            part = AttemptNode.objects.filter(pk=pk).select_related("attempt").first()
+            part = AttemptNode.objects.filter(pk=pk).select_related("attempt", "attempt__job").first()
             if part is None or part.ended_at is not None:
                 del self.killed[pk]
                 continue
             if time.monotonic() - when < FATAL_EXIT_WAIT:
+                signal_run(part, signal.SIGKILL)  # a process started since (or a run just launched)
                 continue
             del self.killed[pk]
             cause = f"fatal GPU event ({why}); the run did not exit after SIGKILL"

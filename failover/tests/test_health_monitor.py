@@ -18,6 +18,7 @@ from failover.services.monitor import HealthMonitor, prune_events
 from failover.tests import fake_pynvml
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
+from logs.models import LogLine
 from agent.loop import embedded_round
 
 HUNG = "python -c 'import time; print(\"step 1\", flush=True); time.sleep(600)'"
@@ -277,3 +278,32 @@ def test_a_hardware_slowdown_counts_over_a_window_not_on_one_reading():
     finally:
         probe.close()
         driver.release()
+
+
+@pytest.mark.django_db
+@pytest.mark.slow
+def test_a_run_whose_supervisor_never_reports_after_the_kill_is_ended_by_the_monitor(nodes, make_job, agent, drive, monkeypatch):
+    """The run's supervisor is wedged (stopped): no exit record will come. The monitor ends the
+    rank itself FATAL_EXIT_WAIT after its SIGKILL, and the job fails over."""
+    import os
+    import signal
+
+    from failover.services import monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "FATAL_EXIT_WAIT", 1.0)
+    job = drive(make_job(command=HUNG), JobStatus.RUNNING)
+    first = job.attempts.get()
+    part = AttemptNode.objects.select_related("node").get(attempt=first)
+    rounds_until(agent, lambda: (run_dir(part) / "pid.json").exists() and LogLine.objects.filter(job=job).exists(), timeout=20)
+    os.kill(part.runner_pid, signal.SIGSTOP)
+    try:
+        faults.inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0])
+        took = rounds_until(agent, exited(first), timeout=20)
+        job = drive(job, JobStatus.RUNNING, timeout=30)
+    finally:
+        os.kill(part.runner_pid, signal.SIGCONT)
+
+    assert 1.0 <= took < 10
+    first.refresh_from_db()
+    assert "did not exit after SIGKILL" in first.cause and first.exit_signal == signal.SIGKILL
+    assert job.failover_count == 1 and first.verdict == "hardware"
