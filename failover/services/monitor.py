@@ -46,7 +46,7 @@ FATAL_KERNEL = frozenset({"fallen_off_bus", "gpu_lost"})
 FATAL_EXIT_WAIT = 10.0  # seconds a SIGKILLed run's supervisor gets to report its exit
 REPEAT_AFTER = 60.0  # the same standing condition (a GPU still lost) is stored again after this
 PRUNE_EVERY = 600.0
-_NIC = re.compile(r"\b(mlx5_\d+|mlx5_core \S+|ib\d+|eth\d+|en\w+)")
+_NIC_NAMES = (re.compile(r"\b(mlx5_\d+)\b"), re.compile(r"\bmlx5_core (\S+)"), re.compile(r"\b(ib\d+|eth\d+|en[ops]\w+)\b"))
 _KERNEL_PATTERNS = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern, _ in KERNEL_SIGNATURES] + [
     ("pcie_uncorrectable", re.compile(r"Uncorrect(?:ed|able)", re.IGNORECASE)),
     ("network_link_down", re.compile(r"\bmlx5_\w+\b.*link\s*(?:down|state.*down)", re.IGNORECASE)),
@@ -58,6 +58,15 @@ def is_fatal(finding: Finding) -> bool:
     if finding.kind == FindingKind.XID:
         return finding.xid in FATAL_XIDS
     return finding.kind in FATAL_KINDS
+
+
+def nic_name(text: str) -> str:
+    """The NIC a kernel line names: the RDMA device (``mlx5_0``), else its PCI address, else the netdev."""
+    for regex in _NIC_NAMES:
+        match = regex.search(text)
+        if match:
+            return match[1].rstrip(":")[:64]
+    return ""
 
 
 def kernel_kind(text: str) -> str:
@@ -190,8 +199,8 @@ class HealthMonitor:
             return HealthEvent(node=node, at=at, kind=FindingKind.XID, gpu=xid.gpu, xid=xids[0].xid, source=line.source,
                                message=line.text[:500], fatal=fatal)
         kind = kernel_kind(line.text)
-        nic = _NIC.search(line.text) if kind == "network_link_down" else None
-        return HealthEvent(node=node, at=at, kind=kind, nic=nic[1][:64] if nic else "", source=line.source,
+        nic = nic_name(line.text) if kind == "network_link_down" else ""
+        return HealthEvent(node=node, at=at, kind=kind, nic=nic, source=line.source,
                            message=line.text[:500], fatal=kind in FATAL_KERNEL)
 
     def new(self, event: HealthEvent) -> bool:
