@@ -234,3 +234,19 @@ def scoped_evidence(node: Node, *, gpus: Sequence[int], since: datetime) -> Scop
         if (seen is None or seen >= since) and not parse_kernel_xids(line):
             lines.append(line)
     return ScopedEvidence(findings, kernel_findings, "\n".join(lines))
+
+
+def attempt_events(attempt, *, limit: int = 5) -> list[HealthEvent]:
+    """The health events on an attempt's GPUs (or node-wide) while it was placed, latest first:
+    what the Failover tab shows beside the verdict."""
+    from django.db.models import Q
+
+    until = (attempt.ended_at or timezone.now()) + timedelta(seconds=5)
+    where = Q()
+    for part in attempt.placements.all():
+        where |= Q(node_id=part.node_id) & (Q(gpu__isnull=True) | Q(gpu__in=list(part.gpu_indices)))
+    if not where:
+        return []
+    return list(
+        HealthEvent.objects.filter(where, at__gte=attempt.created_at, at__lte=until).select_related("node").order_by("-at", "-id")[:limit]
+    )
