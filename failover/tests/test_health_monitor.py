@@ -112,12 +112,19 @@ def test_a_hung_rank_on_a_gpu_that_fell_off_the_bus_is_failed_over_nvml(gpus, ma
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
-def test_on_its_own_thread_a_simulated_gpu_loss_stops_a_hung_rank_without_an_agent_round(nodes, make_job, settings):
+@pytest.mark.parametrize("backend", ["simulated", "nvml"])
+def test_on_its_own_thread_a_gpu_loss_stops_a_hung_rank_without_an_agent_round(backend, request, nodes, make_job, settings):
     """The agent's full rounds are 60 s apart here: only the monitor's thread can stop the run,
-    and only collecting exits (every OUTPUT_POLL_INTERVAL) can re-place it."""
+    and only collecting exits (every OUTPUT_POLL_INTERVAL) can re-place it. Through NVML (the
+    fake pynvml's GPU falls off the bus) and through simulated GPUs (an injected GPU loss)."""
+    import threading
+
     from agent.loop import EmbeddedControlLoop
     from agent.node_agent import NodeAgent
 
+    driver = request.getfixturevalue("gpus") if backend == "nvml" else None
+    if driver is not None:
+        only_on("node-a")
     settings.HEALTH_MONITOR_INTERVAL = 0.2
     job = make_job(command=HUNG)
     loop = EmbeddedControlLoop(NodeAgent([n.name for n in nodes]), interval=60)
@@ -127,10 +134,14 @@ def test_on_its_own_thread_a_simulated_gpu_loss_stops_a_hung_rank_without_an_age
         while not (first := JobAttempt.objects.filter(job=job, state=JobAttempt.State.RUNNING).first()):
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        part = AttemptNode.objects.get(attempt=first)
+        part = AttemptNode.objects.select_related("node").get(attempt=first)
+        Node.objects.update(cordoned=False)
         time.sleep(0.5)
         started = time.monotonic()
-        faults.inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0])
+        if driver is not None:
+            driver.lose(part.gpu_indices[0])
+        else:
+            faults.inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0])
         while first_attempt_processes(first):
             assert time.monotonic() - started < 10, "the hung rank was not stopped"
             time.sleep(0.05)
@@ -143,8 +154,11 @@ def test_on_its_own_thread_a_simulated_gpu_loss_stops_a_hung_rank_without_an_age
         loop.join(15)
 
     assert stopped < 3
-    assert not loop.is_alive() and not any(t.name.startswith("health-monitor") and t.is_alive() for t in __import__("threading").enumerate())
-    assert HealthEvent.objects.filter(node=part.node, gpu=part.gpu_indices[0], kind="gpu_lost", source="simulated", fatal=True).exists()
+    assert not loop.is_alive() and not any(t.name.startswith("health-monitor") and t.is_alive() for t in threading.enumerate())
+    assert HealthEvent.objects.filter(node=part.node, gpu=part.gpu_indices[0], kind="gpu_lost", source=backend, fatal=True).exists()
+    assert AttemptNode.objects.get(attempt__job=job, attempt__number=2).node_id != part.node_id
+    if driver is not None:  # NVML was shut down with the agent's loop
+        assert driver.inits == 1 and driver.shutdowns == 1 and not driver.event_sets
 
 
 @pytest.mark.django_db
