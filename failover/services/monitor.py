@@ -27,7 +27,7 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from agent.processes import signal_run
-from failover.classify import KERNEL_SIGNATURES, parse_kernel_xids
+from failover.classify import KERNEL_SIGNATURES, parse_kernel_xids, pci_key
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
@@ -43,9 +43,12 @@ logger = logging.getLogger(__name__)
 FATAL_XIDS = frozenset({79, 95, 62, 110, 136, 155, 156, 158, 121, 167, 169})
 FATAL_KINDS = frozenset({FindingKind.GPU_LOST, FindingKind.RESET_REQUIRED, FindingKind.RECOVERY_ACTION})
 FATAL_KERNEL = frozenset({"fallen_off_bus", "gpu_lost"})
+KERNEL_GRACE = 5.0  # seconds before the monitor started whose kernel lines still count as news
+BACKLOG_KEPT = 2000
 FATAL_EXIT_WAIT = 10.0  # seconds a SIGKILLed run's supervisor gets to report its exit
 REPEAT_AFTER = 60.0  # the same standing condition (a GPU still lost) is stored again after this
 PRUNE_EVERY = 600.0
+_PCI = re.compile(r"\b((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]\b")
 _NIC_NAMES = (re.compile(r"\b(mlx5_\d+)\b"), re.compile(r"\bmlx5_core (\S+)"), re.compile(r"\b(ib\d+|eth\d+|en[ops]\w+)\b"))
 _KERNEL_PATTERNS = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern, _ in KERNEL_SIGNATURES] + [
     ("pcie_uncorrectable", re.compile(r"Uncorrect(?:ed|able)", re.IGNORECASE)),
@@ -88,6 +91,10 @@ class HealthMonitor:
         self.stored: dict[tuple, float] = {}  # event key → when last stored (standing conditions)
         self.pci: dict[str, dict[str, int]] = {}
         self.last_prune = 0.0
+        self.backlog: list[KernelLine] = []  # kernel lines read but not stored yet (the database was busy)
+        # Kernel lines written before the monitor started (the ring's backlog at an agent restart)
+        # are stored as events with their own time, but neither stop a run nor flag the node.
+        self.started = time.time() - KERNEL_GRACE
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()  # one poll at a time
@@ -130,13 +137,15 @@ class HealthMonitor:
             if any(not n.simulated for n in nodes):
                 if self.kernel is None:
                     self.kernel = KernelLogReader(settings.KERNEL_LOG_PATH)
-                lines = self.kernel.read()
+                lines, self.backlog = self.backlog + self.kernel.read(), []
             stored = 0
             for node in nodes:
                 try:
                     stored += self.poll_node(node, lines if not node.simulated else [])
                 except DatabaseError:
                     logger.warning("health monitor: database unavailable while polling %s; retrying", node.name)
+                    if not node.simulated:
+                        self.backlog = lines[-BACKLOG_KEPT:]  # read again at the next pass
             self.escalate()
             if time.monotonic() - self.last_prune > PRUNE_EVERY:
                 self.last_prune = time.monotonic()
@@ -168,6 +177,7 @@ class HealthMonitor:
                 self.pci[node.name] = probe.gpu_by_pci()
             for line in lines:
                 event = self.kernel_event(node, line)
+                event.fatal = event.fatal and line.at >= self.started  # fatal: the runs on it were stopped
                 if event.fatal:
                     stop_gpus.add(event.gpu)
                 events.append(event)
@@ -179,7 +189,7 @@ class HealthMonitor:
         fresh = [e for e in events if self.new(e)]
         if fresh:
             HealthEvent.objects.bulk_create(fresh)
-        kernel_lines = [line.text for line in lines]
+        kernel_lines = [line.text for line in lines if line.at >= self.started]
         if stop_gpus or injected or kernel_lines:
             self.checker.check(node, kernel_lines)  # a reading now: a faulty node leaves placement at once
         return len(fresh)
@@ -200,8 +210,17 @@ class HealthMonitor:
                                message=line.text[:500], fatal=fatal)
         kind = kernel_kind(line.text)
         nic = nic_name(line.text) if kind == "network_link_down" else ""
-        return HealthEvent(node=node, at=at, kind=kind, nic=nic, source=line.source,
+        return HealthEvent(node=node, at=at, kind=kind, gpu=self.gpu_named(node, line.text), nic=nic, source=line.source,
                            message=line.text[:500], fatal=kind in FATAL_KERNEL)
+
+    def gpu_named(self, node: Node, text: str) -> int | None:
+        """The GPU a kernel line names by PCI address (the last one that is a GPU: an AER line
+        names the port first, the device last); None for a node-wide line."""
+        by_pci = self.pci.get(node.name) or {}
+        for address in reversed(_PCI.findall(text)):
+            if pci_key(address) in by_pci:
+                return by_pci[pci_key(address)]
+        return None
 
     def new(self, event: HealthEvent) -> bool:
         """Kernel lines are new by their cursor; a standing NVML condition (a lost GPU answers

@@ -166,18 +166,23 @@ def test_kernel_lines_are_events_on_their_gpu_and_an_old_line_never_reflags_a_cl
     checker = health.HealthChecker(FakeAgent())
     node = Node.objects.get(name="node-a")
     kmsg = settings.KERNEL_LOG_PATH
+    now = int(time.monotonic() * 1e6)  # /dev/kmsg stamps records with the time since boot
     with open(kmsg, "a") as f:
-        f.write("6,1,100,-;eth0: renamed\n")
-        f.write("3,2,200,-;NVRM: Xid (PCI:0000:28:00): 79, pid=99, name=python, GPU has fallen off the bus.\n")
-        f.write("6,3,300,-;mlx5_core 0000:5e:00.0 mlx5_0: Link down\n")
-        f.write("3,4,400,-;Out of memory: Killed process 4321 (python) total-vm:1kB, anon-rss:1kB\n")
+        f.write("3,1,100,-;NVRM: Xid (PCI:0000:18:00): 79, pid=7, name=python, GPU has fallen off the bus.\n")  # long ago
+        f.write(f"6,2,{now},-;eth0: renamed\n")
+        f.write(f"3,3,{now},-;NVRM: Xid (PCI:0000:28:00): 79, pid=99, name=python, GPU has fallen off the bus.\n")
+        f.write(f"6,4,{now},-;mlx5_core 0000:5e:00.0 mlx5_0: Link down\n")
+        f.write(f"3,5,{now},-;Out of memory: Killed process 4321 (python) total-vm:1kB, anon-rss:1kB\n")
+        f.write(f"3,6,{now},-;pcieport 0000:00:03.0: AER: Uncorrected (Fatal) error received: 0000:38:00.0\n")
     try:
-        assert checker.monitor.poll() == 3
+        assert checker.monitor.poll() == 5
         kinds = {(e.kind, e.gpu, e.xid, e.nic, e.source, e.fatal) for e in HealthEvent.objects.filter(node=node)}
         assert kinds == {
+            ("xid", 0, 79, "", "kmsg", False),  # written before the monitor started: kept, not acted on
             ("xid", 1, 79, "", "kmsg", True),  # PCI 28:00 is GPU 1
             ("network_link_down", None, None, "mlx5_0", "kmsg", False),
             ("oom_kill", None, None, "", "kmsg", False),
+            ("pcie_fatal", 2, None, "", "kmsg", False),  # the device the AER line names last: GPU 2
         }
         node.refresh_from_db()
         assert not node.healthy and "fallen off the bus" in node.health_reason
