@@ -54,6 +54,14 @@ class EmbeddedControlLoop(threading.Thread):
 
     def run(self) -> None:
         logger.info("embedded control loop started for nodes %s", ", ".join(self.agent.node_names))
+        self.agent.start()
+        try:
+            self.serve()
+        finally:
+            self.agent.shutdown()
+            close_old_connections()
+
+    def serve(self) -> None:
         next_round = 0.0
         while not self.stopped.is_set():
             try:

@@ -20,7 +20,7 @@ from django.utils import timezone
 from agent import registry
 from agent.launch import Launcher
 from agent.output import OutputReader
-from agent.plugins import plugins_for
+from agent.plugins import call_optional, plugins_for
 from agent.processes import is_runner, read_json, run_dir, signal_run
 from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
 from jobs.services import runs
@@ -44,6 +44,14 @@ class NodeAgent:
         self.last_heartbeat = None
         self.plugins = plugins_for(self)
         registry.add(self)
+
+    def start(self) -> None:
+        """The agent's loop starts: plug-ins start their own threads (failover's health monitor)."""
+        call_optional(self.plugins, "on_start")
+
+    def shutdown(self) -> None:
+        """The agent stops: plug-ins stop their threads and release what they hold (NVML)."""
+        call_optional(self.plugins, "on_shutdown")
 
     def stop_strays(self) -> None:
         """At start: end processes of parts the control plane closed while this agent was away

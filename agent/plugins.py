@@ -1,5 +1,6 @@
 """What the node agent lets other apps plug in: work done on every agent round (failover's
-health checks). A plug-in is made once per agent, from the agent's public view of itself."""
+health checks), and at the agent loop's start and end (failover's health monitor thread). A
+plug-in is made once per agent, from the agent's public view of itself."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -17,6 +18,10 @@ class AgentPlugin(Protocol):
     def on_round(self) -> None:
         """One agent round's share of work; an exception is logged and the round goes on."""
 
+    # Optional (a plug-in without them is fine):
+    # def on_start(self) -> None: the agent's loop started (start background threads here).
+    # def on_shutdown(self) -> None: the agent is stopping (stop threads, release what it holds).
+
 
 PluginFactory = Callable[[AgentView], AgentPlugin]
 
@@ -31,3 +36,18 @@ def register(factory: PluginFactory) -> None:
 
 def plugins_for(agent: AgentView) -> list[AgentPlugin]:
     return [factory(agent) for factory in _factories]
+
+
+def call_optional(plugins: list[AgentPlugin], hook: str) -> None:
+    """Call ``hook`` (``on_start`` / ``on_shutdown``) on every plug-in that has it; one failing
+    is logged and the others still run."""
+    import logging
+
+    for plugin in plugins:
+        method = getattr(plugin, hook, None)
+        if method is None:
+            continue
+        try:
+            method()
+        except Exception:
+            logging.getLogger(__name__).exception("plug-in %s: %s failed", type(plugin).__name__, hook)

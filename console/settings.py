@@ -278,6 +278,13 @@ LOGGING = {
 # --- Job Failover ------------------------------------------------------------------------------
 # How often the node agent checks GPU health (seconds; it also checks at every run exit).
 HEALTH_CHECK_INTERVAL = env_float("HEALTH_CHECK_INTERVAL", 5.0)
+# How often each agent's health monitor thread drains NVML events, injected faults and the kernel
+# log (seconds): a fatal GPU event stops the runs on that GPU within about this long.
+HEALTH_MONITOR_INTERVAL = env_float("HEALTH_MONITOR_INTERVAL", 0.5)
+# Health events older than this are deleted (seconds; default 7 days).
+HEALTH_EVENT_RETENTION = env_float("HEALTH_EVENT_RETENTION", 7 * 24 * 3600.0)
+# The kernel log the health monitor reads with a cursor (falls back to journalctl -k, then dmesg).
+KERNEL_LOG_PATH = env_str("KERNEL_LOG_PATH", "/dev/kmsg")
 # A node whose agent has not reported for this long is lost; its running jobs fail over. Well above
 # the database's busy timeout (SQLite: 30 s): a beat held up by one lock never makes a node lost
 # (a system check in failover keeps it so).

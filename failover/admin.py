@@ -7,7 +7,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from failover.models import NodeHealth, SimulatedFault
+from failover.models import HealthEvent, NodeHealth, SimulatedFault
 from failover.services.faults import FaultError, clear_node, inject_fault, reclaim_spot
 from jobs.admin import NodeAdmin
 from jobs.models import Node
@@ -65,7 +65,7 @@ class SimulatedFaultAdmin(admin.ModelAdmin):
 @admin.register(NodeHealth)
 class NodeHealthAdmin(admin.ModelAdmin):
     list_display = ("node", "source", "checked_at", "finding_count")
-    readonly_fields = ("node", "source", "checked_at", "findings", "kernel_log")
+    readonly_fields = ("node", "source", "checked_at", "findings", "kernel_log", "kernel_log_note")
     list_select_related = ("node",)
 
     @admin.display(description="findings")
@@ -73,4 +73,20 @@ class NodeHealthAdmin(admin.ModelAdmin):
         return len(health.findings)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(HealthEvent)
+class HealthEventAdmin(admin.ModelAdmin):
+    """What the agents' health monitors saw (read-only; pruned by age)."""
+
+    list_display = ("at", "node", "gpu", "nic", "kind", "xid", "value", "fatal", "source", "message")
+    list_filter = ("fatal", "kind", "source", "node")
+    list_select_related = ("node",)
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
         return False

@@ -53,9 +53,37 @@ class NodeHealth(models.Model):
     kernel_log = models.TextField(blank=True)
     kernel_seen = models.JSONField(default=dict, blank=True)
     cleared_at = models.DateTimeField(null=True, blank=True)
+    # Where the kernel log was read from, or why it could not be ("" while it reads /dev/kmsg).
+    kernel_log_note = models.CharField(max_length=300, blank=True)
 
     class Meta:
         verbose_name_plural = "node health"
 
     def __str__(self) -> str:
         return f"{self.node.name}: {len(self.findings)} finding(s) at {self.checked_at:%H:%M:%S}"
+
+
+class HealthEvent(models.Model):
+    """One thing a node's health monitor saw, when it happened: an Xid, a GPU lost, an ECC count,
+    a kernel-log line (PCIe AER, NIC link down, thermal shutdown, the OOM killer), a window of
+    hardware slowdown. Verdicts read the events on an attempt's GPUs within its time window;
+    events older than ``HEALTH_EVENT_RETENTION`` are pruned."""
+
+    node = models.ForeignKey("jobs.Node", on_delete=models.CASCADE, related_name="health_events")
+    at = models.DateTimeField(default=timezone.now)
+    kind = models.CharField(max_length=32)  # a FindingKind, or a kernel line's signature name
+    gpu = models.PositiveSmallIntegerField(null=True, blank=True)
+    nic = models.CharField(max_length=64, blank=True)
+    xid = models.PositiveIntegerField(null=True, blank=True)
+    value = models.BigIntegerField(null=True, blank=True)
+    source = models.CharField(max_length=16)  # nvml | simulated | kmsg | journalctl | dmesg | monitor
+    message = models.CharField(max_length=500, blank=True)
+    fatal = models.BooleanField(default=False)  # the runs on its GPU were stopped at once
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["node", "at"])]
+
+    def __str__(self) -> str:
+        where = f"{self.node.name}/gpu{self.gpu}" if self.gpu is not None else self.node.name
+        return f"{self.kind} on {where} at {self.at:%H:%M:%S}"

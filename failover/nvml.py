@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import queue
-import subprocess
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 from failover.evidence import Finding, FindingKind, HealthReport
@@ -21,6 +22,11 @@ logger = logging.getLogger(__name__)
 NVML_CALL_TIMEOUT = 5.0  # seconds; well under the agent's heartbeat period
 # Field-value equivalents of the legacy NVLink error counters, read per link (scopeId = link) where
 # nvmlDeviceGetNvLinkErrorCounter is NOT_SUPPORTED (newer parts).
+# Hardware slowdown is judged over a window, not on one reading: a GPU counts as slowed down when
+# at least HW_SLOWDOWN_MIN_READINGS of its readings within HW_SLOWDOWN_WINDOW seconds showed it
+# (a brief power-brake assertion is normal; DCGM's alert rules likewise require it to persist).
+HW_SLOWDOWN_WINDOW = 60.0
+HW_SLOWDOWN_MIN_READINGS = 3
 NVLINK_COUNTER_FIELDS = ("NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY", "NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY", "NVML_FI_DEV_NVLINK_ERROR_DL_CRC")
 
 
@@ -110,7 +116,9 @@ class NvmlProbe:
         self.lock = threading.Lock()  # one check at a time (the agent's round, a judge)
         self.pcie_replays: dict[int, int] = {}
         self.nvlink_errors: dict[tuple[int, int], int] = {}
-        self.pending: list[Finding] = []  # Xid events drained but not yet reported
+        self.pending: list[Finding] = []  # Xid events drained (by the monitor) but not yet reported by check()
+        self.events_lock = threading.Lock()
+        self.slowdowns: dict[int, deque] = {}  # GPU → times of readings that showed a hardware slowdown
         self.closed = False
         self.call(nvml.nvmlInit)
         self.events = None
@@ -158,10 +166,11 @@ class NvmlProbe:
             return HealthReport(node=self.node_name, findings=tuple(findings), source="nvml")
 
     def read_all(self, findings: list[Finding]) -> None:
+        self.drain()
+        with self.events_lock:  # first: they are kept even if a later call hangs
+            findings.extend(self.pending)
+            self.pending.clear()
         nv = self.nv
-        if self.events is None:
-            self.events = self.register_xid_events()
-        findings.extend(self.xid_events())  # first: they are kept even if a later call hangs
         count = self.call(nv.nvmlDeviceGetCount)
         if count < self.expected_gpus:
             findings.append(Finding(kind=FindingKind.GPU_COUNT, value=count, expected=self.expected_gpus, detail="fewer GPUs than expected"))
@@ -210,8 +219,15 @@ class NvmlProbe:
             out.append(Finding(kind=FindingKind.PCIE_LINK_DEGRADED, gpu=index, value=int(width), expected=int(max_width), detail="PCIe link width degraded"))
         reasons = read(nv.nvmlDeviceGetCurrentClocksEventReasons) if hasattr(nv, "nvmlDeviceGetCurrentClocksEventReasons") else None
         hw_slowdown = getattr(nv, "nvmlClocksEventReasonHwSlowdown", 0x8) | getattr(nv, "nvmlClocksEventReasonHwThermalSlowdown", 0x40)
+        seen = self.slowdowns.setdefault(index, deque())
+        now = time.monotonic()
         if reasons and reasons & hw_slowdown:
-            out.append(Finding(kind=FindingKind.THERMAL, gpu=index, value=int(reasons), detail="hardware slowdown clock reason"))
+            seen.append(now)
+        while seen and seen[0] < now - HW_SLOWDOWN_WINDOW:
+            seen.popleft()
+        if reasons and reasons & hw_slowdown and len(seen) >= HW_SLOWDOWN_MIN_READINGS:
+            detail = f"hardware slowdown clock reason in {len(seen)} readings within {HW_SLOWDOWN_WINDOW:g}s"
+            out.append(Finding(kind=FindingKind.THERMAL, gpu=index, value=int(reasons), detail=detail))
         out.extend(self.check_nvlinks(handle, index, read))
         if hasattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"):
             values = read(nv.nvmlDeviceGetFieldValues, [nv.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
@@ -271,6 +287,27 @@ class NvmlProbe:
         logger.warning("%s: NVML error on GPU %s: %s", self.node_name, index, exc)
         return None
 
+    def drain_events(self) -> list[Finding]:
+        """Drain the Xid event set now (the health monitor's thread calls this every fraction of a
+        second); the events are returned and also kept for the next ``check()``. Never raises:
+        a hung call is a ``driver_error`` finding (returned, not kept: ``check()`` sees it itself)."""
+        try:
+            return self.drain()
+        except DriverHung as exc:
+            return [Finding(kind=FindingKind.DRIVER_ERROR, detail=f"driver call hung: {exc}")]
+        except self.nv.NVMLError as exc:
+            return [self.error_finding(exc, None) or Finding(kind=FindingKind.DRIVER_ERROR, detail=f"NVML: {exc}")]
+
+    def drain(self) -> list[Finding]:
+        with self.events_lock:
+            if self.closed:
+                return []
+            if self.events is None:
+                self.events = self.register_xid_events()
+            found = self.xid_events()
+            self.pending.extend(f for f in found if f not in self.pending)
+            return found
+
     def xid_events(self) -> list[Finding]:
         """Drain the Xid critical-error events that arrived since the last check, without blocking.
         A wait error other than TIMEOUT (none pending) is a finding: GPU_IS_LOST is not hidden."""
@@ -285,6 +322,11 @@ class NvmlProbe:
                 break
             except nv.NVMLError as exc:
                 finding = self.error_finding(exc, None)
+                if finding is not None and finding.kind == FindingKind.GPU_LOST:
+                    # The wait says one of the set's GPUs is lost, not which: ask each of them.
+                    out.extend(Finding(kind=FindingKind.GPU_LOST, gpu=i, detail="NVML: GPU is lost") for i in self.lost_gpus())
+                    if any(f.kind == FindingKind.GPU_LOST for f in out):
+                        break
                 out.append(finding or Finding(kind=FindingKind.DRIVER_ERROR, detail=f"NVML event wait failed: {exc}"))
                 break
             gpu = None
@@ -294,6 +336,19 @@ class NvmlProbe:
                 pass
             out.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(data.eventData), detail="NVML Xid critical error event"))
         return out
+
+    def lost_gpus(self) -> list[int]:
+        """The GPUs that answer GPU_IS_LOST."""
+        nv = self.nv
+        lost = []
+        for index in range(self.call(nv.nvmlDeviceGetCount)):
+            try:
+                self.call(nv.nvmlDeviceGetHandleByIndex, index)
+            except nv.NVMLError_GpuIsLost:
+                lost.append(index)
+            except nv.NVMLError:
+                pass
+        return lost
 
     def gpu_by_pci(self) -> dict[str, int]:
         from failover.classify import pci_key
@@ -312,13 +367,6 @@ class NvmlProbe:
         return found
 
     def kernel_log(self) -> str:
-        return read_kernel_log()
-
-
-def read_kernel_log() -> str:
-    """The kernel log's recent ``NVRM: Xid`` lines (empty where dmesg is not readable)."""
-    try:
-        out = subprocess.run(["dmesg", "--notime"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
+        """Kernel-log lines are read by the node's health monitor (``failover.kmsg``, with a
+        cursor) and stored as health events; the probe itself reads none."""
         return ""
-    return "\n".join(line for line in out.splitlines()[-2000:] if "NVRM: Xid" in line)

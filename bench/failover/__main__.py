@@ -4,7 +4,9 @@ Measures Job Failover in an embedded console of its own (see ``bench/failover/__
 prints median/p95 per phase, goodput, and PASS/FAIL against the targets:
 
 * p95 fault → ``Running`` on a new node ≤ 5 s; detection ≤ 2 s after the process died (p95);
-* goodput with a hardware fault every F minutes ≥ 95 % of the fault-free steps per hour.
+* goodput with a hardware fault every F minutes ≥ 95 % of the fault-free steps per hour;
+* a hung rank (no output, SIGTERM ignored) on a GPU that falls off the bus: every process of it
+  gone ≤ 2 s after the fault (the health monitor's thread), then failed over.
 
 Exit status: 0 all targets met, 1 a target missed, 2 the bench itself could not complete.
 """
@@ -26,6 +28,7 @@ from bench.failover.stats import median, p95, table
 TARGET_RUNNING_P95_S = 5.0
 TARGET_DETECTION_S = 2.0
 TARGET_GOODPUT = 0.95
+TARGET_HUNG_S = 2.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-interval", type=float, default=None, help="set HEALTH_CHECK_INTERVAL (default: the settings' value, 5)")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--skip-goodput", action="store_true")
+    p.add_argument("--hung-runs", type=int, default=None, help="hung-rank detection runs (default 5; 2 with --quick)")
+    p.add_argument("--skip-hung", action="store_true")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one failover")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=None, help="also write all samples and figures to this file")
@@ -56,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--verbose", action="store_true", help="show the console's own log (LOG_LEVEL=INFO unless set)")
     args = p.parse_args(argv)
     args.runs = args.runs if args.runs is not None else (3 if args.quick else 20)
+    args.hung_runs = args.hung_runs if args.hung_runs is not None else (2 if args.quick else 5)
     args.goodput_minutes = args.goodput_minutes if args.goodput_minutes is not None else (1.0 if args.quick else 6.0)
     args.fault_every = args.fault_every if args.fault_every is not None else (1.0 if args.quick else 2.0)
     return args
@@ -85,6 +91,7 @@ def machine_lines(var_dir: Path) -> list[str]:
         f"machine : {platform.node()}  {usable} usable of {os.cpu_count()} cores  {cpu or platform.processor()}  {mem} GiB RAM",
         f"software: Python {platform.python_version()}  Django {version('django')}  torch {version('torch')}  {platform.platform()}",
         f"settings: AGENT_POLL_INTERVAL={settings.AGENT_POLL_INTERVAL}  HEALTH_CHECK_INTERVAL={settings.HEALTH_CHECK_INTERVAL}  "
+        f"HEALTH_MONITOR_INTERVAL={settings.HEALTH_MONITOR_INTERVAL}  "
         f"STOP_GRACE_PERIOD={settings.STOP_GRACE_PERIOD}  MAX_FAILOVERS={settings.MAX_FAILOVERS}  FAILOVER_EXCLUDE={settings.FAILOVER_EXCLUDE}  "
         f"nodes={settings.SIMULATED_NODES}×{settings.SIMULATED_GPUS_PER_NODE} simulated GPUs",
         f"console : {var_dir} (SQLite WAL {settings.DATABASES['default']['NAME']})",
@@ -214,6 +221,16 @@ def main(argv: list[str] | None = None) -> int:
             if len(samples) < args.runs:
                 status = 2
             ok, lines = latency_report(samples, args, out)
+            results.append(ok)
+            report += lines + [""]
+            print("\n".join(lines), flush=True)
+            print()
+
+        if not args.skip_hung:
+            from bench.failover.hung import hung_report, run_hung
+
+            print(f"Hung rank: {args.hung_runs} runs …", flush=True)
+            ok, lines = hung_report(run_hung(console, runs=args.hung_runs, timeout=args.timeout), TARGET_HUNG_S, out)
             results.append(ok)
             report += lines + [""]
             print("\n".join(lines), flush=True)

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
+from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.limits import limits_of, unenforced_nodes
 from jobs.services.paths import default_output_dir, volumes_of
@@ -213,7 +214,9 @@ def failover_timeline(job: TrainingJob) -> list[dict[str, Any]]:
     events: dict[int | None, list] = {}
     for event in job.events.order_by("created_at", "id"):
         events.setdefault(event.attempt, []).append(event)
-    return [{"attempt": attempt, "events": events.get(attempt.number, [])} for attempt in attempts]
+    return [
+        {"attempt": attempt, "events": events.get(attempt.number, []), "health": attempt_events(attempt)} for attempt in attempts
+    ]
 
 
 @login_required

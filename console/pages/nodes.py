@@ -23,7 +23,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from agent.sandbox import availability
-from failover.models import SimulatedFault
+from failover.models import HealthEvent, SimulatedFault
 from failover.services.faults import FaultError, clear_node, inject_fault, reclaim_spot
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.services.nodes import set_cordoned
@@ -39,6 +39,12 @@ class NodeView:
     gpus: list[GPU]
     faults: list[SimulatedFault]
     placements: list[AttemptNode] = field(default_factory=list)
+    events: list[HealthEvent] = field(default_factory=list)  # the latest, newest first
+
+    @property
+    def kernel_log_note(self) -> str:
+        health = getattr(self.node, "health", None)
+        return health.kernel_log_note if health is not None else ""
 
     @property
     def gpus_free(self) -> int:
@@ -50,9 +56,9 @@ class NodeView:
 
 
 def node_overview() -> list[NodeView]:
-    """Every node, in name order, with everything the page shows: four queries in all."""
+    """Every node, in name order, with everything the page shows: five queries in all."""
     open_faults = SimulatedFault.objects.filter(cleared_at__isnull=True).order_by("created_at")
-    nodes = Node.objects.order_by("name").prefetch_related(
+    nodes = Node.objects.order_by("name").select_related("health").prefetch_related(
         Prefetch("gpus", queryset=GPU.objects.select_related("allocated_to__attempt__job").order_by("index")),
         Prefetch("simulated_faults", queryset=open_faults, to_attr="open_faults"),
     )
@@ -62,7 +68,13 @@ def node_overview() -> list[NodeView]:
     ).select_related("attempt__job").order_by("attempt__job__name", "rank")
     for placement in live:
         views[placement.node_id].placements.append(placement)
+    for event in HealthEvent.objects.filter(node_id__in=views).order_by("-at", "-id")[: EVENTS_SHOWN * max(len(views), 1)]:
+        if len(views[event.node_id].events) < EVENTS_SHOWN:
+            views[event.node_id].events.append(event)
     return list(views.values())
+
+
+EVENTS_SHOWN = 5
 
 
 class FaultForm(forms.Form):

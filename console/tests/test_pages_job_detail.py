@@ -94,3 +94,28 @@ def test_a_job_without_attempts_says_it_was_not_placed_yet(login, owner, make_jo
 def test_an_unknown_job_is_not_found(login, owner):
     response = login(owner).get(reverse("jobs:detail", args=[424242]))
     assert response.status_code == 404
+
+
+def test_the_failover_tab_shows_the_node_health_events_of_each_attempt(login, owner, make_job, nodes):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from failover.models import HealthEvent
+
+    job = make_job(name="bert")
+    [attempt] = [a for a in place_waiting_jobs() if a.job_id == job.pk]
+    part = attempt.placements.select_related("node").get()
+    gpu = part.gpu_indices[0]
+    at = timezone.now()
+    HealthEvent.objects.create(node=part.node, gpu=gpu, kind="gpu_lost", source="nvml", message="NVML: GPU is lost", fatal=True, at=at)
+    HealthEvent.objects.create(node=part.node, gpu=gpu, kind="xid", xid=13, source="nvml", message="old", at=attempt.created_at - timedelta(hours=1))
+    HealthEvent.objects.create(node=part.node, gpu=gpu + 1, kind="xid", xid=48, source="nvml", message="another GPU's", at=at)
+
+    html = detail(login(owner), job, tab="failover")
+
+    events = html[html.index('data-field="health-events"'):]
+    events = events[:events.index("</details>")]
+    assert "Node health events (1)" in events
+    assert f"{part.node.name} GPU {gpu}: gpu_lost (run stopped)" in events and "NVML: GPU is lost" in events
+    assert "old" not in events and "another GPU" not in events

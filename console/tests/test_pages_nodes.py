@@ -118,3 +118,22 @@ def test_the_nodes_page_says_loudly_when_jobs_run_unsandboxed(login, staff, node
     settings.JOB_SANDBOX = "off"
     html = login(staff).get(reverse("nodes:list")).content.decode()
     assert 'data-field="sandbox"' in html and "run with the console's own privileges" in html
+
+
+def test_the_latest_health_events_and_an_unreadable_kernel_log_are_shown(login, staff, nodes, django_assert_max_num_queries):
+    from failover.models import HealthEvent, NodeHealth
+
+    node = Node.objects.get(name="node-b")
+    for n in range(7):
+        HealthEvent.objects.create(node=node, kind="xid", gpu=1, xid=13, source="nvml", message=f"event {n}")
+    HealthEvent.objects.create(node=node, kind="gpu_lost", gpu=2, source="nvml", message="NVML: GPU is lost", fatal=True)
+    HealthEvent.objects.create(node=node, kind="network_link_down", nic="mlx5_0", source="kmsg", message="mlx5_core 0000:5e:00.0 mlx5_0: Link down")
+    NodeHealth.objects.create(node=node, kernel_log_note="kernel log unreadable (/dev/kmsg: Permission denied)")
+    client = login(staff)
+    with django_assert_max_num_queries(12):
+        html = client.get(reverse("nodes:list")).content.decode()
+    section = html[html.index('data-node="node-b"'):html.index('data-node="node-c"')]
+    assert "GPU 2: gpu_lost (runs stopped)" in section and "mlx5_0: network_link_down" in section
+    assert "event 6" in section and "event 4" in section and "event 3" not in section  # the latest five
+    assert "kernel log unreadable (/dev/kmsg: Permission denied)" in section
+    assert "Health events" not in html[html.index('data-node="node-a"'):html.index('data-node="node-b"')]

@@ -1,13 +1,15 @@
 """Health checks on the node agent: apply injected faults, probe GPUs, mark faulty nodes.
 
-``HealthChecker`` is a node-agent plug-in (``agent.plugins``): the agent makes one per agent and
-calls ``on_round`` on every round.
+``HealthChecker`` is a node-agent plug-in (``agent.plugins``): the agent makes one per agent,
+calls ``on_start`` when its loop starts (the health monitor's thread starts: NVML events, injected
+faults and the kernel log are drained there, ``failover.services.monitor``), ``on_round`` on every
+round (the periodic full reading; the monitor's pass too where its thread is not running) and
+``on_shutdown`` when it stops (the thread ends, NVML is shut down).
 """
 from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
@@ -19,12 +21,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent.plugins import AgentView
-from agent.processes import signal_run
 from failover.classify import Verdict, classify_failure, parse_kernel_xids
 from failover.evidence import Finding, FindingKind, HealthReport
-from failover.models import NodeHealth, SimulatedFault
+from failover.models import HealthEvent, NodeHealth
 from failover.probes import HealthProbe, probe_for
-from jobs.models import GPU, AttemptNode, Node
+from failover.services.monitor import HealthMonitor
+from jobs.models import GPU, Node
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,14 @@ class HealthChecker:
         self.probes: dict[str, HealthProbe] = {}
         self.last_check: dict[str, object] = {}
         self.lock = threading.Lock()
+        self.monitor = HealthMonitor(self)
         _checkers.add(self)
+
+    def on_start(self) -> None:
+        self.monitor.start()
+
+    def on_shutdown(self) -> None:
+        self.close()
 
     def probe(self, node: Node):
         """The node's probe, made once and kept for the agent's life (an NVML probe holds NVML
@@ -48,7 +57,9 @@ class HealthChecker:
             return self.probes[node.name]
 
     def close(self) -> None:
-        """Release the probes (NVML: the event set freed, ``nvmlShutdown``)."""
+        """Stop the monitor's thread, then release the probes (NVML: the event set freed,
+        ``nvmlShutdown``)."""
+        self.monitor.stop()
         with self.lock:
             probes, self.probes = list(self.probes.values()), {}
         for probe in probes:
@@ -56,18 +67,21 @@ class HealthChecker:
             if close is not None:
                 close()
 
-    def check(self, node: Node) -> tuple[HealthReport, str]:
-        """Probe a node now, store the reading, mark it (and its GPUs) unhealthy on a hardware fault."""
+    def check(self, node: Node, kernel_lines: Sequence[str] = ()) -> tuple[HealthReport, str]:
+        """Probe a node now, store the reading, mark it (and its GPUs) unhealthy on a hardware
+        fault. ``kernel_lines``: new kernel-log lines the monitor just read (past its cursor)."""
         probe = self.probe(node)
         report = probe.check()
-        kernel_log = probe.kernel_log()
+        kernel_log = "\n".join(filter(None, [probe.kernel_log(), *kernel_lines]))
         record_health(node, report, kernel_log, probe.gpu_by_pci())
         self.last_check[node.name] = timezone.now()
         return report, kernel_log
 
     def on_round(self) -> None:
-        """One agent round: make injected faults bite, and probe nodes whose check is due."""
-        self.apply_injected_faults()
+        """One agent round: the monitor's pass where its thread is not running (injected faults
+        bite, events drained), and a full reading of the nodes whose check is due."""
+        if not self.monitor.running:
+            self.monitor.poll()
         interval = timedelta(seconds=settings.HEALTH_CHECK_INTERVAL)
         now = timezone.now()
         for node in Node.objects.filter(name__in=self.agent.node_names):
@@ -77,21 +91,6 @@ class HealthChecker:
                     self.check(node)
                 except Exception:
                     logger.exception("health check of %s failed", node.name)
-
-    def apply_injected_faults(self) -> None:
-        """Kill the training processes on GPUs that just got an injected fault, as the fault would."""
-        now = timezone.now()
-        faults = SimulatedFault.objects.filter(node__name__in=self.agent.node_names, applied_at__isnull=True, cleared_at__isnull=True)
-        for fault in faults.select_related("node"):
-            parts = AttemptNode.objects.filter(node=fault.node, runner_pid__isnull=False, ended_at__isnull=True).select_related("attempt")
-            for part in parts:
-                if fault.gpu is not None and fault.gpu not in part.gpu_indices:
-                    continue
-                if signal_run(part, signal.SIGKILL):
-                    logger.warning("job %s: %s killed its run on %s", part.attempt.job_id, fault, fault.node.name)
-            SimulatedFault.objects.filter(pk=fault.pk).update(applied_at=now)
-            # The reading is taken at once, so the node leaves placement before anything lands on it.
-            self.check(fault.node)
 
 
 _checkers: weakref.WeakSet = weakref.WeakSet()
@@ -195,13 +194,30 @@ class ScopedEvidence:
         return classify_failure(findings=self.findings, kernel_findings=self.kernel_findings, kernel_log=self.kernel_log, **facts)
 
 
+KERNEL_SOURCES = ("kmsg", "journalctl", "dmesg")
+
+
 def scoped_evidence(node: Node, *, gpus: Sequence[int], since: datetime) -> ScopedEvidence:
-    health = NodeHealth.objects.filter(node=node).first()
-    if health is None:
-        return ScopedEvidence([], [], "")
+    """The node's readings and health events on ``gpus`` (or node-wide) since ``since``."""
     mine = set(gpus)
     findings: list[Finding] = []
     kernel_findings: list[Finding] = []
+    event_lines: list[str] = []
+    for event in HealthEvent.objects.filter(node=node, at__gte=since).order_by("at", "id"):
+        if event.gpu is not None and event.gpu not in mine:
+            continue
+        if event.source in KERNEL_SOURCES and event.kind != FindingKind.XID:
+            event_lines.append(event.message)
+            continue
+        if event.kind not in FindingKind.ALL:
+            continue
+        finding = Finding(kind=event.kind, gpu=event.gpu, xid=event.xid, value=event.value, detail=event.message)
+        target = kernel_findings if event.source in KERNEL_SOURCES else findings
+        if finding not in target:
+            target.append(finding)
+    health = NodeHealth.objects.filter(node=node).first()
+    if health is None:
+        return ScopedEvidence(findings, kernel_findings, "\n".join(event_lines))
     for data in health.findings:
         seen = seen_at(data)
         if seen is not None and seen < since:
@@ -209,10 +225,28 @@ def scoped_evidence(node: Node, *, gpus: Sequence[int], since: datetime) -> Scop
         finding = Finding.from_dict(data)
         if finding.gpu is not None and finding.gpu not in mine:
             continue
-        (kernel_findings if data.get("from_kernel") else findings).append(finding)
-    lines = []
+        target = kernel_findings if data.get("from_kernel") else findings
+        if finding not in target:
+            target.append(finding)
+    lines = list(event_lines)
     for line, stamp in (health.kernel_seen or {}).items():
         seen = seen_at({"seen": stamp})
         if (seen is None or seen >= since) and not parse_kernel_xids(line):
             lines.append(line)
     return ScopedEvidence(findings, kernel_findings, "\n".join(lines))
+
+
+def attempt_events(attempt, *, limit: int = 5) -> list[HealthEvent]:
+    """The health events on an attempt's GPUs (or node-wide) while it was placed, latest first:
+    what the Failover tab shows beside the verdict."""
+    from django.db.models import Q
+
+    until = (attempt.ended_at or timezone.now()) + timedelta(seconds=5)
+    where = Q()
+    for part in attempt.placements.all():
+        where |= Q(node_id=part.node_id) & (Q(gpu__isnull=True) | Q(gpu__in=list(part.gpu_indices)))
+    if not where:
+        return []
+    return list(
+        HealthEvent.objects.filter(where, at__gte=attempt.created_at, at__lte=until).select_related("node").order_by("-at", "-id")[:limit]
+    )

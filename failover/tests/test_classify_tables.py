@@ -465,3 +465,15 @@ def test_the_documented_tables_list_every_rule():
         assert f"`{kind}`" in text, f"finding kind {kind} missing from docs/failover.md"
     for name, *_ in NON_HARDWARE_SIGNATURES:
         assert f"`{name}`" in internal_part, f"signature {name} missing from docs/failover.md"
+
+
+def test_the_nccl_infiniband_decision_an_ib_completion_error_is_hardware_only_with_the_nics_own_evidence():
+    """docs/failover.md, "NCCL InfiniBand errors: the decision"."""
+    line = "NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1234> with status=12 opcode=0 len=0 vendor err 129 (Recv)"
+    alone = classify_failure(exit_code=1, log_lines=[line])
+    with_link_down = classify_failure(exit_code=1, log_lines=[line], kernel_log="mlx5_core 0000:5e:00.0 mlx5_0: Link down")
+    with_port_down = classify_failure(exit_code=1, log_lines=[line], findings=[Finding(kind=FindingKind.NETWORK_LINK, detail="mlx5_0 port 1 down")])
+
+    assert not alone.hardware and "NCCL network (IB) completion error" in alone.reason
+    assert with_link_down.hardware and "link down" in with_link_down.reason
+    assert with_port_down.hardware

@@ -63,6 +63,7 @@ class Command(BaseCommand):
             pass
         finally:
             stop.set()
+            loop.join(15)  # the agent's shutdown: plug-ins stop their threads, NVML is shut down
 
     @staticmethod
     def node_spec(name: str, simulated: bool) -> NodeSpec:

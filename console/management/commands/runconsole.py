@@ -42,3 +42,4 @@ class Command(BaseCommand):
         finally:
             if loop:
                 loop.stop()
+                loop.join(15)  # the agent's shutdown: plug-ins stop their threads, NVML is shut down

@@ -1,0 +1,274 @@
+"""The node health monitor: one long-lived thread per agent, next to (not inside) the agent's round.
+
+Every ``HEALTH_MONITOR_INTERVAL`` seconds it drains each node's events — NVML's Xid event set
+(every call under the probe's watchdog), the faults injected into simulated GPUs, and the
+machine's kernel log from its cursor (``failover.kmsg``) — and stores each as a
+:class:`~failover.models.HealthEvent`. A **fatal** event (GPU lost, an Xid whose catalogued
+resolution is a GPU reset or a node reboot, a driver recovery action, "fallen off the bus") on a
+GPU a run holds stops that run at once: SIGKILL to every process of it (``signal_run``), so a rank
+hung on a dead GPU cannot keep its job ``Running``. Its exit then reaches Job Failover as any exit
+does; if the run's supervisor has still not reported an exit ``FATAL_EXIT_WAIT`` seconds later
+(processes stuck in the driver), the monitor reports the rank ended itself. A fatal event also
+takes a fresh reading at once, so the node leaves placement before anything lands on it.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+from django.utils import timezone
+
+from agent.processes import signal_run
+from failover.classify import KERNEL_SIGNATURES, parse_kernel_xids, pci_key
+from failover.evidence import Finding, FindingKind
+from failover.kmsg import KernelLine, KernelLogReader
+from failover.models import HealthEvent, NodeHealth, SimulatedFault
+from failover.probes import simulated_findings
+from jobs.models import AttemptNode, Node
+from jobs.services import runs
+
+logger = logging.getLogger(__name__)
+
+# Xids that end the run on that GPU (NVIDIA's Xid catalogue: fallen off the bus, uncontained ECC,
+# and every Xid whose resolution is RESET_GPU or RESTART_BM; gpud marks the same "reset GPU" /
+# "reboot"). Other Xids (13, 31, 43, 48, 63, 94, ...) are judged when the run ends, not acted on.
+FATAL_XIDS = frozenset({79, 95, 62, 110, 136, 155, 156, 158, 121, 167, 169})
+FATAL_KINDS = frozenset({FindingKind.GPU_LOST, FindingKind.RESET_REQUIRED, FindingKind.RECOVERY_ACTION})
+FATAL_KERNEL = frozenset({"fallen_off_bus", "gpu_lost"})
+KERNEL_GRACE = 5.0  # seconds before the monitor started whose kernel lines still count as news
+BACKLOG_KEPT = 2000
+FATAL_EXIT_WAIT = 10.0  # seconds a SIGKILLed run's supervisor gets to report its exit
+REPEAT_AFTER = 60.0  # the same standing condition (a GPU still lost) is stored again after this
+PRUNE_EVERY = 600.0
+_PCI = re.compile(r"\b((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]\b")
+_NIC_NAMES = (re.compile(r"\b(mlx5_\d+)\b"), re.compile(r"\bmlx5_core (\S+)"), re.compile(r"\b(ib\d+|eth\d+|en[ops]\w+)\b"))
+_KERNEL_PATTERNS = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern, _ in KERNEL_SIGNATURES] + [
+    ("pcie_uncorrectable", re.compile(r"Uncorrect(?:ed|able)", re.IGNORECASE)),
+    ("network_link_down", re.compile(r"\bmlx5_\w+\b.*link\s*(?:down|state.*down)", re.IGNORECASE)),
+    ("oom_kill", re.compile(r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:", re.IGNORECASE)),
+]
+
+
+def is_fatal(finding: Finding) -> bool:
+    if finding.kind == FindingKind.XID:
+        return finding.xid in FATAL_XIDS
+    return finding.kind in FATAL_KINDS
+
+
+def nic_name(text: str) -> str:
+    """The NIC a kernel line names: the RDMA device (``mlx5_0``), else its PCI address, else the netdev."""
+    for regex in _NIC_NAMES:
+        match = regex.search(text)
+        if match:
+            return match[1].rstrip(":")[:64]
+    return ""
+
+
+def kernel_kind(text: str) -> str:
+    for name, regex in _KERNEL_PATTERNS:
+        if regex.search(text):
+            return name
+    return "kernel"
+
+
+class HealthMonitor:
+    """The monitor of one agent's nodes. ``start()`` runs ``poll()`` on its own thread until
+    ``stop()``; a round-driven agent (tests, tools) may call ``poll()`` itself instead."""
+
+    def __init__(self, checker, *, interval: float | None = None, kernel: KernelLogReader | None = None) -> None:
+        self.checker = checker
+        self.interval = settings.HEALTH_MONITOR_INTERVAL if interval is None else interval
+        self.kernel = kernel  # made at the first poll that needs it (KERNEL_LOG_PATH)
+        self.killed: dict[int, tuple[float, str]] = {}  # AttemptNode id → (when SIGKILLed, why)
+        self.stored: dict[tuple, float] = {}  # event key → when last stored (standing conditions)
+        self.pci: dict[str, dict[str, int]] = {}
+        self.last_prune = 0.0
+        self.backlog: list[KernelLine] = []  # kernel lines read but not stored yet (the database was busy)
+        # Kernel lines written before the monitor started (the ring's backlog at an agent restart)
+        # are stored as events with their own time, but neither stop a run nor flag the node.
+        self.started = time.time() - KERNEL_GRACE
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()  # one poll at a time
+
+    # --- the thread ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.stopped.clear()
+            name = f"health-monitor-{self.checker.agent.name}"
+            self.thread = threading.Thread(target=self.run, name=name, daemon=True)
+            self.thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopped.set()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+        if self.kernel is not None:
+            self.kernel.close()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                self.poll()
+            except Exception:
+                logger.exception("health monitor of %s: poll failed", self.checker.agent.name)
+            finally:
+                close_old_connections()
+            self.stopped.wait(self.interval)
+
+    # --- one pass -----------------------------------------------------------------------------
+    def poll(self) -> int:
+        """Drain every source once, act on fatal events; returns how many events were stored."""
+        with self.lock:
+            nodes = list(Node.objects.filter(name__in=self.checker.agent.node_names))
+            lines = []
+            if any(not n.simulated for n in nodes):
+                if self.kernel is None:
+                    self.kernel = KernelLogReader(settings.KERNEL_LOG_PATH)
+                lines, self.backlog = self.backlog + self.kernel.read(), []
+            stored = 0
+            for node in nodes:
+                try:
+                    stored += self.poll_node(node, lines if not node.simulated else [])
+                except DatabaseError:
+                    logger.warning("health monitor: database unavailable while polling %s; retrying", node.name)
+                    if not node.simulated:
+                        self.backlog = lines[-BACKLOG_KEPT:]  # read again at the next pass
+            self.escalate()
+            if time.monotonic() - self.last_prune > PRUNE_EVERY:
+                self.last_prune = time.monotonic()
+                prune_events()
+            return stored
+
+    def poll_node(self, node: Node, lines: list[KernelLine]) -> int:
+        now = timezone.now()
+        events: list[HealthEvent] = []
+        stop_gpus: set[int | None] = set()
+        injected = False
+        if node.simulated:
+            faults = SimulatedFault.objects.filter(node=node, applied_at__isnull=True, cleared_at__isnull=True)
+            for fault in faults:
+                if not SimulatedFault.objects.filter(pk=fault.pk, applied_at__isnull=True).update(applied_at=now):
+                    continue  # another monitor (or the agent's round) applied it
+                injected = True
+                stop_gpus.add(fault.gpu)  # an injected fault ends the runs on its GPU, as the real one would
+                for finding in simulated_findings(fault.kind, fault.gpu, fault.xid):
+                    events.append(self.event(node, finding, "simulated", now, fatal=True))
+        else:
+            probe = self.checker.probe(node)
+            for finding in probe.drain_events():
+                fatal = is_fatal(finding)
+                if fatal:
+                    stop_gpus.add(finding.gpu)
+                events.append(self.event(node, finding, "nvml", now, fatal=fatal))
+            if lines and node.name not in self.pci:
+                self.pci[node.name] = probe.gpu_by_pci()
+            for line in lines:
+                event = self.kernel_event(node, line)
+                event.fatal = event.fatal and line.at >= self.started  # fatal: the runs on it were stopped
+                if event.fatal:
+                    stop_gpus.add(event.gpu)
+                events.append(event)
+            note = self.kernel.problem if self.kernel is not None else ""
+            NodeHealth.objects.filter(node=node).exclude(kernel_log_note=note).update(kernel_log_note=note)
+        if stop_gpus:
+            why = "; ".join(sorted({e.message or e.kind for e in events if e.fatal}))[:300]
+            self.stop_runs(node, stop_gpus, why)
+        fresh = [e for e in events if self.new(e)]
+        if fresh:
+            HealthEvent.objects.bulk_create(fresh)
+        kernel_lines = [line.text for line in lines if line.at >= self.started]
+        if stop_gpus or injected or kernel_lines:
+            self.checker.check(node, kernel_lines)  # a reading now: a faulty node leaves placement at once
+        return len(fresh)
+
+    def event(self, node: Node, finding: Finding, source: str, at: datetime, *, fatal: bool) -> HealthEvent:
+        return HealthEvent(
+            node=node, at=at, kind=finding.kind, gpu=finding.gpu, xid=finding.xid, value=finding.value,
+            source=source, message=(finding.detail or finding.kind)[:500], fatal=fatal,
+        )
+
+    def kernel_event(self, node: Node, line: KernelLine) -> HealthEvent:
+        at = datetime.fromtimestamp(line.at, tz=dt_timezone.utc)
+        xids = parse_kernel_xids(line.text, self.pci.get(node.name))
+        if xids:
+            xid = xids[-1]  # "caused by previous Xid N": the named cause, else the line's own
+            fatal = any(x.xid in FATAL_XIDS for x in xids)
+            return HealthEvent(node=node, at=at, kind=FindingKind.XID, gpu=xid.gpu, xid=xids[0].xid, source=line.source,
+                               message=line.text[:500], fatal=fatal)
+        kind = kernel_kind(line.text)
+        nic = nic_name(line.text) if kind == "network_link_down" else ""
+        return HealthEvent(node=node, at=at, kind=kind, gpu=self.gpu_named(node, line.text), nic=nic, source=line.source,
+                           message=line.text[:500], fatal=kind in FATAL_KERNEL)
+
+    def gpu_named(self, node: Node, text: str) -> int | None:
+        """The GPU a kernel line names by PCI address (the last one that is a GPU: an AER line
+        names the port first, the device last); None for a node-wide line."""
+        by_pci = self.pci.get(node.name) or {}
+        for address in reversed(_PCI.findall(text)):
+            if pci_key(address) in by_pci:
+                return by_pci[pci_key(address)]
+        return None
+
+    def new(self, event: HealthEvent) -> bool:
+        """Kernel lines are new by their cursor; a standing NVML condition (a lost GPU answers
+        every wait with GPU_IS_LOST) is stored once per ``REPEAT_AFTER``."""
+        if event.source in ("kmsg", "journalctl", "dmesg", "simulated"):
+            return True
+        key = (event.node_id, event.kind, event.gpu, event.xid, event.message)
+        now = time.monotonic()
+        if now - self.stored.get(key, -REPEAT_AFTER) < REPEAT_AFTER and event.kind != FindingKind.XID:
+            return False
+        self.stored[key] = now
+        return True
+
+    # --- stopping runs ----------------------------------------------------------------------
+    def stop_runs(self, node: Node, gpus: Iterable[int | None], why: str) -> None:
+        """SIGKILL every process of each run on ``gpus`` (None: the whole node)."""
+        wanted = set(gpus)
+        parts = AttemptNode.objects.filter(node=node, runner_pid__gt=0, ended_at__isnull=True).select_related("attempt")
+        for part in parts:
+            if None not in wanted and not wanted & set(part.gpu_indices):
+                continue
+            if signal_run(part, signal.SIGKILL):
+                logger.warning("job %s: fatal GPU event on %s (%s); its run was killed", part.attempt.job_id, node.name, why)
+            # Kept even when the run has not recorded its processes yet: the kill is sent again
+            # at every pass until the rank has ended (``escalate``).
+            self.killed.setdefault(part.pk, (time.monotonic(), why))
+
+    def escalate(self) -> None:
+        """Runs killed for a fatal event whose supervisor still reports nothing: their processes
+        are stuck in the driver (or escaped the run). The rank is reported ended, so the job
+        fails over; its GPUs stay marked unhealthy."""
+        for pk, (when, why) in list(self.killed.items()):
+            part = AttemptNode.objects.filter(pk=pk).select_related("attempt", "attempt__job").first()
+            if part is None or part.ended_at is not None:
+                del self.killed[pk]
+                continue
+            if time.monotonic() - when < FATAL_EXIT_WAIT:
+                signal_run(part, signal.SIGKILL)  # a process started since (or a run just launched)
+                continue
+            del self.killed[pk]
+            cause = f"fatal GPU event ({why}); the run did not exit after SIGKILL"
+            logger.warning("job %s: %s", part.attempt.job_id, cause)
+            for other in runs.part_exited(part, exit_code=None, exit_signal=signal.SIGKILL, cause=cause):
+                signal_run(other, signal.SIGTERM)
+
+
+def prune_events(now: datetime | None = None) -> int:
+    """Delete events older than ``HEALTH_EVENT_RETENTION`` seconds."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.HEALTH_EVENT_RETENTION)
+    deleted, _ = HealthEvent.objects.filter(at__lt=cutoff).delete()
+    return deleted
