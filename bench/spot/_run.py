@@ -108,11 +108,12 @@ def main() -> None:
     def train(self: Any, *args: Any, **kwargs: Any) -> Any:
         holder["trainer"] = self
         self.add_callback(StepClock())
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         try:
             return original_train(self, *args, **kwargs)
         finally:
             result["train_s"] = time.perf_counter() - began
+            result["train_cpu_s"] = time.process_time() - cpu_began  # every thread of the process
             result["ckptlib_thread_cpu_s"] = _thread_cpu_s("ckptlib")
 
     transformers.Trainer.train = train  # type: ignore[method-assign]
