@@ -191,7 +191,8 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
     lines.append(f"  blocking_s reported by ckptlib (save + hooks)                   {blocking:7.2f}")
     cpu = _mean([1000 * run["ckptlib_thread_cpu_s"] / max(1, len(run["bytes"])) for run in runs["ckptlib"]])
     lines.append(f"  CPU of ckptlib's threads (writers, commit), per save            {cpu:7.2f}")
-    sync_save = _mean([1000 * run["times"].get("trainer_save_checkpoint", 0.0) / max(1, run["counts"].get("trainer_save_checkpoint", 1)) for run in runs["sync"]])  # fmt: skip
+    label = "trainer_save_checkpoint"
+    sync_save = _mean([1000 * run["times"].get(label, 0.0) / max(1, run["counts"].get(label, 1)) for run in runs["sync"]])
     lines.append(f"  (sync: Trainer._save_checkpoint per save                        {sync_save:7.2f})")
     return "\n".join(lines)
 

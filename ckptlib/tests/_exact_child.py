@@ -105,7 +105,7 @@ def arm_self_signal(optimizer: torch.optim.Optimizer, current_step: Any) -> None
 
     def signal_inside() -> None:
         time.sleep(RNG.uniform(0.0, 0.002))
-        for _ in range(5000):
+        while True:  # a step missed (a busy machine) is caught at a later one
             frame = sys._current_frames().get(main)
             if _in_optimizer_step(frame):
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -115,7 +115,7 @@ def arm_self_signal(optimizer: torch.optim.Optimizer, current_step: Any) -> None
     def before_step(*_args: Any) -> None:
         if current_step() + 1 == SELF_SIGNAL_AT:
             sys.setswitchinterval(0.0002)  # the watching thread gets the interpreter often
-            threading.Thread(target=signal_inside).start()
+            threading.Thread(target=signal_inside, daemon=True).start()
 
     optimizer.register_step_pre_hook(before_step)
 
