@@ -82,8 +82,13 @@ def after_save(ema: torch.nn.Module, live: torch.nn.Module, lr: torch.Tensor) ->
 
 
 def _in_optimizer_step(frame: Any) -> bool:
+    """Inside ``optimizer.step()``; under DeepSpeed, inside the engine's ``step()`` (ZeRO's
+    optimizer step: Adam on the flat fp32 partition, then the copy back into the parameters)."""
     while frame is not None:
-        if frame.f_code.co_name in {"step", "_single_tensor_adam", "adam"} and "optim" in frame.f_code.co_filename:
+        code = frame.f_code
+        if code.co_name in {"step", "_single_tensor_adam", "adam"} and "optim" in code.co_filename:
+            return True
+        if code.co_name in {"step", "_take_model_step"} and "deepspeed" in code.co_filename:
             return True
         frame = frame.f_back
     return False
