@@ -24,6 +24,11 @@ the writers. At the optimizer's pre-step hook (``run(force=True)``) everything l
 into as many chunks as the cache bound allows, waiting for the writers when it is full; live
 ranges not yet written are revoked and copied too, and one being written is waited for:
 parameters and optimizer state are about to change.
+
+Tensors on a CUDA device are copied on a side stream (``_DeviceCopies``, below, has the rules and
+their reasons). That path is **unverified on a GPU**: it was written by the CUDA stream rules and
+its order of calls is tested on the CPU against a recording stand-in for ``torch.cuda``
+(``tests/test_cuda_staging_logic.py``); ``python -m ckptlib.tests.gpu_check`` checks it on a GPU.
 """
 
 from __future__ import annotations
@@ -61,6 +66,11 @@ class _Cursor:
     live: list[WriteItem] = field(default_factory=list)
     copied: bool = False
     allow_live: bool = True
+    # CUDA only: an event on each device's compute stream, recorded at save(); the devices whose
+    # copy stream already waits for it; the copy streams used since the current chunk began.
+    saved_events: dict[Any, Any] = field(default_factory=dict)
+    device_waited: set[Any] = field(default_factory=set)
+    chunk_streams: list[Any] = field(default_factory=list)
 
 
 class Stager:
@@ -76,7 +86,7 @@ class Stager:
         self.cache = cache
         self.window_bytes = window_bytes
         self._hand_over = hand_over
-        self._stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self._device = _DeviceCopies()
         self._lock = threading.Lock()
         self._items_lock = threading.Lock()
         self._cursors: list[_Cursor] = []
@@ -86,12 +96,19 @@ class Stager:
 
     @property
     def idle(self) -> bool:
-        return not self._cursors
+        """Nothing to stage, and no device copy left to wait for (``run(force=True)`` waits)."""
+        return not self._cursors and not self._device.in_flight
 
     def add(self, job: Any, *, live: bool) -> None:
-        """Queues a checkpoint; ``live``: its tensors stay unchanged until ``run(force=True)``."""
+        """Queues a checkpoint; ``live``: its tensors stay unchanged until ``run(force=True)``.
+
+        Called on the training thread by ``save``: on CUDA, this is where the copies' starting
+        point on each device's compute stream is recorded.
+        """
+        cursor = _Cursor(job, allow_live=live)
+        cursor.saved_events = self._device.mark_save(job.plan)
         with self._lock:
-            self._cursors.append(_Cursor(job, allow_live=live))
+            self._cursors.append(cursor)
 
     def run(self, *, force: bool) -> bool:
         """Stages what it may now. Returns whether it did anything.
@@ -101,6 +118,8 @@ class Stager:
         is full.
         """
         if not self._cursors:
+            if force:
+                self._device.synchronize()  # copies issued by an earlier, unforced run
             return False
         if not self._lock.acquire(blocking=force):
             return False
@@ -122,6 +141,10 @@ class Stager:
                 cursor.live.clear()
                 self._cursors.pop(0)
                 cursor.job.staged.set()
+            if force:
+                # The optimizer step comes next and overwrites the sources: every copy still in
+                # flight on a copy stream must have finished reading them.
+                self._device.synchronize()
             return True
         finally:
             self.last_run = time.monotonic()
@@ -167,7 +190,12 @@ class Stager:
                     slot_index, start, length = piece
                     source = cursor.sources.get(slot_index)
                     if source is None:
-                        source = cursor.sources[slot_index] = _byte_view(plan.slots[slot_index])
+                        slot = plan.slots[slot_index]
+                        if slot.source is not None and _is_device(slot.source):
+                            source = self._device.byte_view(cursor, slot.source)
+                        else:
+                            source = _byte_view(slot)
+                        cursor.sources[slot_index] = source
                     live_ok = cursor.allow_live and _can_write_live(
                         source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset
                     )
@@ -187,7 +215,7 @@ class Stager:
                     take = min(left, cursor.chunk.size - cursor.used)
                     if live_ok:  # copy only up to the page boundary where the live range starts
                         take = min(take, -cursor.file_pos % PAGE)
-                    self._copy(cursor.chunk, cursor.used, source, start + cursor.piece_offset, take)
+                    self._copy(cursor, cursor.chunk, cursor.used, source, start + cursor.piece_offset, take)
                     cursor.used += take
                     cursor.piece_offset += take
                     cursor.file_pos += take
@@ -224,22 +252,22 @@ class Stager:
                 return chunk
         return None
 
-    def _copy(self, chunk: Chunk, offset: int, source: bytes | torch.Tensor, start: int, length: int) -> None:
+    def _copy(
+        self, cursor: _Cursor, chunk: Chunk, offset: int, source: bytes | torch.Tensor, start: int, length: int
+    ) -> None:
         if isinstance(source, bytes):
             chunk.array[offset : offset + length] = np.frombuffer(source, dtype=np.uint8, count=length, offset=start)
-        elif source.device.type == "cpu":
-            chunk.tensor[offset : offset + length].copy_(source[start : start + length])
+        elif not _is_device(source):
+            _copy_cpu(chunk.array[offset : offset + length], source[start : start + length])
         else:
-            with torch.cuda.stream(self._stream):
-                chunk.tensor[offset : offset + length].copy_(source[start : start + length], non_blocking=True)
+            self._device.copy(cursor, chunk.tensor[offset : offset + length], source[start : start + length])
         self.copied_bytes += length
 
     def _send_chunk(self, cursor: _Cursor) -> None:
         assert cursor.chunk is not None and cursor.sink is not None
-        ready = None
-        if self._stream is not None:
-            ready = torch.cuda.Event()
-            ready.record(self._stream)
+        # The writer waits for this before reading the chunk (None: only CPU copies, done).
+        ready = self._device.chunk_ready(cursor.chunk_streams)
+        cursor.chunk_streams = []
         cursor.sink.reserve()
         self._hand_over(
             WriteItem(cursor.job, cursor.sink, cursor.chunk_offset, cursor.used, chunk=cursor.chunk, ready=ready)
@@ -282,7 +310,7 @@ class Stager:
             if chunk is None:
                 return
             take = min(chunk.size, item.length - done)
-            self._copy(chunk, 0, item.live, done, take)
+            self._copy(cursor, chunk, 0, item.live, done, take)
             item.sink.reserve()
             self._hand_over(WriteItem(cursor.job, item.sink, item.offset + done, take, chunk=chunk))
             done += take
@@ -292,12 +320,169 @@ def _can_write_live(source: Any, start: int, file_pos: int, length: int) -> bool
     """Whether part of this range can be written straight from memory: a CPU tensor whose memory
     and file positions are page-aligned together, with at least ``_MIN_LIVE`` bytes past the
     first common page boundary."""
-    if isinstance(source, bytes) or source.device.type != "cpu":
+    if isinstance(source, bytes) or _is_device(source):
         return False
     address = source.data_ptr() + start
     if (address - file_pos) % PAGE:
         return False
     return length - (-file_pos % PAGE) >= _MIN_LIVE
+
+
+def _copy_cpu(target: np.ndarray, source: torch.Tensor) -> None:
+    """A single-threaded memcpy (numpy's), not torch's parallel ``copy_``.
+
+    torch splits a copy across its intra-op threads and waits for all of them at the end; when
+    another thread (a writer, another process) holds a core, that wait lasts until the
+    descheduled worker runs again. On the 2-core development VM under load, 40 copies of 0.7 MB
+    took 300 ms with ``copy_`` on 2 threads and 1.3 ms with numpy; even 16 MB pieces copied as
+    fast or faster on one thread (a memcpy is bound by memory bandwidth, not by cores).
+    """
+    try:
+        array = source.numpy()
+    except (RuntimeError, TypeError):  # a tensor numpy cannot view: torch's copy
+        torch.from_numpy(target).copy_(source)
+        return
+    np.copyto(target, array)
+
+
+def _is_device(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is on an accelerator (copied on a side stream, never written live)."""
+    return tensor.device.type != "cpu"
+
+
+def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    tensor.record_stream(stream)
+
+
+class _Ready:
+    """The events a chunk's copies end with, one per copy stream used (several devices)."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+
+    def synchronize(self) -> None:
+        for event in self.events:
+            event.synchronize()
+
+
+class _DeviceCopies:
+    """Copies from CUDA tensors into host chunks on one side stream per device.
+
+    UNVERIFIED ON A GPU: written by the CUDA stream rules below; on the CPU its order of calls is
+    tested against a recording stand-in for ``torch.cuda``; ``ckptlib/tests/gpu_check.py`` is
+    the check to run on a GPU. The rules, and why:
+
+    1. **The copy stream waits for the compute stream as it was at ``save()``** (``mark_save``
+       records an event on each device's current stream, on the training thread; the copy stream
+       ``wait_event``s it before its first copy of that checkpoint, which is
+       ``copy_stream.wait_stream(compute_stream)`` taken at ``save()`` time). Kernels run
+       asynchronously: when ``save()`` returns, the optimizer step that produced the state may
+       still be running, and a copy issued on another stream without this wait could read the
+       parameters half updated. The event is recorded at ``save()`` rather than taken from
+       ``torch.cuda.current_stream()`` at copy time because copies may be issued from a writer
+       thread, whose current stream is not the training stream.
+    2. **The allocator learns the copy stream uses each source** (``record_stream``). Sources
+       that only the checkpoint holds (buffers cloned at ``save()``, contiguous copies) are
+       dropped as soon as their bytes are handed over, while the copy may still be queued; the
+       caching allocator would then hand their memory to the next kernel on the compute stream.
+       ``record_stream(copy_stream)`` keeps the block out of reuse until the copy stream's work
+       queued so far has finished.
+    3. **Nothing changes the sources before their copies have finished**: the optimizer's
+       pre-step hook (``run(force=True)``) ``synchronize()``s every copy stream with copies in
+       flight before it returns, so the step's kernels, queued after it, cannot overwrite a
+       parameter or optimizer state still being read. Forward and backward between ``save()``
+       and that hook do not write parameters or optimizer state, and what they do write
+       (BatchNorm statistics) was cloned at ``save()``.
+    4. **The host reads a chunk only after its copies have finished**: each chunk carries the
+       events recorded on its copy streams after its last copy (``chunk_ready``); the writer
+       synchronizes them before writing the chunk (pinned chunks make the copies asynchronous).
+    5. A non-contiguous source is made contiguous on the copy stream, after the wait: a kernel
+       on the thread's current stream would not be ordered after the compute stream.
+
+    Args:
+        cuda: ``torch.cuda`` (a stand-in in the CPU test of this logic).
+    """
+
+    def __init__(self, cuda: Any = None) -> None:
+        self.cuda = cuda if cuda is not None else torch.cuda
+        self._streams: dict[Any, Any] = {}
+        self._in_flight: list[Any] = []  # copy streams with copies not yet synchronized
+        self._lock = threading.Lock()
+
+    @property
+    def in_flight(self) -> bool:
+        return bool(self._in_flight)
+
+    def mark_save(self, plan: Any) -> dict[Any, Any]:
+        """On the training thread at ``save()``: an event on each used device's compute stream."""
+        if not self.cuda.is_available():
+            return {}  # the CPU path: nothing to order
+        devices = {
+            slot.source.device
+            for file in plan.files
+            for slot in file.slots
+            if slot.source is not None and _is_device(slot.source)
+        }
+        events = {}
+        for device in devices:
+            event = self.cuda.Event()
+            event.record(self.cuda.current_stream(device))
+            events[device] = event
+        return events
+
+    def _stream_for(self, cursor: _Cursor, device: Any) -> Any:
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = self.cuda.Stream(device=device)
+        if device not in cursor.device_waited:
+            event = cursor.saved_events.get(device)
+            if event is not None:
+                stream.wait_event(event)  # rule 1
+            else:  # a device seen only now (not in the plan at save): wait for its stream now
+                stream.wait_stream(self.cuda.current_stream(device))
+            cursor.device_waited.add(device)
+        return stream
+
+    def byte_view(self, cursor: _Cursor, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor's bytes as a flat ``uint8`` tensor, ready to be copied from."""
+        tensor = tensor.detach()
+        if not tensor.is_contiguous():
+            stream = self._stream_for(cursor, tensor.device)
+            _record_stream(tensor, stream)  # rule 2 (read by the contiguous copy)
+            with self.cuda.stream(stream):  # rule 5
+                tensor = tensor.contiguous()
+        return tensor.reshape(-1).view(torch.uint8)
+
+    def copy(self, cursor: _Cursor, target: torch.Tensor, source: torch.Tensor) -> None:
+        stream = self._stream_for(cursor, source.device)
+        _record_stream(source, stream)  # rule 2
+        with self.cuda.stream(stream):
+            target.copy_(source, non_blocking=True)
+        if stream not in cursor.chunk_streams:
+            cursor.chunk_streams.append(stream)
+        with self._lock:
+            if stream not in self._in_flight:
+                self._in_flight.append(stream)
+
+    def chunk_ready(self, streams: list[Any]) -> _Ready | None:
+        """Rule 4: events after the chunk's last copies on each stream used (None: CPU only)."""
+        if not streams:
+            return None
+        events = []
+        for stream in streams:
+            event = self.cuda.Event()
+            event.record(stream)
+            events.append(event)
+        return _Ready(events)
+
+    def synchronize(self) -> None:
+        """Rule 3: returns once every copy issued so far has finished."""
+        with self._lock:
+            streams, self._in_flight = self._in_flight, []
+        for stream in streams:
+            stream.synchronize()
 
 
 def _byte_view(slot: Slot) -> torch.Tensor:
