@@ -44,7 +44,8 @@ def test_two_hundred_jobs_no_node_can_hold_do_not_block_a_placeable_one(nodes, m
     assert small.status_reason.startswith("placed on node-a GPU 0")
 
 
-def test_a_burst_of_impossible_jobs_in_the_same_project_does_not_block_its_small_job(nodes, make_job):
+def test_a_burst_of_impossible_jobs_in_the_same_project_does_not_block_its_small_job(nodes, make_job, settings):
+    settings.QUEUE_MAX_WAITING_PER_USER = 500
     for _ in range(200):
         make_job(gpus_per_node=5)
     small = make_job(gpus_per_node=1)
