@@ -7,8 +7,8 @@ job waits and where it stands in line. ``jobs.services.placement`` feeds it from
 carries the plan out; ``bench.queue`` replays a trace through it.
 
 The order (docs/quotas.md): first jobs for which Spot runs were already preempted, then jobs
-waiting longer than the reservation bound (oldest first), then the project whose recent use per
-share is lowest (its decayed GPU-seconds, Slurm's half-life, plus what it holds now, divided by
+waiting longer than the reservation bound (oldest first), then jobs within their project's quota
+before jobs that would borrow, and among those the project whose recent use per share is lowest (its decayed GPU-seconds, Slurm's half-life, plus what it holds now, divided by
 its quota), within a project the higher priority, then the older job. A project's key grows as
 its jobs are placed in the round, so a burst from two projects interleaves by share.
 """
@@ -164,29 +164,40 @@ def plan_round(
     plan = RoundPlan()
     first: list[WaitingJob] = []
     per_project: dict[int, list[WaitingJob]] = defaultdict(list)
+    jobs = list(jobs)
+    # Only the oldest few starving jobs jump the line (one reservation each): the bound is on
+    # how long a job can wait, not a way for a flood of old jobs to overtake fair share.
+    starving = sorted((j for j in jobs if j.starving and not j.yielded_to), key=lambda j: (j.created, j.id))[:max_reservations]
+    jumping = {j.id for j in starving}
     for job in jobs:
-        (first if job.yielded_to or job.starving else per_project[job.project]).append(job)
+        (first if job.yielded_to or job.id in jumping else per_project[job.project]).append(job)
     first.sort(key=lambda j: (not j.yielded_to, j.created, j.id))
     for line in per_project.values():
         line.sort(key=lambda j: (-j.priority, j.created, j.id))
     for pid in per_project:
         projects.setdefault(pid, ProjectShare())
-    heap = [(projects[pid].key(half_life), pid, 0) for pid in per_project]
+    def turn(pid: int, i: int) -> tuple[bool, float, int, int]:
+        """Jobs within their project's quota before borrowing ones; then the lower recent use."""
+        share, job = projects[pid], per_project[pid][i]
+        return (share.used_gpus + job.total_gpus > share.quota, share.key(half_life), pid, i)
+
+    heap = [turn(pid, 0) for pid in per_project]
     heapq.heapify(heap)
 
     def ordered() -> Iterable[WaitingJob]:
         yield from first
         while heap:
-            _key, pid, i = heapq.heappop(heap)
+            *_key, pid, i = heapq.heappop(heap)
             yield per_project[pid][i]
             if i + 1 < len(per_project[pid]):
                 # The key is read after the job was tried, so a placement pushes the project back.
-                heapq.heappush(heap, (projects[pid].key(half_life), pid, i + 1))
+                heapq.heappush(heap, turn(pid, i + 1))
 
     blocked: set[tuple] = set()
     in_line: dict[tuple[int, int], int] = defaultdict(int)
     victims_left = sorted(spot_runs or [], key=lambda r: (projects.get(r.project, ProjectShare()).borrowed == 0, -r.started))
     reservations = 0
+    quota_holds: set[int] = set()  # projects whose first blocked job within quota holds nodes
     for job in ordered():
         share = projects.setdefault(job.project, ProjectShare())
         shape = (*job.shape, job.spot, job.id if (job.exclude_nodes or job.exclude_gpus) else 0)
@@ -219,12 +230,23 @@ def plan_round(
                     plan.preemptions[job.id] = [v.job for v in victims]
                     victims_left = [v for v in victims_left if v not in victims]
                     why = f"within quota: preempting {len(victims)} Spot job{'s' if len(victims) != 1 else ''} to free its GPUs"
-            if job.starving and job.id not in plan.preemptions and reservations < max_reservations:
+            within = share.used_gpus + job.total_gpus <= share.quota
+            if job.id in plan.preemptions or job.yielded_to:
+                pass
+            elif job.id in jumping and reservations < max_reservations:
                 held = reserve(job, capacity)
                 if held:
                     reservations += 1
                     plan.reserved[job.id] = held
                     why = f"waited past the bound: reserving {', '.join(str(names.get(n, n)) for n in held)} as GPUs free up"
+            elif within and job.project not in quota_holds:
+                # Guaranteed GPUs: jobs behind it (borrowing ones) do not backfill what it needs,
+                # or small jobs would take every GPU freed on its nodes for ever.
+                held = reserve(job, capacity)
+                if held:
+                    quota_holds.add(job.project)
+                    plan.reserved[job.id] = held
+                    why = f"within quota: reserving {', '.join(str(names.get(n, n)) for n in held)} as GPUs free up"
         in_line[job.shape] += 1
         place = in_line[job.shape]
         where = f"{ordinal(place)} for" if place <= PLACES_SHOWN else f"behind {PLACES_SHOWN}+ jobs for"
