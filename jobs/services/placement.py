@@ -16,7 +16,7 @@ from jobs.services.dispatch import dispatch_launch
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, Project, TrainingJob
 from jobs.services.lifecycle import record_queue_reasons, record_reason, transition
-from jobs.statuses import JobStatus
+from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,13 @@ def read_capacity(now) -> Capacity:
     )
 
 
+# What a round reads of a waiting job (a placed one is read again in full when held).
+QUEUE_FIELDS = (
+    "id", "project_id", "gpus_per_node", "node_count", "priority", "created_at", "job_type", "image", "status",
+    "status_reason", "next_retry_at", "pull_attempts",
+)
+
+
 def waiting_heads(window: int) -> list[TrainingJob]:
     """The waiting jobs the round looks at: each project's first ``window`` jobs of each shape
     (GPUs per node × nodes), by priority then age. A round can place at most a few jobs of a
@@ -64,6 +71,7 @@ def waiting_heads(window: int) -> list[TrainingJob]:
         .annotate(line_no=line)
         .filter(line_no__lte=window)
         .order_by("created_at", "id")
+        .only(*QUEUE_FIELDS)
     )
 
 
@@ -146,16 +154,19 @@ def place_waiting_jobs(*, window: int | None = None) -> list[JobAttempt]:
     by_id = {job.pk: job for job in ready}
     excluded_nodes: dict[int, set[int]] = defaultdict(set)
     excluded_gpus: dict[int, set[tuple[int, int]]] = defaultdict(set)
-    for job_id, node_id, gpu in JobExclusion.objects.filter(job_id__in=list(by_id)).values_list("job_id", "node_id", "gpu"):
+    # Filtered by the jobs' status, not by a list of thousands of ids: both tables stay small.
+    for job_id, node_id, gpu in JobExclusion.objects.filter(job__status__in=WAITING).values_list("job_id", "node_id", "gpu"):
+        if job_id not in by_id:
+            continue
         if gpu is None:
             excluded_nodes[job_id].add(node_id)
         else:
             excluded_gpus[job_id].add((node_id, gpu))
     yielded = set(
-        JobAttempt.objects.filter(preempted_for__in=list(by_id))
+        JobAttempt.objects.filter(preempted_for__status__in=WAITING)
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=now - timedelta(seconds=settings.QUEUE_YIELD_HOLD)))
         .values_list("preempted_for", flat=True)
-    )
+    ) & set(by_id)
     starving_before = now - timedelta(seconds=settings.QUEUE_RESERVE_AFTER)
     waiting = [
         WaitingJob(
