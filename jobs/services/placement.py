@@ -57,17 +57,23 @@ def waiting_heads(window: int) -> list[TrainingJob]:
     shape per project, and tells exact places only up to ``PLACES_SHOWN``; the jobs behind them
     wait their turn whatever their number, so the round's work does not grow with the queue."""
     open_attempts = JobAttempt.objects.filter(state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING])
+    # Failovers waiting for a place: those whose last run was judged a hardware fault. They are
+    # few, so they are found first and the window runs over plain index columns.
     last_verdict = JobAttempt.objects.filter(job_id=OuterRef("pk")).order_by("-number").values("verdict")[:1]
+    failing_over = list(
+        TrainingJob.objects.filter(status=JobStatus.FAILOVER_IN_PROGRESS)
+        .annotate(last_verdict=Subquery(last_verdict))
+        .filter(last_verdict="hardware")
+        .values_list("pk", flat=True)
+    )
     line = Window(
         RowNumber(),
         partition_by=[F("project_id"), F("gpus_per_node"), F("node_count")],
         order_by=[F("priority").desc(), F("created_at").asc(), F("id").asc()],
     )
     return list(
-        TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF, JobStatus.FAILOVER_IN_PROGRESS])
+        TrainingJob.objects.filter(Q(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]) | Q(pk__in=failing_over))
         .exclude(pk__in=open_attempts.values("job_id"))
-        .annotate(last_verdict=Subquery(last_verdict))
-        .filter(~Q(status=JobStatus.FAILOVER_IN_PROGRESS) | Q(last_verdict="hardware"))
         .annotate(line_no=line)
         .filter(line_no__lte=window)
         .order_by("created_at", "id")
