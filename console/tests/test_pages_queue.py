@@ -76,3 +76,10 @@ def test_the_failover_tab_shows_a_preemption(login, owner, nodes, make_job):
     JobAttempt.objects.filter(job=spot).update(state="exited", reclaimed=True, preempted_for=urgent)
     html = login(owner).get(reverse("jobs:detail", args=[spot.pk]) + "?tab=failover").content.decode()
     assert "preempted for On-Demand work" in html
+
+
+def test_the_list_and_the_detail_page_show_a_waiting_jobs_place_and_why(login, owner, borrowing):
+    place_waiting_jobs()
+    client = login(owner)
+    assert "2nd for 4 GPUs; no free capacity fits it" in client.get(reverse("jobs:list")).content.decode()
+    assert "2nd for 4 GPUs; no free capacity fits it" in client.get(reverse("jobs:detail", args=[borrowing[1].pk])).content.decode()
