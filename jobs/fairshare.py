@@ -176,6 +176,7 @@ def plan_round(
         line.sort(key=lambda j: (-j.priority, j.created, j.id))
     for pid in per_project:
         projects.setdefault(pid, ProjectShare())
+
     def turn(pid: int, i: int) -> tuple[bool, float, int, int]:
         """Jobs within their project's quota before borrowing ones; then the lower recent use."""
         share, job = projects[pid], per_project[pid][i]
