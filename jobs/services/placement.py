@@ -71,14 +71,16 @@ def waiting_heads(window: int) -> list[TrainingJob]:
         partition_by=[F("project_id"), F("gpus_per_node"), F("node_count")],
         order_by=[F("priority").desc(), F("created_at").asc(), F("id").asc()],
     )
-    return list(
+    # The ranking reads only columns of the job_queue_line index; the rows themselves are read
+    # for the jobs in the window alone.
+    heads = (
         TrainingJob.objects.filter(Q(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]) | Q(pk__in=failing_over))
         .exclude(pk__in=open_attempts.values("job_id"))
         .annotate(line_no=line)
         .filter(line_no__lte=window)
-        .order_by("created_at", "id")
-        .only(*QUEUE_FIELDS)
+        .values("pk")
     )
+    return list(TrainingJob.objects.filter(pk__in=heads).order_by("created_at", "id").only(*QUEUE_FIELDS))
 
 
 def project_shares(now, waiting_projects: set[int]) -> dict[int, ProjectShare]:
