@@ -299,6 +299,24 @@ FAILOVER_REPAIR_WAIT = env_float("FAILOVER_REPAIR_WAIT", 600.0)
 # After a spot reclaim, no Spot job is placed on that node for this long (seconds).
 SPOT_RECLAIM_HOLD = env_float("SPOT_RECLAIM_HOLD", 300.0)
 
+# --- Sharing the cluster (docs/quotas.md) -------------------------------------------------------
+# Fair share: a project's past GPU use counts half as much after this long (seconds; Slurm's
+# PriorityDecayHalfLife).
+QUEUE_USAGE_HALF_LIFE = env_float("QUEUE_USAGE_HALF_LIFE", 7200.0)
+# A placement round looks at each project's first N waiting jobs of each shape (GPUs × nodes).
+QUEUE_WINDOW = env_int("QUEUE_WINDOW", 20)
+# A job waiting longer than this (seconds) reserves capacity; at most QUEUE_RESERVATIONS at once.
+QUEUE_RESERVE_AFTER = env_float("QUEUE_RESERVE_AFTER", 900.0)
+QUEUE_RESERVATIONS = env_int("QUEUE_RESERVATIONS", 1)
+# A job Spot runs were preempted for goes first while they stop and for this long after (seconds).
+QUEUE_YIELD_HOLD = env_float("QUEUE_YIELD_HOLD", 120.0)
+# Concurrent CPU-only jobs per project, unless the project sets its own limit.
+QUEUE_CPU_JOBS_PER_PROJECT = env_int("QUEUE_CPU_JOBS_PER_PROJECT", 8)
+# Jobs one user may have waiting (Pending, image back-off) at once; creating more is refused.
+QUEUE_MAX_WAITING_PER_USER = env_int("QUEUE_MAX_WAITING_PER_USER", 200)
+# Log lines stored per job (every stream and attempt); past it lines are counted and dropped.
+LOG_MAX_LINES_PER_JOB = env_int("LOG_MAX_LINES_PER_JOB", 200000)
+
 # How often an open socket asks again whether its user may still see what it follows (seconds).
 SOCKET_ACCESS_RECHECK = env_float("SOCKET_ACCESS_RECHECK", 5.0)
 

@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from console.pages import account, nodes
+from console.pages import account, nodes, queue
 
 urlpatterns = [
     path(
@@ -23,6 +23,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("nodes/", include(([path("", nodes.node_list, name="list"), path("<str:name>/<str:action>/", nodes.node_action, name="action")], "nodes"))),
+    path("queue/", include(([path("", queue.queue_page, name="page")], "queue"))),
     path("", include("console.pages.urls")),
 ]
 

@@ -79,7 +79,8 @@ class ProjectVolumeInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("name", "description", "personal_for", "created_at")
+    list_display = ("name", "description", "personal_for", "gpu_quota", "gpu_borrow_limit", "cpu_job_limit", "created_at")
+    list_editable = ("gpu_quota", "gpu_borrow_limit", "cpu_job_limit")
     search_fields = ("name", "description")
     filter_horizontal = ("members",)
     list_select_related = ("personal_for",)
@@ -100,6 +101,7 @@ class ReadOnlyInline(admin.TabularInline):
 
 class JobAttemptInline(ReadOnlyInline):
     model = JobAttempt
+    fk_name = "job"
     fields = ("number", "state", "started_at", "ended_at", "exit_code", "exit_signal", "cause")
     readonly_fields = fields
 

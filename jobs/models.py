@@ -35,6 +35,19 @@ class Project(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="personal_project"
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # Sharing the cluster (docs/quotas.md): what the project is guaranteed, what it may borrow.
+    gpu_quota = models.PositiveIntegerField(
+        default=0, help_text="GPUs guaranteed to the project: its On-Demand jobs within it make Spot jobs yield."
+    )
+    gpu_borrow_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPUs it may borrow beyond its quota while they are idle; empty: no limit, 0: none."
+    )
+    cpu_job_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Concurrent CPU-only (0-GPU) jobs; empty: the QUEUE_CPU_JOBS_PER_PROJECT setting."
+    )
+    # Fair share: GPU-seconds used, decayed with QUEUE_USAGE_HALF_LIFE, as of usage_at (placement writes it).
+    usage_gpu_seconds = models.FloatField(default=0.0, editable=False)
+    usage_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = ProjectQuerySet.as_manager()
 
@@ -180,6 +193,8 @@ class TrainingJob(models.Model):
     cpu_limit = models.FloatField(null=True, blank=True, help_text="CPU cores per node")
     memory_limit_mb = models.PositiveIntegerField(null=True, blank=True, help_text="Memory per node, MiB")
     description = models.CharField(max_length=500, blank=True)
+    # Within its project's turn in the fair-share queue, higher goes first (then the older job).
+    priority = models.SmallIntegerField(default=0, validators=[MinValueValidator(-100), MaxValueValidator(100)])
 
     status = models.CharField(max_length=32, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)
     status_reason = models.CharField(max_length=500, blank=True)
@@ -196,7 +211,11 @@ class TrainingJob(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="job_name_unique_per_owner")]
-        indexes = [models.Index(fields=["status", "created_at"], name="job_status_created")]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="job_status_created"),
+            # The fair-share queue reads each project's and shape's head of line through this.
+            models.Index(fields=["status", "project", "gpus_per_node", "node_count", "priority", "created_at"], name="job_queue_line"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -242,6 +261,10 @@ class JobAttempt(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     # Stopped because an operator reclaimed spot capacity: the job goes back to Pending.
     reclaimed = models.BooleanField(default=False)
+    # Preempted (a Spot run yielding its GPUs) for this On-Demand job within its project's quota.
+    preempted_for = models.ForeignKey(
+        "TrainingJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="preemptions"
+    )
     # The failover judgement of a failed run: "hardware" | "non-hardware" ("" until judged).
     verdict = models.CharField(max_length=16, blank=True)
     verdict_reason = models.CharField(max_length=500, blank=True)

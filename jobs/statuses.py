@@ -38,7 +38,8 @@ S = JobStatus
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PENDING: frozenset({S.RUNNING, S.IMAGE_PULL_BACKOFF, S.STOPPED, S.FAILED}),
     S.IMAGE_PULL_BACKOFF: frozenset({S.PENDING, S.RUNNING, S.STOPPED}),
-    # Running → Pending: an operator reclaimed the spot capacity the job ran on.
+    # Running → Pending: a Spot run gave its GPUs back (an operator reclaimed the spot capacity, or
+    # the queue preempted it for On-Demand work within quota); never a failover.
     S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.STOPPING, S.FAILOVER_IN_PROGRESS, S.PENDING}),
     S.STOPPING: frozenset({S.STOPPED}),
     S.FAILOVER_IN_PROGRESS: frozenset(

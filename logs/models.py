@@ -27,6 +27,21 @@ class LogLine(models.Model):
         return f"{self.job_id}/{self.stream}#{self.seq}"
 
 
+class LogVolume(models.Model):
+    """How many lines a job has stored and dropped (past LOG_MAX_LINES_PER_JOB), kept so that a
+    batch never counts rows; per stream, the cap's marker line and the last line number seen."""
+
+    job = models.OneToOneField("jobs.TrainingJob", on_delete=models.CASCADE, related_name="log_volume")
+    lines = models.BigIntegerField(default=0)
+    dropped = models.BigIntegerField(default=0)
+    # "stream/attempt" → last line_no counted (delivery is at least once); "stream" → marker's seq.
+    seen = models.JSONField(default=dict, blank=True)
+    markers = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.lines} lines, {self.dropped} dropped"
+
+
 class JobProgress(models.Model):
     """The latest training progress a job's log told (one row per job), from ``logs.metrics``."""
 

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs.realtime import log_group, publish
-from logs.models import LogLine
+from logs.models import LogLine, LogVolume
 from logs.progress import publish_progress, record_metrics
 
 logger = logging.getLogger(__name__)
@@ -56,20 +57,65 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
                 return []
             cursor.execute(f"SELECT MAX(seq) FROM {table} WHERE job_id = %s AND stream = %s", [job_id, stream])
             last_seq = cursor.fetchone()[0] or 0
+            fresh, every = apply_log_cap(job_id, stream, attempt, fresh, next_seq=last_seq + 1)
             adapt = connection.ops.adapt_datetimefield_value
-            cursor.executemany(
-                f"INSERT INTO {table} (job_id, stream, attempt, seq, line_no, ts, text) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                [(job_id, stream, attempt, last_seq + i, ln.line_no, adapt(ln.ts), ln.text) for i, ln in enumerate(fresh, start=1)],
-            )
+            if fresh:
+                cursor.executemany(
+                    f"INSERT INTO {table} (job_id, stream, attempt, seq, line_no, ts, text) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    [(job_id, stream, attempt, last_seq + i, ln.line_no, adapt(ln.ts), ln.text) for i, ln in enumerate(fresh, start=1)],
+                )
         stored = [
             {"seq": last_seq + i, "attempt": attempt, "ts": ln.ts.isoformat(), "text": ln.text} for i, ln in enumerate(fresh, start=1)
         ]
         payload = {"type": "log.lines", "lines": stored}
-        transaction.on_commit(lambda: publish(log_group(job_id, stream), payload))
-        progress = record_metrics(job_id=job_id, stream=stream, attempt=attempt, lines=[(ln.ts, ln.text) for ln in fresh])
+        if stored:
+            transaction.on_commit(lambda: publish(log_group(job_id, stream), payload))
+        # Progress and checkpoints are read from every line, those past the log cap included.
+        progress = record_metrics(job_id=job_id, stream=stream, attempt=attempt, lines=[(ln.ts, ln.text) for ln in every])
         if progress is not None:
             transaction.on_commit(lambda: publish_progress(job_id, progress))
     return stored
+
+
+def cap_marker(cap: int, dropped: int) -> str:
+    return (
+        f"[log cap] this job stored its limit of {cap:,} log lines (LOG_MAX_LINES_PER_JOB); "
+        f"later lines are counted and dropped ({dropped:,} so far); the run goes on"
+    )
+
+
+def apply_log_cap(
+    job_id: int, stream: str, attempt: int, fresh: list[RawLine], *, next_seq: int
+) -> tuple[list[RawLine], list[RawLine]]:
+    """The lines of ``fresh`` to store under the job's cap of LOG_MAX_LINES_PER_JOB, and those
+    counted for the first time (stored or dropped).
+
+    Past the cap, lines are counted and dropped; the first time a stream passes it, a marker line
+    takes the place of its first dropped line, and later batches update the marker's count. The
+    counts live in the job's ``LogVolume`` row (locked for the batch), never in a count of rows.
+    """
+    cap = settings.LOG_MAX_LINES_PER_JOB
+    volume = LogVolume.objects.select_for_update().filter(job_id=job_id).first()
+    if volume is None:
+        # Jobs whose lines predate the counter: counted once.
+        volume, _ = LogVolume.objects.get_or_create(job_id=job_id, defaults={"lines": LogLine.objects.filter(job_id=job_id).count()})
+    key = f"{stream}/{attempt}"
+    counted = [ln for ln in fresh if ln.line_no > volume.seen.get(key, 0)]
+    if not counted:
+        return [], []
+    room = max(cap - volume.lines, 0)
+    kept, over = counted[:room], counted[room:]
+    if over:
+        volume.dropped += len(over)
+        if stream not in volume.markers:
+            volume.markers[stream] = next_seq + len(kept)
+            kept.append(over[0]._replace(text=cap_marker(cap, volume.dropped)))
+        else:
+            LogLine.objects.filter(job_id=job_id, stream=stream, seq=volume.markers[stream]).update(text=cap_marker(cap, volume.dropped))
+    volume.lines += len(kept)
+    volume.seen[key] = counted[-1].line_no
+    volume.save(update_fields=["lines", "dropped", "seen", "markers"])
+    return kept, counted
 
 
 def purge_old_lines(max_age_days: float) -> int:

@@ -37,7 +37,7 @@ from console.api.serializers import (
     NodeSerializer,
     TrainingJobSerializer,
 )
-from jobs.services.creation import clone_job, create_job
+from jobs.services.creation import JobRefused, clone_job, create_job
 from jobs.services.actions import JobActionRefused, delete_job, request_stop
 from jobs.services.nodes import set_cordoned
 from jobs.statuses import JobStatus
@@ -174,6 +174,8 @@ class TrainingJobViewSet(
             serializer.instance = create_job(owner=user, actor=user.get_username(), **serializer.validated_data)
         except IntegrityError:  # a concurrent create took the name after validation
             raise name_taken(serializer.validated_data.get("name")) from None
+        except JobRefused as exc:
+            raise serializers.ValidationError({"detail": str(exc)}) from None
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         job = self.get_object()
@@ -220,6 +222,8 @@ class TrainingJobViewSet(
             job = clone_job(source, owner=request.user, name=name)
         except IntegrityError:
             raise name_taken(name) from None
+        except JobRefused as exc:
+            raise serializers.ValidationError({"detail": str(exc)}) from None
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(

@@ -22,7 +22,7 @@ from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.limits import limits_of, unenforced_nodes
 from jobs.services.paths import default_output_dir, volumes_of
-from jobs.services.creation import clone_name, create_job, personal_project_for
+from jobs.services.creation import JobRefused, clone_name, create_job, personal_project_for
 from jobs.services.actions import JobActionRefused, delete_job, request_stop
 from jobs.statuses import DELETABLE, STOPPABLE
 from logs.models import Checkpoint, JobProgress
@@ -133,6 +133,8 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
         except IntegrityError:
             # Another request took the name between the form's check and the insert.
             form.name_taken()
+        except JobRefused as exc:
+            form.add_error(None, str(exc))
         else:
             messages.success(request, f"Training Job {job.name} created. It is {job.status}.")
             return redirect("jobs:detail", pk=job.pk)

@@ -5,13 +5,30 @@ import logging
 import re
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from jobs.services.dispatch import request_placement
 from jobs.models import Project, TrainingJob
 from jobs.services.lifecycle import record_creation
+from jobs.statuses import JobStatus
 
 logger = logging.getLogger(__name__)
+
+
+class JobRefused(Exception):
+    """A job the queue's limits do not accept now; the message says which and why."""
+
+
+def check_waiting_limit(owner) -> None:
+    """Refuse a new job while ``owner`` already has QUEUE_MAX_WAITING_PER_USER jobs waiting."""
+    limit = settings.QUEUE_MAX_WAITING_PER_USER
+    waiting = TrainingJob.objects.filter(owner=owner, status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]).count()
+    if waiting >= limit:
+        raise JobRefused(
+            f"You already have {waiting} jobs waiting (the limit is {limit} per user); "
+            "wait for some to start or stop some before creating more."
+        )
 
 
 def personal_project_for(user) -> Project:
@@ -31,9 +48,11 @@ def personal_project_for(user) -> Project:
 
 
 def create_job(*, owner, actor: str | None = None, **fields: Any) -> TrainingJob:
-    """Create a Pending job from validated fields (the form and the API validate them)."""
+    """Create a Pending job from validated fields (the form and the API validate them); raises
+    JobRefused past the per-user limit of waiting jobs."""
     if fields.get("project") is None:
         fields["project"] = personal_project_for(owner)
+    check_waiting_limit(owner)
     with transaction.atomic():
         job = TrainingJob.objects.create(owner=owner, **fields)
         record_creation(job, actor=actor or owner.get_username())

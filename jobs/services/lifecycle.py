@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Case, CharField, Value, When
 from django.utils import timezone
 
 from jobs.models import JobEvent, TrainingJob
@@ -87,6 +88,50 @@ def record_reasons(job_ids: Iterable[int], *, status: str, reason: str, actor: s
 
         transaction.on_commit(publish_all)
     logger.info("jobs %s: %s (%s)", ", ".join(map(str, changed)), status, reason)
+    return changed
+
+
+QUEUE_CHUNK = 300
+
+
+def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = "placement") -> list[int]:
+    """A placement round's waiting reasons: job → (its status, the reason with its place in line).
+
+    Written with one ``UPDATE … CASE`` per chunk of jobs, each row only while its status is still
+    the one given (compare-and-swap). A change of place alone ("3rd" → "2nd") is written and
+    published but makes no event row; a change of why (the part after the first "; ") does.
+    Returns the jobs changed."""
+    changed: list[int] = []
+    by_status: dict[str, list[int]] = {}
+    for job_id, (status, _reason) in reasons.items():
+        by_status.setdefault(status, []).append(job_id)
+    now = timezone.now()
+    messages: list[tuple[int, dict]] = []
+    with transaction.atomic():
+        for status, ids in by_status.items():
+            for start in range(0, len(ids), QUEUE_CHUNK):
+                chunk = ids[start : start + QUEUE_CHUNK]
+                before = dict(TrainingJob.objects.filter(pk__in=chunk, status=status).values_list("pk", "status_reason"))
+                fresh = {pk: reasons[pk][1][:REASON_CHARS] for pk in before if before[pk] != reasons[pk][1][:REASON_CHARS]}
+                if not fresh:
+                    continue
+                text = Case(*(When(pk=pk, then=Value(r)) for pk, r in fresh.items()), output_field=CharField())
+                TrainingJob.objects.filter(pk__in=list(fresh), status=status).update(status_reason=text)
+                JobEvent.objects.bulk_create(
+                    JobEvent(job_id=pk, from_status=status, to_status=status, reason=r, actor=actor[:150], created_at=now)
+                    for pk, r in fresh.items()
+                    if r.partition("; ")[2] != before[pk].partition("; ")[2]
+                )
+                changed += fresh
+                messages += [(pk, status_message(pk, status, status, r)) for pk, r in fresh.items()]
+
+        def publish_all() -> None:
+            for pk, message in messages:
+                publish_status(pk, message)
+
+        transaction.on_commit(publish_all)
+    if changed:
+        logger.info("placement: %s waiting reason(s) changed", len(changed))
     return changed
 
 

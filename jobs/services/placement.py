@@ -1,20 +1,22 @@
-"""Placement: first fit of a job's GPUs over Ready, healthy, uncordoned nodes, oldest job first."""
+"""Placement: the fair-share queue's rounds (``jobs.fairshare`` decides; this module reads the
+database for it and carries the plan out), GPU holds by compare-and-swap, image-pull back-off."""
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, OuterRef, Q, Subquery
+from django.db.models import F, Max, OuterRef, Q, Subquery, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from jobs.services.dispatch import dispatch_launch
-from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, TrainingJob
-from jobs.services.lifecycle import record_reason, record_reasons, transition
-from jobs.statuses import JobStatus
+from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
+from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, Project, TrainingJob
+from jobs.services.lifecycle import record_queue_reasons, record_reason, transition
+from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -27,91 +29,122 @@ class PlacementConflict(Exception):
     """Another placement took a GPU between reading the free ones and holding them."""
 
 
-@dataclass
-class FreeCapacity:
-    """Free GPU indices per schedulable node, in node-name order; updated as jobs are placed."""
+def read_capacity(now) -> Capacity:
+    """Free GPUs of Ready, healthy, uncordoned nodes, by node name; which nodes hold off Spot."""
+    rows = list(
+        Node.objects.filter(state=Node.State.READY, healthy=True, cordoned=False).order_by("name").values_list("id", "name", "address")
+    )
+    free: dict[int, list[int]] = defaultdict(list)
+    gpus = GPU.objects.filter(node_id__in=[n for n, _, _ in rows], allocated_to__isnull=True, healthy=True)
+    for node_id, index in gpus.order_by("index").values_list("node_id", "index"):
+        free[node_id].append(index)
+    spot_held = frozenset(Node.objects.filter(spot_reclaimed_until__gt=now).values_list("id", flat=True))
+    return Capacity(
+        nodes=[(n, name) for n, name, _ in rows], free=dict(free), spot_held=spot_held, addresses={n: a for n, _, a in rows}
+    )
 
-    nodes: list[tuple[int, str]] = field(default_factory=list)  # (node id, name), by name
-    free: dict[int, list[int]] = field(default_factory=dict)
-    addresses: dict[int, str] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls) -> FreeCapacity:
-        rows = list(
-            Node.objects.filter(state=Node.State.READY, healthy=True, cordoned=False)
-            .order_by("name")
-            .values_list("id", "name", "address")
+# What a round reads of a waiting job (a placed one is read again in full when held).
+QUEUE_FIELDS = (
+    "id", "project_id", "gpus_per_node", "node_count", "priority", "created_at", "job_type", "image", "status",
+    "status_reason", "next_retry_at", "pull_attempts",
+)
+
+
+def waiting_heads(window: int) -> list[TrainingJob]:
+    """The waiting jobs the round looks at: each project's first ``window`` jobs of each shape
+    (GPUs per node × nodes), by priority then age. A round can place at most a few jobs of a
+    shape per project, and tells exact places only up to ``PLACES_SHOWN``; the jobs behind them
+    wait their turn whatever their number, so the round's work does not grow with the queue."""
+    open_attempts = JobAttempt.objects.filter(state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING])
+    # Failovers waiting for a place: those whose last run was judged a hardware fault. They are
+    # few, so they are found first and the window runs over plain index columns.
+    last_verdict = JobAttempt.objects.filter(job_id=OuterRef("pk")).order_by("-number").values("verdict")[:1]
+    failing_over = list(
+        TrainingJob.objects.filter(status=JobStatus.FAILOVER_IN_PROGRESS)
+        .annotate(last_verdict=Subquery(last_verdict))
+        .filter(last_verdict="hardware")
+        .values_list("pk", flat=True)
+    )
+    line = Window(
+        RowNumber(),
+        partition_by=[F("project_id"), F("gpus_per_node"), F("node_count")],
+        order_by=[F("priority").desc(), F("created_at").asc(), F("id").asc()],
+    )
+    # The ranking reads only columns of the job_queue_line index; the rows themselves are read
+    # for the jobs in the window alone.
+    heads = (
+        TrainingJob.objects.filter(Q(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]) | Q(pk__in=failing_over))
+        .exclude(pk__in=open_attempts.values("job_id"))
+        .annotate(line_no=line)
+        .filter(line_no__lte=window)
+        .values("pk")
+    )
+    return list(TrainingJob.objects.filter(pk__in=heads).order_by("created_at", "id").only(*QUEUE_FIELDS))
+
+
+def project_shares(now, waiting_projects: set[int]) -> dict[int, ProjectShare]:
+    """Every project with a quota, holdings or usage: what it holds now, its decayed usage
+    brought up to ``now`` (written back, one row per project), its quota and limits."""
+    held: dict[int, int] = defaultdict(int)
+    cpu_jobs: dict[int, int] = defaultdict(int)
+    open_parts = AttemptNode.objects.filter(attempt__state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING], rank=0)
+    for project_id, gpus, nodes in open_parts.values_list("attempt__job__project_id", "attempt__job__gpus_per_node", "attempt__job__node_count"):
+        held[project_id] += gpus * nodes
+        cpu_jobs[project_id] += gpus == 0
+    half_life = settings.QUEUE_USAGE_HALF_LIFE
+    shares: dict[int, ProjectShare] = {}
+    touched: list[Project] = []
+    projects = Project.objects.filter(Q(pk__in=list(held) + list(waiting_projects)) | Q(gpu_quota__gt=0) | Q(usage_gpu_seconds__gt=1.0))
+    for project in projects.only("id", "gpu_quota", "gpu_borrow_limit", "cpu_job_limit", "usage_gpu_seconds", "usage_at"):
+        seconds = (now - project.usage_at).total_seconds() if project.usage_at else 0.0
+        usage = decayed(project.usage_gpu_seconds, held_gpus=held[project.pk], seconds=seconds, half_life=half_life)
+        if seconds > 0 or project.usage_at is None:
+            project.usage_gpu_seconds, project.usage_at = usage, now
+            touched.append(project)
+        shares[project.pk] = ProjectShare(
+            quota=project.gpu_quota,
+            borrow_limit=project.gpu_borrow_limit,
+            cpu_job_limit=settings.QUEUE_CPU_JOBS_PER_PROJECT if project.cpu_job_limit is None else project.cpu_job_limit,
+            used_gpus=held[project.pk],
+            used_cpu_jobs=cpu_jobs[project.pk],
+            usage=usage,
         )
-        nodes = [(node_id, name) for node_id, name, _ in rows]
-        free: dict[int, list[int]] = defaultdict(list)
-        gpus = GPU.objects.filter(node_id__in=[n for n, _ in nodes], allocated_to__isnull=True, healthy=True)
-        for node_id, index in gpus.order_by("index").values_list("node_id", "index"):
-            free[node_id].append(index)
-        return cls(nodes=nodes, free=dict(free), addresses={node_id: address for node_id, _, address in rows})
-
-    def first_fit(
-        self,
-        gpus_per_node: int,
-        node_count: int,
-        *,
-        exclude_nodes: frozenset[int] | set[int] = frozenset(),
-        exclude_gpus: frozenset[tuple[int, int]] | set[tuple[int, int]] = frozenset(),
-    ) -> list[tuple[int, list[int]]] | None:
-        """``node_count`` distinct nodes with ``gpus_per_node`` free GPUs each, first by name."""
-        chosen: list[tuple[int, list[int]]] = []
-        for node_id, _name in self.nodes:
-            if node_id in exclude_nodes:
-                continue
-            free = [i for i in self.free.get(node_id, []) if (node_id, i) not in exclude_gpus]
-            if len(free) >= gpus_per_node:
-                chosen.append((node_id, free[:gpus_per_node]))
-                if len(chosen) == node_count:
-                    return chosen
-        return None
-
-    def take(self, chosen: list[tuple[int, list[int]]]) -> None:
-        for node_id, indices in chosen:
-            self.free[node_id] = [i for i in self.free.get(node_id, []) if i not in indices]
+    Project.objects.bulk_update(touched, ["usage_gpu_seconds", "usage_at"])
+    return shares
 
 
-def waiting_reason(job: TrainingJob) -> str:
-    if job.node_count > 1:
-        return f"waiting for {job.node_count} nodes with {job.gpus_per_node} free GPUs each"
-    return f"waiting for {job.gpus_per_node} GPU{'s' if job.gpus_per_node != 1 else ''}"
+def running_spot(now) -> list[SpotRun]:
+    """Running Spot jobs not yet asked to stop, with their GPUs (bounded by the cluster's size)."""
+    runs: dict[int, SpotRun] = {}
+    parts = AttemptNode.objects.filter(
+        attempt__state=JobAttempt.State.RUNNING,
+        attempt__stop_requested_at__isnull=True,
+        attempt__job__job_type=TrainingJob.JobType.SPOT,
+        attempt__job__status=JobStatus.RUNNING,
+    ).values_list("attempt__job_id", "attempt__job__project_id", "attempt__started_at", "node_id", "gpu_indices")
+    for job_id, project_id, started, node_id, indices in parts:
+        run = runs.get(job_id) or SpotRun(job_id, project_id, (started or now).timestamp(), ())
+        runs[job_id] = SpotRun(run.job, run.project, run.started, (*run.gpus, (node_id, tuple(indices or []))))
+    return [r for r in runs.values() if any(idx for _, idx in r.gpus)]
 
 
-def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
-    """Place the jobs waiting for capacity, oldest first; return the attempts created.
+def place_waiting_jobs(*, window: int | None = None) -> list[JobAttempt]:
+    """One round of the fair-share queue (``jobs.fairshare``); returns the attempts created.
 
     Waiting are Pending jobs, image-pull back-offs whose retry is due, and failovers judged a
     hardware fault. A job never lands on a node (or GPU) it was excluded from, and a Spot job not
-    on a node whose spot capacity was just reclaimed. A job that does not fit keeps waiting with
-    a reason; younger, smaller jobs may still fit into what is left (backfill).
+    on a node whose spot capacity was just reclaimed. Every job looked at that is not placed
+    keeps waiting with a reason and its place in line; Spot runs yield to On-Demand jobs within
+    their project's quota; a job waiting past ``QUEUE_RESERVE_AFTER`` reserves capacity.
     """
     now = timezone.now()
-    open_attempts = JobAttempt.objects.filter(state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING])
-    last_verdict = JobAttempt.objects.filter(job_id=OuterRef("pk")).order_by("-number").values("verdict")[:1]
-    candidates = list(
-        TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF, JobStatus.FAILOVER_IN_PROGRESS])
-        .exclude(pk__in=open_attempts.values("job_id"))
-        .annotate(last_verdict=Subquery(last_verdict))
-        .filter(~Q(status=JobStatus.FAILOVER_IN_PROGRESS) | Q(last_verdict="hardware"))
-        .order_by("created_at", "id")[:limit]
-    )
+    candidates = waiting_heads(window or settings.QUEUE_WINDOW)
+    shares = project_shares(now, {job.project_id for job in candidates})
     if not candidates:
         return []
     images = set(Image.objects.filter(reference__in={j.image for j in candidates}).values_list("reference", flat=True))
-    capacity = FreeCapacity.read()
-    excluded_nodes: dict[int, set[int]] = defaultdict(set)
-    excluded_gpus: dict[int, set[tuple[int, int]]] = defaultdict(set)
-    for job_id, node_id, gpu in JobExclusion.objects.filter(job_id__in=[j.pk for j in candidates]).values_list("job_id", "node_id", "gpu"):
-        if gpu is None:
-            excluded_nodes[job_id].add(node_id)
-        else:
-            excluded_gpus[job_id].add((node_id, gpu))
-    spot_held = set(Node.objects.filter(spot_reclaimed_until__gt=now).values_list("id", flat=True))
-    placed: list[JobAttempt] = []
-    waiting: dict[tuple[str, str], list[int]] = defaultdict(list)  # (status, new reason) → jobs
+    ready: list[TrainingJob] = []
     for job in candidates:
         if job.image not in images:
             if job.status == JobStatus.PENDING or (job.next_retry_at and job.next_retry_at <= now):
@@ -123,26 +156,71 @@ def place_waiting_jobs(*, limit: int = 200) -> list[JobAttempt]:
             if not transition(job.pk, JobStatus.PENDING, reason=f"image {job.image} is available", expected={JobStatus.IMAGE_PULL_BACKOFF}):
                 continue
             job.refresh_from_db(fields=["status", "status_reason"])
-        avoid = excluded_nodes[job.pk] | (spot_held if job.job_type == TrainingJob.JobType.SPOT else set())
-        chosen = capacity.first_fit(job.gpus_per_node, job.node_count, exclude_nodes=avoid, exclude_gpus=excluded_gpus[job.pk])
-        if chosen is None:
-            reason = waiting_reason(job)
-            if excluded_nodes[job.pk]:
-                count = len(excluded_nodes[job.pk])
-                reason += f" on a node it is not excluded from ({count} node{'s' if count != 1 else ''} excluded after faults)"
-            if job.status_reason != reason:
-                waiting[(job.status, reason)].append(job.pk)
+        ready.append(job)
+    if not ready:
+        return []
+    by_id = {job.pk: job for job in ready}
+    excluded_nodes: dict[int, set[int]] = defaultdict(set)
+    excluded_gpus: dict[int, set[tuple[int, int]]] = defaultdict(set)
+    # Filtered by the jobs' status, not by a list of thousands of ids: both tables stay small.
+    for job_id, node_id, gpu in JobExclusion.objects.filter(job__status__in=WAITING).values_list("job_id", "node_id", "gpu"):
+        if job_id not in by_id:
             continue
+        if gpu is None:
+            excluded_nodes[job_id].add(node_id)
+        else:
+            excluded_gpus[job_id].add((node_id, gpu))
+    yielded = set(
+        JobAttempt.objects.filter(preempted_for__status__in=WAITING)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=now - timedelta(seconds=settings.QUEUE_YIELD_HOLD)))
+        .values_list("preempted_for", flat=True)
+    ) & set(by_id)
+    starving_before = now - timedelta(seconds=settings.QUEUE_RESERVE_AFTER)
+    waiting = [
+        WaitingJob(
+            id=job.pk,
+            project=job.project_id,
+            gpus_per_node=job.gpus_per_node,
+            node_count=job.node_count,
+            priority=job.priority,
+            created=job.created_at.timestamp(),
+            spot=job.job_type == TrainingJob.JobType.SPOT,
+            exclude_nodes=frozenset(excluded_nodes[job.pk]),
+            exclude_gpus=frozenset(excluded_gpus[job.pk]),
+            starving=job.created_at <= starving_before and job.total_gpus > 0,
+            yielded_to=job.pk in yielded,
+        )
+        for job in ready
+    ]
+    capacity = read_capacity(now)
+    spot = running_spot(now) if any(not w.spot and w.total_gpus for w in waiting) else []
+    plan = plan_round(
+        waiting, shares, capacity, half_life=settings.QUEUE_USAGE_HALF_LIFE, spot_runs=spot,
+        max_reservations=settings.QUEUE_RESERVATIONS,
+    )
+    placed: list[JobAttempt] = []
+    names = dict(capacity.nodes)
+    for wanted, chosen in plan.placements:
+        job = by_id[wanted.id]
         try:
-            placed.append(hold_placement(job, chosen, node_names=dict(capacity.nodes), master_addr=capacity.addresses[chosen[0][0]]))
+            placed.append(hold_placement(job, chosen, node_names=names, master_addr=capacity.addresses[chosen[0][0]]))
         except PlacementConflict:
             logger.info("job %s: placement raced with another; retrying next round", job.pk)
-            capacity = FreeCapacity.read()
-            continue
-        capacity.take(chosen)
-    for (status, reason), job_ids in waiting.items():
-        record_reasons(job_ids, status=status, reason=reason, actor="placement")
+    for job_id, victims in plan.preemptions.items():
+        preempt_spot(victims, for_job=by_id[job_id], now=now)
+    record_queue_reasons({pk: (by_id[pk].status, reason) for pk, reason in plan.reasons.items() if by_id[pk].status_reason != reason})
     return placed
+
+
+def preempt_spot(victims: list[int], *, for_job: TrainingJob, now) -> None:
+    """Ask Spot runs to yield: the agent sends SIGTERM (ckptlib saves a final checkpoint), waits
+    the grace period, and their jobs go back to ``Pending`` to resume from that checkpoint later.
+    Like an operator's reclaim, a preemption never counts as a failover."""
+    attempts = JobAttempt.objects.filter(
+        job_id__in=victims, state=JobAttempt.State.RUNNING, stop_requested_at__isnull=True, job__status=JobStatus.RUNNING
+    )
+    count = attempts.update(reclaimed=True, preempted_for=for_job, stop_requested_at=now)
+    logger.warning("jobs %s: preempted (%s runs) for On-Demand job %s within its project's quota", victims, count, for_job.pk)
 
 
 def hold_placement(

@@ -49,6 +49,15 @@ def placement_text(attempt: JobAttempt) -> str:
     )
 
 
+def yield_text(attempt: JobAttempt) -> str:
+    """Why a Spot run gave its GPUs back: an operator's reclaim, or On-Demand work within quota."""
+    if attempt.preempted_for_id is None:
+        return "spot capacity reclaimed"
+    job = TrainingJob.objects.filter(pk=attempt.preempted_for_id).values_list("name", "project__name").first()
+    name, project = job or (f"#{attempt.preempted_for_id}", "its project")
+    return f"preempted for On-Demand job {name} ({project}, within its quota)"
+
+
 def launchable(attempt: JobAttempt) -> bool:
     """Whether the attempt's job still waits for it; if not, the attempt is given up."""
     job = attempt.job
@@ -87,7 +96,7 @@ def run_started(attempt: JobAttempt) -> bool:
     evidence: dict = {}
     if previous is not None and (previous.verdict == "hardware" or previous.reclaimed):
         nodes = ", ".join(previous.placements.values_list("node__name", flat=True))
-        what = "spot capacity reclaimed" if previous.reclaimed else f"a GPU fault: {previous.verdict_reason}"
+        what = yield_text(previous) if previous.reclaimed else f"a GPU fault: {previous.verdict_reason}"
         reason = f"attempt {attempt.number} on {placement_text(attempt)} after {what} on {nodes}"
         evidence = {"previous_attempt": previous.number, **previous.evidence}
     if attempt.resume_step is not None:
@@ -163,7 +172,8 @@ def record_exit(
         logger.warning("job %s: attempt %s ended while the job was %s", job.pk, attempt.number, job.status)
         return job.status
     elif attempt.reclaimed:
-        to, reason = JobStatus.PENDING, f"spot capacity reclaimed; {outcome}"
+        # Back in the queue; a preemption or a reclaim never counts as a failover.
+        to, reason = JobStatus.PENDING, f"{yield_text(attempt)}; {outcome}"
     elif exit_code == 0 and not exit_signal and not cause:
         to, reason = JobStatus.COMPLETED, "exit code 0"
     elif outcome.startswith(OUT_OF_MEMORY):

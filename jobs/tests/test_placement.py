@@ -29,7 +29,7 @@ def test_a_job_that_does_not_fit_waits_with_a_reason_and_is_placed_when_capacity
     place_waiting_jobs()
     waiting.refresh_from_db()
     assert waiting.status == JobStatus.PENDING
-    assert waiting.status_reason == "waiting for 2 GPUs"
+    assert waiting.status_reason == "1st for 2 GPUs; no free capacity fits it"
     assert not JobAttempt.objects.filter(job=waiting).exists()
 
     finished = JobAttempt.objects.get(job=big[1])
@@ -77,7 +77,7 @@ def test_a_job_asking_more_gpus_than_any_node_has_keeps_waiting(nodes, make_job)
     job = make_job(gpus_per_node=8)
     place_waiting_jobs()
     job.refresh_from_db()
-    assert (job.status, job.status_reason) == (JobStatus.PENDING, "waiting for 8 GPUs")
+    assert (job.status, job.status_reason) == (JobStatus.PENDING, "1st for 8 GPUs; no free capacity fits it")
 
 
 def test_a_placed_job_is_not_placed_twice(nodes, make_job):

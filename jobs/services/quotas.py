@@ -1,0 +1,88 @@
+"""What a project uses against its quota, and why a job is not running: read-only views of the
+fair-share queue for the list page, the API and the operators' Queue page."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Count, OuterRef, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+
+from jobs.fairshare import ProjectShare
+from jobs.models import GPU, JobAttempt, Project, TrainingJob
+from jobs.statuses import ON_NODE, TERMINAL, WAITING, JobStatus
+
+
+@dataclass(frozen=True)
+class ProjectUsage:
+    project: Project
+    used_gpus: int
+    waiting_jobs: int
+    cpu_jobs: int
+
+    @property
+    def quota(self) -> int:
+        return self.project.gpu_quota
+
+    @property
+    def borrowed(self) -> int:
+        return max(0, self.used_gpus - self.quota)
+
+    @property
+    def cpu_job_limit(self) -> int:
+        limit = self.project.cpu_job_limit
+        return settings.QUEUE_CPU_JOBS_PER_PROJECT if limit is None else limit
+
+    @property
+    def recent_gpus(self) -> float:
+        """GPUs held on average lately (the decayed usage the queue orders by, as a GPU count)."""
+        share = ProjectShare(quota=self.quota, usage=self.project.usage_gpu_seconds)
+        return share.key(settings.QUEUE_USAGE_HALF_LIFE) * max(self.quota, 1)
+
+    @property
+    def text(self) -> str:
+        """"using 6 of 8 GPUs; 2 borrowed" — what members read on the list page."""
+        limit = self.project.gpu_borrow_limit
+        text = f"using {self.used_gpus} of {self.quota} GPU{'s' if self.quota != 1 else ''}"
+        if self.borrowed:
+            text += f"; {self.borrowed} borrowed"
+        if limit is not None:
+            text += f" (may borrow {limit})" if limit else " (no borrowing)"
+        return text
+
+
+def count_of(queryset, project_field: str) -> Coalesce:
+    """A correlated count per project, for ``annotate`` (no join that would multiply rows)."""
+    per_project = queryset.filter(**{project_field: OuterRef("pk")}).order_by().values(project_field).annotate(n=Count("pk"))
+    return Coalesce(Subquery(per_project.values("n")[:1]), 0)
+
+
+def project_usage(projects: QuerySet[Project]) -> list[ProjectUsage]:
+    """Usage of each project, in one query whatever the number of jobs. Waiting are jobs
+    Pending (or in image back-off) with no placement yet."""
+    placed = JobAttempt.objects.filter(state=JobAttempt.State.PLACED).values("job_id")
+    waiting = TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]).exclude(pk__in=placed)
+    rows = projects.annotate(
+        held=count_of(GPU.objects.filter(allocated_to__isnull=False), "allocated_to__attempt__job__project"),
+        waiting=count_of(waiting, "project"),
+        cpu=count_of(TrainingJob.objects.filter(status__in=ON_NODE, gpus_per_node=0), "project"),
+    )
+    return [ProjectUsage(p, p.held, p.waiting, p.cpu) for p in rows]
+
+
+def why_not_running(job: TrainingJob) -> str:
+    """One sentence for an operator (or the job's members): why this job does not run now."""
+    if job.status in ON_NODE:
+        return f"It is {job.status}."
+    if job.status in TERMINAL:
+        return f"It ended {job.status}: {job.status_reason or 'no reason recorded'}."
+    if job.status == JobStatus.FAILOVER_IN_PROGRESS:
+        return f"Job Failover is judging its last run or re-placing it: {job.status_reason or 'judging'}."
+    if job.status == JobStatus.IMAGE_PULL_BACKOFF:
+        return f"Its image cannot be resolved; retried with back-off: {job.status_reason}."
+    open_attempt = JobAttempt.objects.filter(job=job, state__in=[JobAttempt.State.PLACED]).first()
+    if open_attempt is not None:
+        return f"It is placed (attempt {open_attempt.number}) and its node agent is starting it."
+    if job.status in WAITING and job.status_reason and not job.status_reason.startswith("job created"):
+        return f"It waits in the queue: {job.status_reason}."
+    return "It waits in the queue; the next placement round will say where it stands."
