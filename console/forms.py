@@ -8,13 +8,23 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db.models import QuerySet
 
-from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, parse_env_text, validate_command
+from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, normalize_newlines, parse_env_text, validate_command
 from jobs.models import DNS_LABEL, Project, TrainingJob
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.paths import PathRefused, check_output_dir, volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
 
 IMAGE_REFERENCE = RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag, e.g. pytorch:2.13-py3.11.")
+
+
+def normalized_form_data(data: Any) -> Any:
+    """A copy of submitted form data with CRLF line endings (every textarea sends them) made LF."""
+    if not hasattr(data, "lists"):
+        return {key: normalize_newlines(value) if isinstance(value, str) else value for key, value in data.items()}
+    copy = data.copy()
+    for key, values in data.lists():
+        copy.setlist(key, [normalize_newlines(value) if isinstance(value, str) else value for value in values])
+    return copy
 
 
 class TrainingJobForm(forms.Form):
@@ -84,6 +94,8 @@ class TrainingJobForm(forms.Form):
         kwargs.setdefault("label_suffix", "")
         super().__init__(*args, **kwargs)
         self.owner = owner
+        if self.is_bound:
+            self.data = normalized_form_data(self.data)
         self.fields["project"].queryset = Project.objects.filter(members=owner).order_by("name")
         self.fields["output_dir"].help_text += " " + visible_volumes_text(self.fields["project"].queryset)
         if "command" not in self.initial:

@@ -13,7 +13,7 @@ from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.lib import CommandError, validate_command, validate_env
+from jobs.lib import CommandError, normalize_newlines, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.paths import PathRefused, check_output_dir
@@ -34,7 +34,7 @@ class TextField(serializers.CharField):
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        return super().to_internal_value(data)
+        return super().to_internal_value(normalize_newlines(data))
 
 
 @extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}, "example": {"HF_DATASETS_OFFLINE": "1"}})
