@@ -244,6 +244,11 @@ class JobListFilterForm(forms.Form):
         return self.value("sort") or "-created"
 
     @property
+    def rows_follow_status(self) -> bool:
+        """Which rows the page holds depends on job statuses (a status filter or sort)."""
+        return bool(self.value("status") or self.value("group")) or self.sort_key in ("status", "-status")
+
+    @property
     def is_filtered(self) -> bool:
         return any(self.value(name) for name in ("q", "status", "group", "type"))
 

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
+
 from jobs.models import TrainingJob
+from jobs.realtime import job_group, jobs_group, publish
 from jobs.services.lifecycle import transition
 from jobs.services.paths import remove_job_files_of
 from jobs.services.placement import abandon_open_attempts
@@ -40,8 +43,10 @@ def delete_job(job: TrainingJob) -> None:
     job.refresh_from_db(fields=["status"])
     if job.status not in DELETABLE:
         raise JobActionRefused(f"A job that is {job.status} cannot be deleted; stop it first.")
-    job_id = job.pk
+    job_id, owner_id, project_id = job.pk, job.owner_id, job.project_id
     job.delete()
+    message = {"type": "job.deleted", "job": job_id, "owner": owner_id, "project": project_id}
+    transaction.on_commit(lambda: (publish(jobs_group(), message), publish(job_group(job_id), message)))
     # After the row: a failed delete keeps the files; the files go with the job, checkpoints included.
     remove_job_files_of(job_id)
     logger.info("job %s: deleted with its files", job_id)

@@ -13,12 +13,14 @@
   // The job list: "select all", a selection count, and bulk buttons enabled only with a selection.
   var bulkForm = document.getElementById("bulk-form");
   if (bulkForm) {
-    var selectAll = bulkForm.querySelector("[data-select-all]");
+    // The list's rows are re-rendered live (live_list.js): look the boxes up each time.
+    var selectAllBox = function () { return bulkForm.querySelector("[data-select-all]"); };
     var boxes = function () { return Array.prototype.slice.call(bulkForm.querySelectorAll('input[name="job_ids"]')); };
     var count = bulkForm.querySelector("[data-selection-count]");
     var buttons = bulkForm.querySelectorAll("[data-needs-selection]");
     var refresh = function () {
       var all = boxes();
+      var selectAll = selectAllBox();
       var checked = all.filter(function (box) { return box.checked; }).length;
       if (count) { count.textContent = checked ? checked + " selected" : ""; }
       buttons.forEach(function (button) { button.disabled = checked === 0; });
@@ -28,7 +30,8 @@
       }
     };
     bulkForm.addEventListener("change", function (event) {
-      if (event.target === selectAll) {
+      var selectAll = selectAllBox();
+      if (selectAll && event.target === selectAll) {
         boxes().forEach(function (box) { box.checked = selectAll.checked; });
       }
       refresh();

@@ -7,6 +7,7 @@
  */
 import { connect } from "./socket.js";
 import { duration, general, localTime, progressText, sizeText } from "./format.js";
+import { listRefresher } from "./live_list.js";
 
 const listTable = document.querySelector("[data-live-jobs]");
 const header = document.querySelector("[data-live-job]");
@@ -16,6 +17,7 @@ const stateEls = document.querySelectorAll("[data-live-state]");
 let clockOffset = 0; // server time minus this browser's time, in ms
 const liveSince = {}; // job id -> performance.now() of the last live message about it
 let announcer = null;
+const rows = listTable ? listRefresher(listTable, { onRefreshed: () => { tick(); catchUp(); } }) : null;
 
 function serverNow() { return Date.now() + clockOffset; }
 
@@ -233,10 +235,15 @@ function handle(message) {
   if (message.now) { learnClock(message.now); }
   if (message.type === "ready") {
     setState("Live", "on");
-    catchUp();
+    // The list re-reads its rows (jobs created or deleted while the socket was down); the detail page its job.
+    if (rows) { rows.schedule(); } else { catchUp(); }
   } else if (message.type === "job") {
     liveSince[message.job.id] = performance.now();
+    if (rows && rows.changesRows(message.job)) { rows.schedule(); }
     applyJob(message.job);
+  } else if (message.type === "deleted") {
+    if (rows && rows.shows(message.job)) { rows.schedule(); }
+    if (detailId !== null && String(message.job) === detailId) { setState("This job was deleted", "off"); }
   } else if (message.type === "progress") {
     liveSince[message.job] = performance.now();
     scopesOf(message.job).forEach((scope) => {
