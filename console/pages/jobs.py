@@ -13,6 +13,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -132,7 +133,8 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
             # Another request took the name between the form's check and the insert.
             form.name_taken()
         else:
-            messages.success(request, f"Training Job {job.name} created. It is {job.status}.")
+            # The status is marked so the detail page's live updates keep the message true.
+            messages.success(request, format_html('Training Job {} created. It is <span data-field="status_text">{}</span>.', job.name, job.status))
             return redirect("jobs:detail", pk=job.pk)
     images = Image.objects.order_by("reference").values_list("reference", "description")
     return render(request, "jobs/job_form.html", {"form": form, "source": source, "images": images, "nav": "jobs"})
@@ -234,7 +236,7 @@ def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
     except JobActionRefused as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{job.name} is {new_status}.")
+        messages.success(request, format_html('{} is <span data-field="status_text">{}</span>.', job.name, new_status))
     return redirect(safe_next(request, reverse("jobs:detail", args=[job.pk])))
 
 

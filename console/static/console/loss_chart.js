@@ -13,13 +13,32 @@
   var empty = figure.querySelector("[data-loss-empty]");
   var MAX_POINTS = 2000;
 
-  var points = [];
-  try { points = JSON.parse(data.textContent) || []; } catch (error) { points = []; }
   var steps = [];
   var losses = [];
-  points.forEach(function (p) {
-    if (p.loss !== null && p.loss !== undefined) { steps.push(p.step); losses.push(p.loss); }
-  });
+
+  // The points the server stored (every step the log told; live messages are thinned to ~1/s).
+  function readPoints() {
+    var script = document.getElementById("loss-points");
+    var points = [];
+    try { points = JSON.parse(script.textContent) || []; } catch (error) { points = []; }
+    var fresh = { steps: [], losses: [] };
+    points.forEach(function (p) {
+      if (p.loss !== null && p.loss !== undefined) { fresh.steps.push(p.step); fresh.losses.push(p.loss); }
+    });
+    return fresh;
+  }
+
+  function load() {
+    var fresh = readPoints();
+    // Keep live points newer than the stored ones (a message may beat the re-read).
+    var lastStored = fresh.steps.length ? fresh.steps[fresh.steps.length - 1] : -Infinity;
+    for (var i = 0; i < steps.length; i += 1) {
+      if (steps[i] > lastStored) { fresh.steps.push(steps[i]); fresh.losses.push(losses[i]); }
+    }
+    steps = fresh.steps;
+    losses = fresh.losses;
+  }
+  load();
 
   var chart = null;
 
@@ -28,6 +47,10 @@
   function draw() {
     if (!steps.length) { return; }
     if (empty) { empty.hidden = true; }
+    // What the chart holds, for assistive technology and for tests that read the page.
+    figure.setAttribute("data-point-count", String(steps.length));
+    figure.setAttribute("data-last-step", String(steps[steps.length - 1]));
+    plot.setAttribute("aria-label", "Training loss by step: " + steps.length + " points, latest loss " + losses[losses.length - 1]);
     if (chart) { chart.setData([steps, losses]); return; }
     chart = new window.uPlot({
       width: width(),
@@ -68,6 +91,8 @@
     var p = event.detail && event.detail.progress;
     if (p && p.step !== null && p.step !== undefined && p.loss !== null && p.loss !== undefined) { add(p.step, p.loss); }
   });
+
+  document.addEventListener("console:regions", function () { load(); draw(); });
 
   var resizeTimer = null;
   window.addEventListener("resize", function () {
