@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 
 from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, normalize_newlines, parse_env_text, validate_command
 from jobs.models import DNS_LABEL, Project, TrainingJob
+from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.paths import PathRefused, check_output_dir, volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
@@ -65,7 +66,10 @@ class TrainingJobForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono", "placeholder": "NAME=value"}),
         help_text="One NAME=value per line.",
     )
-    gpus_per_node = forms.IntegerField(label="GPUs per node", min_value=0, max_value=64, initial=1)
+    gpus_per_node = forms.IntegerField(
+        label="GPUs per node", min_value=0, max_value=64, initial=1,
+        help_text="0 makes a CPU job: it runs on a node without any GPU of its own (CUDA_VISIBLE_DEVICES is empty).",
+    )
     node_count = forms.IntegerField(label="Nodes", min_value=1, max_value=64, initial=1)
     failover_enabled = forms.BooleanField(
         label="Job Failover",
@@ -132,6 +136,10 @@ class TrainingJobForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if data.get("gpus_per_node") is not None and data.get("node_count"):
+            refusal = shape_refusal(data["gpus_per_node"], data["node_count"])
+            if refusal:
+                self.add_error("gpus_per_node", forms.ValidationError(refusal, code="shape"))
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.owner)
             try:

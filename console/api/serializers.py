@@ -15,6 +15,7 @@ from rest_framework import serializers
 
 from jobs.lib import CommandError, normalize_newlines, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
+from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.paths import PathRefused, check_output_dir
 from jobs.statuses import JobStatus
@@ -133,6 +134,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         return value
 
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        refusal = shape_refusal(data.get("gpus_per_node", 1), data.get("node_count", 1))
+        if refusal:
+            raise serializers.ValidationError({"gpus_per_node": [refusal]})
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.context["request"].user)
             try:

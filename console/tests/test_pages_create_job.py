@@ -180,7 +180,7 @@ def test_a_form_with_errors_keeps_what_the_user_typed_and_marks_the_field(login,
     assert 'value="bert-finetune"' in html
     assert shows(html, "LEARNING_RATE=0.001")
     assert 'aria-invalid="true"' in html
-    assert 'aria-describedby="id_gpus_per_node_error"' in html
+    assert 'aria-describedby="id_gpus_per_node_helptext id_gpus_per_node_error"' in html
 
 
 def test_the_users_personal_project_is_created_on_first_visit(login, owner):
