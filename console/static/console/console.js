@@ -2,6 +2,17 @@
 (function () {
   "use strict";
 
+  // On a narrow screen the header folds into a Menu button (CSS shows it only with JavaScript on).
+  document.documentElement.classList.add("js");
+  var menuButton = document.querySelector("[data-menu-toggle]");
+  if (menuButton) {
+    menuButton.addEventListener("click", function () {
+      var open = menuButton.getAttribute("aria-expanded") !== "true";
+      menuButton.setAttribute("aria-expanded", open ? "true" : "false");
+      menuButton.closest(".topbar").classList.toggle("is-open", open);
+    });
+  }
+
   // Ask before a destructive or disruptive submit (the server still checks everything).
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-confirm]");
