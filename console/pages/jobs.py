@@ -22,11 +22,11 @@ from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.paths import default_output_dir, volumes_of
 from jobs.services.creation import clone_name, create_job, personal_project_for
-from jobs.services.actions import JobActionRefused, delete_job, request_stop
-from jobs.statuses import DELETABLE, STOPPABLE
+from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
+from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, JobStatus
 from logs.models import Checkpoint, JobProgress
 from logs.progress import chart_points
-from logs.queries import stream_tail
+from logs.queries import failing_line, stream_tail
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,22 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     return redirect(back)
 
 
+# A run of these ended in an error the user may fix: the detail page offers "Clone and fix".
+FIXABLE = frozenset({JobStatus.FAILED, JobStatus.INTERNAL_ERROR, JobStatus.MAX_RETRIES_EXCEEDED})
+
+
+def last_checkpoint_step(job: TrainingJob) -> int | None:
+    return Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id").values_list("step", flat=True).first()
+
+
+def with_failing_lines(job: TrainingJob, attempts: list) -> list:
+    """Each attempt that ended badly gets ``failing_line``: the log line that tells why (or None)."""
+    for attempt in attempts:
+        ended_badly = attempt.ended_at and (attempt.exit_code not in (0, None) or attempt.exit_signal or attempt.verdict)
+        attempt.failing_line = failing_line(job.pk, attempt=attempt.number) if ended_badly else None
+    return attempts
+
+
 def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: TrainingJob | None = None) -> HttpResponse:
     """The create form (blank or cloned from ``source``); a valid POST creates the job."""
     form = TrainingJobForm(request.POST or None, owner=request.user, initial=initial)
@@ -137,7 +153,12 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
             messages.success(request, format_html('Training Job {} created. It is <span data-field="status_text">{}</span>.', job.name, job.status))
             return redirect("jobs:detail", pk=job.pk)
     images = Image.objects.order_by("reference").values_list("reference", "description")
-    return render(request, "jobs/job_form.html", {"form": form, "source": source, "images": images, "nav": "jobs"})
+    context = {"form": form, "source": source, "images": images, "nav": "jobs"}
+    if source is not None and request.GET.get("fix") and source.status in FIXABLE:
+        # "Clone and fix": quote the line the failed run ended on above the prefilled form.
+        last = source.attempts.order_by("-number").first()
+        context["fix_line"] = failing_line(source.pk, attempt=last.number) if last else None
+    return render(request, "jobs/job_form.html", context)
 
 
 @login_required
@@ -173,6 +194,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "tabs": [(name, name.capitalize()) for name in TABS],
         "can_stop": job.status in STOPPABLE,
         "can_delete": job.status in DELETABLE,
+        "can_fix": job.status in FIXABLE,
+        "resume_step": last_checkpoint_step(job) if job.status in RESUMABLE else None,
         "max_failovers": settings.MAX_FAILOVERS,
         "nav": "jobs",
     }
@@ -180,7 +203,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["output_dir"] = job.output_dir or default_output_dir(job.pk)
     context["volumes"] = volumes_of(job.project)
     if tab == "details":
-        context["attempts"] = job.attempts.prefetch_related("placements__node").order_by("number")
+        context["attempts"] = with_failing_lines(job, list(job.attempts.prefetch_related("placements__node").order_by("number")))
         context["chart_points"] = chart_points(job.pk)
     elif tab == "logs":
         context.update(log_tab(job, request.GET.get("stream")))
@@ -208,7 +231,7 @@ def checkpoints_tab(job: TrainingJob) -> dict[str, Any]:
 
 def failover_timeline(job: TrainingJob) -> list[dict[str, Any]]:
     """Each attempt with where it ran, how it ended, the verdict and evidence, and its events."""
-    attempts = list(job.attempts.prefetch_related("placements__node").order_by("number"))
+    attempts = with_failing_lines(job, list(job.attempts.prefetch_related("placements__node").order_by("number")))
     events: dict[int | None, list] = {}
     for event in job.events.order_by("created_at", "id"):
         events.setdefault(event.attempt, []).append(event)
@@ -238,6 +261,21 @@ def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
     else:
         messages.success(request, format_html('{} is <span data-field="status_text">{}</span>.', job.name, new_status))
     return redirect(safe_next(request, reverse("jobs:detail", args=[job.pk])))
+
+
+@login_required
+@require_POST
+def job_resume(request: HttpRequest, pk: int) -> HttpResponse:
+    """Resume a Stopped / internalerror job from its last committed checkpoint (a new attempt)."""
+    job = get_object_or_404(visible_jobs(request), pk=pk)
+    step = last_checkpoint_step(job)
+    try:
+        resume_job(job, actor=request.user.get_username(), checkpoint_step=step)
+    except JobActionRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, format_html('{} resumes from checkpoint step {}. It is <span data-field="status_text">Pending</span>.', job.name, step))
+    return redirect("jobs:detail", pk=job.pk)
 
 
 @login_required
