@@ -231,6 +231,8 @@ SIMULATED_GPUS_PER_NODE = env_int("SIMULATED_GPUS_PER_NODE", 4)
 SIMULATED_GPU_MODEL = env_str("SIMULATED_GPU_MODEL", "Simulated H100 80GB")
 # How often the embedded control loop places jobs and polls runs (seconds).
 AGENT_POLL_INTERVAL = env_float("AGENT_POLL_INTERVAL", 0.5)
+# How often the node agent samples each run's GPU and host usage (seconds; 0 turns sampling off).
+RESOURCE_SAMPLE_INTERVAL = env_float("RESOURCE_SAMPLE_INTERVAL", 5.0)
 # How often the embedded agent reads the runs' output and exits between rounds (seconds).
 OUTPUT_POLL_INTERVAL = env_float("OUTPUT_POLL_INTERVAL", 0.1)
 # SIGTERM → SIGKILL grace period when a job is stopped (seconds).

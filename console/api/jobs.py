@@ -35,8 +35,10 @@ from console.api.serializers import (
     LogPageSerializer,
     LogQuerySerializer,
     NodeSerializer,
+    ResourceSampleSerializer,
     TrainingJobSerializer,
 )
+from jobs.services.samples import samples_of
 from jobs.services.creation import clone_job, create_job
 from jobs.services.actions import JobActionRefused, delete_job, request_stop
 from jobs.services.nodes import set_cordoned
@@ -242,6 +244,20 @@ class TrainingJobViewSet(
         job = self.get_object()
         attempts = job.attempts.order_by("number").prefetch_related("placements__node")
         return Response(JobAttemptSerializer(attempts, many=True).data)
+
+    @extend_schema(
+        summary="A job's GPU and host usage over time",
+        description="Samples the node agent took of the job's runs, oldest first: GPU utilisation (mean, %), "
+        "GPU memory (MiB) and power (W) summed over the job's GPUs, host CPU (% of one core) and memory (MiB) "
+        "of its processes. Older samples are merged (their `span_s` grows), so a long job keeps a few hundred. "
+        "Simulated GPUs give synthetic readings.",
+        parameters=[JOB_ID],
+        responses={200: ResourceSampleSerializer(many=True), 404: JOB_NOT_FOUND},
+    )
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def metrics(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        return Response(ResourceSampleSerializer(samples_of(job.pk), many=True).data)
 
     @extend_schema(
         summary="A range of a job's log",

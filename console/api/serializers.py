@@ -210,6 +210,17 @@ class JobAttemptSerializer(serializers.ModelSerializer):
         return [placement.node.name for placement in attempt.placements.all()]
 
 
+class ResourceSampleSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    ts = serializers.DateTimeField(help_text="The end of the sampled span.")
+    span_s = serializers.FloatField(help_text="Seconds this sample covers (merged samples cover more).")
+    gpu_util = serializers.FloatField(allow_null=True, help_text="GPU utilisation, %, mean over the job's GPUs.")
+    gpu_mem_mb = serializers.FloatField(allow_null=True, help_text="GPU memory in use, MiB, summed over the job's GPUs.")
+    power_w = serializers.FloatField(allow_null=True, help_text="GPU power, W, summed over the job's GPUs.")
+    cpu_percent = serializers.FloatField(allow_null=True, help_text="Host CPU of the job's processes, % of one core.")
+    host_mem_mb = serializers.FloatField(allow_null=True, help_text="Resident host memory of the job's processes, MiB.")
+
+
 class LogLineSerializer(serializers.Serializer):
     seq = serializers.IntegerField()
     attempt = serializers.IntegerField()

@@ -26,6 +26,7 @@ from jobs.services.actions import JobActionRefused, delete_job, request_stop, re
 from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, JobStatus
 from logs.models import Checkpoint, JobProgress
 from logs.progress import chart_points
+from jobs.services.samples import samples_of
 from logs.queries import failing_line, stream_tail
 
 logger = logging.getLogger(__name__)
@@ -127,6 +128,18 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
 FIXABLE = frozenset({JobStatus.FAILED, JobStatus.INTERNAL_ERROR, JobStatus.MAX_RETRIES_EXCEEDED})
 
 
+def chart_markers(job: TrainingJob, attempts: list) -> dict[str, list[dict[str, Any]]]:
+    """Where the charts mark a new attempt (failover, resume) and each committed checkpoint."""
+    checkpoints = Checkpoint.objects.filter(job=job).order_by("committed_at").values_list("step", "committed_at")[:500]
+    return {
+        "attempts": [
+            {"number": a.number, "started_at": a.started_at.isoformat() if a.started_at else None, "resume_step": a.resume_step}
+            for a in attempts
+        ],
+        "checkpoints": [{"step": step, "at": at.isoformat()} for step, at in checkpoints],
+    }
+
+
 def last_checkpoint_step(job: TrainingJob) -> int | None:
     return Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id").values_list("step", flat=True).first()
 
@@ -205,6 +218,9 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if tab == "details":
         context["attempts"] = with_failing_lines(job, list(job.attempts.prefetch_related("placements__node").order_by("number")))
         context["chart_points"] = chart_points(job.pk)
+        context["metrics_samples"] = samples_of(job.pk)
+        context["sample_interval"] = settings.RESOURCE_SAMPLE_INTERVAL
+        context["chart_markers"] = chart_markers(job, context["attempts"])
     elif tab == "logs":
         context.update(log_tab(job, request.GET.get("stream")))
     elif tab == "checkpoints":

@@ -109,6 +109,7 @@ class LiveConsole:
                 "STOP_GRACE_PERIOD": "3",
                 "HEALTH_CHECK_INTERVAL": "1",
                 "AGENT_POLL_INTERVAL": "0.2",
+                "RESOURCE_SAMPLE_INTERVAL": "1",
                 "LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
             }

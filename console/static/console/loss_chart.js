@@ -41,6 +41,28 @@
   load();
 
   var chart = null;
+  var logToggle = figure.querySelector("[data-loss-log]");
+
+  // Vertical lines at the steps where a new attempt resumed (red) and checkpoints were committed (green).
+  function drawMarkers(u) {
+    var el = document.getElementById("chart-markers");
+    var m = null;
+    try { m = el ? JSON.parse(el.textContent) : null; } catch (error) { m = null; }
+    if (!m) { return; }
+    var ctx = u.ctx;
+    function line(step, colour, dash) {
+      var x = Math.round(u.valToPos(step, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) { return; }
+      ctx.save();
+      ctx.strokeStyle = colour;
+      ctx.lineWidth = 1.5 * (window.devicePixelRatio || 1);
+      ctx.setLineDash(dash);
+      ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke();
+      ctx.restore();
+    }
+    (m.checkpoints || []).forEach(function (c) { line(c.step, "rgba(23, 103, 58, .45)", [2, 3]); });
+    (m.attempts || []).forEach(function (a) { if (a.number > 1 && a.resume_step !== null && a.resume_step !== undefined) { line(a.resume_step, "#b42318", [6, 4]); } });
+  }
 
   function width() { return Math.max(240, plot.clientWidth || figure.clientWidth || 600); }
 
@@ -52,11 +74,14 @@
     figure.setAttribute("data-last-step", String(steps[steps.length - 1]));
     plot.setAttribute("aria-label", "Training loss by step: " + steps.length + " points, latest loss " + losses[losses.length - 1]);
     if (chart) { chart.setData([steps, losses]); return; }
+    var logScale = Boolean(logToggle && logToggle.checked);
+    figure.setAttribute("data-scale", logScale ? "log" : "linear");
     chart = new window.uPlot({
       width: width(),
       height: 240,
       cursor: { drag: { x: true, y: false } },
-      scales: { x: { time: false } },
+      scales: { x: { time: false }, y: logScale ? { distr: 3 } : {} },
+      hooks: { draw: [drawMarkers] },
       axes: [
         { label: "step", stroke: "#5a6677", grid: { stroke: "#e8ecf1" } },
         { label: "loss", stroke: "#5a6677", grid: { stroke: "#e8ecf1" }, size: 60 }
@@ -92,7 +117,13 @@
     if (p && p.step !== null && p.step !== undefined && p.loss !== null && p.loss !== undefined) { add(p.step, p.loss); }
   });
 
-  document.addEventListener("console:regions", function () { load(); draw(); });
+  document.addEventListener("console:regions", function () { load(); draw(); if (chart) { chart.redraw(); } });
+  if (logToggle) {
+    logToggle.addEventListener("change", function () {
+      if (chart) { chart.destroy(); chart = null; }
+      draw();
+    });
+  }
 
   var resizeTimer = null;
   window.addEventListener("resize", function () {
