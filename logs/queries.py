@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.models import JobEvent
-from logs.models import LogLine
+from logs.models import Checkpoint, LogLine
 
 STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"  # as the API schema shows it
 
@@ -132,3 +132,8 @@ def failing_line(job_id: int, *, attempt: int) -> LogLine | None:
         if FAILURE_TEXT.search(line.text) and not line.text.startswith("Traceback"):
             return line
     return lines[0] if lines else None
+
+
+def last_checkpoint_step(job_id: int) -> int | None:
+    """The step of the job's newest committed checkpoint (what Resume starts from), or None."""
+    return Checkpoint.objects.filter(job_id=job_id).order_by("-committed_at", "-id").values_list("step", flat=True).first()

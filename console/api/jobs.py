@@ -40,10 +40,10 @@ from console.api.serializers import (
 )
 from jobs.services.samples import samples_of
 from jobs.services.creation import clone_job, create_job
-from jobs.services.actions import JobActionRefused, delete_job, request_stop
+from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
 from jobs.services.nodes import set_cordoned
 from jobs.statuses import JobStatus
-from logs.queries import read_log_page
+from logs.queries import last_checkpoint_step, read_log_page
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +201,27 @@ class TrainingJobViewSet(
         job = self.get_object()
         try:
             request_stop(job, actor=request.user.get_username())
+        except JobActionRefused as exc:
+            return conflict(exc)
+        return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(
+        summary="Resume a job from its last checkpoint",
+        parameters=[JOB_ID],
+        description="A Stopped or `Pending - internalerror` job with a committed checkpoint goes back to Pending; "
+        "its next attempt starts with `CKPT_LAST_STEP` (the newest checkpoint in its output directory).",
+        request=None,
+        responses={
+            200: TrainingJobSerializer,
+            404: JOB_NOT_FOUND,
+            409: OpenApiResponse(ErrorSerializer, description="Not Stopped / internalerror, or no committed checkpoint."),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            resume_job(job, actor=request.user.get_username(), checkpoint_step=last_checkpoint_step(job.pk))
         except JobActionRefused as exc:
             return conflict(exc)
         return Response(self.get_serializer(self.get_object()).data)

@@ -27,7 +27,7 @@ from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, JobStatus
 from logs.models import Checkpoint, JobProgress
 from logs.progress import chart_points
 from jobs.services.samples import samples_of
-from logs.queries import failing_line, stream_tail
+from logs.queries import failing_line, last_checkpoint_step, stream_tail
 
 logger = logging.getLogger(__name__)
 
@@ -140,10 +140,6 @@ def chart_markers(job: TrainingJob, attempts: list) -> dict[str, list[dict[str, 
     }
 
 
-def last_checkpoint_step(job: TrainingJob) -> int | None:
-    return Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id").values_list("step", flat=True).first()
-
-
 def with_failing_lines(job: TrainingJob, attempts: list) -> list:
     """Each attempt that ended badly gets ``failing_line``: the log line that tells why (or None)."""
     for attempt in attempts:
@@ -208,7 +204,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_stop": job.status in STOPPABLE,
         "can_delete": job.status in DELETABLE,
         "can_fix": job.status in FIXABLE,
-        "resume_step": last_checkpoint_step(job) if job.status in RESUMABLE else None,
+        "resume_step": last_checkpoint_step(job.pk) if job.status in RESUMABLE else None,
         "max_failovers": settings.MAX_FAILOVERS,
         "nav": "jobs",
     }
@@ -284,7 +280,7 @@ def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
 def job_resume(request: HttpRequest, pk: int) -> HttpResponse:
     """Resume a Stopped / internalerror job from its last committed checkpoint (a new attempt)."""
     job = get_object_or_404(visible_jobs(request), pk=pk)
-    step = last_checkpoint_step(job)
+    step = last_checkpoint_step(job.pk)
     try:
         resume_job(job, actor=request.user.get_username(), checkpoint_step=step)
     except JobActionRefused as exc:

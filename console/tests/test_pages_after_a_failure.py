@@ -12,6 +12,7 @@ from django.utils import timezone
 from jobs.models import JobAttempt, JobEvent
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint, LogLine
+from console.tests.api_fixtures import api_as  # noqa: F401
 from console.tests.page_fixtures import login, put_in_status  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -83,3 +84,13 @@ def test_outsiders_cannot_resume(login, outsider, make_job):
     assert login(outsider).post(reverse("jobs:resume", args=[job.pk])).status_code == 404
     job.refresh_from_db()
     assert job.status == JobStatus.STOPPED
+
+
+def test_the_api_resumes_a_stopped_job_with_a_checkpoint_and_refuses_one_without(api_as, owner, make_job):
+    api = api_as(owner)
+    job = failed_run(make_job, JobStatus.STOPPED)
+    refused = api.post(f"/api/v1/training-jobs/{job.pk}/resume/")
+    assert refused.status_code == 409 and "no committed checkpoint" in refused.json()["detail"]
+    Checkpoint.objects.create(job=job, attempt=1, step=30, committed_at=timezone.now())
+    response = api.post(f"/api/v1/training-jobs/{job.pk}/resume/")
+    assert response.status_code == 200 and response.json()["status"] == "Pending"
