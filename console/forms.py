@@ -9,7 +9,7 @@ from django.core.validators import RegexValidator
 from django.db.models import QuerySet
 
 from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, normalize_newlines, parse_env_text, validate_command
-from jobs.models import DNS_LABEL, Project, TrainingJob
+from jobs.models import DNS_LABEL, Image, Project, TrainingJob
 from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.paths import PathRefused, check_output_dir, volumes_of
@@ -106,6 +106,20 @@ class TrainingJobForm(forms.Form):
             self.fields["command"].initial = EXAMPLE_COMMAND
         if "image" not in self.initial:
             self.fields["image"].initial = settings.DEFAULT_IMAGE
+        self.offer_registered_images()
+
+    def offer_registered_images(self) -> None:
+        """Users choose among the registered images; operators (staff) may also type any name:tag
+        (a new image is tried, and waits in imagepullbackoff until it is registered)."""
+        registered = list(Image.objects.order_by("reference").values_list("reference", "description"))
+        if self.owner.is_staff or not registered:
+            return
+        self.fields["image"] = forms.ChoiceField(
+            choices=[(ref, f"{ref} — {text}" if text else ref) for ref, text in registered],
+            initial=self.fields["image"].initial,
+            help_text="An image an operator registered: its Python environment runs your command.",
+            error_messages={"invalid_choice": "Choose one of the registered images."},
+        )
 
     @classmethod
     def initial_from(cls, source: TrainingJob, *, name: str, project: Project) -> dict[str, Any]:
