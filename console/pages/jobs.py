@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm
+from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, visible_volumes_text
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.paths import default_output_dir, volumes_of
@@ -162,7 +162,8 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
             messages.success(request, format_html('Training Job {} created. It is <span data-field="status_text">{}</span>.', job.name, job.status))
             return redirect("jobs:detail", pk=job.pk)
     images = Image.objects.order_by("reference").values_list("reference", "description")
-    context = {"form": form, "source": source, "images": images, "nav": "jobs"}
+    context = {"form": form, "source": source, "images": images, "nav": "jobs",
+               "volumes_text": visible_volumes_text(form.fields["project"].queryset)}
     if source is not None and request.GET.get("fix") and source.status in FIXABLE:
         # "Clone and fix": quote the line the failed run ended on above the prefilled form.
         last = source.attempts.order_by("-number").first()
