@@ -62,3 +62,20 @@ def test_a_list_filtered_to_finished_jobs_gains_a_job_when_it_finishes(users, pa
     assert set(before) <= set(row_ids(page))
     assert page.evaluate("window.__noReload") == "same page"
     assert page.js_errors == []
+
+
+def test_bulk_stop_names_the_selected_jobs_before_it_stops_them(users, page):
+    console = users
+    job = console.create_job(OWNER[0], "bulk-stop-me", "python -c \"import time; time.sleep(60)\"")
+    console.wait_for_job(job["id"], "Running", timeout=60)
+    login(page, console, *OWNER)
+    page.goto(f"{console.base_url}/")
+    page.locator(f"#select-{job['id']}").check()
+    page.get_by_role("button", name="Stop", exact=True).click()
+    dialog = page.locator("[data-confirm-dialog]")
+    assert dialog.is_visible()
+    assert "Stop 1 job?" in dialog.inner_text() and "bulk-stop-me" in dialog.inner_text()
+    dialog.locator("[data-confirm-yes]").click()
+    page.wait_for_selector(".message--success:has-text('bulk-stop-me')")
+    console.wait_for_job(job["id"], "Stopped", timeout=60)
+    assert page.js_errors == []

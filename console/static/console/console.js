@@ -50,6 +50,34 @@
     refresh();
   }
 
+  // A bulk action names what it acts on: an in-page dialog lists the selected jobs before it runs.
+  var dialog = document.querySelector("[data-confirm-dialog]");
+  if (bulkForm && dialog && typeof dialog.showModal === "function") {
+    var pending = null;
+    bulkForm.addEventListener("click", function (event) {
+      var button = event.target.closest("[data-confirm-selected]");
+      if (!button) { return; }
+      event.preventDefault();
+      var names = Array.prototype.slice.call(bulkForm.querySelectorAll('input[name="job_ids"]:checked')).map(function (box) {
+        var link = box.closest("tr").querySelector('[data-field="name"] a');
+        return link ? link.textContent : box.value;
+      });
+      var verb = button.getAttribute("data-confirm-selected");
+      dialog.querySelector("[data-confirm-title]").textContent = verb + " " + names.length + " job" + (names.length === 1 ? "" : "s") + "?";
+      var list = dialog.querySelector("[data-confirm-names]");
+      list.textContent = "";
+      names.forEach(function (name) { var li = document.createElement("li"); li.textContent = name; list.appendChild(li); });
+      dialog.querySelector("[data-confirm-yes]").textContent = verb;
+      pending = button;
+      dialog.showModal();
+    });
+    dialog.querySelector("[data-confirm-yes]").addEventListener("click", function () {
+      dialog.close();
+      if (pending) { bulkForm.requestSubmit(pending); pending = null; }
+    });
+    dialog.querySelector("[data-confirm-no]").addEventListener("click", function () { pending = null; dialog.close(); });
+  }
+
   // A select that applies itself (the log's stream selector); its form keeps a submit button.
   document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
     select.addEventListener("change", function () { select.form.submit(); });
