@@ -23,7 +23,7 @@ from jobs.models import Image, Project, TrainingJob
 from jobs.services.paths import default_output_dir, volumes_of
 from jobs.services.creation import clone_name, create_job, personal_project_for
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
-from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, JobStatus
+from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, TERMINAL, JobStatus
 from logs.models import Checkpoint, JobProgress
 from logs.progress import chart_points
 from jobs.services.samples import samples_of
@@ -205,6 +205,8 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_stop": job.status in STOPPABLE,
         "can_delete": job.status in DELETABLE,
         "can_fix": job.status in FIXABLE,
+        # "Pending - …" statuses that are final: say so, they read like waiting.
+        "final_pending": job.status in TERMINAL and job.status.startswith("Pending"),
         "resume_step": last_checkpoint_step(job.pk) if job.status in RESUMABLE else None,
         "max_failovers": settings.MAX_FAILOVERS,
         "nav": "jobs",

@@ -94,3 +94,11 @@ def test_the_api_resumes_a_stopped_job_with_a_checkpoint_and_refuses_one_without
     Checkpoint.objects.create(job=job, attempt=1, step=30, committed_at=timezone.now())
     response = api.post(f"/api/v1/training-jobs/{job.pk}/resume/")
     assert response.status_code == 200 and response.json()["status"] == "Pending"
+
+
+def test_a_final_pending_status_says_it_is_final(login, owner, make_job):
+    job = failed_run(make_job)
+    html = login(owner).get(reverse("jobs:detail", args=[job.pk])).content.decode()
+    assert "is final, not waiting" in html
+    waiting = make_job(name="waiting")
+    assert "is final, not waiting" not in login(owner).get(reverse("jobs:detail", args=[waiting.pk])).content.decode()
