@@ -221,12 +221,26 @@ class JobListFilterForm(forms.Form):
     """The list's querystring: filters, search, sort and page size. Bad values fall back to defaults."""
 
     q = forms.CharField(label="Search by name", required=False, max_length=63)
+    # One Status select: a group ("group:<name>") or one exact status. ``?group=<name>`` (older
+    # links) is read as the same group.
     status = forms.ChoiceField(
-        label="Status", required=False, choices=[("", "Any status"), *JobStatus.choices], widget=AUTOSUBMIT
+        label="Status",
+        required=False,
+        choices=[
+            ("", "Any status"),
+            ("Groups", [(f"group:{name}", label) for name, label in GROUP_LABELS.items()]),
+            ("Exact status", JobStatus.choices),
+        ],
+        widget=AUTOSUBMIT,
     )
-    group = forms.ChoiceField(
-        label="Status group", required=False, choices=[("", "Any group"), *GROUP_LABELS.items()], widget=AUTOSUBMIT
-    )
+    group = forms.ChoiceField(required=False, choices=[("", ""), *GROUP_LABELS.items()], widget=forms.HiddenInput)
+
+    def __init__(self, data: Any = None, *args: Any, **kwargs: Any) -> None:
+        if data is not None and data.get("group") and not data.get("status"):
+            data = data.copy()
+            data["status"] = f"group:{data.get('group')}"
+            del data["group"]
+        super().__init__(data, *args, **kwargs)
     type = forms.ChoiceField(
         label="Type", required=False, choices=[("", "Any type"), *TrainingJob.JobType.choices], widget=AUTOSUBMIT
     )
@@ -278,7 +292,10 @@ class JobListFilterForm(forms.Form):
         if query := (self.value("q") or "").strip():
             jobs = jobs.filter(name__icontains=query)
         if status := self.value("status"):
-            jobs = jobs.filter(status=status)
+            if status.startswith("group:"):
+                jobs = jobs.filter(status__in=statuses_of_group(status.removeprefix("group:")))
+            else:
+                jobs = jobs.filter(status=status)
         if group := self.value("group"):
             jobs = jobs.filter(status__in=statuses_of_group(group))
         if job_type := self.value("type"):
