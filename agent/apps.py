@@ -2,6 +2,12 @@ from django.apps import AppConfig
 
 
 class AgentConfig(AppConfig):
-    # No models: an app so Celery finds ``agent.tasks`` and Django its place in the layers.
+    # An app so Celery finds ``agent.tasks`` and Django its place in the layers.
     name = "agent"
     verbose_name = "Node agent"
+
+    def ready(self) -> None:
+        from agent.plugins import register
+        from agent.sampling import ResourceSampler
+
+        register(ResourceSampler)

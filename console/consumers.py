@@ -5,6 +5,7 @@ Messages to the client (JSON):
   snapshot then (``jobs:live``), so nothing that changed before is missed;
 * ``{"type": "job", "job": {snapshot, see ``console.live``}, "from": "Running", "now": iso}`` on
   each status change;
+* ``{"type": "deleted", "job": id, "now": iso}`` when a job the user could see is deleted;
 * ``{"type": "progress", "job": id, "progress": {...}, "checkpoints": [...], "now": iso}`` as
   the log tells progress (at most about once a second per job) and on each checkpoint.
 Staff get every job; others the jobs they may see, checked per message. The socket is one-way.
@@ -21,7 +22,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from console.live import server_now, visible_snapshot
-from jobs.models import TrainingJob
+from jobs.models import Project, TrainingJob
 from jobs.realtime import job_group, job_metrics_group, jobs_group
 from jobs.sockets import AccessRechecks
 
@@ -106,6 +107,15 @@ class TrainingJobsConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
         if found is not None:
             await self.send_json({"type": "job", "job": found, "from": event.get("from", ""), "now": server_now()})
 
+    async def job_deleted(self, event: dict[str, Any]) -> None:
+        """A deleted job leaves the open lists (and its own page) of those who could see it."""
+        job_id = event.get("job")
+        if not self.wants(job_id):
+            return
+        if self.user.is_staff or self.visible.get(job_id) or await self.could_see(event.get("owner"), event.get("project")):
+            self.visible.pop(job_id, None)
+            await self.send_json({"type": "deleted", "job": job_id, "now": server_now()})
+
     async def job_progress(self, event: dict[str, Any]) -> None:
         job_id = event.get("job")
         if not self.wants(job_id) or not await self.may_see(job_id):
@@ -148,6 +158,10 @@ class TrainingJobsConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
     @database_sync_to_async
     def is_visible(self, job_id: int) -> bool:
         return TrainingJob.objects.visible_to(self.user).filter(pk=job_id).exists()
+
+    @database_sync_to_async
+    def could_see(self, owner_id: Any, project_id: Any) -> bool:
+        return owner_id == self.user.pk or Project.objects.filter(pk=project_id, members=self.user).exists()
 
     @database_sync_to_async
     def snapshot(self, job_id: int) -> dict[str, Any] | None:

@@ -8,14 +8,25 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db.models import QuerySet
 
-from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, parse_env_text, validate_command
-from jobs.models import DNS_LABEL, Project, TrainingJob
+from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, normalize_newlines, parse_env_text, validate_command
+from jobs.models import DNS_LABEL, Image, Project, TrainingJob
+from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.limits import LimitRefused, check_limits, default_limits, format_cpus, format_memory, parse_memory
 from jobs.services.paths import PathRefused, check_output_dir, volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
 
 IMAGE_REFERENCE = RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag, e.g. pytorch:2.13-py3.11.")
+
+
+def normalized_form_data(data: Any) -> Any:
+    """A copy of submitted form data with CRLF line endings (every textarea sends them) made LF."""
+    if not hasattr(data, "lists"):
+        return {key: normalize_newlines(value) if isinstance(value, str) else value for key, value in data.items()}
+    copy = data.copy()
+    for key, values in data.lists():
+        copy.setlist(key, [normalize_newlines(value) if isinstance(value, str) else value for value in values])
+    return copy
 
 
 class TrainingJobForm(forms.Form):
@@ -56,7 +67,10 @@ class TrainingJobForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono", "placeholder": "NAME=value"}),
         help_text="One NAME=value per line.",
     )
-    gpus_per_node = forms.IntegerField(label="GPUs per node", min_value=0, max_value=64, initial=1)
+    gpus_per_node = forms.IntegerField(
+        label="GPUs per node", min_value=0, max_value=64, initial=1,
+        help_text="0 makes a CPU job: it runs on a node without any GPU of its own (CUDA_VISIBLE_DEVICES is empty).",
+    )
     node_count = forms.IntegerField(label="Nodes", min_value=1, max_value=64, initial=1)
     failover_enabled = forms.BooleanField(
         label="Job Failover",
@@ -98,6 +112,8 @@ class TrainingJobForm(forms.Form):
         kwargs.setdefault("label_suffix", "")
         super().__init__(*args, **kwargs)
         self.owner = owner
+        if self.is_bound:
+            self.data = normalized_form_data(self.data)
         self.fields["project"].queryset = Project.objects.filter(members=owner).order_by("name")
         self.fields["output_dir"].help_text += " " + visible_volumes_text(self.fields["project"].queryset)
         if "command" not in self.initial:
@@ -107,6 +123,20 @@ class TrainingJobForm(forms.Form):
         cpus, memory = default_limits()
         self.fields["cpu_limit"].help_text += f" Default: {format_cpus(cpus) if cpus else 'no limit'}."
         self.fields["memory_limit_mb"].help_text += f" Default: {format_memory(memory) if memory else 'no limit'}."
+        self.offer_registered_images()
+
+    def offer_registered_images(self) -> None:
+        """Users choose among the registered images; operators (staff) may also type any name:tag
+        (a new image is tried, and waits in imagepullbackoff until it is registered)."""
+        registered = list(Image.objects.order_by("reference").values_list("reference", "description"))
+        if self.owner.is_staff or not registered:
+            return
+        self.fields["image"] = forms.ChoiceField(
+            choices=[(ref, f"{ref} — {text}" if text else ref) for ref, text in registered],
+            initial=self.fields["image"].initial,
+            help_text="An image an operator registered: its Python environment runs your command.",
+            error_messages={"invalid_choice": "Choose one of the registered images."},
+        )
 
     @classmethod
     def initial_from(cls, source: TrainingJob, *, name: str, project: Project) -> dict[str, Any]:
@@ -150,6 +180,10 @@ class TrainingJobForm(forms.Form):
                     data[name] = check_limits(**{name: data[name]})[name]
                 except LimitRefused as exc:
                     self.add_error(name, forms.ValidationError(str(exc), code="limit"))
+        if data.get("gpus_per_node") is not None and data.get("node_count"):
+            refusal = shape_refusal(data["gpus_per_node"], data["node_count"])
+            if refusal:
+                self.add_error("gpus_per_node", forms.ValidationError(refusal, code="shape"))
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.owner)
             try:
@@ -217,12 +251,26 @@ class JobListFilterForm(forms.Form):
     """The list's querystring: filters, search, sort and page size. Bad values fall back to defaults."""
 
     q = forms.CharField(label="Search by name", required=False, max_length=63)
+    # One Status select: a group ("group:<name>") or one exact status. ``?group=<name>`` (older
+    # links) is read as the same group.
     status = forms.ChoiceField(
-        label="Status", required=False, choices=[("", "Any status"), *JobStatus.choices], widget=AUTOSUBMIT
+        label="Status",
+        required=False,
+        choices=[
+            ("", "Any status"),
+            ("Groups", [(f"group:{name}", label) for name, label in GROUP_LABELS.items()]),
+            ("Exact status", JobStatus.choices),
+        ],
+        widget=AUTOSUBMIT,
     )
-    group = forms.ChoiceField(
-        label="Status group", required=False, choices=[("", "Any group"), *GROUP_LABELS.items()], widget=AUTOSUBMIT
-    )
+    group = forms.ChoiceField(required=False, choices=[("", ""), *GROUP_LABELS.items()], widget=forms.HiddenInput)
+
+    def __init__(self, data: Any = None, *args: Any, **kwargs: Any) -> None:
+        if data is not None and data.get("group") and not data.get("status"):
+            data = data.copy()
+            data["status"] = f"group:{data.get('group')}"
+            del data["group"]
+        super().__init__(data, *args, **kwargs)
     type = forms.ChoiceField(
         label="Type", required=False, choices=[("", "Any type"), *TrainingJob.JobType.choices], widget=AUTOSUBMIT
     )
@@ -262,6 +310,11 @@ class JobListFilterForm(forms.Form):
         return self.value("sort") or "-created"
 
     @property
+    def rows_follow_status(self) -> bool:
+        """Which rows the page holds depends on job statuses (a status filter or sort)."""
+        return bool(self.value("status") or self.value("group")) or self.sort_key in ("status", "-status")
+
+    @property
     def is_filtered(self) -> bool:
         return any(self.value(name) for name in ("q", "status", "group", "type"))
 
@@ -269,7 +322,10 @@ class JobListFilterForm(forms.Form):
         if query := (self.value("q") or "").strip():
             jobs = jobs.filter(name__icontains=query)
         if status := self.value("status"):
-            jobs = jobs.filter(status=status)
+            if status.startswith("group:"):
+                jobs = jobs.filter(status__in=statuses_of_group(status.removeprefix("group:")))
+            else:
+                jobs = jobs.filter(status=status)
         if group := self.value("group"):
             jobs = jobs.filter(status__in=statuses_of_group(group))
         if job_type := self.value("type"):

@@ -182,9 +182,10 @@ LOGIN_REDIRECT_URL = "jobs:list"
 LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {
+    # Token first: its challenge makes an anonymous call 401 with "WWW-Authenticate: Token".
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
         "knox.auth.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_THROTTLE_RATES": {"token": env_str("TOKEN_THROTTLE_RATE", "10/min")},
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -214,6 +215,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # Tags by resource (training-jobs, nodes, auth), not by the version segment.
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
 }
 
 # --- Training platform -------------------------------------------------------------------------
@@ -228,6 +231,8 @@ SIMULATED_GPUS_PER_NODE = env_int("SIMULATED_GPUS_PER_NODE", 4)
 SIMULATED_GPU_MODEL = env_str("SIMULATED_GPU_MODEL", "Simulated H100 80GB")
 # How often the embedded control loop places jobs and polls runs (seconds).
 AGENT_POLL_INTERVAL = env_float("AGENT_POLL_INTERVAL", 0.5)
+# How often the node agent samples each run's GPU and host usage (seconds; 0 turns sampling off).
+RESOURCE_SAMPLE_INTERVAL = env_float("RESOURCE_SAMPLE_INTERVAL", 5.0)
 # How often the embedded agent reads the runs' output and exits between rounds (seconds).
 OUTPUT_POLL_INTERVAL = env_float("OUTPUT_POLL_INTERVAL", 0.1)
 # SIGTERM → SIGKILL grace period when a job is stopped (seconds).
@@ -272,7 +277,12 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+    "filters": {"client_errors_without_traceback": {"()": "console.log_filters.ClientErrorsWithoutTraceback"}},
+    "loggers": {
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+        "django.request": {"filters": ["client_errors_without_traceback"]},
+    },
 }
 
 # --- Job Failover ------------------------------------------------------------------------------

@@ -3,7 +3,10 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
+
+from console.api.schema import SchemaView
+from console.views import favicon
 
 from console.pages import account, nodes, queue
 
@@ -19,12 +22,13 @@ urlpatterns = [
     path("api/v1/", include("failover.api_urls")),
     path("api/v1/", include("logs.api_urls")),
     path("api/v1/", include("console.api.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/", SchemaView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("nodes/", include(([path("", nodes.node_list, name="list"), path("<str:name>/<str:action>/", nodes.node_action, name="action")], "nodes"))),
     path("queue/", include(([path("", queue.queue_page, name="page")], "queue"))),
     path("", include("console.pages.urls")),
+    path("favicon.ico", favicon),
 ]
 
 handler404 = "console.views.not_found"

@@ -1,7 +1,8 @@
-"""Error pages: a clear message, never a stack trace."""
+"""Error pages (a clear message, never a stack trace) and the favicon."""
 from __future__ import annotations
 
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.templatetags.static import static
 
 
 def not_found(request, exception=None):
@@ -18,3 +19,8 @@ def bad_request(request, exception=None):
 
 def server_error(request):
     return render(request, "errors/error.html", {"code": 500, "title": "Something went wrong", "message": "The error was logged for the operators. Please try again."}, status=500)
+
+
+def favicon(request):
+    """Browsers ask for /favicon.ico whatever the page links: send them to the console's icon."""
+    return redirect(static("console/favicon.svg"), permanent=True)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from typing import Any
 
 LAUNCHERS = ("python", "python3", "torchrun", "deepspeed", "accelerate")
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -43,12 +44,31 @@ def reserved_reason(name: str) -> str | None:
 
 EXAMPLE_COMMAND = (
     'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" \\\n'
-    "python -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR"
+    "python -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR --datastates"
 )
 
 
 class CommandError(ValueError):
     pass
+
+
+def normalize_newlines(text: str) -> str:
+    r"""Unix line endings. A browser's textarea sends CRLF, and bash reads ``\`` before a CR as
+    an escaped CR, not a line continuation: ``VAR=value \`` would silently be lost."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def normalize_text_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with every string value, and every string in a dict value (env), normalised."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return normalize_newlines(value)
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        return value
+
+    return {key: clean(value) for key, value in fields.items()}
 
 
 def logical_lines(command: str) -> list[str]:
@@ -129,7 +149,7 @@ def validate_env(env: object) -> dict[str, str]:
             raise ValueError(why)
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError(f"The value of {name} must be a string or a number.")
-        text = str(value)
+        text = normalize_newlines(str(value))
         if "\x00" in text or len(text) > 10_000:
             raise ValueError(f"The value of {name} is not allowed (NUL character or over 10,000 characters).")
         clean[name] = text

@@ -349,3 +349,23 @@ class JobExclusion(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "node", "gpu"], name="exclusion_unique")]
+
+
+class ResourceSample(models.Model):
+    """What a job's run used over ``span_s`` seconds ending at ``ts``, as its node agent sampled it:
+    the mean utilisation and the summed memory and power of the job's GPUs, and its processes'
+    host CPU and memory. Older samples are merged pairwise (``jobs.services.samples``), so a job
+    keeps at most a few hundred rows however long it runs: recent ones fine, older ones coarse."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="resource_samples")
+    attempt = models.PositiveSmallIntegerField()
+    ts = models.DateTimeField()
+    span_s = models.FloatField(default=0.0)
+    gpu_util = models.FloatField(null=True, blank=True)  # percent, mean over the job's GPUs
+    gpu_mem_mb = models.FloatField(null=True, blank=True)  # MiB in use, summed over the job's GPUs
+    power_w = models.FloatField(null=True, blank=True)  # watts, summed over the job's GPUs
+    cpu_percent = models.FloatField(null=True, blank=True)  # of one core (200 = two cores busy)
+    host_mem_mb = models.FloatField(null=True, blank=True)  # resident memory of the job's processes
+
+    class Meta:
+        indexes = [models.Index(fields=["job", "ts"], name="resource_sample_job_ts")]

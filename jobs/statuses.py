@@ -45,14 +45,18 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.FAILOVER_IN_PROGRESS: frozenset(
         {S.RUNNING, S.INTERNAL_ERROR, S.MAX_RETRIES_EXCEEDED, S.IMAGE_PULL_BACKOFF, S.STOPPED, S.FAILED}
     ),
-    S.INTERNAL_ERROR: frozenset(),
+    # → Pending only by the user's Resume (jobs.services.actions.resume_job): a new attempt from
+    # the last committed checkpoint.
+    S.INTERNAL_ERROR: frozenset({S.PENDING}),
     S.MAX_RETRIES_EXCEEDED: frozenset(),
     S.COMPLETED: frozenset(),
     S.FAILED: frozenset(),
-    S.STOPPED: frozenset(),
+    S.STOPPED: frozenset({S.PENDING}),
 }
 
-TERMINAL = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
+# Finished: nothing moves these on by itself (a user may Resume a RESUMABLE one).
+TERMINAL = frozenset({S.INTERNAL_ERROR, S.MAX_RETRIES_EXCEEDED, S.COMPLETED, S.FAILED, S.STOPPED})
+RESUMABLE = frozenset({S.STOPPED, S.INTERNAL_ERROR})
 ACTIVE = frozenset(JobStatus.values) - TERMINAL
 # Waiting for a placement: the placement loop looks at these.
 WAITING = frozenset({S.PENDING, S.IMAGE_PULL_BACKOFF, S.FAILOVER_IN_PROGRESS})

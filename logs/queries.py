@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobs.models import JobEvent
-from logs.models import LogLine
+from logs.models import Checkpoint, LogLine
 
 STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"  # as the API schema shows it
 
@@ -116,3 +116,24 @@ def stream_tail(job_id: int, requested_stream: str | None, count: int) -> Stream
     lines = list(LogLine.objects.filter(job_id=job_id, stream=stream).order_by("-seq")[:count])[::-1]
     earlier = bool(lines) and LogLine.objects.filter(job_id=job_id, stream=stream, seq__lt=lines[0].seq).exists()
     return StreamTail(streams, stream, lines, earlier)
+
+
+# What a failing line looks like: a Python exception, a shell or launcher error, a CUDA/NCCL error.
+FAILURE_TEXT = re.compile(r"Traceback|Error\b|Exception\b|error:|command not found|Killed|CUDA error|NCCL", re.IGNORECASE)
+FAILURE_SCAN = 200
+
+
+def failing_line(job_id: int, *, attempt: int) -> LogLine | None:
+    """The line that tells why an attempt failed: among its last lines (every stream), the newest
+    one that reads like an error (an exception's last line rather than its Traceback header),
+    else its very last line; None when it wrote nothing."""
+    lines = list(LogLine.objects.filter(job_id=job_id, attempt=attempt).order_by("-seq").only("seq", "stream", "attempt", "text")[:FAILURE_SCAN])
+    for line in lines:
+        if FAILURE_TEXT.search(line.text) and not line.text.startswith("Traceback"):
+            return line
+    return lines[0] if lines else None
+
+
+def last_checkpoint_step(job_id: int) -> int | None:
+    """The step of the job's newest committed checkpoint (what Resume starts from), or None."""
+    return Checkpoint.objects.filter(job_id=job_id).order_by("-committed_at", "-id").values_list("step", flat=True).first()

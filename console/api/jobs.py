@@ -35,13 +35,15 @@ from console.api.serializers import (
     LogPageSerializer,
     LogQuerySerializer,
     NodeSerializer,
+    ResourceSampleSerializer,
     TrainingJobSerializer,
 )
+from jobs.services.samples import samples_of
 from jobs.services.creation import JobRefused, clone_job, create_job
-from jobs.services.actions import JobActionRefused, delete_job, request_stop
+from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
 from jobs.services.nodes import set_cordoned
 from jobs.statuses import JobStatus
-from logs.queries import read_log_page
+from logs.queries import last_checkpoint_step, read_log_page
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +208,27 @@ class TrainingJobViewSet(
         return Response(self.get_serializer(self.get_object()).data)
 
     @extend_schema(
+        summary="Resume a job from its last checkpoint",
+        parameters=[JOB_ID],
+        description="A Stopped or `Pending - internalerror` job with a committed checkpoint goes back to Pending; "
+        "its next attempt starts with `CKPT_LAST_STEP` (the newest checkpoint in its output directory).",
+        request=None,
+        responses={
+            200: TrainingJobSerializer,
+            404: JOB_NOT_FOUND,
+            409: OpenApiResponse(ErrorSerializer, description="Not Stopped / internalerror, or no committed checkpoint."),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            resume_job(job, actor=request.user.get_username(), checkpoint_step=last_checkpoint_step(job.pk))
+        except JobActionRefused as exc:
+            return conflict(exc)
+        return Response(self.get_serializer(self.get_object()).data)
+
+    @extend_schema(
         summary="Clone a job",
         parameters=[JOB_ID],
         description="A new Pending job with the same settings, owned by you; named <name>-copy unless given.",
@@ -246,6 +269,20 @@ class TrainingJobViewSet(
         job = self.get_object()
         attempts = job.attempts.order_by("number").prefetch_related("placements__node")
         return Response(JobAttemptSerializer(attempts, many=True).data)
+
+    @extend_schema(
+        summary="A job's GPU and host usage over time",
+        description="Samples the node agent took of the job's runs, oldest first: GPU utilisation (mean, %), "
+        "GPU memory (MiB) and power (W) summed over the job's GPUs, host CPU (% of one core) and memory (MiB) "
+        "of its processes. Older samples are merged (their `span_s` grows), so a long job keeps a few hundred. "
+        "Simulated GPUs give synthetic readings.",
+        parameters=[JOB_ID],
+        responses={200: ResourceSampleSerializer(many=True), 404: JOB_NOT_FOUND},
+    )
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def metrics(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        return Response(ResourceSampleSerializer(samples_of(job.pk), many=True).data)
 
     @extend_schema(
         summary="A range of a job's log",

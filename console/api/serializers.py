@@ -13,8 +13,9 @@ from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.lib import CommandError, validate_command, validate_env
+from jobs.lib import CommandError, normalize_newlines, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
+from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.limits import LimitRefused, check_limits, limits_of
 from jobs.services.paths import PathRefused, check_output_dir
@@ -35,7 +36,7 @@ class TextField(serializers.CharField):
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
-        return super().to_internal_value(data)
+        return super().to_internal_value(normalize_newlines(data))
 
 
 @extend_schema_field({"type": "object", "additionalProperties": {"type": "string"}, "example": {"HF_DATASETS_OFFLINE": "1"}})
@@ -165,6 +166,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             data.update(check_limits(data.get("cpu_limit"), data.get("memory_limit_mb")))
         except LimitRefused as exc:
             raise serializers.ValidationError({exc.field: [str(exc)]}) from None
+        refusal = shape_refusal(data.get("gpus_per_node", 1), data.get("node_count", 1))
+        if refusal:
+            raise serializers.ValidationError({"gpus_per_node": [refusal]})
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.context["request"].user)
             try:
@@ -236,6 +240,17 @@ class JobAttemptSerializer(serializers.ModelSerializer):
 
     def get_nodes(self, attempt: JobAttempt) -> list[str]:
         return [placement.node.name for placement in attempt.placements.all()]
+
+
+class ResourceSampleSerializer(serializers.Serializer):
+    attempt = serializers.IntegerField()
+    ts = serializers.DateTimeField(help_text="The end of the sampled span.")
+    span_s = serializers.FloatField(help_text="Seconds this sample covers (merged samples cover more).")
+    gpu_util = serializers.FloatField(allow_null=True, help_text="GPU utilisation, %, mean over the job's GPUs.")
+    gpu_mem_mb = serializers.FloatField(allow_null=True, help_text="GPU memory in use, MiB, summed over the job's GPUs.")
+    power_w = serializers.FloatField(allow_null=True, help_text="GPU power, W, summed over the job's GPUs.")
+    cpu_percent = serializers.FloatField(allow_null=True, help_text="Host CPU of the job's processes, % of one core.")
+    host_mem_mb = serializers.FloatField(allow_null=True, help_text="Resident host memory of the job's processes, MiB.")
 
 
 class LogLineSerializer(serializers.Serializer):

@@ -13,21 +13,23 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm
+from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, visible_volumes_text
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.limits import limits_of, unenforced_nodes
 from jobs.services.paths import default_output_dir, volumes_of
 from jobs.services.creation import JobRefused, clone_name, create_job, personal_project_for
-from jobs.services.actions import JobActionRefused, delete_job, request_stop
-from jobs.statuses import DELETABLE, STOPPABLE
+from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
+from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, TERMINAL, JobStatus
 from logs.models import Checkpoint, JobProgress
 from logs.progress import chart_points
-from logs.queries import stream_tail
+from jobs.services.samples import samples_of
+from logs.queries import failing_line, last_checkpoint_step, stream_tail
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +126,30 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     return redirect(back)
 
 
+# A run of these ended in an error the user may fix: the detail page offers "Clone and fix".
+FIXABLE = frozenset({JobStatus.FAILED, JobStatus.INTERNAL_ERROR, JobStatus.MAX_RETRIES_EXCEEDED})
+
+
+def chart_markers(job: TrainingJob, attempts: list) -> dict[str, list[dict[str, Any]]]:
+    """Where the charts mark a new attempt (failover, resume) and each committed checkpoint."""
+    checkpoints = Checkpoint.objects.filter(job=job).order_by("committed_at").values_list("step", "committed_at")[:500]
+    return {
+        "attempts": [
+            {"number": a.number, "started_at": a.started_at.isoformat() if a.started_at else None, "resume_step": a.resume_step}
+            for a in attempts
+        ],
+        "checkpoints": [{"step": step, "at": at.isoformat()} for step, at in checkpoints],
+    }
+
+
+def with_failing_lines(job: TrainingJob, attempts: list) -> list:
+    """Each attempt that ended badly gets ``failing_line``: the log line that tells why (or None)."""
+    for attempt in attempts:
+        ended_badly = attempt.ended_at and (attempt.exit_code not in (0, None) or attempt.exit_signal or attempt.verdict)
+        attempt.failing_line = failing_line(job.pk, attempt=attempt.number) if ended_badly else None
+    return attempts
+
+
 def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: TrainingJob | None = None) -> HttpResponse:
     """The create form (blank or cloned from ``source``); a valid POST creates the job."""
     form = TrainingJobForm(request.POST or None, owner=request.user, initial=initial)
@@ -136,10 +162,17 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
         except JobRefused as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Training Job {job.name} created. It is {job.status}.")
+            # The status is marked so the detail page's live updates keep the message true.
+            messages.success(request, format_html('Training Job {} created. It is <span data-field="status_text">{}</span>.', job.name, job.status))
             return redirect("jobs:detail", pk=job.pk)
     images = Image.objects.order_by("reference").values_list("reference", "description")
-    return render(request, "jobs/job_form.html", {"form": form, "source": source, "images": images, "nav": "jobs"})
+    context = {"form": form, "source": source, "images": images, "nav": "jobs",
+               "volumes_text": visible_volumes_text(form.fields["project"].queryset)}
+    if source is not None and request.GET.get("fix") and source.status in FIXABLE:
+        # "Clone and fix": quote the line the failed run ended on above the prefilled form.
+        last = source.attempts.order_by("-number").first()
+        context["fix_line"] = failing_line(source.pk, attempt=last.number) if last else None
+    return render(request, "jobs/job_form.html", context)
 
 
 @login_required
@@ -175,6 +208,10 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "tabs": [(name, name.capitalize()) for name in TABS],
         "can_stop": job.status in STOPPABLE,
         "can_delete": job.status in DELETABLE,
+        "can_fix": job.status in FIXABLE,
+        # "Pending - …" statuses that are final: say so, they read like waiting.
+        "final_pending": job.status in TERMINAL and job.status.startswith("Pending"),
+        "resume_step": last_checkpoint_step(job.pk) if job.status in RESUMABLE else None,
         "max_failovers": settings.MAX_FAILOVERS,
         "nav": "jobs",
     }
@@ -184,8 +221,11 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context["limits"] = limits_of(job)
     context["limits_unenforced"] = unenforced_nodes(job) if context["limits"].any else []
     if tab == "details":
-        context["attempts"] = job.attempts.prefetch_related("placements__node").order_by("number")
+        context["attempts"] = with_failing_lines(job, list(job.attempts.prefetch_related("placements__node").order_by("number")))
         context["chart_points"] = chart_points(job.pk)
+        context["metrics_samples"] = samples_of(job.pk)
+        context["sample_interval"] = settings.RESOURCE_SAMPLE_INTERVAL
+        context["chart_markers"] = chart_markers(job, context["attempts"])
     elif tab == "logs":
         context.update(log_tab(job, request.GET.get("stream")))
     elif tab == "checkpoints":
@@ -212,7 +252,7 @@ def checkpoints_tab(job: TrainingJob) -> dict[str, Any]:
 
 def failover_timeline(job: TrainingJob) -> list[dict[str, Any]]:
     """Each attempt with where it ran, how it ended, the verdict and evidence, and its events."""
-    attempts = list(job.attempts.prefetch_related("placements__node").order_by("number"))
+    attempts = with_failing_lines(job, list(job.attempts.prefetch_related("placements__node").order_by("number")))
     events: dict[int | None, list] = {}
     for event in job.events.order_by("created_at", "id"):
         events.setdefault(event.attempt, []).append(event)
@@ -242,8 +282,23 @@ def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
     except JobActionRefused as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"{job.name} is {new_status}.")
+        messages.success(request, format_html('{} is <span data-field="status_text">{}</span>.', job.name, new_status))
     return redirect(safe_next(request, reverse("jobs:detail", args=[job.pk])))
+
+
+@login_required
+@require_POST
+def job_resume(request: HttpRequest, pk: int) -> HttpResponse:
+    """Resume a Stopped / internalerror job from its last committed checkpoint (a new attempt)."""
+    job = get_object_or_404(visible_jobs(request), pk=pk)
+    step = last_checkpoint_step(job.pk)
+    try:
+        resume_job(job, actor=request.user.get_username(), checkpoint_step=step)
+    except JobActionRefused as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, format_html('{} resumes from checkpoint step {}. It is <span data-field="status_text">Pending</span>.', job.name, step))
+    return redirect("jobs:detail", pk=job.pk)
 
 
 @login_required

@@ -14,4 +14,5 @@ urlpatterns = [
     path("training-jobs/<int:pk>/clone/", views.job_clone, name="clone"),
     path("training-jobs/<int:pk>/stop/", views.job_stop, name="stop"),
     path("training-jobs/<int:pk>/delete/", views.job_delete, name="delete"),
+    path("training-jobs/<int:pk>/resume/", views.job_resume, name="resume"),
 ]

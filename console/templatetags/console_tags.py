@@ -16,7 +16,7 @@ register = template.Library()
 
 # Icons the templates use; each is a <symbol id="icon-NAME"> in templates/_icons.html.
 ICONS = frozenset(
-    {"clock", "alert", "play", "stop", "refresh", "x", "check", "plus", "copy", "trash", "search", "server", "zap", "pause", "save"}
+    {"clock", "alert", "play", "stop", "refresh", "x", "check", "plus", "copy", "trash", "search", "server", "zap", "pause", "save", "menu"}
 )
 
 

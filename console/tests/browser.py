@@ -44,7 +44,8 @@ import pytest
 from agent.runner import kill_unfinished_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
+# Screenshots and failure captures; TEST_ARTIFACTS_DIR moves them (e.g. to tmp/artifacts in CI).
+ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or ROOT / "test-artifacts")
 PY = sys.executable
 CHROMIUM_ARGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -109,6 +110,7 @@ class LiveConsole:
                 "STOP_GRACE_PERIOD": "3",
                 "HEALTH_CHECK_INTERVAL": "1",
                 "AGENT_POLL_INTERVAL": "0.2",
+                "RESOURCE_SAMPLE_INTERVAL": "1",
                 "LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
             }
@@ -318,8 +320,8 @@ def artifact_name(text: str) -> str:
 
 
 def save_screenshot(page, name: str, *, full_page: bool = False) -> Path:
-    """A PNG of the page under ``test-artifacts/`` (git-ignored); returns its path."""
-    ARTIFACTS.mkdir(exist_ok=True)
+    """A PNG of the page under ``test-artifacts/`` (git-ignored) or ``$TEST_ARTIFACTS_DIR``; returns its path."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{artifact_name(name)}.png"
     page.screenshot(path=str(path), full_page=full_page)
     return path

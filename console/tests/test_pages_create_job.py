@@ -51,8 +51,9 @@ def test_the_form_starts_with_the_documented_defaults(login, owner, default_imag
     assert form["failover_enabled"].value() is True
     assert form["job_type"].value() == "On-Demand"
     assert shows(html, EXAMPLE_COMMAND)
-    assert f'<option value="{default_image.reference}">' in html
-    assert 'list="image-choices"' in html
+    # A user chooses among the registered images (operators may type any name:tag).
+    assert f'<option value="{default_image.reference}" selected>' in html
+    assert 'list="image-choices"' not in html
 
 
 def test_every_input_has_a_label(login, owner):
@@ -118,7 +119,7 @@ INVALID = [
     ("name", "a" * 64, "at most 63 characters"),
     ("job_type", "Preemptible", "Select a valid choice."),
     ("image", "", "This field is required."),
-    ("image", "pytorch", "Use the form name:tag"),
+    ("image", "pytorch", "Choose one of the registered images."),
     ("command", "", "This field is required."),
     ("command", "rm -rf /", "'rm' is not a launcher"),
     ("command", 'python -c "print(1)', "check quotes"),
@@ -180,7 +181,7 @@ def test_a_form_with_errors_keeps_what_the_user_typed_and_marks_the_field(login,
     assert 'value="bert-finetune"' in html
     assert shows(html, "LEARNING_RATE=0.001")
     assert 'aria-invalid="true"' in html
-    assert 'aria-describedby="id_gpus_per_node_error"' in html
+    assert 'aria-describedby="id_gpus_per_node_helptext id_gpus_per_node_error"' in html
 
 
 def test_the_users_personal_project_is_created_on_first_visit(login, owner):
@@ -189,3 +190,12 @@ def test_the_users_personal_project_is_created_on_first_visit(login, owner):
     response = login(owner).get(reverse("jobs:create"))
     assert response.status_code == 200
     assert Project.objects.filter(personal_for=owner, members=owner).exists()
+
+
+def test_operators_may_type_any_image_and_users_only_choose_registered_ones(login, owner, staff, valid, default_image):
+    html = login(staff).get(reverse("jobs:create")).content.decode()
+    assert 'list="image-choices"' in html
+    response = login(owner).post(reverse("jobs:create"), {**valid, "image": "unknown/image:1"})
+    assert "Choose one of the registered images." in field_errors(response.content.decode(), "image")
+    staff_valid = {**valid, "image": "unknown/image:1", "project": str(personal_project_for(staff).pk), "name": "by-staff"}
+    assert login(staff).post(reverse("jobs:create"), staff_valid).status_code == 302

@@ -67,7 +67,7 @@ def test_the_details_tab_shows_every_setting(login, owner, make_job):
     html = detail(login(owner), job)
     for text in ("gpt-small", "Spot", "deepspeed --num_gpus=2 train.py", "SEED=1", "/data/gpt", "45 min", "a small GPT", "owner-personal"):
         assert shows(html, text), text
-    assert "<dt>Total GPUs</dt><dd>6</dd>" in html
+    assert '<dt>Total GPUs</dt><dd data-field="total_gpus">6</dd>' in html
     assert "<dt>Job Failover</dt><dd>Off</dd>" in html
     assert '<dd data-field="failover_count">0/3</dd>' in html
 

@@ -66,7 +66,7 @@ def test_running_time_is_shown_from_the_jobs_start_and_end(login, owner, make_jo
         html = login(owner).get(reverse("jobs:list")).content.decode()
     assert "3m 04s" in row_of(html, running.pk)
     assert "1h 01m 01s" in row_of(html, finished.pk)
-    assert '<td class="num" data-field="running_time">—</td>' in row_of(html, waiting.pk)
+    assert '<td class="num" data-field="running_time" data-label="Running time">—</td>' in row_of(html, waiting.pk)
 
 
 def test_a_teammates_job_names_its_owner(login, owner, teammate, make_job):

@@ -113,8 +113,18 @@ def test_page_links_keep_the_filters_sort_and_page_size(login, owner, make_job):
 
 def test_the_filter_form_labels_every_input_and_keeps_the_chosen_values(login, owner, jobs):
     html = login(owner).get(reverse("jobs:list"), {"q": "alpha", "type": "Spot", "page_size": 50}).content.decode()
-    for field in ("q", "status", "group", "type", "sort", "page_size"):
+    for field in ("q", "status", "type", "sort", "page_size"):
         assert f'<label for="id_{field}">' in html
     assert 'value="alpha"' in html
     assert '<option value="Spot" selected>' in html
     assert '<option value="50" selected>' in html
+
+
+def test_one_status_select_offers_groups_and_exact_statuses(login, owner, jobs):
+    client = login(owner)
+    html = client.get(reverse("jobs:list")).content.decode()
+    assert 'id="id_group"' not in html and "Status group" not in html
+    assert '<optgroup label="Groups">' in html and '<optgroup label="Exact status">' in html
+    assert set(listed(client, status="group:error")) == {jobs["failed"].pk, jobs["internal"].pk}
+    kept = client.get(reverse("jobs:list"), {"group": "error"}).content.decode()
+    assert '<option value="group:error" selected>' in kept

@@ -17,7 +17,7 @@ def test_stopping_a_running_job_moves_it_to_stopping(login, owner, make_job):
     assert response.redirect_chain == [(reverse("jobs:detail", args=[job.pk]), 302)]
     job.refresh_from_db()
     assert job.status == JobStatus.STOPPING
-    assert "busy is Stopping." in response.content.decode()
+    assert 'busy is <span data-field="status_text">Stopping</span>.' in response.content.decode()
     assert JobEvent.objects.filter(job=job, to_status=JobStatus.STOPPING, actor="owner").exists()
 
 

@@ -1,6 +1,9 @@
 """A small PyTorch training run for trying the console: a tiny MLP fitting a noisy sine.
 
-    python -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR
+    PYTHONPATH=$CHECKPOINT_VENDOR python -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR --datastates
+
+With ``--datastates`` it first imports the DataStates drop-in (``datastates.llm``, importable when
+``PYTHONPATH=$CHECKPOINT_VENDOR``) and fails at once if it cannot, so a lost ``PYTHONPATH`` is seen.
 
 Prints what a real job prints (dataset initialisation, one line per step group with loss and
 learning rate, the final loss) and saves the model to ``<output-dir>/model.pt``.
@@ -25,7 +28,16 @@ def main() -> int:
     parser.add_argument("--output-dir", default=os.environ.get("OUTPUT_DIR", "."))
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step (to watch it run)")
     parser.add_argument("--fail-at-epoch", type=int, default=None, help="raise an error at this epoch")
+    parser.add_argument("--datastates", action="store_true", help="import datastates.llm first (fail if it is missing)")
     args = parser.parse_args()
+
+    if args.datastates:
+        try:
+            from datastates.llm import DecoratedCheckpointing
+        except ImportError as exc:
+            print(f"cannot import datastates.llm ({exc}); is PYTHONPATH=$CHECKPOINT_VENDOR set?", flush=True)
+            return 2
+        print(f"DataStates checkpointing available: datastates.llm.{DecoratedCheckpointing.__name__}", flush=True)
 
     torch.manual_seed(args.seed)
     print("Starting dataset initialization", flush=True)

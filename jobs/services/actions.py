@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import logging
 
+from django.db import transaction
+
 from jobs.models import TrainingJob
+from jobs.realtime import job_group, jobs_group, publish
 from jobs.services.lifecycle import transition
 from jobs.services.paths import remove_job_files_of
 from jobs.services.placement import abandon_open_attempts
-from jobs.statuses import DELETABLE, STOPPABLE, JobStatus
+from jobs.services.dispatch import request_placement
+from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, JobStatus
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +40,32 @@ def request_stop(job: TrainingJob, *, actor: str, reason: str = "stopped by user
     raise JobActionRefused("The job changed status while stopping it; try again.")
 
 
+def resume_job(job: TrainingJob, *, actor: str, checkpoint_step: int | None) -> None:
+    """Resume a Stopped or ``Pending - internalerror`` job from its last committed checkpoint.
+
+    The job goes back to Pending; its next attempt (number n+1) starts with ``CKPT_LAST_STEP``
+    set from the checkpoint the node finds in the output directory, as after a failover. The
+    caller names the committed checkpoint step it saw (None: there is none, so nothing to resume).
+    """
+    if checkpoint_step is None:
+        raise JobActionRefused("The job has no committed checkpoint to resume from; clone it to start again.")
+    if not transition(
+        job.pk, JobStatus.PENDING, expected=RESUMABLE, actor=actor, finished_at=None,
+        reason=f"resumed by {actor} from checkpoint step {checkpoint_step}",
+    ):
+        job.refresh_from_db(fields=["status"])
+        raise JobActionRefused(f"A job that is {job.status} cannot be resumed; only a Stopped or Pending - internalerror one.")
+    request_placement()
+
+
 def delete_job(job: TrainingJob) -> None:
     job.refresh_from_db(fields=["status"])
     if job.status not in DELETABLE:
         raise JobActionRefused(f"A job that is {job.status} cannot be deleted; stop it first.")
-    job_id = job.pk
+    job_id, owner_id, project_id = job.pk, job.owner_id, job.project_id
     job.delete()
+    message = {"type": "job.deleted", "job": job_id, "owner": owner_id, "project": project_id}
+    transaction.on_commit(lambda: (publish(jobs_group(), message), publish(job_group(job_id), message)))
     # After the row: a failed delete keeps the files; the files go with the job, checkpoints included.
     remove_job_files_of(job_id)
     logger.info("job %s: deleted with its files", job_id)

@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from jobs.lib import normalize_text_fields
 from jobs.services.dispatch import request_placement
 from jobs.models import Project, TrainingJob
 from jobs.services.lifecycle import record_creation
@@ -50,6 +51,7 @@ def personal_project_for(user) -> Project:
 def create_job(*, owner, actor: str | None = None, **fields: Any) -> TrainingJob:
     """Create a Pending job from validated fields (the form and the API validate them); raises
     JobRefused past the per-user limit of waiting jobs."""
+    fields = normalize_text_fields(fields)
     if fields.get("project") is None:
         fields["project"] = personal_project_for(owner)
     check_waiting_limit(owner)

@@ -184,4 +184,7 @@ def publish_status(job_id: int, message: dict) -> None:
 
 def record_creation(job: TrainingJob, *, actor: str) -> None:
     JobEvent.objects.create(job=job, from_status="", to_status=job.status, reason="job created", actor=actor[:150])
+    # Open lists show the new job: the same message as a status change, from no status.
+    message = status_message(job.pk, "", job.status, "job created")
+    transaction.on_commit(lambda: publish_status(job.pk, message))
     logger.info("job %s: created as %s", job.pk, job.status)

@@ -2,6 +2,17 @@
 (function () {
   "use strict";
 
+  // On a narrow screen the header folds into a Menu button (CSS shows it only with JavaScript on).
+  document.documentElement.classList.add("js");
+  var menuButton = document.querySelector("[data-menu-toggle]");
+  if (menuButton) {
+    menuButton.addEventListener("click", function () {
+      var open = menuButton.getAttribute("aria-expanded") !== "true";
+      menuButton.setAttribute("aria-expanded", open ? "true" : "false");
+      menuButton.closest(".topbar").classList.toggle("is-open", open);
+    });
+  }
+
   // Ask before a destructive or disruptive submit (the server still checks everything).
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-confirm]");
@@ -13,12 +24,14 @@
   // The job list: "select all", a selection count, and bulk buttons enabled only with a selection.
   var bulkForm = document.getElementById("bulk-form");
   if (bulkForm) {
-    var selectAll = bulkForm.querySelector("[data-select-all]");
+    // The list's rows are re-rendered live (live_list.js): look the boxes up each time.
+    var selectAllBox = function () { return bulkForm.querySelector("[data-select-all]"); };
     var boxes = function () { return Array.prototype.slice.call(bulkForm.querySelectorAll('input[name="job_ids"]')); };
     var count = bulkForm.querySelector("[data-selection-count]");
     var buttons = bulkForm.querySelectorAll("[data-needs-selection]");
     var refresh = function () {
       var all = boxes();
+      var selectAll = selectAllBox();
       var checked = all.filter(function (box) { return box.checked; }).length;
       if (count) { count.textContent = checked ? checked + " selected" : ""; }
       buttons.forEach(function (button) { button.disabled = checked === 0; });
@@ -28,12 +41,41 @@
       }
     };
     bulkForm.addEventListener("change", function (event) {
-      if (event.target === selectAll) {
+      var selectAll = selectAllBox();
+      if (selectAll && event.target === selectAll) {
         boxes().forEach(function (box) { box.checked = selectAll.checked; });
       }
       refresh();
     });
     refresh();
+  }
+
+  // A bulk action names what it acts on: an in-page dialog lists the selected jobs before it runs.
+  var dialog = document.querySelector("[data-confirm-dialog]");
+  if (bulkForm && dialog && typeof dialog.showModal === "function") {
+    var pending = null;
+    bulkForm.addEventListener("click", function (event) {
+      var button = event.target.closest("[data-confirm-selected]");
+      if (!button) { return; }
+      event.preventDefault();
+      var names = Array.prototype.slice.call(bulkForm.querySelectorAll('input[name="job_ids"]:checked')).map(function (box) {
+        var link = box.closest("tr").querySelector('[data-field="name"] a');
+        return link ? link.textContent : box.value;
+      });
+      var verb = button.getAttribute("data-confirm-selected");
+      dialog.querySelector("[data-confirm-title]").textContent = verb + " " + names.length + " job" + (names.length === 1 ? "" : "s") + "?";
+      var list = dialog.querySelector("[data-confirm-names]");
+      list.textContent = "";
+      names.forEach(function (name) { var li = document.createElement("li"); li.textContent = name; list.appendChild(li); });
+      dialog.querySelector("[data-confirm-yes]").textContent = verb;
+      pending = button;
+      dialog.showModal();
+    });
+    dialog.querySelector("[data-confirm-yes]").addEventListener("click", function () {
+      dialog.close();
+      if (pending) { bulkForm.requestSubmit(pending); pending = null; }
+    });
+    dialog.querySelector("[data-confirm-no]").addEventListener("click", function () { pending = null; dialog.close(); });
   }
 
   // A select that applies itself (the log's stream selector); its form keeps a submit button.

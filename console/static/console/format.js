@@ -19,11 +19,20 @@ export function duration(totalSeconds) {
   return s + "s";
 }
 
-// "2024-05-01 13:04:05" in this browser's time zone.
+// "UTC", "CET", "GMT+2": this browser's zone, as the server's pages name theirs.
+function zoneName(d) {
+  try {
+    const part = new Intl.DateTimeFormat("en-GB", { timeZoneName: "short" }).formatToParts(d).find((p) => p.type === "timeZoneName");
+    return part ? part.value : "";
+  } catch (error) { return ""; }
+}
+
+// "2024-05-01 13:04:05 UTC" in this browser's time zone.
 export function localTime(iso) {
   const d = new Date(iso);
+  const zone = zoneName(d);
   return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " +
-    pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+    pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds()) + (zone ? " " + zone : "");
 }
 
 // "13:04:05.123" in this browser's time zone; "" for a time that does not parse.

@@ -7,6 +7,7 @@
  */
 import { connect } from "./socket.js";
 import { duration, general, localTime, progressText, sizeText } from "./format.js";
+import { listRefresher } from "./live_list.js";
 
 const listTable = document.querySelector("[data-live-jobs]");
 const header = document.querySelector("[data-live-job]");
@@ -16,6 +17,7 @@ const stateEls = document.querySelectorAll("[data-live-state]");
 let clockOffset = 0; // server time minus this browser's time, in ms
 const liveSince = {}; // job id -> performance.now() of the last live message about it
 let announcer = null;
+const rows = listTable ? listRefresher(listTable, { onRefreshed: () => { tick(); catchUp(); } }) : null;
 
 function serverNow() { return Date.now() + clockOffset; }
 
@@ -142,7 +144,7 @@ function applyJob(job) {
     if (job.progress) { applyProgress(scope, job.progress); }
     if (scope === document && previous && previous !== job.status) {
       if (announcer) { announcer.textContent = "Status: " + job.status + (job.reason ? ". " + job.reason : ""); }
-      refreshTab();
+      refreshRegions();
     }
   });
 }
@@ -180,19 +182,26 @@ function addCheckpoints(checkpoints) {
   });
 }
 
-// The failover and events tabs are re-read (not the page) when the status changes.
+// The detail page's server-rendered parts (actions, properties, attempts, the loss points, the
+// failover and events tabs: each a [data-live-region]) are re-read, not the page, when the status
+// changes or the socket (re)connects; loss_chart.js hears "console:regions" and redraws.
 let refreshTimer = null;
-function refreshTab() {
-  const panel = document.querySelector("[data-refresh-on-status]");
-  if (!panel) { return; }
+function refreshRegions() {
+  if (detailId === null || !document.querySelector("[data-live-region]")) { return; }
   window.clearTimeout(refreshTimer);
   refreshTimer = window.setTimeout(() => {
     fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
       .then((response) => (response.ok ? response.text() : null))
       .then((html) => {
         if (!html) { return; }
-        const fresh = new DOMParser().parseFromString(html, "text/html").querySelector("[data-refresh-on-status]");
-        if (fresh) { panel.innerHTML = fresh.innerHTML; }
+        const fresh = new DOMParser().parseFromString(html, "text/html");
+        document.querySelectorAll("[data-live-region]").forEach((region) => {
+          const name = region.getAttribute("data-live-region");
+          const theirs = fresh.querySelector('[data-live-region="' + name + '"]');
+          if (theirs && theirs.innerHTML !== region.innerHTML) { region.innerHTML = theirs.innerHTML; }
+        });
+        tick();
+        document.dispatchEvent(new CustomEvent("console:regions"));
       })
       .catch(() => { /* the next status change tries again */ });
   }, 300);
@@ -233,10 +242,15 @@ function handle(message) {
   if (message.now) { learnClock(message.now); }
   if (message.type === "ready") {
     setState("Live", "on");
-    catchUp();
+    // The list re-reads its rows (jobs created or deleted while the socket was down); the detail page its job.
+    if (rows) { rows.schedule(); } else { catchUp(); refreshRegions(); }
   } else if (message.type === "job") {
     liveSince[message.job.id] = performance.now();
+    if (rows && rows.changesRows(message.job)) { rows.schedule(); }
     applyJob(message.job);
+  } else if (message.type === "deleted") {
+    if (rows && rows.shows(message.job)) { rows.schedule(); }
+    if (detailId !== null && String(message.job) === detailId) { setState("This job was deleted", "off"); }
   } else if (message.type === "progress") {
     liveSince[message.job] = performance.now();
     scopesOf(message.job).forEach((scope) => {
