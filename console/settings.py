@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "logs",
     "agent",
     "failover",
+    "notify",
     "console",
 ]
 
@@ -289,3 +290,20 @@ SOCKET_ACCESS_RECHECK = env_float("SOCKET_ACCESS_RECHECK", 5.0)
 # --- Logs --------------------------------------------------------------------------------------
 # Log lines are kept until their job is deleted; operators may set a maximum age (days; 0 keeps all).
 LOG_MAX_AGE_DAYS = env_float("LOG_MAX_AGE_DAYS", 0.0)
+
+# --- Notifications (notify) and metrics ---------------------------------------------------------
+# E-mail goes through Django's mail; the console backend (printed to the log) unless configured.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "satrain@localhost")
+# The console's address as users reach it: links in notifications.
+CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+# A webhook or mail server gets this long per try (seconds); failed tries are retried after
+# NOTIFY_RETRY_BASE × 2^(n-1) seconds, NOTIFY_MAX_ATTEMPTS tries in all.
+NOTIFY_TIMEOUT = env_float("NOTIFY_TIMEOUT", 5.0)
+EMAIL_TIMEOUT = NOTIFY_TIMEOUT
+NOTIFY_RETRY_BASE = env_float("NOTIFY_RETRY_BASE", 2.0)
+NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6)
+# Deliveries sent at once by the embedded worker (scale-out: Celery's workers).
+NOTIFY_WORKERS = env_int("NOTIFY_WORKERS", 4)
