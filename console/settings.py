@@ -82,6 +82,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Request latency and counts for /metrics (first and last of the chain).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -90,6 +92,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -307,3 +310,10 @@ NOTIFY_RETRY_BASE = env_float("NOTIFY_RETRY_BASE", 2.0)
 NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6)
 # Deliveries sent at once by the embedded worker (scale-out: Celery's workers).
 NOTIFY_WORKERS = env_int("NOTIFY_WORKERS", 4)
+# /metrics answers staff, or a scraper sending Authorization: Bearer <METRICS_TOKEN> (empty: staff only).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# The database-derived metrics are read at most this often (seconds).
+METRICS_CACHE_SECONDS = env_float("METRICS_CACHE_SECONDS", 5.0)
+# Node agents and Celery workers serve their own process metrics here (0: not at all).
+METRICS_PORT = env_int("METRICS_PORT", 0)
+METRICS_ADDR = env_str("METRICS_ADDR", "127.0.0.1")

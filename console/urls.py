@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from console.metrics import MetricsView
 from console.pages import account, nodes
 
 urlpatterns = [
@@ -25,6 +26,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("nodes/", include(([path("", nodes.node_list, name="list"), path("<str:name>/<str:action>/", nodes.node_action, name="action")], "nodes"))),
+    path("metrics", MetricsView.as_view(), name="metrics"),
     path("", include("console.pages.urls")),
 ]
 
