@@ -4,8 +4,9 @@ Two kinds of metric, so every deployment reports the same numbers:
 * **from the database, read at scrape time** (``DatabaseCollector``): jobs by status, failover
   judgements by verdict and cause, fault → Running latency, queue wait, checkpoint blocking and
   persist times, nodes and GPUs. The database is shared, so any console process answers alike.
+  Notification deliveries by channel and state are read from the database too.
 * **counted in the process** (prometheus_client's default registry): request latency
-  (django-prometheus's middleware), log lines ingested, notifications sent. With
+  (django-prometheus's middleware) and log lines ingested. With
   ``PROMETHEUS_MULTIPROC_DIR`` set, the web processes of a host share them (multiprocess mode);
   node agents and Celery workers serve their own on ``METRICS_PORT`` (see ``serve_process_metrics``).
 """
@@ -30,6 +31,7 @@ from failover.classify import HARDWARE, NON_HARDWARE
 from jobs.models import GPU, JobAttempt, Node, TrainingJob
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint
+from notify.models import Delivery
 
 LATENCY_BUCKETS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800)
 QUEUE_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600)
@@ -91,6 +93,7 @@ class DatabaseCollector:
         yield db_histogram("satrain_checkpoint_persist_seconds", "Time to persist a committed ckptlib checkpoint to storage",
                            CHECKPOINT_BUCKETS, Checkpoint.objects.all(), "persist_s")
         yield from self.node_families()
+        yield from self.notification_families()
 
     def job_families(self):
         jobs = GaugeMetricFamily("satrain_jobs", "Training jobs by status", labels=["status"])
@@ -144,6 +147,21 @@ class DatabaseCollector:
             gpus.add_metric([node, str(healthy).lower(), "true"], held)
             gpus.add_metric([node, str(healthy).lower(), "false"], total - held)
         yield gpus
+
+
+    def notification_families(self):
+        family = GaugeMetricFamily("satrain_notification_deliveries", "Notification deliveries by channel and state, and tries made",
+                                   labels=["channel", "state"])
+        tries = CounterMetricFamily("satrain_notification_tries", "Delivery tries made (first sends and retries)", labels=["channel"])
+        rows = Delivery.objects.values_list("subscription__channel", "state").annotate(n=Count("pk"), tries=Sum("attempts"))
+        per_channel = Tally()
+        for channel, state, n, made in rows.values_list("subscription__channel", "state", "n", "tries"):
+            family.add_metric([channel, state], n)
+            per_channel[channel] += made or 0
+        for channel, made in sorted(per_channel.items()):
+            tries.add_metric([channel], made)
+        yield family
+        yield tries
 
 
 DATABASE_REGISTRY = CollectorRegistry(auto_describe=False)

@@ -21,15 +21,12 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.db.models import F, Q
 from django.utils import timezone
-from prometheus_client import Counter
 
 from jobs.models import JobEvent, TrainingJob
 from jobs.statuses import TERMINAL, JobStatus
 from notify.models import Delivery, Kind, Subscription
 
 logger = logging.getLogger(__name__)
-
-SENT = Counter("satrain_notifications", "Notification tries by channel and outcome (delivered, retry, failed)", ["channel", "outcome"])
 
 # When an event is several kinds at once, the one named in its payload and subject.
 KIND_ORDER = [Kind.INTERNAL_ERROR, Kind.PREEMPTION, Kind.FAILOVER, Kind.TERMINAL]
@@ -116,17 +113,14 @@ def deliver(delivery_id: int) -> float | None:
         error = str(exc)[:500]
         if delivery.attempts >= settings.NOTIFY_MAX_ATTEMPTS:
             Delivery.objects.filter(pk=delivery_id).update(state=Delivery.State.FAILED, last_status=exc.http_status, last_error=error)
-            SENT.labels(delivery.subscription.channel, "failed").inc()
             logger.warning("delivery %s failed for good after %s tries: %s", delivery_id, delivery.attempts, error)
             return None
         delay = settings.NOTIFY_RETRY_BASE * 2 ** (delivery.attempts - 1)
         Delivery.objects.filter(pk=delivery_id).update(
             state=Delivery.State.PENDING, last_status=exc.http_status, last_error=error, next_try_at=timezone.now() + timedelta(seconds=delay)
         )
-        SENT.labels(delivery.subscription.channel, "retry").inc()
         logger.info("delivery %s try %s failed (%s); again in %.0f s", delivery_id, delivery.attempts, error, delay)
         return delay
-    SENT.labels(delivery.subscription.channel, "delivered").inc()
     Delivery.objects.filter(pk=delivery_id).update(state=Delivery.State.DELIVERED, last_status=status, last_error="", delivered_at=timezone.now())
     return None
 

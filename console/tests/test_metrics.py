@@ -119,3 +119,17 @@ def test_a_real_failover_moves_the_counters(live_console):
 
 def live_console_cache_seconds() -> float:
     return 5.5  # the console's METRICS_CACHE_SECONDS default: the next scrape reads afresh
+
+
+def test_notification_deliveries_are_counted_by_channel_and_state(client, staff, owner, make_job):
+    from notify.models import Delivery, Subscription
+
+    client.force_login(staff)
+    job = make_job()
+    assert transition(job.pk, JobStatus.STOPPED, reason="stopped")
+    event = job.events.get(to_status=JobStatus.STOPPED)
+    hook = Subscription.objects.create(user=owner, channel="webhook", url="http://127.0.0.1:9/")
+    Delivery.objects.create(subscription=hook, event=event, kind="terminal", state="failed", attempts=6)
+    got = scrape(client)
+    assert got[("satrain_notification_deliveries", (("channel", "webhook"), ("state", "failed")))] == 1
+    assert got[("satrain_notification_tries_total", (("channel", "webhook"),))] == 6
