@@ -22,6 +22,7 @@ from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, renderers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -209,13 +210,15 @@ def _same(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(), expected.encode())
 
 
+@extend_schema(exclude=True)  # Prometheus's text format, not part of the REST API
 class MetricsView(APIView):
     permission_classes = [StaffOrMetricsToken]
     renderer_classes = [PrometheusText]
 
     def get_authenticators(self):
         # A bearer metrics token is not a user's token: leave it to the permission above.
-        if self.request.META.get("HTTP_AUTHORIZATION", "").startswith("Bearer "):
+        request = getattr(self, "request", None)
+        if request is not None and request.META.get("HTTP_AUTHORIZATION", "").startswith("Bearer "):
             return []
         return super().get_authenticators()
 

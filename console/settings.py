@@ -160,6 +160,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 12 * 3600}
+# Notifications have their own queue and worker: a slow endpoint never holds up a control round.
+CELERY_TASK_ROUTES = {"notify.*": {"queue": "notify"}}
 CELERY_BEAT_SCHEDULE = {"control-round": {"task": "jobs.place_jobs", "schedule": 1.0, "options": {"queue": "control", "expires": 5}}}
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -218,6 +220,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"NotificationKindEnum": "notify.models.Kind.choices"},
 }
 
 # --- Training platform -------------------------------------------------------------------------
