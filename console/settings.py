@@ -303,8 +303,8 @@ EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.Emai
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "satrain@localhost")
-# The console's address as users reach it: links in notifications.
-CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+# Links in notifications point at CONSOLE_PUBLIC_URL (else the embedded default's address).
+NOTIFY_LINK_BASE = (CONSOLE_PUBLIC_URL or f"http://127.0.0.1:{env_int('PORT', 8000)}").rstrip("/")
 # A webhook or mail server gets this long per try (seconds); failed tries are retried after
 # NOTIFY_RETRY_BASE × 2^(n-1) seconds, NOTIFY_MAX_ATTEMPTS tries in all.
 NOTIFY_TIMEOUT = env_float("NOTIFY_TIMEOUT", 5.0)

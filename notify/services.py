@@ -138,7 +138,7 @@ def send(delivery: Delivery) -> int | None:
 
 
 def job_url(job: TrainingJob) -> str:
-    return f"{settings.CONSOLE_BASE_URL}/training-jobs/{job.pk}/"
+    return f"{settings.NOTIFY_LINK_BASE}/training-jobs/{job.pk}/"
 
 
 def event_body(delivery: Delivery) -> dict:
