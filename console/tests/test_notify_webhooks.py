@@ -167,3 +167,26 @@ def test_pages_stay_fast_while_the_endpoint_hangs(live_console, receiver):
     status, log = live_console.api("GET", f"{SUBSCRIPTIONS}{sub['id']}/deliveries/", user="hook-hang")
     assert status == 200 and len(log) == 3 and {d["state"] for d in log} <= {"sending", "pending"}
     live_console.api("DELETE", f"{SUBSCRIPTIONS}{sub['id']}/", user="hook-hang")
+
+
+def test_the_account_menu_leads_to_the_notifications_page_in_a_browser(live_console, receiver, page):
+    from console.tests.browser import login, save_screenshot
+
+    live_console.create_user("hook-page", "hook-pass-4")
+    login(page, live_console, "hook-page", "hook-pass-4")
+    page.click("text=Notifications")
+    page.wait_for_url("**/account/notifications/")
+    page.select_option("#id_channel", "webhook")
+    page.fill("#id_url", f"{receiver.url}/page/")
+    page.uncheck("input[name=kinds][value=preemption]")
+    page.click("button:has-text('Subscribe')")
+    row = page.locator("[data-table=subscriptions] tbody tr")
+    row.first.wait_for()
+    assert f"{receiver.url}/page/" in row.first.inner_text() and "all my jobs" in row.first.inner_text()
+    job = quick_job(live_console, "hook-page", "paged")
+    live_console.wait_for_job(job["id"], "Completed")
+    wait(lambda: receiver.at("/page/"), "the delivery")
+    page.reload()
+    assert "delivered" in page.locator("[data-table=subscriptions]").inner_text()
+    save_screenshot(page, "notifications-page", full_page=True)
+    assert page.js_errors == []
