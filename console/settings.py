@@ -311,6 +311,9 @@ NOTIFY_TIMEOUT = env_float("NOTIFY_TIMEOUT", 5.0)
 EMAIL_TIMEOUT = NOTIFY_TIMEOUT
 NOTIFY_RETRY_BASE = env_float("NOTIFY_RETRY_BASE", 2.0)
 NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6)
+# Webhooks to loopback and private addresses (link-local ones, e.g. cloud metadata, are always
+# refused). On by default for one machine; turn it off where users must not reach internal hosts.
+NOTIFY_WEBHOOK_ALLOW_PRIVATE = env_bool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", True)
 # Deliveries sent at once by the embedded worker (scale-out: Celery's workers).
 NOTIFY_WORKERS = env_int("NOTIFY_WORKERS", 4)
 # /metrics answers staff, or a scraper sending Authorization: Bearer <METRICS_TOKEN> (empty: staff only).

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
+import socket
 import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -83,9 +86,10 @@ def due_deliveries() -> list[tuple[int, float]]:
 
 
 class DeliveryError(Exception):
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, *, final: bool = False) -> None:
         super().__init__(message)
         self.http_status = status
+        self.final = final  # retrying cannot help (a refused destination)
 
 
 def deliver(delivery_id: int) -> float | None:
@@ -111,7 +115,7 @@ def deliver(delivery_id: int) -> float | None:
             raise DeliveryError(f"not sent: {type(exc).__name__}") from None
     except DeliveryError as exc:
         error = str(exc)[:500]
-        if delivery.attempts >= settings.NOTIFY_MAX_ATTEMPTS:
+        if exc.final or delivery.attempts >= settings.NOTIFY_MAX_ATTEMPTS:
             Delivery.objects.filter(pk=delivery_id).update(state=Delivery.State.FAILED, last_status=exc.http_status, last_error=error)
             logger.warning("delivery %s failed for good after %s tries: %s", delivery_id, delivery.attempts, error)
             return None
@@ -193,7 +197,27 @@ class NoRedirects(urllib.request.HTTPRedirectHandler):
 OPENER = urllib.request.build_opener(NoRedirects)
 
 
+def check_destination(url: str) -> None:
+    """Refuse webhook hosts that resolve to link-local addresses (cloud metadata services) or to
+    unspecified, multicast or reserved ones, and — unless NOTIFY_WEBHOOK_ALLOW_PRIVATE —
+    to loopback and private networks."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DeliveryError("not an http(s) URL", final=True)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise DeliveryError(f"cannot resolve {parts.hostname}: {exc}") from None
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_reserved:
+            raise DeliveryError(f"refused: {parts.hostname} is {address}, a link-local or reserved address", final=True)
+        if (address.is_loopback or address.is_private) and not settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE:
+            raise DeliveryError(f"refused: {parts.hostname} is {address}, a private address (NOTIFY_WEBHOOK_ALLOW_PRIVATE is off)", final=True)
+
+
 def post_webhook(subscription: Subscription, body: dict) -> int:
+    check_destination(subscription.url)
     data = json.dumps(body).encode()
     request = urllib.request.Request(subscription.url, data=data, method="POST")
     request.add_header("Content-Type", "application/json")

@@ -110,3 +110,21 @@ def test_the_account_page_adds_lists_and_deletes_subscriptions(client, owner):
     assert sorted(sub.kinds) == ["failover", "terminal"]
     client.post("/account/notifications/", {"delete": str(sub.pk)})
     assert not Subscription.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_webhooks_to_link_local_or_forbidden_private_addresses_fail_at_once(make_job, owner, settings):
+    job = make_job()
+    metadata = Subscription.objects.create(user=owner, channel="webhook", url="http://169.254.169.254/latest/meta-data/")
+    run_to(job, S.RUNNING, S.COMPLETED)
+    assert worker.idle()
+    delivery = Delivery.objects.get(subscription=metadata)
+    assert (delivery.state, delivery.attempts) == ("failed", 1)
+    assert "link-local" in delivery.last_error
+
+    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = False
+    with pytest.raises(services.DeliveryError, match="private address") as refused:
+        services.check_destination("http://127.0.0.1:9/hook")
+    assert refused.value.final
+    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = True
+    services.check_destination("http://127.0.0.1:9/hook")
