@@ -128,3 +128,23 @@ def test_webhooks_to_link_local_or_forbidden_private_addresses_fail_at_once(make
     assert refused.value.final
     settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = True
     services.check_destination("http://127.0.0.1:9/hook")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_scale_out_the_celery_tasks_deliver_on_their_own_queue(make_job, owner, settings):
+    from console.celery import app
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.SCALE_OUT = True
+    for task in ("notify.fan_out", "notify.deliver"):
+        assert app.amqp.router.route({}, task)["queue"].name == "notify"
+    job = make_job()
+    Subscription.objects.create(user=owner, channel="email", email="owner@example.org", kinds=["terminal"])
+    eager = app.conf.task_always_eager
+    app.conf.task_always_eager = True
+    try:
+        run_to(job, S.RUNNING, S.COMPLETED)
+    finally:
+        app.conf.task_always_eager = eager
+    assert [m.to for m in mail.outbox] == [["owner@example.org"]]
+    assert Delivery.objects.get().state == "delivered"
