@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: run test clean-venv
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	@# Jobs run in a bubblewrap sandbox: install it where we may (root with apt), else say so.
 	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first, pinned, so nothing pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	# The command-line client (its own package, no Django): `satrain` on the venv's PATH.
+	$(PY) -m pip install --quiet -e ./client
 	@touch $(STAMP)
 
 run: $(STAMP)

@@ -77,10 +77,13 @@ INSTALLED_APPS = [
     "logs",
     "agent",
     "failover",
+    "notify",
     "console",
 ]
 
 MIDDLEWARE = [
+    # Request latency and counts for /metrics (first and last of the chain).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -89,6 +92,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -156,6 +160,8 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = "control"
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 12 * 3600}
+# Notifications have their own queue and worker: a slow endpoint never holds up a control round.
+CELERY_TASK_ROUTES = {"notify.*": {"queue": "notify"}}
 CELERY_BEAT_SCHEDULE = {"control-round": {"task": "jobs.place_jobs", "schedule": 1.0, "options": {"queue": "control", "expires": 5}}}
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -217,6 +223,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     # Tags by resource (training-jobs, nodes, auth), not by the version segment.
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "ENUM_NAME_OVERRIDES": {"NotificationKindEnum": "notify.models.Kind.choices"},
 }
 
 # --- Training platform -------------------------------------------------------------------------
@@ -333,3 +340,30 @@ SOCKET_ACCESS_RECHECK = env_float("SOCKET_ACCESS_RECHECK", 5.0)
 # --- Logs --------------------------------------------------------------------------------------
 # Log lines are kept until their job is deleted; operators may set a maximum age (days; 0 keeps all).
 LOG_MAX_AGE_DAYS = env_float("LOG_MAX_AGE_DAYS", 0.0)
+
+# --- Notifications (notify) and metrics ---------------------------------------------------------
+# E-mail goes through Django's mail; the console backend (printed to the log) unless configured.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "satrain@localhost")
+# Links in notifications point at CONSOLE_PUBLIC_URL (else the embedded default's address).
+NOTIFY_LINK_BASE = (CONSOLE_PUBLIC_URL or f"http://127.0.0.1:{env_int('PORT', 8000)}").rstrip("/")
+# A webhook or mail server gets this long per try (seconds); failed tries are retried after
+# NOTIFY_RETRY_BASE × 2^(n-1) seconds, NOTIFY_MAX_ATTEMPTS tries in all.
+NOTIFY_TIMEOUT = env_float("NOTIFY_TIMEOUT", 5.0)
+EMAIL_TIMEOUT = NOTIFY_TIMEOUT
+NOTIFY_RETRY_BASE = env_float("NOTIFY_RETRY_BASE", 2.0)
+NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6)
+# Webhooks to loopback and private addresses (link-local ones, e.g. cloud metadata, are always
+# refused). On by default for one machine; turn it off where users must not reach internal hosts.
+NOTIFY_WEBHOOK_ALLOW_PRIVATE = env_bool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", True)
+# Deliveries sent at once by the embedded worker (scale-out: Celery's workers).
+NOTIFY_WORKERS = env_int("NOTIFY_WORKERS", 4)
+# /metrics answers staff, or a scraper sending Authorization: Bearer <METRICS_TOKEN> (empty: staff only).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# The database-derived metrics are read at most this often (seconds).
+METRICS_CACHE_SECONDS = env_float("METRICS_CACHE_SECONDS", 5.0)
+# Node agents and Celery workers serve their own process metrics here (0: not at all).
+METRICS_PORT = env_int("METRICS_PORT", 0)
+METRICS_ADDR = env_str("METRICS_ADDR", "127.0.0.1")

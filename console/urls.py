@@ -7,7 +7,7 @@ from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from console.api.schema import SchemaView
 from console.views import favicon
-
+from console.metrics import MetricsView
 from console.pages import account, nodes, queue
 
 urlpatterns = [
@@ -17,16 +17,19 @@ urlpatterns = [
         name="login",
     ),
     path("account/", include(([path("tokens/", account.tokens, name="tokens")], "account"))),
+    path("account/notifications/", include("notify.urls")),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("failover.api_urls")),
     path("api/v1/", include("logs.api_urls")),
     path("api/v1/", include("console.api.urls")),
+    path("api/v1/", include("notify.api_urls")),
     path("api/schema/", SchemaView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("nodes/", include(([path("", nodes.node_list, name="list"), path("<str:name>/<str:action>/", nodes.node_action, name="action")], "nodes"))),
     path("queue/", include(([path("", queue.queue_page, name="page")], "queue"))),
+    path("metrics", MetricsView.as_view(), name="metrics"),
     path("", include("console.pages.urls")),
     path("favicon.ico", favicon),
 ]

@@ -3,10 +3,12 @@
 
 ``jobs`` imports none of the apps above it; they register here through typed interfaces instead:
 failover judges failed runs (``FailedRunHandler``) and sweeps lost nodes on every control round,
-logs purges old lines on it (``ControlRoundHook``).
+logs purges old lines on it (``ControlRoundHook``), notify hears of every status change
+(``StatusChangeHook``, called after commit with the event row's facts).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,10 +26,29 @@ class ControlRoundHook(Protocol):
         """One control round's share of work (sweeps, judgements left undone, purges)."""
 
 
+@dataclass(frozen=True)
+class StatusChange:
+    """One committed ``JobEvent`` written by the lifecycle (a new status, or a new reason)."""
+
+    event_id: int
+    job_id: int
+    from_status: str
+    to_status: str
+    reason: str
+    attempt: int | None
+
+
+class StatusChangeHook(Protocol):
+    def __call__(self, change: StatusChange) -> None:
+        """Hear of a committed status change. Runs in the writer's thread: return quickly (queue
+        the work), never raise."""
+
+
 @dataclass
 class Registry:
     failed_run_handler: FailedRunHandler | None = None
     control_round_hooks: list[ControlRoundHook] = field(default_factory=list)
+    status_change_hooks: list[StatusChangeHook] = field(default_factory=list)
 
 
 registry = Registry()
@@ -42,3 +63,18 @@ def on_control_round(hook: ControlRoundHook) -> None:
     """Run ``hook`` on every control round, before placement; registering twice runs it once."""
     if hook not in registry.control_round_hooks:
         registry.control_round_hooks.append(hook)
+
+
+def on_status_change(hook: StatusChangeHook) -> None:
+    """Call ``hook`` after each committed status change; registering twice calls it once."""
+    if hook not in registry.status_change_hooks:
+        registry.status_change_hooks.append(hook)
+
+
+def status_changed(change: StatusChange) -> None:
+    """Tell every registered hook (the lifecycle calls this after commit); a hook's error is logged."""
+    for hook in registry.status_change_hooks:
+        try:
+            hook(change)
+        except Exception:
+            logging.getLogger(__name__).exception("status change hook %r failed for event %s", hook, change.event_id)

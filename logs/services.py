@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
+from prometheus_client import Counter
 from django.utils import timezone
 
 from jobs.realtime import log_group, publish
@@ -21,6 +22,11 @@ logger = logging.getLogger(__name__)
 # What a database refuses in text, stored as U+FFFD instead: NUL (PostgreSQL's text columns) and
 # lone surrogates (not UTF-8).
 UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+# Counted in the process that ingests (the console's embedded agent, or each node agent in
+# scale-out, which serves it on its own METRICS_PORT); see docs/metrics.md.
+LINES_INGESTED = Counter("satrain_log_lines_ingested_total", "Log lines stored (after dropping lines already stored)")
 
 
 class RawLine(NamedTuple):
@@ -70,6 +76,7 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
         payload = {"type": "log.lines", "lines": stored}
         if stored:
             transaction.on_commit(lambda: publish(log_group(job_id, stream), payload))
+        transaction.on_commit(lambda: LINES_INGESTED.inc(len(stored)))
         # Progress and checkpoints are read from every line, those past the log cap included.
         progress = record_metrics(job_id=job_id, stream=stream, attempt=attempt, lines=[(ln.ts, ln.text) for ln in every])
         if progress is not None:

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import Case, CharField, Value, When
 from django.utils import timezone
 
+from jobs import hooks
 from jobs.models import JobEvent, TrainingJob
 from jobs.realtime import job_group, jobs_group, publish
 from jobs.statuses import TERMINAL, sources_of
@@ -157,7 +158,7 @@ def write(
         updates = {"status": new_status, "status_reason": reason, **fields}
         if TrainingJob.objects.filter(pk=job_id, status=from_status).update(**updates) != 1:
             return False
-        JobEvent.objects.create(
+        event = JobEvent.objects.create(
             job_id=job_id,
             from_status=from_status,
             to_status=new_status,
@@ -168,7 +169,9 @@ def write(
             created_at=timezone.now(),
         )
         message = status_message(job_id, from_status, new_status, reason)
+        change = hooks.StatusChange(event.pk, job_id, from_status, new_status, reason, attempt)
         transaction.on_commit(lambda: publish_status(job_id, message))
+        transaction.on_commit(lambda: hooks.status_changed(change))
     logger.info("job %s: %s → %s (%s)", job_id, from_status, new_status, reason or "no reason given")
     return True
 

@@ -19,6 +19,7 @@ from agent.loop import EmbeddedControlLoop
 from agent.node_agent import NodeAgent
 from jobs.models import Node
 from jobs.services.dispatch import node_queue
+from console.metrics import serve_process_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class Command(BaseCommand):
         agent = NodeAgent([node.name], name=f"nodeagent-{node.name}")
         agent.stop_strays()
         loop = EmbeddedControlLoop(agent, control=False)
+        serve_process_metrics("nodeagent")  # its own log-line counts on METRICS_PORT, if set
         stop = loop.stopped
         loop.start()
         self.stdout.write(f"node agent for {node.name} ({len(spec.gpus)} GPUs{', simulated' if spec.simulated else ''}) started")

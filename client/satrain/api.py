@@ -1,0 +1,98 @@
+"""The console's REST API over httpx, with every error turned into one readable sentence."""
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from satrain.config import Settings
+
+JOBS = "/api/v1/training-jobs/"
+
+
+class ApiError(Exception):
+    """An answer the user must read: the HTTP status and the console's own message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def describe(body: Any) -> str:
+    """DRF's error bodies as text: ``{"detail": …}``, ``{"field": ["msg"]}``, nested fields."""
+    if isinstance(body, str):
+        return body
+    if isinstance(body, list):
+        return "; ".join(describe(item) for item in body)
+    if isinstance(body, dict):
+        if set(body) == {"detail"}:
+            return describe(body["detail"])
+        parts = []
+        for field, problem in body.items():
+            text = describe(problem)
+            parts.append(text if field in ("detail", "non_field_errors") else f"{field}: {text}")
+        return "; ".join(parts)
+    return str(body)
+
+
+class Client:
+    def __init__(self, settings: Settings, *, timeout: float = 30.0) -> None:
+        self.settings = settings
+        headers = {"Accept": "application/json", "User-Agent": "satrain"}
+        if settings.token:
+            headers["Authorization"] = f"Token {settings.token}"
+        self.http = httpx.Client(base_url=settings.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, *, json: Any = None, params: Any = None) -> Any:
+        try:
+            response = self.http.request(method, path, json=json, params=params)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach the console at {self.settings.url}: {exc}") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, self.error_text(response))
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise ApiError(response.status_code, f"the console answered {method} {path} with something that is not JSON") from None
+
+    def error_text(self, response: httpx.Response) -> str:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code == 401:
+            detail = describe(body) if body else "authentication required"
+            return f"{detail} (log in with `satrain login`)"
+        if body is not None:
+            return describe(body)
+        return f"HTTP {response.status_code} from {response.request.method} {response.request.url.path}"
+
+    # --- convenience -----------------------------------------------------------------------
+    def get(self, path: str, **params: Any) -> Any:
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body: Any = None) -> Any:
+        return self.request("POST", path, json=body)
+
+    def job(self, job_id: int) -> dict:
+        return self.get(f"{JOBS}{job_id}/")
+
+    def token(self, username: str, password: str) -> dict:
+        return self.request("POST", "/api/v1/auth/token/", json={"username": username, "password": password})
+
+    def list_jobs(self, **filters: Any) -> list[dict]:
+        """Every job matching the filters (the API pages; this follows the pages)."""
+        jobs: list[dict] = []
+        offset = 0
+        while True:
+            page = self.get(JOBS, limit=500, offset=offset, **filters)
+            jobs.extend(page["results"])
+            if not page.get("next"):
+                return jobs
+            offset += len(page["results"])

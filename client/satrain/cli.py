@@ -1,0 +1,363 @@
+"""``satrain``: the Simple AI Training console from a terminal.
+
+Exit codes: 0 success; 1 an API or connection error (the console's message on stderr); 2 bad
+usage; ``jobs wait``: 0 Completed, 3 Failed / Pending - internalerror / Pending -
+maxretriesexceeded, 4 Stopped, 124 still not finished after ``--timeout``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from satrain import config
+from satrain.api import JOBS, ApiError, Client
+from satrain.logs import follow, read_lines
+
+app = typer.Typer(help="The Simple AI Training console from a terminal.", no_args_is_help=True)
+jobs_app = typer.Typer(help="Training jobs: create, list, follow, stop, wait.", no_args_is_help=True)
+nodes_app = typer.Typer(help="GPU nodes (staff): list, cordon, inject a fault, clear.", no_args_is_help=True)
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(nodes_app, name="nodes")
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+
+JOB_FIELDS = (
+    "name", "project", "job_type", "image", "command", "env", "gpus_per_node", "node_count",
+    "failover_enabled", "output_dir", "max_run_minutes", "description",
+)
+TERMINAL = {"Completed", "Failed", "Stopped", "Pending - internalerror", "Pending - maxretriesexceeded"}
+WAIT_EXIT = {"Completed": 0, "Failed": 3, "Pending - internalerror": 3, "Pending - maxretriesexceeded": 3, "Stopped": 4}
+RESUME_MISSING = "this console has no resume endpoint (POST /api/v1/training-jobs/<id>/resume/); update the console"
+
+
+def fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]Error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(code)
+
+
+def client() -> Client:
+    return Client(config.load())
+
+
+def call(fn, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except ApiError as exc:
+        fail(exc.message)
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+# --- login --------------------------------------------------------------------------------------
+@app.command()
+def login(
+    url: str = typer.Option(None, "--url", help="The console's address, e.g. https://console.example.org"),
+    username: str = typer.Option(..., "--username", "-u", prompt=True),
+    password: str = typer.Option(..., "--password", "-p", prompt=True, hide_input=True),
+) -> None:
+    """Get an API token with your username and password and keep it in the config file (0600)."""
+    settings = config.load()
+    if url:
+        settings.url = url.rstrip("/")
+    settings.token = None
+    answer = call(Client(settings).token, username, password)
+    settings.token, settings.username = answer["token"], username
+    path = config.save(settings)
+    out.print(f"Logged in to {settings.url} as {username}; token expires {answer.get('expiry')}; kept in {path}", highlight=False)
+
+
+@app.command()
+def logout() -> None:
+    """Forget the stored token (revoke it on the console's API tokens page)."""
+    settings = config.load()
+    settings.token = None
+    config.save(settings)
+    out.print("Token forgotten.")
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+def read_spec(path: str) -> dict:
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}", 2)
+    try:
+        spec = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        fail(f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {exc}", 2)
+    if not isinstance(spec, dict):
+        fail(f"{path} must hold one mapping of job fields ({', '.join(JOB_FIELDS)})", 2)
+    unknown = sorted(set(spec) - set(JOB_FIELDS))
+    if unknown:  # sent anyway (a newer console may know them); the API ignores fields it does not know
+        err.print(f"[yellow]Warning:[/] {path}: field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+                  f"not known to this client (it knows {', '.join(JOB_FIELDS)})", highlight=False)
+    return spec
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            fail(f"--env takes NAME=value, not {pair!r}", 2)
+        env[name] = value
+    return env
+
+
+def show_job(job: dict) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    for key in ("id", "name", "owner", "project_name", "status", "status_reason", "job_type", "image", "command", "env",
+                "gpus_per_node", "node_count", "failover_enabled", "failover_attempts", "output_dir",
+                "max_run_minutes", "created_at", "started_at", "finished_at", "running_time_seconds", "description"):
+        if key in job:
+            value = job[key]
+            table.add_row(f"[bold]{key}[/]", json.dumps(value) if isinstance(value, (dict, list)) else ("" if value is None else str(value)))
+    out.print(table)
+
+
+@jobs_app.command("create")
+def jobs_create(
+    file: Optional[str] = typer.Option(None, "--file", "-f", help="A YAML or JSON job spec (the API's fields); - reads stdin"),
+    name: Optional[str] = typer.Option(None, "--name", "-n"),
+    command: Optional[str] = typer.Option(None, "--command", "-c", help="e.g. 'python -m jobs.examples.train_tiny'"),
+    image: Optional[str] = typer.Option(None, "--image"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs per node"),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count"),
+    job_type: Optional[str] = typer.Option(None, "--type", help="On-Demand or Spot"),
+    env: list[str] = typer.Option([], "--env", "-e", help="NAME=value (repeat)"),
+    failover: Optional[bool] = typer.Option(None, "--failover/--no-failover"),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir"),
+    max_run_minutes: Optional[int] = typer.Option(None, "--max-run-minutes"),
+    project: Optional[int] = typer.Option(None, "--project", help="project id"),
+    description: Optional[str] = typer.Option(None, "--description"),
+    output: str = typer.Option("table", "--output", "-o", help="table or json"),
+) -> None:
+    """Create a job from flags and/or a spec file (flags win over the file)."""
+    spec = read_spec(file) if file else {}
+    flags = {"name": name, "command": command, "image": image, "gpus_per_node": gpus, "node_count": nodes,
+             "job_type": job_type, "failover_enabled": failover, "output_dir": output_dir,
+             "max_run_minutes": max_run_minutes, "project": project, "description": description}
+    spec.update({k: v for k, v in flags.items() if v is not None})
+    if env:
+        spec["env"] = {**(spec.get("env") or {}), **parse_env(env)}
+    job = call(client().post, JOBS, spec)
+    if output == "json":
+        emit_json(job)
+    else:
+        out.print(f"Created job {job['id']} ({job['name']}): {job['status']}", highlight=False)
+
+
+@jobs_app.command("list")
+def jobs_list(
+    status: list[str] = typer.Option([], "--status", "-s", help="exact status text (repeat)"),
+    job_type: Optional[str] = typer.Option(None, "--type"),
+    search: Optional[str] = typer.Option(None, "--search", help="part of the name"),
+    ordering: Optional[str] = typer.Option(None, "--ordering"),
+    output: str = typer.Option("table", "--output", "-o", help="table or json"),
+) -> None:
+    """The jobs you may see."""
+    filters = {"status": ",".join(status) or None, "job_type": job_type, "search": search, "ordering": ordering}
+    jobs = call(client().list_jobs, **filters)
+    if output == "json":
+        emit_json(jobs)
+        return
+    table = Table("ID", "NAME", "STATUS", "TYPE", "GPUS", "FAILOVERS", "OWNER", "CREATED")
+    for job in jobs:
+        table.add_row(str(job["id"]), job["name"], job["status"], job["job_type"],
+                      f"{job['gpus_per_node']}×{job['node_count']}", job["failover_attempts"], job["owner"],
+                      (job["created_at"] or "")[:19].replace("T", " "))
+    out.print(table)
+
+
+@jobs_app.command("get")
+def jobs_get(job_id: int, output: str = typer.Option("table", "--output", "-o", help="table or json")) -> None:
+    """One job's fields and status."""
+    job = call(client().job, job_id)
+    emit_json(job) if output == "json" else show_job(job)
+
+
+@jobs_app.command("logs")
+def jobs_logs(
+    job_id: int,
+    follow_: bool = typer.Option(False, "--follow", "-f", help="follow until the job ends (resumes after a disconnect)"),
+    stream: str = typer.Option("master", "--stream", help="master or worker-<n>"),
+    attempt: Optional[int] = typer.Option(None, "--attempt", help="only this attempt's lines"),
+    tail: Optional[int] = typer.Option(None, "--tail", help="start with the last N lines"),
+    timestamps: bool = typer.Option(False, "--timestamps", "-t"),
+) -> None:
+    """A job's log; with -f, follow it over the WebSocket until the job ends."""
+    def emit(line: dict) -> None:
+        if attempt is None or line["attempt"] == attempt:
+            sys.stdout.write((f"{line['ts']} " if timestamps else "") + line["text"] + "\n")
+            sys.stdout.flush()
+
+    api = client()
+    if not follow_:
+        try:
+            for line in read_lines(api, job_id, stream=stream, tail=tail):
+                emit(line)
+        except ApiError as exc:
+            fail(exc.message)
+        return
+
+    def banner(number: str, text: str) -> None:
+        if attempt is None or int(number) == attempt:
+            err.print(f"[dim]── {text}[/]", highlight=False)
+
+    def reconnect(seq: int, why: str) -> None:
+        err.print(f"[yellow]{why}; reconnecting after line {seq}[/]", highlight=False)
+
+    status = call(follow, api, job_id, stream=stream, tail=tail, on_line=emit, on_banner=banner, on_reconnect=reconnect)
+    err.print(f"[bold]job {job_id}: {status}[/]", highlight=False)
+
+
+def act(job_id: int, action: str) -> dict:
+    return call(client().post, f"{JOBS}{job_id}/{action}/")
+
+
+@jobs_app.command("stop")
+def jobs_stop(job_id: int) -> None:
+    """Stop a job (SIGTERM, then SIGKILL after the grace period)."""
+    job = act(job_id, "stop")
+    out.print(f"job {job_id}: {job['status']}", highlight=False)
+
+
+@jobs_app.command("clone")
+def jobs_clone(job_id: int, name: Optional[str] = typer.Option(None, "--name")) -> None:
+    """A new job with the same settings."""
+    job = call(client().post, f"{JOBS}{job_id}/clone/", {"name": name} if name else {})
+    out.print(f"Created job {job['id']} ({job['name']}): {job['status']}", highlight=False)
+
+
+@jobs_app.command("delete")
+def jobs_delete(job_id: int, yes: bool = typer.Option(False, "--yes", "-y", help="do not ask")) -> None:
+    """Delete a finished job and its logs."""
+    if not yes:
+        typer.confirm(f"Delete job {job_id} and its logs?", abort=True)
+    call(client().request, "DELETE", f"{JOBS}{job_id}/")
+    out.print(f"job {job_id} deleted")
+
+
+@jobs_app.command("resume")
+def jobs_resume(job_id: int) -> None:
+    """Resume a stopped or failed job from its last checkpoint (where the console offers it)."""
+    try:
+        job = client().post(f"{JOBS}{job_id}/resume/")
+    except ApiError as exc:
+        if exc.status == 405 or (exc.status == 404 and "training job" not in exc.message.lower()):
+            fail(RESUME_MISSING)
+        fail(exc.message)
+    out.print(f"job {job['id']} ({job['name']}): {job['status']}", highlight=False)
+
+
+@jobs_app.command("events")
+def jobs_events(job_id: int, output: str = typer.Option("table", "--output", "-o")) -> None:
+    """A job's status history."""
+    events = call(client().get, f"{JOBS}{job_id}/events/")
+    if output == "json":
+        emit_json(events)
+        return
+    table = Table("TIME", "FROM", "TO", "ATTEMPT", "ACTOR", "REASON")
+    for event in events:
+        table.add_row(event["created_at"][:19].replace("T", " "), event["from_status"], event["to_status"],
+                      "" if event["attempt"] is None else str(event["attempt"]), event["actor"], event["reason"])
+    out.print(table)
+
+
+@jobs_app.command("wait")
+def jobs_wait(
+    job_id: int,
+    timeout: float = typer.Option(0, "--timeout", help="seconds; 0 waits for ever"),
+    interval: float = typer.Option(2.0, "--interval", help="seconds between checks"),
+    quiet: bool = typer.Option(False, "--quiet", "-q"),
+) -> None:
+    """Wait until the job finishes. Exit 0 Completed, 3 Failed/internalerror/maxretriesexceeded, 4 Stopped, 124 timeout."""
+    api = client()
+    deadline = time.monotonic() + timeout if timeout else None
+    last = None
+    while True:
+        job = call(api.job, job_id)
+        if job["status"] != last and not quiet:
+            err.print(f"job {job_id}: {job['status']} {('— ' + job['status_reason']) if job.get('status_reason') else ''}", highlight=False)
+        last = job["status"]
+        if last in TERMINAL:
+            out.print(last, highlight=False)
+            raise typer.Exit(WAIT_EXIT.get(last, 3))
+        if deadline is not None and time.monotonic() >= deadline:
+            err.print(f"job {job_id} is still {last} after {timeout:g} s")
+            raise typer.Exit(124)
+        time.sleep(interval)
+
+
+# --- nodes (staff) -------------------------------------------------------------------------------
+NODES = "/api/v1/nodes/"
+
+
+@nodes_app.command("list")
+def nodes_list(output: str = typer.Option("table", "--output", "-o")) -> None:
+    """Nodes, their GPUs and health."""
+    page = call(client().get, NODES, limit=500)
+    nodes = page["results"] if isinstance(page, dict) else page
+    if output == "json":
+        emit_json(nodes)
+        return
+    table = Table("NAME", "STATE", "HEALTHY", "CORDONED", "GPUS FREE", "UNHEALTHY GPUS", "REASON")
+    for node in nodes:
+        gpus = node["gpus"]
+        free = sum(1 for g in gpus if g["healthy"] and not g["allocated"])
+        bad = [str(g["index"]) for g in gpus if not g["healthy"]]
+        table.add_row(node["name"], node["state"], "yes" if node["healthy"] else "NO", "yes" if node["cordoned"] else "",
+                      f"{free}/{len(gpus)}", ",".join(bad), node["health_reason"])
+    out.print(table)
+
+
+@nodes_app.command("cordon")
+def nodes_cordon(name: str, undo: bool = typer.Option(False, "--undo", help="uncordon")) -> None:
+    """Place no new jobs on a node (--undo: uncordon)."""
+    node = call(client().post, f"{NODES}{name}/{'uncordon' if undo else 'cordon'}/")
+    out.print(f"{node['name']}: {'cordoned' if node['cordoned'] else 'schedulable'}")
+
+
+@nodes_app.command("uncordon")
+def nodes_uncordon(name: str) -> None:
+    """Make a cordoned node schedulable again."""
+    nodes_cordon(name, undo=True)
+
+
+@nodes_app.command("inject-fault")
+def nodes_inject_fault(
+    name: str,
+    gpu: Optional[int] = typer.Option(None, "--gpu", help="GPU index; none: the whole node"),
+    kind: str = typer.Option("xid", "--kind", help="xid, ecc, gpu_lost, nvlink or thermal"),
+    xid: Optional[int] = typer.Option(None, "--xid", help="for an Xid fault, e.g. 79"),
+) -> None:
+    """Inject a hardware fault into a simulated node's GPU."""
+    fault = call(client().post, f"{NODES}{name}/inject-fault/", {"kind": kind, "gpu": gpu, "xid": xid})
+    where = f"GPU {fault['gpu']}" if fault.get("gpu") is not None else "the whole node"
+    out.print(f"fault {fault['id']} ({fault['kind']}{' ' + str(fault['xid']) if fault.get('xid') else ''}) injected into {fault['node']}, {where}")
+
+
+@nodes_app.command("clear")
+def nodes_clear(name: str) -> None:
+    """Mark a node healthy again (its faults repaired)."""
+    answer = call(client().post, f"{NODES}{name}/clear/")
+    out.print(answer["detail"])
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

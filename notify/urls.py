@@ -1,0 +1,6 @@
+from django.urls import path
+
+from notify import views
+
+app_name = "notify"
+urlpatterns = [path("", views.subscriptions, name="subscriptions")]
