@@ -23,21 +23,9 @@ import sys
 import tempfile
 import time
 
+from bench.list.__main__ import setup_django  # the same embedded set-up: SQLite in a temporary directory, migrated
+
 NODES, GPUS, PROJECTS = 100, 8, 50
-
-
-def setup_django(directory: str) -> None:
-    os.environ["CONSOLE_VAR_DIR"] = directory
-    os.environ["SQLITE_PATH"] = os.path.join(directory, "bench.sqlite3")
-    os.environ["JOB_WORK_ROOT"] = os.path.join(directory, "jobs")
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-    os.environ["LOG_LEVEL"] = "WARNING"
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=0)
 
 
 def build_cluster() -> list:

@@ -1,0 +1,22 @@
+"""A fixture the tests that start real runs share: nothing they start outlives them."""
+
+import time
+
+import pytest
+
+from jobs.models import AttemptNode
+
+
+@pytest.fixture(autouse=True)
+def no_run_outlives_its_test(nodes):
+    """Whatever a test leaves running (a failed assertion mid-run) is killed before its database goes."""
+    yield
+    import signal as _signal
+
+    from agent.processes import is_runner, run_dir, signal_run as _signal_run
+
+    for part in AttemptNode.objects.filter(runner_pid__gt=0).select_related("attempt"):
+        deadline = time.monotonic() + 5  # a runner just started writes pid.json within moments
+        while not (run_dir(part) / "pid.json").exists() and is_runner(part.runner_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _signal_run(part, _signal.SIGKILL)
