@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from failover.classify import HARDWARE, NON_HARDWARE
-from jobs.models import GPU, JobAttempt, Node, TrainingJob
+from jobs.models import GPU, JobAttempt, Node, ResourceSample, TrainingJob
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint
 from notify.models import Delivery
@@ -94,6 +94,7 @@ class DatabaseCollector:
         yield db_histogram("satrain_checkpoint_persist_seconds", "Time to persist a committed ckptlib checkpoint to storage",
                            CHECKPOINT_BUCKETS, Checkpoint.objects.all(), "persist_s")
         yield from self.node_families()
+        yield from self.usage_families()
         yield from self.notification_families()
 
     def job_families(self):
@@ -128,6 +129,28 @@ class DatabaseCollector:
         latencies = [s for s in (seconds(start, end) for start, end in resumed.iterator()) if s is not None]
         yield histogram("satrain_failover_recovery_seconds", "From a hardware-faulted run's end to the job Running again",
                         LATENCY_BUCKETS, latencies)
+
+    # A running job's latest usage sample (agent.sampling): GPU figures are the mean utilisation and
+    # the summed memory and power of the job's GPUs, as the detail page's usage chart shows them.
+    USAGE = (
+        ("gpu_util", "satrain_job_gpu_utilization_percent", "Mean utilisation of a running job's GPUs, latest sample"),
+        ("gpu_mem_mb", "satrain_job_gpu_memory_mib", "GPU memory a running job uses, summed over its GPUs, latest sample"),
+        ("power_w", "satrain_job_gpu_power_watts", "Power a running job's GPUs draw, summed, latest sample"),
+        ("cpu_percent", "satrain_job_cpu_percent", "Host CPU of a running job's processes (100 = one core), latest sample"),
+        ("host_mem_mb", "satrain_job_host_memory_mib", "Resident host memory of a running job's processes, latest sample"),
+    )
+
+    def usage_families(self):
+        latest = ResourceSample.objects.filter(job=OuterRef("pk")).order_by("-ts")
+        running = TrainingJob.objects.filter(status=JobStatus.RUNNING).annotate(
+            **{field: Subquery(latest.values(field)[:1]) for field, _, _ in self.USAGE}
+        ).values_list("pk", "name", "project__name", *(field for field, _, _ in self.USAGE))
+        families = [GaugeMetricFamily(name, doc, labels=["job", "name", "project"]) for _, name, doc in self.USAGE]
+        for pk, name, project, *values in running:
+            for family, value in zip(families, values):
+                if value is not None:
+                    family.add_metric([str(pk), name, project or ""], value)
+        yield from families
 
     def node_families(self):
         now = timezone.now()

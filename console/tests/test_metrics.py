@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs.models import JobAttempt
+from jobs.models import JobAttempt, ResourceSample
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint
@@ -75,6 +75,26 @@ def test_jobs_failovers_checkpoints_and_nodes_are_counted(client, staff, make_jo
     assert first.verdict == "hardware"
     # Request latency from django-prometheus's middleware is in the same exposition.
     assert any(name.startswith("django_http_requests_latency_seconds") for name, _ in after)
+
+
+def test_a_running_jobs_latest_usage_sample_is_exported(client, staff, make_job):
+    client.force_login(staff)
+    job = make_job()
+    assert transition(job.pk, JobStatus.RUNNING, reason="placed")
+    now = timezone.now()
+    ResourceSample.objects.create(job=job, attempt=1, ts=now - timedelta(seconds=10), gpu_util=10.0, power_w=100.0)
+    ResourceSample.objects.create(job=job, attempt=1, ts=now, gpu_util=72.5, gpu_mem_mb=2048.0, power_w=310.0,
+                                  cpu_percent=150.0, host_mem_mb=900.0)
+    done = make_job(name="finished-one")
+    ResourceSample.objects.create(job=done, attempt=1, ts=now, gpu_util=99.0)
+    labels = (("job", str(job.pk)), ("name", job.name), ("project", job.project.name))
+    got = scrape(client)
+    assert got[("satrain_job_gpu_utilization_percent", labels)] == 72.5
+    assert got[("satrain_job_gpu_power_watts", labels)] == 310.0
+    assert got[("satrain_job_gpu_memory_mib", labels)] == 2048.0
+    assert got[("satrain_job_cpu_percent", labels)] == 150.0
+    # Only running jobs: a Pending job's sample is not a reading of anything running now.
+    assert not any(name == "satrain_job_gpu_utilization_percent" and ("job", str(done.pk)) in key for name, key in got)
 
 
 @pytest.mark.slow
