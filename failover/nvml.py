@@ -366,6 +366,23 @@ class NvmlProbe:
             logger.warning("could not read the PCI addresses of %s's GPUs", self.node_name)
         return found
 
+    def usage(self, gpu_indices) -> dict[int, tuple[float, float, float]]:
+        """Utilisation (%), memory in use (MiB) and power (W) of these GPUs, each call under the
+        watchdog; a GPU that does not answer (lost, not supported, hung) is left out: usage is a
+        chart's point, never evidence."""
+        nv = self.nv
+        out: dict[int, tuple[float, float, float]] = {}
+        for index in gpu_indices:
+            try:
+                handle = self.call(nv.nvmlDeviceGetHandleByIndex, index)
+                util = self.call(nv.nvmlDeviceGetUtilizationRates, handle).gpu
+                used = self.call(nv.nvmlDeviceGetMemoryInfo, handle).used
+                power = self.call(nv.nvmlDeviceGetPowerUsage, handle)  # milliwatts
+            except (nv.NVMLError, DriverHung):
+                continue
+            out[index] = (float(util), used / 2**20, power / 1000)
+        return out
+
     def kernel_log(self) -> str:
         """Kernel-log lines are read by the node's health monitor (``failover.kmsg``, with a
         cursor) and stored as health events; the probe itself reads none."""

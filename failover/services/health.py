@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent.plugins import AgentView
+from agent.sampling import GpuReading, use_gpu_reader
 from failover.classify import Verdict, classify_failure, parse_kernel_xids
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import HealthEvent, NodeHealth
@@ -41,6 +42,7 @@ class HealthChecker:
         self.lock = threading.Lock()
         self.monitor = HealthMonitor(self)
         _checkers.add(self)
+        use_gpu_reader(ProbeUsageReader())
 
     def on_start(self) -> None:
         self.monitor.start()
@@ -91,6 +93,19 @@ class HealthChecker:
                     self.check(node)
                 except Exception:
                     logger.exception("health check of %s failed", node.name)
+
+
+class ProbeUsageReader:
+    """The agent's usage sampler (``agent.sampling``) reads real GPUs through the probe the
+    node's health checker already holds (NVML initialised once); probes without ``usage`` (the
+    simulated one) give nothing, and simulated nodes get the sampler's synthetic readings."""
+
+    def read(self, node_name: str, gpu_indices: Sequence[int]) -> dict[int, GpuReading]:
+        for checker in list(_checkers):
+            probe = checker.probes.get(node_name)
+            if probe is not None and hasattr(probe, "usage"):
+                return {i: GpuReading(util=u, mem_mb=round(m), power_w=round(w, 1)) for i, (u, m, w) in probe.usage(gpu_indices).items()}
+        return {}
 
 
 _checkers: weakref.WeakSet = weakref.WeakSet()

@@ -108,6 +108,10 @@ class FakeGpu:
     link_errors: dict = field(default_factory=dict)  # (link, NVML_NVLINK_ERROR_DL_*) → count
     legacy_link_counters: bool = True  # False: nvmlDeviceGetNvLinkErrorCounter is NOT_SUPPORTED
     recovery_action: int = 0
+    util: int = 0  # percent
+    mem_used: int = 0  # bytes
+    mem_total: int = 80 * 2**30
+    power_mw: int = 60_000
 
 
 class Driver:
@@ -255,6 +259,23 @@ def nvmlDeviceGetCurrPcieLinkWidth(handle):
 def nvmlDeviceGetMaxPcieLinkWidth(handle):
     driver.enter("nvmlDeviceGetMaxPcieLinkWidth")
     return driver.gpu(handle).pcie_max_width
+
+
+def nvmlDeviceGetUtilizationRates(handle):
+    driver.enter("nvmlDeviceGetUtilizationRates")
+    gpu = driver.gpu(handle)
+    return SimpleNamespace(gpu=gpu.util, memory=min(100, gpu.util))
+
+
+def nvmlDeviceGetMemoryInfo(handle, version=None):
+    driver.enter("nvmlDeviceGetMemoryInfo")
+    gpu = driver.gpu(handle)
+    return SimpleNamespace(total=gpu.mem_total, used=gpu.mem_used, free=gpu.mem_total - gpu.mem_used)
+
+
+def nvmlDeviceGetPowerUsage(handle):
+    driver.enter("nvmlDeviceGetPowerUsage")
+    return driver.gpu(handle).power_mw
 
 
 def nvmlDeviceGetCurrentClocksEventReasons(handle):

@@ -146,3 +146,30 @@ def test_the_watchdog_passes_results_and_errors_through():
     with pytest.raises(DriverHung):
         watchdog(time.sleep, 1)
     watchdog.stop()
+
+
+def test_usage_is_read_per_gpu_and_a_lost_gpu_is_left_out(gpus, probe):
+    gpus.gpus[0].util, gpus.gpus[0].mem_used, gpus.gpus[0].power_mw = 87, 3 * 2**30, 312_500
+    gpus.gpus[1].lost = True
+    assert probe.usage([0, 1]) == {0: (87.0, 3072.0, 312.5)}
+
+
+def test_the_agents_sampler_reads_real_gpus_through_the_health_checkers_probe(gpus, probe):
+    """agent.sampling's reader for non-simulated nodes is the health checker's probe (no second
+    nvmlInit): what the sampler charts for a job on a real node."""
+    from agent import sampling
+    from failover.services.health import HealthChecker, ProbeUsageReader
+
+    class Agent:
+        node_names = ["gpu-node-1"]
+
+    checker = HealthChecker(Agent())
+    checker.probes["gpu-node-1"] = probe
+    gpus.gpus[1].util, gpus.gpus[1].mem_used, gpus.gpus[1].power_mw = 40, 2**30, 150_000
+    assert isinstance(sampling._real_reader, ProbeUsageReader)
+    reading = sampling._real_reader.read("gpu-node-1", [1])[1]
+    assert (reading.util, reading.mem_mb, reading.power_w) == (40.0, 1024, 150.0)
+    assert sampling._real_reader.read("another-node", [0]) == {}
+    assert fake_pynvml.driver.inits == 1
+    checker.probes.clear()
+    checker.monitor.stop()
