@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Least
 from django.utils import timezone
@@ -60,7 +61,31 @@ def handle_failed_run(job: TrainingJob, attempt: JobAttempt, outcome: str, lost:
     if not moved:
         JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(verdict="", judged_at=None)
         return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-    return decide(job.pk, attempt.pk, lost=lost)
+    return decide_retrying(job.pk, attempt.pk, lost=lost)
+
+
+DECIDE_TRIES = 4
+
+
+def decide_retrying(job_id: int, attempt_id: int, *, lost: bool) -> str:
+    """``decide``, tried again when the database refuses a write for a moment (SQLite's "database
+    table is locked" while another thread of the agent writes): nothing is stored before the
+    verdict's compare-and-swap, so a try that failed before it can be made again. After the last
+    try the claim is given back, so the next control round's ``redecide`` judges the attempt
+    instead of waiting out ``CLAIM_TIMEOUT``."""
+    for n in range(DECIDE_TRIES):
+        try:
+            return decide(job_id, attempt_id, lost=lost)
+        except OperationalError:
+            if n == DECIDE_TRIES - 1 or transaction.get_connection().in_atomic_block:
+                try:
+                    JobAttempt.objects.filter(pk=attempt_id, verdict=JUDGING).update(verdict="", judged_at=None)
+                except OperationalError:
+                    logger.warning("job %s: could not give back the claim on attempt %s", job_id, attempt_id)
+                raise
+            logger.warning("job %s: the database refused a write while judging; trying again", job_id)
+            time.sleep(0.25 * 2**n)
+    raise AssertionError("unreachable")
 
 
 def claim(attempt: JobAttempt) -> bool:

@@ -172,3 +172,47 @@ def test_the_failover_count_never_passes_the_limit(make_job, nodes, settings):
     TrainingJob.objects.filter(pk=job.pk).update(failover_count=settings.MAX_FAILOVERS)
     assert fail(attempt, ECC_LINE) == JobStatus.MAX_RETRIES_EXCEEDED
     assert TrainingJob.objects.get(pk=job.pk).failover_count == settings.MAX_FAILOVERS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_lock_while_judging_is_tried_again_and_counts_once(make_job, nodes, monkeypatch):
+    """Seen in CI: the agent's monitor thread wrote while the judge stored its reading, and SQLite
+    answered "database table is locked"; the job then waited for the claim's timeout."""
+    from django.db import OperationalError
+
+    job = make_job()
+    attempt = start(job)
+    gather, refused = policy.gather, []
+
+    def locked_once(*args, **kwargs):
+        if not refused:
+            refused.append(1)
+            raise OperationalError("database table is locked: jobs_jobattempt")
+        return gather(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "gather", locked_once)
+    assert fail(attempt, ECC_LINE) == JobStatus.FAILOVER_IN_PROGRESS
+    job.refresh_from_db()
+    assert refused and job.failover_count == 1
+    assert JobAttempt.objects.get(pk=attempt.pk).verdict == "hardware"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_judge_that_keeps_failing_gives_its_claim_back_for_the_next_round(make_job, nodes, monkeypatch):
+    from django.db import OperationalError
+
+    job = make_job()
+    attempt = start(job)
+    monkeypatch.setattr(policy, "DECIDE_TRIES", 2)
+
+    def locked(*args, **kwargs):
+        raise OperationalError("database table is locked: jobs_jobattempt")
+
+    monkeypatch.setattr(policy, "gather", locked)
+    with pytest.raises(OperationalError):
+        fail(attempt, ECC_LINE)
+    monkeypatch.undo()
+    assert JobAttempt.objects.get(pk=attempt.pk).verdict == ""  # not held until CLAIM_TIMEOUT
+    policy.redecide()  # the next control round
+    job.refresh_from_db()
+    assert job.failover_count == 1 and JobAttempt.objects.get(pk=attempt.pk).verdict == "hardware"
