@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 import ckptlib
+from ckptlib.tests.helpers import clone_state
 
 PATH, OUT, REFS = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 READY_AT, SELF_SIGNAL_AT, MAX_STEPS = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
@@ -54,18 +55,10 @@ class Net(torch.nn.Module):
         return self.body(inputs).pow(2).mean() + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3
 
 
-def clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {key: clone(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(clone(item) for item in value)
-    return copy.deepcopy(value)
 
 
 def record(step: int, expected: dict[str, Any]) -> None:
-    torch.save(clone(expected), REFS / f"{step}.pt.tmp")
+    torch.save(clone_state(expected), REFS / f"{step}.pt.tmp")
     os.replace(REFS / f"{step}.pt.tmp", REFS / f"{step}.pt")
 
 

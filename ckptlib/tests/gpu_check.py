@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 import ckptlib
-from ckptlib.tests.helpers import assert_same
+from ckptlib.tests.helpers import assert_same, clone_state
 
 
 def _to_host(value: Any) -> Any:
@@ -73,7 +73,7 @@ def main() -> int:
                 optimizer.step()
                 optimizer.zero_grad()
                 # A copy on the same stream, ordered after the step: what the checkpoint must hold.
-                reference = {key: _to_host_async(value.state_dict()) for key, value in state.items()}
+                reference = {key: clone_state(value.state_dict()) for key, value in state.items()}
                 engine.save(state, step=step, capture_rng=False)
                 with torch.no_grad():
                     for averaged, live in zip(ema.parameters(), model.parameters(), strict=True):
@@ -101,15 +101,6 @@ def main() -> int:
         engine.shutdown()
 
 
-def _to_host_async(value: Any) -> Any:
-    """A clone on the current stream (ordered after the step), moved to the host later."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {key: _to_host_async(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_host_async(item) for item in value)
-    return copy.deepcopy(value)
 
 
 if __name__ == "__main__":

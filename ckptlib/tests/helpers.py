@@ -54,6 +54,21 @@ def assert_same(expected: Any, actual: Any, where: str = "state") -> None:
     assert expected == actual, where
 
 
+def clone_state(value: Any) -> Any:
+    """A deep copy of a state dict with its tensors cloned (on their own device, in stream order
+    on a GPU), several times faster than ``copy.deepcopy``: a child's loop should spend its time
+    in ``optimizer.step()``, where the signals are meant to land."""
+    import copy
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: clone_state(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(clone_state(item) for item in value)
+    return copy.deepcopy(value)
+
+
 def snapshot(state: dict[str, Any]) -> dict[str, Any]:
     """Deep copies of the state dicts, as they are now."""
     import copy
