@@ -76,7 +76,7 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
         payload = {"type": "log.lines", "lines": stored}
         if stored:
             transaction.on_commit(lambda: publish(log_group(job_id, stream), payload))
-        transaction.on_commit(lambda: LINES_INGESTED.inc(len(stored)))
+            transaction.on_commit(lambda: LINES_INGESTED.inc(len(stored)))
         # Progress and checkpoints are read from every line, those past the log cap included.
         progress = record_metrics(job_id=job_id, stream=stream, attempt=attempt, lines=[(ln.ts, ln.text) for ln in every])
         if progress is not None:
