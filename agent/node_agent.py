@@ -166,8 +166,8 @@ class NodeAgent:
             if not drained:
                 return 0
             code, sig = exit_info.get("exit_code"), exit_info.get("signal")
-            code = code if isinstance(code, int) and not isinstance(code, bool) and -(2**31) <= code < 2**31 else None
-            sig = sig if isinstance(sig, int) and not isinstance(sig, bool) and 0 < sig < 128 else None
+            code = int_in(code, -(2**31), 2**31)
+            sig = int_in(sig, 1, 128)
             cause = "" if code is not None or sig else "the run's exit record was unreadable"
             if (sig or code) and out_of_memory(exit_info):
                 cause = runs.memory_limit_cause(whole_number(exit_info.get("memory_limit_mb")))
@@ -201,9 +201,15 @@ class NodeAgent:
             signal_run(other, signal.SIGTERM)
 
 
+def int_in(value: object, low: int, high: int) -> int | None:
+    """An integer from a run's record when ``low <= value < high``, else None: what a job could
+    have written there is never trusted (a bool, a float, a huge number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and low <= value < high else None
+
+
 def whole_number(value: object) -> int | None:
-    """A positive count from a record, or None (the runner's records are range-checked too)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**53 else None
+    """A positive count from a record, or None."""
+    return int_in(value, 1, 2**53)
 
 
 def out_of_memory(exit_info: dict) -> bool:
