@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Max, OuterRef, Q, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
@@ -247,7 +247,8 @@ def hold_placements(
     batch: list[tuple[TrainingJob, list[tuple[int, list[int]]]]], *, capacity: Capacity, gpu_ids: dict[tuple[int, int], int]
 ) -> list[JobAttempt]:
     """Hold a round's placements in one transaction with a fixed number of statements; if the
-    batch raced (a GPU taken, a job changed since the round read it) it is rolled back and the
+    batch raced (a GPU taken, an attempt number taken, a job changed since the round read it)
+    it is rolled back and the
     jobs are held one by one, each in its own transaction, so only the raced ones wait."""
     if not batch:
         return []
@@ -281,13 +282,16 @@ def hold_in_bulk(
             .annotate(last=Max("number"))
             .values_list("job_id", "last")
         )
-        attempts = JobAttempt.objects.bulk_create(
-            JobAttempt(
-                job=job, number=last.get(job.pk, 0) + 1, master_addr=capacity.addresses[chosen[0][0]],
-                master_port=master_port(job.pk, last.get(job.pk, 0) + 1),
+        try:
+            attempts = JobAttempt.objects.bulk_create(
+                JobAttempt(
+                    job=job, number=last.get(job.pk, 0) + 1, master_addr=capacity.addresses[chosen[0][0]],
+                    master_port=master_port(job.pk, last.get(job.pk, 0) + 1),
+                )
+                for job, chosen in batch
             )
-            for job, chosen in batch
-        )
+        except IntegrityError as exc:  # another round numbered an attempt of one of these jobs first
+            raise PlacementConflict("an attempt number was taken by another placement") from exc
         parts = AttemptNode.objects.bulk_create(
             AttemptNode(attempt=attempt, node_id=node_id, rank=rank, gpu_indices=indices)
             for attempt, (_job, chosen) in zip(attempts, batch)
@@ -331,7 +335,10 @@ def hold_placement(
     fallback when a round's batch raced)."""
     with transaction.atomic():
         number = (JobAttempt.objects.filter(job=job).aggregate(m=Max("number"))["m"] or 0) + 1
-        attempt = JobAttempt.objects.create(job=job, number=number, master_addr=master_addr, master_port=master_port(job.pk, number))
+        try:
+            attempt = JobAttempt.objects.create(job=job, number=number, master_addr=master_addr, master_port=master_port(job.pk, number))
+        except IntegrityError as exc:
+            raise PlacementConflict from exc
         for rank, (node_id, indices) in enumerate(chosen):
             part = AttemptNode.objects.create(attempt=attempt, node_id=node_id, rank=rank, gpu_indices=indices)
             held = GPU.objects.filter(node_id=node_id, index__in=indices, allocated_to__isnull=True).update(allocated_to=part)
