@@ -9,7 +9,8 @@ published into that process's own, empty layer. The server listens on a Unix soc
     {"group": "job-7", "message": {"type": "job.status", ...}}\\n
 
 and it forwards each valid notice to its layer, answering ``ok`` or ``error: <why>`` per line
-(senders need not read the answer). Invalid JSON, an unknown group, a message that is not a dict
+(senders need not read the answer). A notice about another database (a test run next to a
+console started from the same checkout) is refused quietly. Invalid JSON, an unknown group, a message that is not a dict
 with a ``job.*`` / ``log.*`` type, or a line over ``MAX_NOTICE_BYTES`` is dropped with a log line;
 the connection ends on an oversized line, the server goes on. Live updates are best effort: the
 database holds the truth and pages catch up from a snapshot when they reconnect.
@@ -56,14 +57,18 @@ def socket_path(var_dir: Path | str) -> Path:
     return Path(var_dir) / SOCKET_NAME
 
 
-def encode_notice(group: str, message: dict[str, Any]) -> bytes:
-    line = json.dumps({"group": group, "message": message}, separators=(",", ":")).encode() + b"\n"
+def encode_notice(group: str, message: dict[str, Any], database: str = "") -> bytes:
+    line = json.dumps({"group": group, "message": message, "db": database}, separators=(",", ":")).encode() + b"\n"
     if len(line) > MAX_NOTICE_BYTES:
         raise BadNotice(f"the notice is {len(line)} bytes, over {MAX_NOTICE_BYTES}")
     return line
 
 
-def parse_notice(line: bytes) -> tuple[str, dict[str, Any]]:
+class OtherDatabase(BadNotice):
+    """A well-formed notice about another database's jobs."""
+
+
+def parse_notice(line: bytes, database: str | None = None) -> tuple[str, dict[str, Any]]:
     try:
         notice = json.loads(line)
     except ValueError:
@@ -75,14 +80,16 @@ def parse_notice(line: bytes) -> tuple[str, dict[str, Any]]:
         raise BadNotice(f"unknown group {str(group)[:80]!r}")
     if not isinstance(message, dict) or not isinstance(message.get("type"), str) or not MESSAGE_TYPE.fullmatch(message["type"]):
         raise BadNotice("the message must be an object whose type is job.* or log.*")
+    if database is not None and notice.get("db") != database:
+        raise OtherDatabase("a notice about another database")
     return group, message
 
 
 # --- the sender (any process) -------------------------------------------------------------------
-def send(path: Path, group: str, message: dict[str, Any]) -> bool:
+def send(path: Path, group: str, message: dict[str, Any], database: str = "") -> bool:
     """Hand one notice to the server listening on ``path``; False if none listens (or it fails)."""
     try:
-        line = encode_notice(group, message)
+        line = encode_notice(group, message, database)
     except (TypeError, ValueError) as exc:
         logger.warning("live relay: not sending to %s: %s", group, exc)
         return False
@@ -99,11 +106,13 @@ def send(path: Path, group: str, message: dict[str, Any]) -> bool:
 
 # --- the server (the console's server process) --------------------------------------------------
 class Relay:
-    """The listening side, inside the server's event loop: ``await Relay(path, deliver).start()``."""
+    """The listening side, inside the server's event loop: ``await Relay(path, deliver).start()``.
+    With ``database``, only notices that name the same database are forwarded."""
 
-    def __init__(self, path: Path, deliver: Deliver) -> None:
+    def __init__(self, path: Path, deliver: Deliver, *, database: str | None = None) -> None:
         self.path = Path(path)
         self.deliver = deliver
+        self.database = database
         self.server: asyncio.AbstractServer | None = None
         self.inode: int | None = None
         self.connections = 0
@@ -182,7 +191,11 @@ class Relay:
                 if not line.strip():
                     continue
                 try:
-                    group, message = parse_notice(line)
+                    group, message = parse_notice(line, self.database)
+                except OtherDatabase as exc:
+                    logger.debug("live relay: %s", exc)
+                    await self.answer(writer, f"error: {exc}")
+                    continue
                 except BadNotice as exc:
                     await self.answer(writer, self.drop(str(exc)))
                     continue

@@ -19,6 +19,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
+from django.db import connections
 
 from jobs import live_relay
 
@@ -62,10 +63,15 @@ async def serve_other_processes() -> live_relay.Relay | None:
     remember_server_loop()
     layer = get_channel_layer()
     if _relay is None and isinstance(layer, InMemoryChannelLayer):
-        relay = live_relay.Relay(live_relay.socket_path(settings.VAR_DIR), layer.group_send)
+        relay = live_relay.Relay(live_relay.socket_path(settings.VAR_DIR), layer.group_send, database=database_name())
         if await relay.start():
             _relay = relay
     return _relay
+
+
+def database_name() -> str:
+    """Which database the jobs live in: the relay forwards only what concerns its own."""
+    return str(connections["default"].settings_dict["NAME"])
 
 
 def publish(group: str, message: dict[str, Any]) -> None:
@@ -83,7 +89,7 @@ def publish(group: str, message: dict[str, Any]) -> None:
         if isinstance(layer, InMemoryChannelLayer):
             # Not the server: hand it to the server's relay, if one listens. The local layer
             # below still gets it (this process's own consumers, e.g. in tests).
-            live_relay.send(live_relay.socket_path(settings.VAR_DIR), group, message)
+            live_relay.send(live_relay.socket_path(settings.VAR_DIR), group, message, database_name())
         async_to_sync(layer.group_send)(group, message)
     except Exception:
         # Live updates are best effort: the database already holds the truth.

@@ -230,3 +230,18 @@ def test_a_var_dir_too_deep_for_a_unix_socket_is_refused_with_a_warning(server, 
     _, started = server.start(socket_path(deep))
     assert not started
     assert "too long for a Unix socket" in caplog.text
+
+
+def test_a_notice_about_another_database_is_refused_quietly(server, var_dir, caplog):
+    """A test run next to a console started from the same checkout shares its var dir."""
+    path = var_dir / "live.sock"
+    relay = Relay(path, server.deliver, database="/srv/console/var/console.sqlite3")
+    assert asyncio.run_coroutine_threadsafe(relay.start(), server.loop).result(30)
+    server.relays.append(relay)
+
+    answers = talk(path, line({"group": "jobs", "message": STATUS, "db": "test_console"})
+                   + line({"group": "jobs", "message": STATUS, "db": "/srv/console/var/console.sqlite3"}))
+
+    assert answers == ["error: a notice about another database", "ok"]
+    assert server.wait_for(1) == [("jobs", STATUS)]
+    assert "dropped" not in caplog.text
