@@ -4,16 +4,17 @@ The in-memory channel layer lives only inside the console's server process, so a
 by another process (``manage.py job stop``, ``inject_fault``, an operator's ORM script) would be
 published into that process's own, empty layer. The server listens on a Unix socket in
 ``CONSOLE_VAR_DIR`` (mode 0600: only the console's user connects; jobs run sandboxed without
-``var/``); other processes send it one notice per line::
+``var/``); other processes keep one connection each and send one notice per line::
 
-    {"group": "job-7", "message": {"type": "job.status", ...}}\\n
+    {"group": "job-7", "message": {"type": "job.status", ...}, "db": "<its database>"}\\n
 
-and it forwards each valid notice to its layer, answering ``ok`` or ``error: <why>`` per line
-(senders need not read the answer). A notice about another database (a test run next to a
-console started from the same checkout) is refused quietly. Invalid JSON, an unknown group, a message that is not a dict
-with a ``job.*`` / ``log.*`` type, or a line over ``MAX_NOTICE_BYTES`` is dropped with a log line;
-the connection ends on an oversized line, the server goes on. Live updates are best effort: the
-database holds the truth and pages catch up from a snapshot when they reconnect.
+The server forwards each valid notice to its layer and answers ``ok`` or ``error: <why>`` per
+line; the sender waits for the answer before its next notice, so notices keep their order. A
+notice about another database (a test run beside a console started from the same checkout) is
+refused quietly. Invalid JSON, an unknown group, a message that is not a dict with a ``job.*`` /
+``log.*`` type, or a line over ``MAX_NOTICE_BYTES`` is dropped with a log line; the connection
+ends on an oversized line, the server goes on. Live updates are best effort: the database holds
+the truth and pages catch up from a snapshot when they reconnect.
 
 Scale-out (Redis layer) needs none of this: every process publishes to Redis itself.
 """
@@ -26,6 +27,7 @@ import logging
 import os
 import re
 import socket
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,10 +36,10 @@ logger = logging.getLogger(__name__)
 
 SOCKET_NAME = "live.sock"
 MAX_NOTICE_BYTES = 1 << 20
-CONNECT_TIMEOUT = 0.5
-# A sender that says nothing for this long is disconnected (it sends and closes at once).
-IDLE_TIMEOUT = 10.0
-MAX_CONNECTIONS = 64
+# How long a sender waits to connect, and for the server's answer, before giving up.
+TIMEOUT = 0.5
+# Senders keep their connection (one per process); a connection past this many is refused.
+MAX_CONNECTIONS = 128
 # sockaddr_un.sun_path holds 108 bytes, the terminating NUL included.
 MAX_PATH_BYTES = 107
 
@@ -86,22 +88,80 @@ def parse_notice(line: bytes, database: str | None = None) -> tuple[str, dict[st
 
 
 # --- the sender (any process) -------------------------------------------------------------------
+class Sender:
+    """One connection per process, kept open: a script that changes many jobs sends its notices
+    in order, each answered before the next, so a busy server slows the sender instead of
+    losing notices. Thread-safe; a forked child opens its own connection."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None
+        self.path: Path | None = None
+        self.pid = 0
+
+    def send(self, path: Path, line: bytes) -> bool:
+        with self.lock:
+            for _ in range(2):
+                try:
+                    sock = self.connection(path)
+                except OSError:
+                    return False  # no console serves this var dir: nothing is lost, pages catch up
+                try:
+                    sock.sendall(line)
+                except OSError:
+                    # The server closed this connection (it restarted) before reading the
+                    # notice: once more on a fresh one.
+                    self.forget()
+                    continue
+                try:
+                    answer = self.answer(sock)
+                except OSError:
+                    self.forget()
+                    return False  # it may have arrived: never sent twice
+                return answer == b"ok"
+            return False
+
+    def connection(self, path: Path) -> socket.socket:
+        if self.sock is not None and self.pid == os.getpid() and self.path == path:
+            return self.sock
+        self.forget()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(TIMEOUT)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            sock.close()
+            raise
+        self.sock, self.path, self.pid = sock, path, os.getpid()
+        return sock
+
+    def forget(self) -> None:
+        if self.sock is not None and self.pid == os.getpid():
+            self.sock.close()
+        self.sock = None
+
+    @staticmethod
+    def answer(sock: socket.socket) -> bytes:
+        received = b""
+        while not received.endswith(b"\n"):
+            chunk = sock.recv(256)
+            if not chunk:
+                raise ConnectionResetError("the relay closed the connection")
+            received += chunk
+        return received.strip()
+
+
+_sender = Sender()
+
+
 def send(path: Path, group: str, message: dict[str, Any], database: str = "") -> bool:
-    """Hand one notice to the server listening on ``path``; False if none listens (or it fails)."""
+    """Hand one notice to the server listening on ``path``; True once it has forwarded it."""
     try:
         line = encode_notice(group, message, database)
     except (TypeError, ValueError) as exc:
         logger.warning("live relay: not sending to %s: %s", group, exc)
         return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(CONNECT_TIMEOUT)
-        try:
-            sock.connect(str(path))
-            sock.sendall(line)
-        except OSError:
-            # No console serves this var dir (or it is busy): nothing is lost, pages catch up.
-            return False
-    return True
+    return _sender.send(Path(path), line)
 
 
 # --- the server (the console's server process) --------------------------------------------------
@@ -116,6 +176,7 @@ class Relay:
         self.server: asyncio.AbstractServer | None = None
         self.inode: int | None = None
         self.connections = 0
+        self.writers: set[asyncio.StreamWriter] = set()
         self.forwarded = 0
         self.dropped = 0
 
@@ -150,7 +211,7 @@ class Relay:
 
     def answers(self) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            probe.settimeout(CONNECT_TIMEOUT)
+            probe.settimeout(TIMEOUT)
             try:
                 probe.connect(str(self.path))
             except OSError:
@@ -160,6 +221,8 @@ class Relay:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+            for writer in list(self.writers):  # senders keep theirs open; they reconnect
+                writer.close()
             await self.server.wait_closed()
             self.server = None
         self.remove_socket_file()
@@ -174,19 +237,23 @@ class Relay:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.writers.add(writer)
         try:
             if self.connections > MAX_CONNECTIONS:
-                self.drop("too many connections")
+                await self.answer(writer, self.drop("too many connections"))
                 return
             while True:
                 try:
-                    line = await asyncio.wait_for(reader.readline(), IDLE_TIMEOUT)
+                    line = await reader.readline()
                 except ValueError:  # over the reader's limit; the stream's framing is lost
                     await self.answer(writer, self.drop(f"a line over {MAX_NOTICE_BYTES} bytes; connection closed"))
                     return
-                except (TimeoutError, OSError):
+                except OSError:
                     return
                 if not line:
+                    return
+                if not line.endswith(b"\n"):
+                    self.drop("an incomplete last line")  # a sender cut off mid-write sends it again
                     return
                 if not line.strip():
                     continue
@@ -209,6 +276,7 @@ class Relay:
                 await self.answer(writer, "ok")
         finally:
             self.connections -= 1
+            self.writers.discard(writer)
             writer.close()
 
     def drop(self, why: str) -> str:

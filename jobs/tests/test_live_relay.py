@@ -245,3 +245,27 @@ def test_a_notice_about_another_database_is_refused_quietly(server, var_dir, cap
     assert answers == ["error: a notice about another database", "ok"]
     assert server.wait_for(1) == [("jobs", STATUS)]
     assert "dropped" not in caplog.text
+
+
+def test_a_script_changing_many_jobs_in_a_row_gets_every_notice_through_in_order(server, var_dir):
+    path = socket_path(var_dir)
+    server.start(path)
+    notices = [{"type": "job.status", "job": n, "from": "Running", "status": "Stopping"} for n in range(1, 501)]
+
+    assert all(live_relay.send(path, f"job-{m['job']}", m) for m in notices)
+
+    assert server.wait_for(500) == [(f"job-{m['job']}", m) for m in notices]
+
+
+def test_after_the_console_restarts_the_next_notice_goes_to_the_new_one(server, var_dir):
+    path = socket_path(var_dir)
+    old, _ = server.start(path)
+    assert live_relay.send(path, "jobs", STATUS)
+    asyncio.run_coroutine_threadsafe(old.close(), server.loop).result(30)
+    new, started = server.start(path)
+    assert started
+
+    assert live_relay.send(path, "jobs", STATUS)
+
+    server.wait_for(2)
+    assert (old.forwarded, new.forwarded) == (1, 1)
