@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import signal
 import threading
 import time
@@ -204,7 +205,7 @@ class NodeAgent:
                 to_db = True
         revived = 0
         if to_db:
-            self.next_db_beat = now_m + db_beat_interval()
+            self.next_db_beat = now_m + db_beat_interval() * random.uniform(0.8, 1.0)
             with together():
                 Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
                 revived = Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY)
@@ -223,7 +224,8 @@ class NodeAgent:
         yet (launched right after), with its nodes for the plug-ins."""
         with self.lock:
             self.reconcile_due = False
-        self.next_reconcile = time.monotonic() + settings.AGENT_RECONCILE_INTERVAL
+        # Jittered, so a fleet started (or restarted) at once does not reconcile in one burst.
+        self.next_reconcile = time.monotonic() + settings.AGENT_RECONCILE_INTERVAL * random.uniform(0.8, 1.2)
         with together():  # read-only
             parts = list(
                 AttemptNode.objects.filter(node__name__in=self.node_names, ended_at__isnull=True)
