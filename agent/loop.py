@@ -40,7 +40,8 @@ def place_and_launch(agent: NodeAgent) -> None:
 
 class EmbeddedControlLoop(threading.Thread):
     """Serves one agent until stopped. In the embedded console (``control=True``) a control round
-    runs every ``AGENT_POLL_INTERVAL`` seconds and its placements are launched at once; a
+    runs every ``AGENT_POLL_INTERVAL`` seconds, its placements are launched at once and the agent
+    reconciles after it (other processes cannot wake it there); a
     scale-out node agent (``control=False``) only steps its agent. Between those the thread sleeps
     until the agent has something due: ``OUTPUT_POLL_INTERVAL`` while runs are live (files only),
     else its next heartbeat or reconcile, or a wake (a launch or a stop message)."""
@@ -68,6 +69,9 @@ class EmbeddedControlLoop(threading.Thread):
                 if self.control and time.monotonic() >= next_round:
                     next_round = time.monotonic() + self.interval
                     self.agent.launch_attempts(control_round())
+                    # Without a broker, a stop or a fault made by another process (manage.py
+                    # inject_fault, reclaim_spot) cannot wake us: re-read with every control round.
+                    self.agent.wake()
                 if self.agent.step() and self.control:
                     place_and_launch(self.agent)
             except Exception:

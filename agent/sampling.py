@@ -23,7 +23,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent.plugins import AgentView
-from jobs.models import GPU, AttemptNode
+from jobs.models import GPU
 from jobs.services.samples import Reading, record_readings
 
 logger = logging.getLogger(__name__)
