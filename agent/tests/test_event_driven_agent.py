@@ -35,11 +35,11 @@ def serve_idle(agent: NodeAgent, seconds: float) -> list[str]:
     return issued
 
 
-def wait_for(condition, what: str, seconds: float = 20.0) -> None:
+def wait_for(condition, what: str, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+        time.sleep(0.2)
 
 
 @pytest.mark.django_db
