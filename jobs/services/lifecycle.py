@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from jobs import hooks
 from jobs.models import JobEvent, TrainingJob
-from jobs.realtime import job_group, jobs_group, publish
+from jobs.realtime import job_group, jobs_group, publish_many
 from jobs.services.bulk import update_each
 from jobs.statuses import TERMINAL, sources_of
 
@@ -85,8 +85,7 @@ def record_reasons(job_ids: Iterable[int], *, status: str, reason: str, actor: s
         )
 
         def publish_all() -> None:
-            for pk in changed:
-                publish_status(pk, status_message(pk, status, status, reason))
+            publish_statuses([(pk, status_message(pk, status, status, reason)) for pk in changed])
 
         transaction.on_commit(publish_all)
     logger.info("jobs %s: %s (%s)", ", ".join(map(str, changed)), status, reason)
@@ -127,8 +126,7 @@ def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = "p
                 messages += [(pk, status_message(pk, status, status, r)) for pk, r in fresh.items()]
 
         def publish_all() -> None:
-            for pk, message in messages:
-                publish_status(pk, message)
+            publish_statuses(messages)
 
         transaction.on_commit(publish_all)
     if changed:
@@ -167,8 +165,8 @@ def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str
         changes = [hooks.StatusChange(e.pk, e.job_id, e.from_status, e.to_status, e.reason, e.attempt) for e in events]
 
         def publish_all() -> None:
+            publish_statuses([(c.job_id, status_message(c.job_id, c.from_status, c.to_status, c.reason)) for c in changes])
             for change in changes:
-                publish_status(change.job_id, status_message(change.job_id, change.from_status, change.to_status, change.reason))
                 hooks.status_changed(change)
 
         transaction.on_commit(publish_all)
@@ -220,8 +218,12 @@ def status_message(job_id: int, from_status: str, to_status: str, reason: str) -
 
 
 def publish_status(job_id: int, message: dict) -> None:
-    publish(job_group(job_id), message)
-    publish(jobs_group(), message)
+    publish_statuses([(job_id, message)])
+
+
+def publish_statuses(messages: list[tuple[int, dict]]) -> None:
+    """Each job's status message to its page's group and to the lists' group, in one hand-over."""
+    publish_many([(group, message) for job_id, message in messages for group in (job_group(job_id), jobs_group())])
 
 
 def record_creation(job: TrainingJob, *, actor: str) -> None:
