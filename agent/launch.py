@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -190,8 +191,12 @@ class Launcher:
             return claimed  # other agents still start their ranks
         attempt.refresh_from_db(fields=["resume_step"])
         if not runs.run_started(attempt):
-            # The job was stopped while we launched: the agent's stop round terminates what we started.
+            # The job was stopped while we launched: the agent's stop round terminates what we
+            # started. Ranks the control plane already ended (their node was taken as lost) are
+            # no live run of ours: end them now.
             logger.info("job %s: stopped during launch; terminating attempt %s", job.pk, attempt.number)
+            for part in AttemptNode.objects.filter(pk__in=[p.pk for p in claimed], ended_at__isnull=False):
+                self.signal(part, signal.SIGKILL)
         return claimed
 
     def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> int:

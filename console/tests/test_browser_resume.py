@@ -52,7 +52,9 @@ def test_resume_continues_a_stopped_job_from_its_checkpoint_step(users, page):
     console.wait_for_job(job["id"], {"Running", "Completed"}, timeout=60)
     attempts = console.attempts(job["id"])
     assert len(attempts) == 2
-    text = wait(lambda: (t := log_text(console, job["id"])) and "Resumed from checkpoint step" in t and t, "the resumed run's first line", timeout=60)
+    # The resumed run's first step line, not only its "Resumed" line: lines are stored in batches.
+    resumed_step = re.compile(r"Resumed from checkpoint step \d+.*?step \d+/600", re.S)
+    text = wait(lambda: (t := log_text(console, job["id"])) and resumed_step.search(t) and t, "the resumed run's first step", timeout=60)
     resumed_at = int(re.search(r"Resumed from checkpoint step (\d+)", text).group(1))
     assert resumed_at >= last > 0
     # The second attempt's first training step is the one after the checkpoint, not step 1.

@@ -55,6 +55,25 @@ def test_a_node_lost_while_a_failover_is_being_placed_is_judged_a_lost_node(make
     assert third.placements.get().node.name == "node-c"
 
 
+def test_a_start_reported_after_its_node_was_taken_as_lost_changes_nothing(make_job, nodes):
+    """The agent claimed its rank, the sweep took the node as lost and ended the attempt, and only
+    then did the run report its start (seen in the fleet benchmark: the jobs stayed Running with
+    nobody collecting their exit). The late start must not bring the ended attempt back."""
+    Node.objects.update(last_heartbeat=timezone.now())
+    job = make_job()
+    [attempt] = place_waiting_jobs()
+    AttemptNode.objects.filter(attempt=attempt).update(runner_pid=2**22 + 12345)  # launched, not yet reported
+    silence(attempt.placements.get().node.name)
+    policy.control_round()
+    attempt.refresh_from_db()
+    assert attempt.state == JobAttempt.State.EXITED
+    assert not run_started(attempt)
+    attempt.refresh_from_db()
+    job.refresh_from_db()
+    assert attempt.state == JobAttempt.State.EXITED and attempt.started_at is None
+    assert job.status != JobStatus.RUNNING, job.status_reason
+
+
 def test_the_console_never_sweeps_the_nodes_its_own_agent_serves(nodes, make_job):
     from agent.node_agent import NodeAgent
 

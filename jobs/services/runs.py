@@ -102,7 +102,13 @@ def run_started(attempt: JobAttempt) -> bool:
     if attempt.resume_step is not None:
         reason += f"; resuming from checkpoint step {attempt.resume_step}"
     with transaction.atomic():
-        JobAttempt.objects.filter(pk=attempt.pk).update(state=JobAttempt.State.RUNNING, started_at=now)
+        # Only a placed attempt starts: one the control plane ended meanwhile (its node taken as
+        # lost, or abandoned) stays ended, and its agent ends the stray run (``stop_strays``).
+        if not JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(
+            state=JobAttempt.State.RUNNING, started_at=now
+        ):
+            logger.warning("job %s: attempt %s reported its start after it had ended; ignored", job.pk, attempt.number)
+            return False
         moved = transition(
             job.pk,
             JobStatus.RUNNING,
