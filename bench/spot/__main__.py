@@ -19,8 +19,8 @@ checkpoint (``drain``) is shown apart: it is after training.
 The profile: the interval between consecutive step ends by position in the save cycle (the
 save falls in position 0's interval) for each variant, minus ``none``'s; and, per ckptlib save,
 the time on the training thread inside the Trainer's save hook and its parts (planning the
-checkpoint, the Trainer's small files: trainer_state.json, training_args.bin, config,
-tokenizer), staging at hooks, and the CPU time of ckptlib's threads. The load average
+checkpoint, capturing ``trainer_state.json``: the Trainer's small files are written on a writer
+thread), staging at hooks, and the CPU time of ckptlib's threads. The load average
 (``/proc/loadavg``) is printed before and after: this machine may be shared.
 """
 
@@ -185,7 +185,7 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
     lines.append(f"  the Trainer's save hook (DecoratedCheckpointing._save_checkpoint) {per_save('save_checkpoint'):7.2f}")
     lines.append(f"    engine.save                                                   {per_save('engine_save'):7.2f}")
     lines.append(f"      planning (plan_state)                                       {per_save('plan'):7.2f}")
-    lines.append(f"      the Trainer's small files (state json, args, config, tok.)  {per_save('small_files'):7.2f}")
+    lines.append(f"    the Trainer's state json (its small files: a writer thread)   {per_save('small_files'):7.2f}")
     lines.append(f"  staging at hooks (forward/backward/pre-step)                    {per_save('hooks'):7.2f}")
     blocking = _mean([1000 * _mean(run["blocking_s"]) for run in runs["ckptlib"]])
     lines.append(f"  blocking_s reported by ckptlib (save + hooks)                   {blocking:7.2f}")
