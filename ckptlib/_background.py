@@ -1,7 +1,8 @@
 """The writer threads: they write what staging hands over, and stage when training does not.
 
 Order of calls for one file (``ckptlib._writer.FileSink``): the stager ``put``s its items (staged
-chunks, or live ranges written without a copy) and then an end marker; a writer writes each item
+chunks, live ranges written without a copy, or gathered items the writer copies into its own
+buffer first) and then an end marker; a writer writes each item
 and gives its chunk back to the host cache; whoever writes the file's last item closes it (fsync),
 and whoever closes a job's last file calls ``finished(job)`` (the commit, on that thread).
 ``stop`` puts one end-of-work marker per thread and joins them.
@@ -14,9 +15,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from ckptlib._cache import HostCache
+from ckptlib._cache import Chunk, HostCache
 from ckptlib._jobs import Job
-from ckptlib._stage import Stager
+from ckptlib._stage import Stager, copy_segments
 from ckptlib._writer import FileSink, WriteItem
 
 _POLL_S = 0.05
@@ -50,6 +51,7 @@ class BackgroundWriters:
         self._cache = cache
         self._keep_bytes = keep_bytes
         self._finished = finished
+        self._local = threading.local()
         self._threads = [
             threading.Thread(target=self._write_loop, name=f"ckptlib-writer-{i}", daemon=True) for i in range(count)
         ]
@@ -68,6 +70,9 @@ class BackgroundWriters:
                 thread.join(timeout=join_timeout)
 
     def _write_loop(self) -> None:
+        # This thread's buffer for gathered items, made at its first one and kept: outside the
+        # host cache's bound, so a writer never waits for chunks that only a writer gives back.
+        self._local.buffer = None
         while True:
             try:
                 # Poll only while a checkpoint is staging: an idle thread waking 20 times a second
@@ -88,7 +93,9 @@ class BackgroundWriters:
             if sink.end():
                 self._close_file(job, sink)
             return
-        if item.chunk is not None or item.live is not None:
+        if item.gather is not None:
+            self._write_gathered(item)
+        elif item.chunk is not None or item.live is not None:
             live_ok = item.live is None or self._stager.begin_live_write(item)
             try:
                 if item.ready is not None:
@@ -106,6 +113,33 @@ class BackgroundWriters:
                     self._stager.end_live_write(item)
         if sink.done_one():
             self._close_file(job, sink)
+
+    def _write_gathered(self, item: WriteItem) -> None:
+        job, sink = item.job, item.sink
+        if not self._stager.begin_live_write(item):
+            return  # revoked: the stager copied it and handed the copy over
+        buffer = None
+        try:
+            if job.error is None:
+                buffer = self._local.buffer
+                if buffer is None:
+                    buffer = self._local.buffer = Chunk(self._stager.gather_bytes, pin=False)
+                assert item.gather is not None and item.length <= buffer.size
+                copy_segments(buffer.array[: item.length], item.gather)
+        except Exception as error:  # noqa: BLE001 - reported, training goes on
+            job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
+            buffer = None
+        finally:
+            # Live memory is no longer read: the next optimizer step may go on.
+            self._stager.end_live_write(item, gathered=buffer is not None)
+        if buffer is None:
+            return
+        try:
+            sink.write(item, buffer=buffer.mem)
+            with job.lock:
+                job.bytes += item.length
+        except Exception as error:  # noqa: BLE001 - reported, training goes on
+            job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
 
     def _close_file(self, job: Job, sink: FileSink) -> None:
         try:

@@ -103,7 +103,7 @@ class CheckpointEngine:
         self.cache = HostCache(limit_bytes=self.options.host_cache_bytes, pin=pin_host_cache)
         self.final_state = final_state
         # Set by an integration that takes the final checkpoint at a step boundary itself.
-        self.defer_final_checkpoint = False
+        self._defer_final_checkpoint = False
         # Set by an integration whose final checkpoint is more than a state (Trainer's extra files).
         self.final_save: Callable[[], None] | None = None
         self.stop_requested = threading.Event()
@@ -117,7 +117,8 @@ class CheckpointEngine:
         # Chunks kept ahead of the writers at ordinary staging points.
         window_bytes = min(self.cache.limit_bytes, max(4, 2 * parser_threads) * self.cache.chunk_bytes)
         self._stager = Stager(self.cache, window_bytes=window_bytes, hand_over=write_queue.put)
-        self._points = StagingPoints(self._stager, self._jobs)
+        self._handle_signals = handle_signals
+        self._points = StagingPoints(self._stager, self._jobs, keep_forward=self._signals_need_forward)
         self._writers = BackgroundWriters(
             write_queue,
             count=parser_threads,
@@ -138,6 +139,20 @@ class CheckpointEngine:
             # A SIGTERM before the first save still needs a safe point to be served at.
             self._points.hook_forward_passes()
 
+    @property
+    def defer_final_checkpoint(self) -> bool:
+        """Set by an integration that takes the final checkpoint at a step boundary itself (the
+        Trainer's callback): module forward passes are then no safe point for signals."""
+        return self._defer_final_checkpoint
+
+    @defer_final_checkpoint.setter
+    def defer_final_checkpoint(self, value: bool) -> None:
+        self._defer_final_checkpoint = value
+        self._points.follow_staging()
+
+    def _signals_need_forward(self) -> bool:
+        return self._handle_signals and not self._defer_final_checkpoint
+
     # ---- public API -------------------------------------------------------------------------
 
     def save(
@@ -148,6 +163,7 @@ class CheckpointEngine:
         sharded: bool = False,
         capture_rng: bool = True,
         write_extra_files: Callable[[Path], None] | None = None,
+        write_files_later: Callable[[Path], None] | None = None,
     ) -> bool:
         """Starts a checkpoint of ``state`` at ``step`` and returns while it is staged and written.
 
@@ -162,6 +178,10 @@ class CheckpointEngine:
             capture_rng: Also write the Trainer's ``rng_state*.pth``.
             write_extra_files: Called with the temporary directory to write small files
                 (``trainer_state.json``, tokenizer, config) before ``save`` returns.
+            write_files_later: Called with the temporary directory on a writer thread, after
+                the state's files are written and before the commit (files that hold nothing
+                training changes, or bytes captured before ``save`` was called). An exception
+                fails the checkpoint.
 
         Returns:
             True if a checkpoint was started; False if ``step`` is already saved or could not
@@ -190,6 +210,7 @@ class CheckpointEngine:
             return False
         job = Job(step=step, directory=directory, target=target, plan=plan, started=began)
         job.files_left = len(plan.files)
+        job.write_files_later = write_files_later
         try:
             directory.mkdir(parents=True, exist_ok=True)
             if write_extra_files is not None:
@@ -199,7 +220,6 @@ class CheckpointEngine:
             return False
         for optimizer in plan.optimizers:
             self.watch(optimizer)
-        self._points.hook_forward_passes()
         self._jobs.add(job)
         if not job.plan.files:
             # A rank with nothing to write still reports done, so rank 0 can commit.
@@ -209,6 +229,7 @@ class CheckpointEngine:
             self._stager.add(job, live=bool(plan.optimizers))
             # Without an optimizer nothing tells us when the tensors change: stage all now.
             self._stager.run(force=not plan.optimizers)
+            self._points.follow_staging()
         job.blocking_s += time.perf_counter() - began
         return True
 
@@ -240,10 +261,10 @@ class CheckpointEngine:
         plan = StatePlan(files=[plan_object(target.name, obj, background=True, protected=protected)])
         job = Job(step=-1, directory=target.parent, target=target, plan=plan, started=began, external=True)
         job.files_left = 1
-        self._points.hook_forward_passes()
         self._jobs.add(job)
         self._stager.add(job, live=watched)
         self._stager.run(force=not watched)
+        self._points.follow_staging()
         job.blocking_s += time.perf_counter() - began
         return job
 
@@ -259,6 +280,7 @@ class CheckpointEngine:
             ``wait(persist=True)`` (committed or failed), oldest first; else [].
         """
         self._stager.run(force=True)
+        self._points.follow_staging()
         jobs = self._jobs.in_flight()
         deadline = None if timeout is None else time.monotonic() + timeout
         for job in jobs:
@@ -389,6 +411,11 @@ class CheckpointEngine:
         if job.external:
             self._committer.settle_file(job)
         else:
+            if job.write_files_later is not None and job.error is None:
+                try:
+                    job.write_files_later(job.directory)
+                except Exception as error:  # noqa: BLE001 - reported, training goes on
+                    job.fail_in_flight(f"cannot write the checkpoint's small files: {error!r}")
             self._committer.settle(job)
         self._jobs.complete(job)
 

@@ -46,6 +46,8 @@ class Job:
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     result: CheckpointResult | None = None
+    # Run on the writer thread that finishes the job, before the commit (``save``'s option).
+    write_files_later: Callable[[Path], None] | None = None
 
     def fail_in_flight(self, message: str) -> None:
         """Records why the job fails, while other threads still work on it (the first reason wins)."""

@@ -117,9 +117,9 @@ def restore_rng_state(states: Mapping[str, Any]) -> None:
             torch.cuda.random.set_rng_state_all(cuda_states)
 
 
-def file_name_for(key: str, value: Any, *, rank: int, sharded: bool) -> str:
+def file_name_for(key: str, value: Any, *, rank: int, sharded: bool, state_dict: Mapping[str, Any] | None = None) -> str:
     stem = key if not sharded else f"{key}_rank{rank}"
-    return f"{stem}.safetensors" if _is_flat_module(value) else f"{stem}.pt"
+    return f"{stem}.safetensors" if _is_flat_module(value, state_dict) else f"{stem}.pt"
 
 
 def plan_state(
@@ -152,9 +152,11 @@ def plan_state(
     plan.optimizers = optimizers
     if write_state:
         for key, value in state.items():
-            name = file_name_for(key, value, rank=rank, sharded=sharded)
+            # A module's state_dict, made once (naming the file and planning it both need it).
+            module_state = value.state_dict() if isinstance(value, torch.nn.Module) else None
+            name = file_name_for(key, value, rank=rank, sharded=sharded, state_dict=module_state)
             plan.keys[key] = name
-            plan.files.append(_plan_value(name, value, protected=protected))
+            plan.files.append(_plan_value(name, value, protected=protected, state_dict=module_state))
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
         plan.keys["rng_state"] = name
@@ -162,10 +164,12 @@ def plan_state(
     return plan
 
 
-def _is_flat_module(value: Any) -> bool:
+def _is_flat_module(value: Any, state_dict: Mapping[str, Any] | None = None) -> bool:
     if not isinstance(value, torch.nn.Module):
         return False
-    return all(isinstance(v, torch.Tensor) for v in value.state_dict().values())
+    if state_dict is None:
+        state_dict = value.state_dict()
+    return all(isinstance(v, torch.Tensor) for v in state_dict.values())
 
 
 def protected_storages(optimizers: list[torch.optim.Optimizer], modules: tuple[Any, ...] = ()) -> set[int]:
@@ -189,10 +193,10 @@ def _storage_address(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
-def _plan_value(name: str, value: Any, *, protected: set[int] | None) -> FilePlan:
+def _plan_value(name: str, value: Any, *, protected: set[int] | None, state_dict: Mapping[str, Any] | None = None) -> FilePlan:
     if name.endswith(".safetensors"):
         slots, names = [], []
-        for tensor_name, tensor in value.state_dict().items():
+        for tensor_name, tensor in (state_dict if state_dict is not None else value.state_dict()).items():
             # Buffers and tensors no optimizer here steps (an EMA module) may change before the
             # next optimizer step: copy them now.
             background = protected is None or _storage_address(tensor) in protected
@@ -209,6 +213,8 @@ def _plan_value(name: str, value: Any, *, protected: set[int] | None) -> FilePla
             # Hyper-parameters may be tensors a scheduler changes in place (a tensor lr).
             state_dict = {**state_dict, "param_groups": copy.deepcopy(state_dict["param_groups"])}
         return plan_object(name, state_dict, background=True, protected=protected)
+    if state_dict is not None:
+        return plan_object(name, state_dict, background=protected is None)
     if hasattr(value, "state_dict") and callable(value.state_dict):
         return plan_object(name, value.state_dict(), background=protected is None)
     return plan_object(name, value, background=protected is None)

@@ -7,8 +7,13 @@ Each file's bytes become page-aligned ranges, each either
   console sets for every job). The writer sends it to the disk straight from the tensor; nothing
   is copied. Parameters and optimizer state do not change until the next optimizer step, so this
   is valid until then; or
-* **staged**: copied into a host-cache chunk (everything else: headers, small or unaligned
-  tensors, tensors on a device).
+* **gathered**: the other bytes of a CPU file (headers, small or unaligned tensors), handed
+  over as a list of segments of live memory covering up to ``gather_bytes`` of the file; the
+  writer copies them into its own buffer and writes that (one write per item). The copy is the
+  writer's, not the training thread's; like a live range it is valid only until the next
+  optimizer step; or
+* **staged**: copied into a host-cache chunk (tensors on a device; everything once the next
+  step is near, see below).
 
 Staging runs on the training thread, in small steps, at points where training is between two
 operations: the start of each module's forward, each parameter's gradient accumulation in
@@ -22,8 +27,10 @@ went on to something else), the writers stage in its place.
 At ordinary points (``run(force=False)``) staging keeps only ``window_bytes`` of chunks ahead of
 the writers. At the optimizer's pre-step hook (``run(force=True)``) everything left is copied,
 into as many chunks as the cache bound allows, waiting for the writers when it is full; live
-ranges not yet written are revoked and copied too, and one being written is waited for:
-parameters and optimizer state are about to change.
+ranges and gathered items not yet taken by a writer are revoked and copied too, and one being
+written (a live range) or copied (a gathered item) is waited for: parameters and optimizer state
+are about to change. A checkpoint whose state has no optimizer (nothing says when it changes)
+is staged by copying, before ``save`` returns.
 
 Tensors on a CUDA device are copied on a side stream (``_DeviceCopies``, below, has the rules and
 their reasons). That path is **unverified on a GPU**: it was written by the CUDA stream rules and
@@ -47,6 +54,8 @@ from ckptlib._writer import DONE, QUEUED, REVOKED, WRITING, FileSink, WriteItem
 
 # Live ranges smaller than this are copied: a direct write has a fixed cost.
 _MIN_LIVE = 1 << 20
+# The most bytes of one gathered item (the writers' buffers are this large).
+_MAX_GATHER = 16 << 20
 
 
 @dataclass(eq=False)
@@ -64,6 +73,8 @@ class _Cursor:
     used: int = 0
     sources: dict[int, torch.Tensor] = field(default_factory=dict)
     live: list[WriteItem] = field(default_factory=list)
+    live_checked: int = 0  # live[:live_checked] are known to be finished
+    gather: bool = False  # the current file's bytes are gathered by the writers, not copied here
     copied: bool = False
     allow_live: bool = True
     # CUDA only: an event on each device's compute stream, recorded at save(); the devices whose
@@ -85,6 +96,9 @@ class Stager:
     def __init__(self, cache: HostCache, *, window_bytes: int, hand_over: Any) -> None:
         self.cache = cache
         self.window_bytes = window_bytes
+        # One write per gathered item: large enough that a writer wakes a few times per
+        # checkpoint, small enough that its buffer (one per writer) is a small part of memory.
+        self.gather_bytes = min(cache.chunk_bytes, _MAX_GATHER)
         self._hand_over = hand_over
         self._device = _DeviceCopies()
         self._lock = threading.Lock()
@@ -98,6 +112,12 @@ class Stager:
     def idle(self) -> bool:
         """Nothing to stage, and no device copy left to wait for (``run(force=True)`` waits)."""
         return not self._cursors and not self._device.in_flight
+
+    @property
+    def handed_over(self) -> bool:
+        """Every checkpoint in flight has handed all its bytes over (what is left waits for the
+        writers, or for the next ``run(force=True)``): ordinary points have nothing to do."""
+        return all(cursor.copied for cursor in list(self._cursors))
 
     def add(self, job: Any, *, live: bool) -> None:
         """Queues a checkpoint; ``live``: its tensors stay unchanged until ``run(force=True)``.
@@ -134,7 +154,7 @@ class Stager:
                             break
                     if force:
                         self._take_back_live(cursor)
-                    elif any(item.state in (QUEUED, WRITING) for item in cursor.live):
+                    elif self._live_pending(cursor):
                         break
                 except Exception as error:  # noqa: BLE001 - staging runs inside training: never raise there
                     self._abandon(cursor, f"staging failed: {error!r}")
@@ -149,6 +169,15 @@ class Stager:
         finally:
             self.last_run = time.monotonic()
             self._lock.release()
+
+    @staticmethod
+    def _live_pending(cursor: _Cursor) -> bool:
+        # Called at every hook point while a checkpoint's live items are out: items finish
+        # mostly in order, so the scan resumes where the last one stopped.
+        live = cursor.live
+        while cursor.live_checked < len(live) and live[cursor.live_checked].state in (DONE, REVOKED):
+            cursor.live_checked += 1
+        return cursor.live_checked < len(live)
 
     def _abandon(self, cursor: _Cursor, message: str) -> None:
         """Fails the checkpoint and hands over the rest of its files as ends, without copying."""
@@ -165,10 +194,14 @@ class Stager:
             item.state = WRITING
             return True
 
-    def end_live_write(self, item: WriteItem) -> None:
+    def end_live_write(self, item: WriteItem, *, gathered: bool = False) -> None:
+        """Called by a writer once a live item no longer reads live memory (``gathered``: it
+        copied the item's segments into its buffer)."""
         with self._items_lock:
             if item.state == WRITING:
                 item.state = DONE
+            if gathered:
+                self.copied_bytes += item.length
         item.finished.set()
 
     # ---- copying ----------------------------------------------------------------------------
@@ -181,6 +214,11 @@ class Stager:
             plan = files[cursor.file_index]
             if cursor.sink is None:
                 cursor.sink = FileSink(job.directory / plan.name, size=plan.size)
+                cursor.gather = (
+                    cursor.allow_live
+                    and not force
+                    and not any(slot.source is not None and _is_device(slot.source) for slot in plan.slots)
+                )
             while job.error is None and cursor.piece_index < len(plan.pieces):
                 piece = plan.pieces[cursor.piece_index]
                 if isinstance(piece, bytes):
@@ -205,6 +243,8 @@ class Stager:
                         self._send_live(cursor, source, start + cursor.piece_offset, left // PAGE * PAGE)
                         live_ok = False
                         continue
+                    if cursor.chunk is None and cursor.gather:
+                        cursor.chunk, cursor.used, cursor.chunk_offset = _Gather(self.gather_bytes), 0, cursor.file_pos
                     if cursor.chunk is None:
                         chunk = self._next_chunk(job, force=force)
                         if chunk is None:
@@ -229,7 +269,8 @@ class Stager:
                 if job.error is None:
                     self._send_chunk(cursor)
                 else:
-                    self.cache.release(cursor.chunk, keep_bytes=self.window_bytes)
+                    if not isinstance(cursor.chunk, _Gather):
+                        self.cache.release(cursor.chunk, keep_bytes=self.window_bytes)
                     cursor.chunk = None
             self._hand_over(WriteItem(job, cursor.sink, end=True))
             # Live items keep their own views; the plan lets go of the tensors.
@@ -253,18 +294,29 @@ class Stager:
         return None
 
     def _copy(
-        self, cursor: _Cursor, chunk: Chunk, offset: int, source: bytes | torch.Tensor, start: int, length: int
+        self, cursor: _Cursor, chunk: Chunk | _Gather, offset: int, source: bytes | torch.Tensor, start: int, length: int
     ) -> None:
+        if isinstance(chunk, _Gather):
+            chunk.segments.append((source, start, length))  # the writer copies it
+            return
         if isinstance(source, bytes):
             chunk.array[offset : offset + length] = np.frombuffer(source, dtype=np.uint8, count=length, offset=start)
         elif not _is_device(source):
             _copy_cpu(chunk.array[offset : offset + length], source[start : start + length])
         else:
             self._device.copy(cursor, chunk.tensor[offset : offset + length], source[start : start + length])
-        self.copied_bytes += length
+        with self._items_lock:
+            self.copied_bytes += length
 
     def _send_chunk(self, cursor: _Cursor) -> None:
         assert cursor.chunk is not None and cursor.sink is not None
+        if isinstance(cursor.chunk, _Gather):
+            item = WriteItem(cursor.job, cursor.sink, cursor.chunk_offset, cursor.used, gather=cursor.chunk.segments)
+            cursor.live.append(item)
+            cursor.sink.reserve()
+            self._hand_over(item)
+            cursor.chunk = None
+            return
         # The writer waits for this before reading the chunk (None: only CPU copies, done).
         ready = self._device.chunk_ready(cursor.chunk_streams)
         cursor.chunk_streams = []
@@ -288,8 +340,9 @@ class Stager:
         self.live_bytes += length
 
     def _take_back_live(self, cursor: _Cursor) -> None:
-        """Before the optimizer step: copies the live ranges not yet written, waits for the rest."""
-        for item in cursor.live:
+        """Before the optimizer step: copies the live items no writer has taken, waits for the
+        rest (a live range being written, a gathered item being copied)."""
+        for item in cursor.live[cursor.live_checked :]:
             with self._items_lock:
                 revoke = item.state == QUEUED
                 if revoke:
@@ -298,22 +351,61 @@ class Stager:
             if revoke:
                 if cursor.job.error is None:
                     self._copy_revoked(cursor, item)
-                    self.live_bytes -= item.length
+                    if item.gather is None:
+                        self.live_bytes -= item.length
                 self._hand_over(WriteItem(cursor.job, item.sink))  # releases the reservation
             else:
                 item.finished.wait()
 
     def _copy_revoked(self, cursor: _Cursor, item: WriteItem) -> None:
+        segments = item.gather if item.gather is not None else [(item.live, 0, item.length)]
         done = 0
-        while done < item.length and cursor.job.error is None:
-            chunk = self._next_chunk(cursor.job, force=True)
-            if chunk is None:
-                return
-            take = min(chunk.size, item.length - done)
-            self._copy(cursor, chunk, 0, item.live, done, take)
-            item.sink.reserve()
-            self._hand_over(WriteItem(cursor.job, item.sink, item.offset + done, take, chunk=chunk))
-            done += take
+        chunk: Chunk | None = None
+        used = 0
+        for source, start, length in segments:
+            copied = 0
+            while copied < length:
+                if chunk is None:
+                    chunk = self._next_chunk(cursor.job, force=True)
+                    if chunk is None:  # the checkpoint failed meanwhile
+                        return
+                    used = 0
+                take = min(chunk.size - used, length - copied)
+                self._copy(cursor, chunk, used, source, start + copied, take)
+                used += take
+                copied += take
+                if used == chunk.size:
+                    self._hand_over_revoked(cursor, item, chunk, done, used)
+                    done += used
+                    chunk = None
+        if chunk is not None:
+            self._hand_over_revoked(cursor, item, chunk, done, used)
+
+    def _hand_over_revoked(self, cursor: _Cursor, item: WriteItem, chunk: Chunk, done: int, used: int) -> None:
+        item.sink.reserve()
+        self._hand_over(WriteItem(cursor.job, item.sink, item.offset + done, used, chunk=chunk))
+
+
+class _Gather:
+    """A gathered item being built: segments ``(source, start, length)`` of live memory (or
+    bytes) for up to ``size`` bytes of a file, copied by the writer that takes the item."""
+
+    __slots__ = ("segments", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.segments: list[tuple[Any, int, int]] = []
+
+
+def copy_segments(target: np.ndarray, segments: list[tuple[Any, int, int]]) -> None:
+    """Copies gathered segments (CPU tensors' bytes or ``bytes``) back to back into ``target``."""
+    offset = 0
+    for source, start, length in segments:
+        if isinstance(source, bytes):
+            target[offset : offset + length] = np.frombuffer(source, dtype=np.uint8, count=length, offset=start)
+        else:
+            _copy_cpu(target[offset : offset + length], source[start : start + length])
+        offset += length
 
 
 def _can_write_live(source: Any, start: int, file_pos: int, length: int) -> bool:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import io
 import mmap
+import os
 import pickle
 import sys
+import weakref
 from typing import Any
 
 import numpy as np
@@ -44,10 +46,12 @@ def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece]] | None:
     """
     storages: list[torch.UntypedStorage] = []
     keys: dict[int, str] = {}
+    typed_storage = torch.storage.TypedStorage
 
     def persistent_id(candidate: Any) -> tuple[Any, ...] | None:
-        # As torch.serialization._save's persistent_id does for TypedStorage.
-        if not isinstance(candidate, torch.storage.TypedStorage):
+        # As torch.serialization._save's persistent_id does for TypedStorage. Called for every
+        # object pickled: the common case returns at once.
+        if not isinstance(candidate, typed_storage):
             return None
         storage = candidate._untyped_storage
         key = keys.get(storage._cdata)
@@ -57,17 +61,55 @@ def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece]] | None:
         storage_type = getattr(torch, candidate._pickle_storage_type())
         return ("storage", storage_type, key, location_tag(storage), candidate._size())
 
-    class MetadataPickler(pickle.Pickler):
-        def persistent_id(self, candidate: Any) -> Any:
-            return persistent_id(candidate)
-
     buffer = io.BytesIO()
+    pickler = _MetadataPickler(buffer, protocol=DEFAULT_PROTOCOL)
+    pickler.persistent_id = persistent_id  # an attribute, not a method: one Python call per object
     try:
-        MetadataPickler(buffer, protocol=DEFAULT_PROTOCOL).dump(obj)
+        pickler.dump(obj)
     except Exception:  # noqa: BLE001 - anything unusual goes through torch.save instead
         return None
     sources = [torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages]
     return sources, _zip_pieces(buffer.getvalue(), [s.nbytes() for s in storages])
+
+
+# Each tensor's reduction (what ``Tensor.__reduce_ex__`` returns), kept with what it depends on:
+# the same tensors are saved at every checkpoint, and the reduction is most of the pickling.
+# By id: a WeakKeyDictionary would compare tensors with ``==`` (elementwise) on lookup.
+_REDUCTIONS: dict[int, tuple[weakref.ref[torch.Tensor], Any, Any]] = {}
+
+
+def _forget(dead: weakref.ref[torch.Tensor], identity: int) -> None:
+    entry = _REDUCTIONS.get(identity)
+    if entry is not None and entry[0] is dead:
+        del _REDUCTIONS[identity]
+
+
+def _reduce_tensor(candidate: Any) -> Any:
+    """``reducer_override``: a plain tensor's cached reduction while its storage, offset, shape,
+    strides, dtype and ``requires_grad`` are unchanged; anything else is pickled as usual."""
+    if type(candidate) is not torch.Tensor or candidate.__dict__:
+        return NotImplemented
+    key = (
+        candidate.data_ptr(),
+        candidate.storage_offset(),
+        candidate.shape,
+        candidate.stride(),
+        candidate.dtype,
+        candidate.requires_grad,
+        candidate.device,
+    )
+    identity = id(candidate)
+    cached = _REDUCTIONS.get(identity)
+    if cached is not None and cached[0]() is candidate and cached[1] == key:
+        return cached[2]
+    reduced = candidate.__reduce_ex__(DEFAULT_PROTOCOL)
+    if isinstance(reduced, tuple) and reduced and reduced[0] is torch._utils._rebuild_tensor_v2:
+        _REDUCTIONS[identity] = (weakref.ref(candidate, lambda dead: _forget(dead, identity)), key, reduced)
+    return reduced
+
+
+class _MetadataPickler(pickle.Pickler):
+    reducer_override = staticmethod(_reduce_tensor)  # read once, when the pickler is made
 
 
 class _Recorder:
@@ -95,7 +137,42 @@ class _Recorder:
         return length
 
 
+# Zip layouts by (length of data.pkl, storage sizes): without CRC-32 a file's zip structure
+# depends on nothing else, and a training run saves the same layout every time.
+_LAYOUTS: dict[tuple[int, tuple[int, ...]], tuple[list[Piece], int, int]] = {}
+_MAX_LAYOUTS = 64
+_MARKER_MIN = 16
+
+
 def _zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:
+    """The pieces of a zip holding ``data.pkl`` = ``pickled`` and one record per storage size.
+
+    The layout is made once per (``len(pickled)``, sizes) with a random stand-in for the pickle,
+    and reused with this pickle put where the stand-in was.
+    """
+    key = (len(pickled), tuple(sizes))
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(pickled) < _MARKER_MIN:
+            return _record_zip_pieces(pickled, sizes)
+        marker = os.urandom(len(pickled))
+        pieces = _record_zip_pieces(marker, sizes)
+        where = [(index, piece.find(marker)) for index, piece in enumerate(pieces) if isinstance(piece, bytes)]
+        found = [(index, position) for index, position in where if position >= 0]
+        if len(found) != 1:  # not in one piece: no reusable layout
+            return _record_zip_pieces(pickled, sizes)
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[key] = (pieces, *found[0])
+    pieces, index, position = layout
+    template = pieces[index]
+    assert isinstance(template, bytes)
+    filled = list(pieces)
+    filled[index] = template[:position] + pickled + template[position + len(pickled) :]
+    return filled
+
+
+def _record_zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:
     largest = max([_PAGE, *sizes])
     placeholder_map = mmap.mmap(-1, (largest + _PAGE - 1) // _PAGE * _PAGE)
     placeholder = torch.frombuffer(placeholder_map, dtype=torch.uint8)

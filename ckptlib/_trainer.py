@@ -14,6 +14,8 @@ Decorating a trainer changes three things on that instance only:
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -229,7 +231,12 @@ class DecoratedCheckpointing:
         if trainer.hp_search_backend is None and trial is None:
             trainer.store_flos()
         step = trainer.state.global_step
-        started = self.engine.save(self._state_objects(), step=step, write_extra_files=self._write_small_files)
+        trainer_state = self._capture_trainer_state()
+        started = self.engine.save(
+            self._state_objects(),
+            step=step,
+            write_files_later=None if trainer_state is None else lambda directory: self._write_small_files(directory, trainer_state),
+        )
         best_step = getattr(trainer.state, "best_global_step", None)
         if started and best_step:
             best = _format.committed_dir(self.engine.root, best_step)
@@ -258,10 +265,15 @@ class DecoratedCheckpointing:
                 state["scaler"] = scaler
         return state
 
-    def _write_small_files(self, directory: Path) -> None:
+    def _capture_trainer_state(self) -> str | None:
+        """``trainer_state.json`` as of this step (None: this rank writes no small files).
+
+        Only this changes as training goes on; it is captured on the training thread, and the
+        files are written later on a writer thread (``_write_small_files``).
+        """
         trainer = self.trainer
         if not trainer.args.should_save:
-            return
+            return None
         from transformers.trainer_callback import ExportableState
 
         # As Trainer._save_checkpoint does: callbacks' and control's state go into trainer_state.json.
@@ -272,7 +284,15 @@ class DecoratedCheckpointing:
                     trainer.state.stateful_callbacks[name].append(callback.state())
                 else:
                     trainer.state.stateful_callbacks[name] = callback.state()
-        trainer.state.save_to_json(str(directory / _format.TRAINER_STATE_FILE))
+        # TrainerState.save_to_json's bytes, made now.
+        return json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+
+    def _write_small_files(self, directory: Path, trainer_state: str) -> None:
+        """The Trainer's small files, on a writer thread before the commit: the captured
+        ``trainer_state.json``, and what training does not change (arguments, model and
+        generation config, tokenizer), as ``Trainer._save_checkpoint`` writes them."""
+        trainer = self.trainer
+        (directory / _format.TRAINER_STATE_FILE).write_text(trainer_state, encoding="utf-8")
         torch.save(trainer.args, directory / "training_args.bin")
         model = self._unwrapped_model()
         if getattr(model, "config", None) is not None and hasattr(model.config, "save_pretrained"):

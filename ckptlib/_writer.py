@@ -37,9 +37,13 @@ class WriteItem:
         chunk: Staged bytes for the range, or None.
         live: A ``uint8`` CPU tensor over live memory for the range (written without a copy;
             valid only until the next optimizer step), or None.
+        gather: Segments ``(source, start, length)`` of live memory or bytes that make up the
+            range, back to back: the writer copies them into its buffer and writes that; valid
+            only until the next optimizer step. Or None.
         ready: A CUDA event recorded after the chunk's copies, or None.
         end: The end marker of ``sink``'s file.
-        state: For live items: queued → writing → done, or revoked (staged instead).
+        state: For live and gathered items: queued → writing → done, or revoked (staged
+            instead).
     """
 
     job: Any
@@ -48,6 +52,7 @@ class WriteItem:
     length: int = 0
     chunk: Chunk | None = None
     live: Any = None
+    gather: list[tuple[Any, int, int]] | None = None
     ready: Any = None
     end: bool = False
     state: str = QUEUED
@@ -90,9 +95,13 @@ class FileSink:
             return True
         return False
 
-    def write(self, item: WriteItem) -> None:
-        """Writes the item's range from its chunk or its live memory."""
-        source = item.chunk.mem if item.chunk is not None else item.live.numpy()
+    def write(self, item: WriteItem, *, buffer: Any = None) -> None:
+        """Writes the item's range from its chunk, its live memory, or ``buffer`` (a page-aligned
+        buffer holding a gathered item's bytes)."""
+        if buffer is not None:
+            source = buffer
+        else:
+            source = item.chunk.mem if item.chunk is not None else item.live.numpy()
         view = memoryview(source).cast("B")
         fd = self._open()
         if self._direct:

@@ -10,7 +10,10 @@ save every ``--save-steps`` (4), on the CPU. Three variants of the same script a
 * ``sync``: the Trainer's own synchronous save (``DecoratedCheckpointing`` a no-op);
 * ``ckptlib``: the script as written (``DecoratedCheckpointing``).
 
-``--rounds`` rounds, each running the three in turn (the order rotates between rounds), so
+``--before DIR`` adds a fourth variant: the ckptlib of another checkout (the previous commit's
+worktree), run the same way, so before and after are measured in the same conditions.
+
+``--rounds`` rounds, each running the variants in turn (the order rotates between rounds), so
 drift on a shared machine falls on all three alike. The figure is ``train()``'s wall time: time
 added = a variant's mean minus ``none``'s mean, and ckptlib's added time as a % of ``sync``'s
 (target ≤ 10 %, aim ≤ 5 %), pooled and per round (the spread). The exit wait for the last
@@ -19,8 +22,8 @@ checkpoint (``drain``) is shown apart: it is after training.
 The profile: the interval between consecutive step ends by position in the save cycle (the
 save falls in position 0's interval) for each variant, minus ``none``'s; and, per ckptlib save,
 the time on the training thread inside the Trainer's save hook and its parts (planning the
-checkpoint, the Trainer's small files: trainer_state.json, training_args.bin, config,
-tokenizer), staging at hooks, and the CPU time of ckptlib's threads. The load average
+checkpoint, capturing ``trainer_state.json``: the Trainer's small files are written on a writer
+thread), staging at hooks, and the CPU time of ckptlib's threads. The load average
 (``/proc/loadavg``) is printed before and after: this machine may be shared.
 """
 
@@ -64,9 +67,12 @@ def _run(variant: str, options: argparse.Namespace, workdir: Path, index: int) -
     run_dir = workdir / f"run-{index}-{variant}"
     run_dir.mkdir()
     out = run_dir / "figures.json"
+    # "before": the other checkout's script, runner and ckptlib, as its ckptlib variant.
+    repo = Path(options.before).resolve() if variant == "before" else REPO
+    vendor = str(repo / "ckptlib" / "vendor") if variant == "before" else ckptlib.vendor_path()
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([ckptlib.vendor_path(), str(REPO)]),
+        "PYTHONPATH": os.pathsep.join([vendor, str(repo)]),
         "SPOT_ASSETS_DIR": str(workdir / "assets"),
         "SPOT_OUTPUT_DIR": str(run_dir / "results"),
         "SPOT_MAX_STEPS": str(options.steps),
@@ -80,7 +86,7 @@ def _run(variant: str, options: argparse.Namespace, workdir: Path, index: int) -
         env["OMP_NUM_THREADS"] = str(options.threads)
     env.pop("CKPT_LAST_STEP", None)
     completed = subprocess.run(
-        [sys.executable, "-m", "bench.spot._run", variant, str(out)],
+        [sys.executable, "-m", "bench.spot._run", "ckptlib" if variant == "before" else variant, str(out)],
         cwd=run_dir, env=env, capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
     if completed.returncode != 0:
@@ -114,6 +120,8 @@ def _by_position(run: dict) -> list[list[float]]:
 
 
 def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: list[str], elapsed: float) -> str:
+    variants = list(runs)
+    saving = [v for v in variants if v not in ("none", "sync")]  # ckptlib, and "before" when asked
     lines = []
     first = runs["ckptlib"][0]
     saves = options.steps // options.save_steps
@@ -123,78 +131,90 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
         f"{(first['bytes'] or [0])[0] / 1e6:.1f} MB (rank 0); rounds {options.rounds}; OMP_NUM_THREADS "
         f"{options.threads or 'default'}; {elapsed / 60:.1f} min"
     )
+    if options.before:
+        lines.append(f"before: ckptlib from {options.before}, run interleaved as one more variant")
     lines.append(f"load average (1, 5, 15 min): before {loads[0]}, after {loads[-1]}")
     lines.append("")
     lines.append("train() wall time, s (per round):")
-    for variant in VARIANTS:
+    for variant in variants:
         values = [run["train_s"] for run in runs[variant]]
         lines.append(f"  {variant:8} mean {_mean(values):7.2f}  [{' '.join(f'{v:.2f}' for v in values)}]")
-    added = {v: _mean([r["train_s"] for r in runs[v]]) - _mean([r["train_s"] for r in runs["none"]]) for v in VARIANTS}
-    per_round = []
-    for index in range(options.rounds):
-        none = runs["none"][index]["train_s"]
-        sync_added = runs["sync"][index]["train_s"] - none
-        ckpt_added = runs["ckptlib"][index]["train_s"] - none
-        per_round.append(100 * ckpt_added / sync_added if sync_added > 0 else float("nan"))
-    ratio = 100 * added["ckptlib"] / added["sync"] if added["sync"] > 0 else float("nan")
+    added = {v: _mean([r["train_s"] for r in runs[v]]) - _mean([r["train_s"] for r in runs["none"]]) for v in variants}
     lines.append("")
-    lines.append(
-        f"time added per save: sync {1000 * added['sync'] / saves:.1f} ms, ckptlib {1000 * added['ckptlib'] / saves:.1f} ms"
-    )
-    lines.append(
-        f"ckptlib's added time as % of the synchronous save's: {ratio:.1f} % pooled; per round "
-        f"[{' '.join(f'{v:+.1f}' for v in per_round)}] (nan: the round's sync run was not slower than its none run; "
-        f"median {quantile(per_round, 0.5):+.1f}, min {quantile(per_round, 0):+.1f}, max {quantile(per_round, 1):+.1f}); "
-        "target <= 10 %, aim <= 5 %"
-    )
+    lines.append("time added per save: " + ", ".join(f"{v} {1000 * added[v] / saves:.1f} ms" for v in ["sync", *saving]))
+    for cv in saving:
+        per_round = []
+        for index in range(options.rounds):
+            none = runs["none"][index]["train_s"]
+            sync_added = runs["sync"][index]["train_s"] - none
+            ckpt_added = runs[cv][index]["train_s"] - none
+            per_round.append(100 * ckpt_added / sync_added if sync_added > 0 else float("nan"))
+        ratio = 100 * added[cv] / added["sync"] if added["sync"] > 0 else float("nan")
+        lines.append(
+            f"{cv}'s added time as % of the synchronous save's: {ratio:.1f} % pooled; per round "
+            f"[{' '.join(f'{v:+.1f}' for v in per_round)}] (nan: the round's sync run was not slower than its none run; "
+            f"median {quantile(per_round, 0.5):+.1f}, min {quantile(per_round, 0):+.1f}, max {quantile(per_round, 1):+.1f}); "
+            "target <= 10 %, aim <= 5 %"
+        )
     lines.append("")
     lines.append("robust to other processes' load (a shared machine):")
     medians = {
         v: sum(quantile([x for run in runs[v] for x in _by_position(run)[p]], 0.5) for p in range(options.save_steps))
-        for v in VARIANTS
+        for v in variants
     }
-    med_sync, med_ckpt = medians["sync"] - medians["none"], medians["ckptlib"] - medians["none"]
-    lines.append(
-        f"  median step-end interval, summed over one save cycle: none {1000 * medians['none']:.0f} ms, added by sync "
-        f"{1000 * med_sync:+.1f} ms, by ckptlib {1000 * med_ckpt:+.1f} ms: ckptlib {100 * med_ckpt / med_sync:.1f} % of sync"
-        if med_sync > 0 else "  median step-end interval: sync adds nothing measurable"
-    )
-    cpu = {v: _mean([r["train_cpu_s"] for r in runs[v]]) for v in VARIANTS}
-    cpu_sync, cpu_ckpt = cpu["sync"] - cpu["none"], cpu["ckptlib"] - cpu["none"]
-    lines.append(
-        f"  process CPU time of train() (all threads): none {cpu['none']:.2f} s, added by sync {cpu_sync:+.2f} s, by "
-        f"ckptlib {cpu_ckpt:+.2f} s: ckptlib {100 * cpu_ckpt / cpu_sync:.1f} % of sync; per run "
-        + " ".join(f"{v}=[{_fmt([r['train_cpu_s'] for r in runs[v]])}]" for v in VARIANTS)
-        if cpu_sync > 0 else "  process CPU time: sync adds nothing measurable"
-    )
-    drains = [run.get("drain_s", 0.0) for run in runs["ckptlib"]]
-    lines.append(f"ckptlib exit wait for the last checkpoint (after train): mean {_mean(drains):.3f} s")
+    med_sync = medians["sync"] - medians["none"]
+    for cv in saving:
+        med_ckpt = medians[cv] - medians["none"]
+        lines.append(
+            f"  median step-end interval, summed over one save cycle: none {1000 * medians['none']:.0f} ms, added by sync "
+            f"{1000 * med_sync:+.1f} ms, by {cv} {1000 * med_ckpt:+.1f} ms: {cv} {100 * med_ckpt / med_sync:.1f} % of sync"
+            if med_sync > 0 else "  median step-end interval: sync adds nothing measurable"
+        )
+    cpu = {v: _mean([r["train_cpu_s"] for r in runs[v]]) for v in variants}
+    cpu_sync = cpu["sync"] - cpu["none"]
+    for cv in saving:
+        cpu_ckpt = cpu[cv] - cpu["none"]
+        lines.append(
+            f"  process CPU time of train() (all threads): none {cpu['none']:.2f} s, added by sync {cpu_sync:+.2f} s, by "
+            f"{cv} {cpu_ckpt:+.2f} s: {cv} {100 * cpu_ckpt / cpu_sync:.1f} % of sync"
+            if cpu_sync > 0 else "  process CPU time: sync adds nothing measurable"
+        )
+    lines.append("  per run: " + " ".join(f"{v}=[{_fmt([r['train_cpu_s'] for r in runs[v]])}]" for v in variants))
+    for cv in saving:
+        drains = [run.get("drain_s", 0.0) for run in runs[cv]]
+        lines.append(f"{cv} exit wait for the last checkpoint (after train): mean {_mean(drains):.3f} s")
     lines.append("")
     lines.append("step-end intervals by position in the save cycle, ms, minus none's (position 0 holds the save):")
     none_pos = [_mean([x for run in runs["none"] for x in _by_position(run)[p]]) for p in range(options.save_steps)]
     lines.append("  none     " + " ".join(f"{1000 * v:8.1f}" for v in none_pos) + "   (absolute)")
-    for variant in ("sync", "ckptlib"):
+    for variant in ("sync", *saving):
         pos = [_mean([x for run in runs[variant] for x in _by_position(run)[p]]) for p in range(options.save_steps)]
         lines.append(f"  {variant:8} " + " ".join(f"{1000 * (v - n):+8.1f}" for v, n in zip(pos, none_pos)))
-    lines.append("")
-    lines.append("per ckptlib save, ms on the training thread (mean over runs):")
+    for cv in saving:
+        lines.append("")
+        lines.extend(_profile(runs, cv))
+    return "\n".join(lines)
+
+
+def _profile(runs: dict[str, list[dict]], variant: str) -> list[str]:
+    lines = [f"per {variant} save, ms on the training thread (mean over runs):"]
 
     def per_save(label: str) -> float:
-        return _mean([1000 * run["times"].get(label, 0.0) / max(1, run["counts"].get("save_checkpoint", 1)) for run in runs["ckptlib"]])
+        return _mean([1000 * run["times"].get(label, 0.0) / max(1, run["counts"].get("save_checkpoint", 1)) for run in runs[variant]])
 
     lines.append(f"  the Trainer's save hook (DecoratedCheckpointing._save_checkpoint) {per_save('save_checkpoint'):7.2f}")
     lines.append(f"    engine.save                                                   {per_save('engine_save'):7.2f}")
     lines.append(f"      planning (plan_state)                                       {per_save('plan'):7.2f}")
-    lines.append(f"      the Trainer's small files (state json, args, config, tok.)  {per_save('small_files'):7.2f}")
+    lines.append(f"    the Trainer's small files, or (now) its state json captured   {per_save('small_files'):7.2f}")
     lines.append(f"  staging at hooks (forward/backward/pre-step)                    {per_save('hooks'):7.2f}")
-    blocking = _mean([1000 * _mean(run["blocking_s"]) for run in runs["ckptlib"]])
+    blocking = _mean([1000 * _mean(run["blocking_s"]) for run in runs[variant]])
     lines.append(f"  blocking_s reported by ckptlib (save + hooks)                   {blocking:7.2f}")
-    cpu = _mean([1000 * run["ckptlib_thread_cpu_s"] / max(1, len(run["bytes"])) for run in runs["ckptlib"]])
+    cpu = _mean([1000 * run["ckptlib_thread_cpu_s"] / max(1, len(run["bytes"])) for run in runs[variant]])
     lines.append(f"  CPU of ckptlib's threads (writers, commit), per save            {cpu:7.2f}")
     label = "trainer_save_checkpoint"
     sync_save = _mean([1000 * run["times"].get(label, 0.0) / max(1, run["counts"].get(label, 1)) for run in runs["sync"]])
     lines.append(f"  (sync: Trainer._save_checkpoint per save                        {sync_save:7.2f})")
-    return "\n".join(lines)
+    return lines
 
 
 def main() -> None:
@@ -208,17 +228,23 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=0, help="OMP_NUM_THREADS for the runs (default: torch's, all cores)"
     )
+    parser.add_argument(
+        "--before", default=None, metavar="DIR",
+        help="also run the ckptlib of another checkout (DIR: its repository root, e.g. a git worktree of the "
+        "previous commit) as a fourth variant, interleaved: before/after in the same conditions",
+    )  # fmt: skip
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write every run's figures here")
     options = parser.parse_args()
     workdir = Path(options.dir or tempfile.mkdtemp(prefix="bench-spot-"))
     workdir.mkdir(parents=True, exist_ok=True)
     _prepare_assets(workdir / "assets", options.hidden, options.layers)
-    runs: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
+    variants = VARIANTS + (("before",) if options.before else ())
+    runs: dict[str, list[dict]] = {variant: [] for variant in variants}
     loads = [_loadavg()]
     began = time.perf_counter()
     for index in range(options.rounds):
-        order = VARIANTS[index % 3 :] + VARIANTS[: index % 3]
+        order = variants[index % len(variants) :] + variants[: index % len(variants)]
         for variant in order:
             runs[variant].append(_run(variant, options, workdir, index))
             print(f"round {index + 1} {variant}: train {runs[variant][-1]['train_s']:.2f} s  (load {_loadavg()})", flush=True)

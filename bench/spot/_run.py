@@ -124,7 +124,8 @@ def main() -> None:
         import ckptlib._trainer
 
         _timed(ckptlib._trainer.DecoratedCheckpointing, "_save_checkpoint", "save_checkpoint")
-        _timed(ckptlib._trainer.DecoratedCheckpointing, "_write_small_files", "small_files")
+        # The small files are written on a writer thread; the training thread captures the state json.
+        _timed(ckptlib._trainer.DecoratedCheckpointing, "_capture_trainer_state", "small_files")
         _timed(ckptlib._engine, "plan_state", "plan")
         _timed(ckptlib._engine.CheckpointEngine, "save", "engine_save")
         _timed(ckptlib._hooks.StagingPoints, "stage", "hooks")
