@@ -105,14 +105,16 @@ def figures(side: dict | None) -> dict[str, dict]:
     idle = side.get("idle", {})
     f["tx_node"] = spread([w["tx_per_node_s"] for w in idle.get("fleet_only", [])])
     f["tx_fleet"] = spread([w["tx_per_s"] for w in idle.get("fleet_only", [])])
-    f["tx_control"] = spread([idle.get("control_tx_per_s")])
+    f["q_control"] = spread([idle.get("control_statements_per_s")])
+    f["idle_steps"] = spread([x for w in idle.get("fleet_only", []) for x in w.get("steps_per_agent_s", [])])
     batches = side.get("batches", [])
     for key in ("placed_per_s", "placed_peak_second", "dispatch_p50_s", "dispatch_p95_s", "dispatch_p99_s", "queries_per_placement",
                 "round_queries_per_placement", "queries_fit_fixed", "queries_fit_per_job", "empty_round_queries_p50", "makespan_s",
-                "first_placement_after_queued_s"):
+                "first_placement_after_queued_s", "failovers"):
         f[key] = spread([b.get(key) for b in batches])
     lost = side.get("lost", {})
     f["lost"] = spread(lost.get("detected_s", []))
+    f["batch_nodes_lost"] = spread([len(b.get("nodes_lost", [])) for b in batches])
     storm = side.get("storm", {})
     f["storm_not_ready"] = spread([len(storm["not_ready"])] if storm else [])
     f["storm_tx_node"] = spread([storm.get("tx_per_node_s")] if storm else [])
@@ -134,7 +136,8 @@ ROWS = [
     # (key, label, digits, target)
     ("tx_node", "DB transactions/s per idle node (control paused)", 3, "<= 0.2"),
     ("tx_fleet", "DB transactions/s, whole idle fleet", 1, ""),
-    ("tx_control", "DB transactions/s, control worker at idle", 1, ""),
+    ("idle_steps", "  legacy schedule then: steps/s per agent (<= 10)", 2, ""),
+    ("q_control", "control worker's statements/s at idle", 1, ""),
     ("placed_per_s", "jobs placed/s (first..last attempt)", 1, ">= 100"),
     ("placed_peak_second", "jobs placed in the busiest second", 0, ""),
     ("dispatch_p50_s", "dispatch -> start p50 (s)", 3, ""),
@@ -146,6 +149,8 @@ ROWS = [
     ("queries_fit_per_job", "placement queries per round: per job placed", 2, ""),
     ("empty_round_queries_p50", "queries of a placement that placed nothing", 0, ""),
     ("makespan_s", "batch queued -> all done (s)", 1, ""),
+    ("batch_nodes_lost", "nodes NotReady during a batch (heartbeats late)", 0, "0"),
+    ("failovers", "failovers in a batch", 0, "0"),
     ("lost", "lost-node detection, silenced -> NotReady (s)", 1, "~ timeout"),
     ("storm_not_ready", "nodes NotReady after a restart storm", 0, "0"),
     ("storm_tx_node", "DB transactions/s per node during the storm", 2, ""),

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from bench.scale import cpu
 from bench.scale.cluster import PY, ROOT, Cluster, pg_connect
-from bench.scale.fleet_figures import batch_figures, print_table, spread
+from bench.scale.fleet_figures import batch_figures, control_rounds, print_table
 
 BASELINE_COMMIT = "42b1241"
 PREFIX = "fleet-"
@@ -51,15 +51,15 @@ PREFIX = "fleet-"
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.scale.fleetbench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="~5 minutes: 200 nodes, 2,000 jobs; baseline 50 nodes, 500 jobs")
+    p.add_argument("--quick", action="store_true", help="~6 minutes: 200 nodes, 2,000 jobs; baseline 20 nodes, 500 jobs")
     p.add_argument("--nodes", type=int, default=None, help="simulated nodes of the new side (1000; --quick 200)")
     p.add_argument("--gpus", type=int, default=8, help="simulated GPUs per node (8)")
     p.add_argument("--jobs", type=int, default=None, help="jobs of the new side, all batches (10000; --quick 2000)")
-    p.add_argument("--baseline-nodes", type=int, default=None, help="nodes of the baseline (100; --quick 50; 0: no baseline)")
+    p.add_argument("--baseline-nodes", type=int, default=None, help="nodes of the baseline (30; --quick 20; 0: no baseline)")
     p.add_argument("--baseline-jobs", type=int, default=None, help="jobs of the baseline (1000; --quick 500)")
     p.add_argument("--batches", type=int, default=3, help="the jobs are queued in this many batches, one after another (3)")
     p.add_argument("--run-seconds", type=float, default=1.0, help="how long each simulated run lasts (1)")
-    p.add_argument("--heartbeat-timeout", type=float, default=10.0, help="NODE_HEARTBEAT_TIMEOUT on both sides (10 s)")
+    p.add_argument("--heartbeat-timeout", type=float, default=20.0, help="NODE_HEARTBEAT_TIMEOUT on both sides (20 s)")
     p.add_argument("--idle-window", type=float, default=None, help="seconds per idle window (30; --quick 20)")
     p.add_argument("--idle-windows", type=int, default=None, help="idle windows with the control worker paused (3; --quick 2)")
     p.add_argument("--lost-nodes", type=int, default=5, help="nodes silenced for the lost-node detection (5)")
@@ -77,7 +77,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     a.nodes = a.nodes or (200 if a.quick else 1000)
     a.jobs = a.jobs or (2000 if a.quick else 10000)
     if a.baseline_nodes is None:
-        a.baseline_nodes = 50 if a.quick else 100
+        a.baseline_nodes = 20 if a.quick else 30
     a.baseline_jobs = a.baseline_jobs or (500 if a.quick else 1000)
     a.idle_window = a.idle_window or (20.0 if a.quick else 30.0)
     a.idle_windows = a.idle_windows or (2 if a.quick else 3)
@@ -173,11 +173,13 @@ class Side:
 
     def tx_window(self, seconds: float) -> dict:
         c = self.cluster
-        a, x0 = self.snapshot(), c.pg_transactions()
+        a, x0, t0 = self.snapshot(), c.pg_transactions(), time.time()
         time.sleep(seconds)
-        x1, b = c.pg_transactions(), self.snapshot()
+        x1, b, t1 = c.pg_transactions(), self.snapshot(), time.time()
         c.check_alive("an idle window")
-        return {"tx_per_s": (x1 - x0) / seconds, **self.load(a, b)}
+        # The legacy fleet's stats lines cover the 5 s before their time: those inside the window.
+        steps = [s["steps_per_agent_s"] for s in self.schedule_stats() if t0 + 4.5 <= s["t"] <= t1]
+        return {"tx_per_s": (x1 - x0) / seconds, "t0": t0, "t1": t1, "steps_per_agent_s": steps, **self.load(a, b)}
 
     def idle(self) -> None:
         """PostgreSQL transactions of the idle fleet: windows with the control worker paused
@@ -199,9 +201,13 @@ class Side:
             os.killpg(control.pid, signal.SIGCONT)
         time.sleep(3.0)
         whole = self.tx_window(args.idle_window)
-        control_tx = whole["tx_per_s"] - spread([w["tx_per_s"] for w in fleet_only])["median"]
-        log(f"[{self.label}] idle window with the control worker: {whole['tx_per_s']:.1f} tx/s (control worker ≈ {control_tx:.1f})")
-        self.out["idle"] = {"fleet_only": fleet_only, "with_control": whole, "control_tx_per_s": control_tx,
+        # The control worker's own statements (its wrapper counts them; each transaction has one
+        # or more): at most this many of the window's transactions are its.
+        rounds = control_rounds(self.cluster.stats_path, whole["t0"], whole["t1"])
+        control_q = sum(r["round_q"] for r in rounds) / args.idle_window
+        log(f"[{self.label}] idle window with the control worker: {whole['tx_per_s']:.1f} tx/s; the control worker's own "
+            f"statements {control_q:.1f}/s ({len(rounds)} rounds)")
+        self.out["idle"] = {"fleet_only": fleet_only, "with_control": whole, "control_statements_per_s": control_q,
                             "window_s": args.idle_window}
         self.out["idle_schedule"] = self.schedule_stats()
 
@@ -235,7 +241,7 @@ class Side:
             sub = self.submit(size, f"{self.label}{b}")
             first, last = sub["first"], sub["last"]
             deadline, next_report = time.monotonic() + self.args.timeout, time.monotonic() + 5
-            timed_out = False
+            timed_out, lost = False, set()
             while True:
                 counts = dict(self.query("SELECT status, count(*) FROM jobs_trainingjob WHERE id BETWEEN %s AND %s GROUP BY status",
                                          (first, last)))
@@ -249,15 +255,20 @@ class Side:
                 if time.monotonic() >= next_report:
                     next_report += 5
                     log(f"[{self.label}] batch {b + 1}: t={time.time() - sub['t_submit']:5.1f}s " + " ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+                lost.update(self.not_ready())
                 self.cluster.check_alive("the jobs")
                 time.sleep(0.5)
             t_end = time.time()
+            lost.update(self.not_ready())
+            failovers = self.query("SELECT coalesce(sum(failover_count), 0) FROM jobs_trainingjob WHERE id BETWEEN %s AND %s", (first, last))[0][0]
             fig = batch_figures(self.query, self.cluster.stats_path, first, last, sub["t_submit"], sub["t_queued"], t_end)
-            fig.update(jobs=size, statuses=counts, timed_out=timed_out, load=self.load(a, self.snapshot()))
+            fig.update(jobs=size, statuses=counts, timed_out=timed_out, load=self.load(a, self.snapshot()),
+                       nodes_lost=sorted(lost), failovers=int(failovers))
             results.append(fig)
             log(f"[{self.label}] batch {b + 1}/{len(sizes)}: {size} jobs, placed {fig['placed_per_s']:.1f}/s "
                 f"(busiest second {fig['placed_peak_second']}), dispatch->start p95 {fig['dispatch_p95_s']:.3f}s, "
-                f"{fig['queries_per_placement']:.2f} queries/placement, done in {fig['makespan_s']:.1f}s")
+                f"{fig['queries_per_placement']:.2f} queries/placement, done in {fig['makespan_s']:.1f}s"
+                + (f"; {len(lost)} nodes went NotReady, {failovers} failovers" if lost or failovers else ""))
         self.out["batches"] = results
         self.out["jobs_schedule"] = self.schedule_stats()[len(self.out.get("idle_schedule", [])):]
 

@@ -15,7 +15,7 @@ the monitor thread's own rate (HEALTH_MONITOR_INTERVAL, 0.5 s) — what that cod
 round-driven agent.
 
 Not a thread per agent: that would hold two PostgreSQL connections per agent (the loop's and the
-monitor's) and the server allows 100. A few scheduler threads (``--threads``, 4) serve the agents
+monitor's) and the server allows 100. A few scheduler threads (``--threads``, 8) serve the agents
 in turn instead, each step at its due time (the agent's next step is due OUTPUT_POLL_INTERVAL after
 its last step ended, as in the loop). Where the machine cannot keep up, steps run late and the
 agents poll less often than that code would: the ``stats`` lines this process prints (steps and
@@ -36,8 +36,7 @@ worker does today; the agents also find placed attempts on their own rounds, as 
 Signals and files: ``ready N`` is printed once the nodes are registered and the worker consumes;
 SIGTERM stops cleanly; SIGUSR1 restarts every agent at once (each is registered again and made
 anew, as a restarted ``manage.py nodeagent`` would be); the nodes named in the silence file (one a
-line) stop heartbeating while it lists them. Every 10 s a line ``stats {json}`` tells how well
-the schedule was kept.
+line) stop heartbeating while it lists them.
 """
 from __future__ import annotations
 
@@ -67,7 +66,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix", default="fleet-", help="node names are f'{prefix}{i:04d}'")
     p.add_argument("--run-seconds", type=float, default=1.0, help="how long each simulated run lasts (1)")
     p.add_argument("--silence-file", default=None, help="nodes named in this file (one a line) stop heartbeating")
-    p.add_argument("--threads", type=int, default=4, help="scheduler threads serving the agents in turn (4)")
+    p.add_argument("--threads", type=int, default=8, help="scheduler threads serving the agents in turn (8)")
     return p.parse_args(argv)
 
 
@@ -320,12 +319,13 @@ class Fleet:
 
     def report(self) -> None:
         last, t0 = dict(self.counts), time.monotonic()
-        while not self.stopped.wait(10.0):
+        while not self.stopped.wait(5.0):
             with self.count_lock:
                 now, counts = time.monotonic(), dict(self.counts)
             span, n = now - t0, len(self.slots)
             steps = counts["steps"] - last["steps"]
             say("stats " + json.dumps({
+                "t": time.time(),
                 "agents": n,
                 "steps_per_agent_s": round(steps / span / n, 2),
                 "ticks_per_agent_s": round((counts["ticks"] - last["ticks"]) / span / n, 2),
