@@ -161,10 +161,10 @@ class Side:
         t0 = time.monotonic()
         c.spawn("fleet", [PY, "-m", self.fleet, "--nodes", str(self.nodes), "--gpus", str(self.args.gpus), "--prefix", PREFIX,
                           "--run-seconds", str(self.args.run_seconds), "--silence-file", str(self.silence)])
-        ready = f"ready {self.nodes}"
+        ready = ["ready", str(self.nodes)]
         r = c.redis()
-        c.wait(lambda: any(line.strip() == ready for line in self.fleet_log().splitlines()) and r.exists("_kombu.binding.control"),
-               f"the fleet's '{ready}' and the control worker", timeout=900)
+        c.wait(lambda: any(line.split()[:2] == ready for line in self.fleet_log().splitlines()) and r.exists("_kombu.binding.control"),
+               f"the fleet's 'ready {self.nodes}' and the control worker", timeout=900)
         want = self.nodes * self.args.gpus
         c.wait(lambda: self.query("SELECT count(*) FROM jobs_gpu g JOIN jobs_node n ON n.id = g.node_id WHERE n.state = 'Ready'")[0][0] >= want,
                f"{want} GPUs on Ready nodes", timeout=300)
