@@ -167,6 +167,18 @@ ROWS = [
 ]
 
 
+def markdown_table(new: dict | None, base: dict | None) -> str:
+    """The same rows as a Markdown table (for docs/benchmarks.md)."""
+    fn, fb = figures(new), figures(base)
+    out = ["| figure | new | baseline | target | new / baseline |", "| --- | --- | --- | --- | --- |"]
+    for key, label, digits, target in ROWS:
+        a, b = fn.get(key, {}), fb.get(key, {})
+        if a.get("n") or b.get("n"):
+            text = label.strip().replace("->", "→").replace("<=", "≤")
+            out.append(f"| {text} | {fmt(a, digits)} | {fmt(b, digits)} | {target.replace('<=', '≤').replace('>=', '≥')} | {ratio(a, b)} |")
+    return "\n".join(out)
+
+
 def print_table(new: dict | None, base: dict | None) -> None:
     fn, fb = figures(new), figures(base)
     print()

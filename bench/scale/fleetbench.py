@@ -43,7 +43,7 @@ from pathlib import Path
 
 from bench.scale import cpu
 from bench.scale.cluster import PY, ROOT, Cluster, pg_connect
-from bench.scale.fleet_figures import batch_figures, control_rounds, print_table
+from bench.scale.fleet_figures import batch_figures, control_rounds, markdown_table, print_table
 
 BASELINE_COMMIT = "42b1241"
 PREFIX = "fleet-"
@@ -372,6 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["submit"]:
         return submit_main(argv[1:])
+    if argv[:1] == ["table"]:  # table RESULTS.json [--markdown]: print a kept run's table again
+        results = json.loads(Path(argv[1]).read_text())
+        if "--markdown" in argv:
+            print(markdown_table(results.get("new"), results.get("baseline")))
+        else:
+            print_table(results.get("new"), results.get("baseline"))
+        return 0
     args = parse(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
 
