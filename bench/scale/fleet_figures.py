@@ -125,6 +125,9 @@ def figures(side: dict | None) -> dict[str, dict]:
     f["other_cores_idle"] = spread([w["cores_used"].get("other (incl. other processes on the machine)") for w in idle.get("fleet_only", [])])
     f["load_jobs"] = spread([b["load"]["loadavg_1m"] for b in batches])
     f["busy_jobs"] = spread([b["load"]["machine_busy_pct"] for b in batches])
+    for key, part in (("fleet_cores_jobs", "node agents"), ("control_cores_jobs", "control worker"), ("pg_cores_jobs", "postgres"),
+                      ("other_cores_jobs", "other (incl. other processes on the machine)")):
+        f[key] = spread([b["load"]["cores_used"].get(part) for b in batches])
     sched = side.get("schedule", [])
     f["steps_per_agent"] = spread([s["steps_per_agent_s"] for s in sched])
     f["ticks_per_agent"] = spread([s["ticks_per_agent_s"] for s in sched])
@@ -161,6 +164,10 @@ ROWS = [
     ("other_cores_idle", "other processes on the machine, cores at idle", 2, ""),
     ("load_jobs", "machine load avg (1 min), job batches", 2, ""),
     ("busy_jobs", "machine CPU busy %, job batches", 0, ""),
+    ("fleet_cores_jobs", "fleet process, cores used in the batches", 2, ""),
+    ("control_cores_jobs", "control worker, cores used in the batches", 2, ""),
+    ("pg_cores_jobs", "PostgreSQL (all databases), cores in the batches", 2, ""),
+    ("other_cores_jobs", "other processes, cores in the batches", 2, ""),
     ("steps_per_agent", "legacy schedule: steps/s per agent (at most 10)", 2, ""),
     ("ticks_per_agent", "legacy schedule: ticks/s per agent (at most 2)", 2, ""),
     ("late_ms", "legacy schedule: how late a step ran, mean (ms)", 1, ""),

@@ -66,6 +66,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-fleet", choices=("auto", "fleet", "legacy"), default="auto",
                    help="the new side's fleet: bench.scale.fleet, or today's agents (auto: fleet where the tree has it)")
     p.add_argument("--baseline-commit", default=BASELINE_COMMIT)
+    p.add_argument("--new-tree", default=None, help="measure this source tree as the new side (the current bench/scale is "
+                   "copied in, its own fleet.py kept); default: this checkout")
     p.add_argument("--only", choices=("new", "baseline"), default=None, help="run one side only")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per batch before giving up")
     p.add_argument("--pg", default=os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
@@ -95,13 +97,20 @@ def baseline_tree(tmp: Path, commit: str) -> Path:
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    for source in (ROOT / "bench" / "scale").glob("*.py"):
-        shutil.copy2(source, tree / "bench" / "scale" / source.name)
+    harness_into(tree)
     return tree
 
 
-def new_fleet_module(choice: str) -> tuple[str, str]:
-    if choice == "legacy" or (choice == "auto" and not (ROOT / "bench" / "scale" / "fleet.py").exists()):
+def harness_into(tree: Path) -> None:
+    """The current harness pieces into another tree (a fleet that tree has of its own stays)."""
+    for source in (ROOT / "bench" / "scale").glob("*.py"):
+        target = tree / "bench" / "scale" / source.name
+        if source.name != "fleet.py" or not target.exists():
+            shutil.copy2(source, target)
+
+
+def new_fleet_module(choice: str, root: Path = ROOT) -> tuple[str, str]:
+    if choice == "legacy" or (choice == "auto" and not (root / "bench" / "scale" / "fleet.py").exists()):
         note = "" if choice == "legacy" else " (bench/scale/fleet.py is not in this tree yet)"
         return "bench.scale.legacy_fleet", f"today's agents (bench.scale.legacy_fleet){note}"
     return "bench.scale.fleet", "the event-driven fleet (bench.scale.fleet)"
@@ -389,13 +398,17 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "args": vars(args)}
     failed = False
     try:
-        fleet, note = new_fleet_module(args.new_fleet)
+        new_root = ROOT
+        if args.new_tree:
+            new_root = Path(args.new_tree).resolve()
+            harness_into(new_root)
+        fleet, note = new_fleet_module(args.new_fleet, new_root)
         log(f"fleet benchmark: new side {args.nodes} nodes x {args.gpus} GPUs, {args.jobs} jobs in {args.batches} batches, fleet: {note}; "
             f"baseline ({args.baseline_commit}) {args.baseline_nodes} nodes, {args.baseline_jobs} jobs; runs {args.run_seconds:g}s; "
             f"NODE_HEARTBEAT_TIMEOUT {args.heartbeat_timeout:g}s; machine: {results['machine']}; work dir {tmp}")
         sides = []
         if args.only != "baseline":
-            sides.append(dict(label="new", root=ROOT, fleet=fleet, fleet_note=note, nodes=args.nodes, jobs=args.jobs, redis_url=args.redis))
+            sides.append(dict(label="new", root=new_root, fleet=fleet, fleet_note=note, nodes=args.nodes, jobs=args.jobs, redis_url=args.redis))
         if args.only != "new" and args.baseline_nodes:
             tree = baseline_tree(tmp, args.baseline_commit)
             sides.append(dict(label="baseline", root=tree, fleet="bench.scale.legacy_fleet",
