@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels (session or token auth)."""
 from __future__ import annotations
 
+import asyncio
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -14,7 +15,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from console.routing import websocket_urlpatterns  # noqa: E402
 from console.ws_auth import BrowserOriginValidator, TokenAuthMiddleware  # noqa: E402
-from jobs.realtime import remember_server_loop  # noqa: E402
+from jobs.realtime import remember_server_loop, serve_other_processes  # noqa: E402
 
 websocket_app = BrowserOriginValidator(AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))))
 router = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_app})
@@ -24,3 +25,12 @@ async def application(scope, receive, send):
     """The router, remembering the server's event loop so sync code can publish into it."""
     remember_server_loop()
     return await router(scope, receive, send)
+
+
+def when_server_ready() -> None:
+    """Daphne's ``ready_callable`` (``manage.py runconsole``): once its loop runs, remember it and
+    start the local relay, so other processes' status changes reach open pages from the start."""
+    _startup.add(asyncio.get_event_loop().create_task(serve_other_processes()))
+
+
+_startup: set[asyncio.Task] = set()  # the loop keeps only a weak reference to a task

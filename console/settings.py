@@ -322,6 +322,8 @@ SPOT_RECLAIM_HOLD = env_float("SPOT_RECLAIM_HOLD", 300.0)
 QUEUE_USAGE_HALF_LIFE = env_float("QUEUE_USAGE_HALF_LIFE", 7200.0)
 # A placement round looks at each project's first N waiting jobs of each shape (GPUs × nodes).
 QUEUE_WINDOW = env_int("QUEUE_WINDOW", 20)
+# A round that placed such a window whole goes on placing at once, for up to this long (seconds).
+QUEUE_ROUND_BUDGET = env_float("QUEUE_ROUND_BUDGET", 1.0)
 # A job waiting longer than this (seconds) reserves capacity; at most QUEUE_RESERVATIONS at once.
 QUEUE_RESERVE_AFTER = env_float("QUEUE_RESERVE_AFTER", 900.0)
 QUEUE_RESERVATIONS = env_int("QUEUE_RESERVATIONS", 1)

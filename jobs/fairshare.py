@@ -81,15 +81,37 @@ def decayed(usage: float, *, held_gpus: int, seconds: float, half_life: float) -
 
 @dataclass
 class Capacity:
-    """Free GPU indices per schedulable node, in node-name order; updated as jobs are placed."""
+    """Free GPU indices per schedulable node, in node-name order; updated as jobs are placed.
+
+    Nodes are also indexed by their number of free GPUs (a heap of name positions per count,
+    stale entries skipped when met), so a one-node job finds its first fit without walking the
+    fleet: a round costs the same whether the full nodes are ten or a thousand."""
 
     nodes: list[tuple[int, str]] = field(default_factory=list)  # (node id, name), by name
     free: dict[int, list[int]] = field(default_factory=dict)
     spot_held: frozenset[int] = frozenset()  # nodes whose spot capacity was just reclaimed
     addresses: dict[int, str] = field(default_factory=dict)  # where ranks reach each node
+    _position: dict[int, int] = field(init=False, repr=False, compare=False)
+    _by_count: dict[int, list[int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._position = {node: i for i, (node, _name) in enumerate(self.nodes)}
+        self._by_count = defaultdict(list)
+        for i, (node, _name) in enumerate(self.nodes):
+            if self.free.get(node):
+                self._by_count[len(self.free[node])].append(i)
+        for heap in self._by_count.values():
+            heapq.heapify(heap)
 
     def first_fit(self, job: WaitingJob) -> list[tuple[int, list[int]]] | None:
         """``node_count`` distinct nodes with ``gpus_per_node`` free GPUs each, first by name."""
+        if job.node_count == 1 and job.gpus_per_node and not (job.exclude_nodes or job.exclude_gpus):
+            if not (job.spot and self.spot_held):
+                position = self.first_with(job.gpus_per_node)
+                if position is None:
+                    return None
+                node_id = self.nodes[position][0]
+                return [(node_id, self.free[node_id][: job.gpus_per_node])]
         chosen: list[tuple[int, list[int]]] = []
         for node_id, _name in self.nodes:
             if node_id in job.exclude_nodes or (job.spot and node_id in self.spot_held):
@@ -101,12 +123,30 @@ class Capacity:
                     return chosen
         return None
 
+    def first_with(self, gpus: int) -> int | None:
+        """The first node (its position in name order) with at least ``gpus`` free GPUs."""
+        best: int | None = None
+        for count, heap in self._by_count.items():
+            if count < gpus:
+                continue
+            while heap and len(self.free.get(self.nodes[heap[0]][0], ())) != count:
+                heapq.heappop(heap)
+            if heap and (best is None or heap[0] < best):
+                best = heap[0]
+        return best
+
     def take(self, chosen: Iterable[tuple[int, list[int]]]) -> None:
         for node_id, indices in chosen:
-            self.free[node_id] = [i for i in self.free.get(node_id, []) if i not in indices]
+            self.set_free(node_id, [i for i in self.free.get(node_id, []) if i not in indices])
 
     def give(self, node_id: int, indices: Iterable[int]) -> None:
-        self.free[node_id] = sorted({*self.free.get(node_id, []), *indices})
+        self.set_free(node_id, sorted({*self.free.get(node_id, []), *indices}))
+
+    def set_free(self, node_id: int, indices: list[int]) -> None:
+        self.free[node_id] = indices
+        position = self._position.get(node_id)
+        if indices and position is not None:
+            heapq.heappush(self._by_count[len(indices)], position)
 
     def copy(self) -> Capacity:
         return Capacity(list(self.nodes), {n: list(f) for n, f in self.free.items()}, self.spot_held)

@@ -1,8 +1,13 @@
 """Live updates: the names of the Channels groups, and publishing to them from sync code.
 
 Publish only after commit (``transaction.on_commit``) so a client never sees what a rollback
-takes back. From the embedded node agent's thread, messages are handed to the server's own event
-loop: the in-memory channel layer lives there and is not thread-safe.
+takes back. Three ways a message travels:
+
+* scale-out (the Redis layer): every process publishes to Redis, which reaches every Daphne;
+* inside the embedded server process: from other threads (the node agent, sync views) the
+  message is handed to the server's own event loop, since the in-memory layer is not thread-safe;
+* from another process in the embedded default (``manage.py``, scripts): the in-memory layer here
+  has no listeners, so the message also goes to the server's local relay (``jobs.live_relay``).
 """
 from __future__ import annotations
 
@@ -12,12 +17,17 @@ import threading
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
+from django.db import connections
+
+from jobs import live_relay
 
 logger = logging.getLogger(__name__)
 
 _server_loop: asyncio.AbstractEventLoop | None = None
 _server_thread: int | None = None
+_relay: live_relay.Relay | None = None
 
 
 def jobs_group() -> str:
@@ -46,16 +56,41 @@ def remember_server_loop() -> None:
     _server_thread = threading.get_ident()
 
 
+async def serve_other_processes() -> live_relay.Relay | None:
+    """In the server process, inside its loop: remember the loop and, with the in-memory layer,
+    take other local processes' messages on ``CONSOLE_VAR_DIR/live.sock``. Idempotent."""
+    global _relay
+    remember_server_loop()
+    layer = get_channel_layer()
+    if _relay is None and isinstance(layer, InMemoryChannelLayer):
+        relay = live_relay.Relay(live_relay.socket_path(settings.VAR_DIR), layer.group_send, database=database_name())
+        if await relay.start():
+            _relay = relay
+    return _relay
+
+
+def database_name() -> str:
+    """Which database the jobs live in: the relay forwards only what concerns its own."""
+    return str(connections["default"].settings_dict["NAME"])
+
+
 def publish(group: str, message: dict[str, Any]) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     loop = _server_loop
     try:
-        if loop is not None and loop.is_running() and threading.get_ident() != _server_thread:
-            asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
-        else:
-            async_to_sync(layer.group_send)(group, message)
+        if loop is not None and loop.is_running():
+            if threading.get_ident() != _server_thread:
+                asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
+            else:
+                async_to_sync(layer.group_send)(group, message)
+            return
+        if isinstance(layer, InMemoryChannelLayer):
+            # Not the server: hand it to the server's relay, if one listens. The local layer
+            # below still gets it (this process's own consumers, e.g. in tests).
+            live_relay.send(live_relay.socket_path(settings.VAR_DIR), group, message, database_name())
+        async_to_sync(layer.group_send)(group, message)
     except Exception:
         # Live updates are best effort: the database already holds the truth.
         logger.exception("could not publish to %s", group)

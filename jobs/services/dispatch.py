@@ -28,13 +28,20 @@ def send_task(name: str, *, args: list | None = None, queue: str) -> None:
 def dispatch_launch(attempt, node_names: list[str]) -> None:
     """After commit, ask each node's agent to start its part (scale-out only; the embedded agent
     finds placed attempts on its own round)."""
-    if not settings.SCALE_OUT:
+    dispatch_launches([(attempt.pk, node_names)])
+
+
+def dispatch_launches(launches: list[tuple[int, list[str]]]) -> None:
+    """``dispatch_launch`` for a placement round's attempts (attempt id, its nodes' names): one
+    after-commit callback for them all. Placement registers it before the round's live publishes,
+    so the launches leave first."""
+    if not settings.SCALE_OUT or not launches:
         return
-    names = sorted(set(node_names))
+    sends = [(attempt_id, name) for attempt_id, names in launches for name in sorted(set(names))]
 
     def send() -> None:
-        for name in names:
-            send_task(LAUNCH_TASK, args=[attempt.pk], queue=node_queue(name))
+        for attempt_id, name in sends:
+            send_task(LAUNCH_TASK, args=[attempt_id], queue=node_queue(name))
 
     transaction.on_commit(send)
 

@@ -1,8 +1,9 @@
 """The one writer of a Training Job's status, status reason and failover count.
 
 Every change of those fields goes through ``transition`` (a new status), ``record_reason``
-(the same status, a new reason or count) or ``record_reasons`` (many jobs' reasons at once): a compare-and-swap on the job row, its event row in the
-same transaction, and a live publish after commit. A test keeps every other module from writing
+(the same status, a new reason or count) or its bulk forms (``record_reasons``,
+``record_queue_reasons``, ``record_placements``: many jobs at once): a compare-and-swap on the
+job row, its event row in the same transaction, and a live publish after commit. A test keeps every other module from writing
 them.
 """
 from __future__ import annotations
@@ -12,12 +13,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Case, CharField, Value, When
 from django.utils import timezone
 
 from jobs import hooks
 from jobs.models import JobEvent, TrainingJob
 from jobs.realtime import job_group, jobs_group, publish
+from jobs.services.bulk import update_each
 from jobs.statuses import TERMINAL, sources_of
 
 logger = logging.getLogger(__name__)
@@ -116,8 +117,7 @@ def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = "p
                 fresh = {pk: reasons[pk][1][:REASON_CHARS] for pk in before if before[pk] != reasons[pk][1][:REASON_CHARS]}
                 if not fresh:
                     continue
-                text = Case(*(When(pk=pk, then=Value(r)) for pk, r in fresh.items()), output_field=CharField())
-                TrainingJob.objects.filter(pk__in=list(fresh), status=status).update(status_reason=text)
+                update_each(TrainingJob, "status_reason", fresh, where={"status": status})
                 JobEvent.objects.bulk_create(
                     JobEvent(job_id=pk, from_status=status, to_status=status, reason=r, actor=actor[:150], created_at=now)
                     for pk, r in fresh.items()
@@ -133,6 +133,45 @@ def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = "p
         transaction.on_commit(publish_all)
     if changed:
         logger.info("placement: %s waiting reason(s) changed", len(changed))
+    return changed
+
+
+def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str = "placement") -> list[int]:
+    """``record_reason`` for a placement round's jobs at once: job → (the status it was placed
+    in, "placed on …", the attempt's number).
+
+    One ``UPDATE … CASE`` per status and chunk of jobs, each row only while its status is still
+    the one given (compare-and-swap), one read back, one insert of events; live publishes and
+    status hooks after commit. Returns the jobs changed: the caller rolls back when some were
+    not (they changed since it read them)."""
+    by_status: dict[str, list[int]] = {}
+    for job_id, (status, _reason, _number) in placements.items():
+        by_status.setdefault(status, []).append(job_id)
+    now = timezone.now()
+    changed: list[int] = []
+    with transaction.atomic():
+        for status, ids in by_status.items():
+            for start in range(0, len(ids), QUEUE_CHUNK):
+                reasons = {pk: placements[pk][1][:REASON_CHARS] for pk in ids[start : start + QUEUE_CHUNK]}
+                update_each(TrainingJob, "status_reason", reasons, where={"status": status})
+                # The update holds the rows it changed until commit: read back, they are exactly those.
+                after = TrainingJob.objects.filter(pk__in=list(reasons), status=status).values_list("pk", "status_reason")
+                changed += [pk for pk, reason in after if reason == reasons[pk]]
+        events = JobEvent.objects.bulk_create(
+            JobEvent(
+                job_id=pk, from_status=placements[pk][0], to_status=placements[pk][0], reason=placements[pk][1][:REASON_CHARS],
+                attempt=placements[pk][2], actor=actor[:150], created_at=now,
+            )
+            for pk in changed
+        )
+        changes = [hooks.StatusChange(e.pk, e.job_id, e.from_status, e.to_status, e.reason, e.attempt) for e in events]
+
+        def publish_all() -> None:
+            for change in changes:
+                publish_status(change.job_id, status_message(change.job_id, change.from_status, change.to_status, change.reason))
+                hooks.status_changed(change)
+
+        transaction.on_commit(publish_all)
     return changed
 
 

@@ -3,19 +3,20 @@ database for it and carries the plan out), GPU holds by compare-and-swap, image-
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Max, OuterRef, Q, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from jobs.services.dispatch import dispatch_launch
+from jobs.services.bulk import update_each
+from jobs.services.dispatch import dispatch_launch, dispatch_launches
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, Project, TrainingJob
-from jobs.services.lifecycle import record_queue_reasons, record_reason, transition
+from jobs.services.lifecycle import record_placements, record_queue_reasons, record_reason, transition
 from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -25,23 +26,45 @@ MASTER_PORT_BASE = 29500
 MASTER_PORT_SPAN = 20000
 
 
+# GPUs claimed per statement (SQLite binds at most 32,766 parameters; three per GPU here).
+CLAIM_CHUNK = 1000
+
+
 class PlacementConflict(Exception):
-    """Another placement took a GPU between reading the free ones and holding them."""
+    """Another placement took a GPU between reading the free ones and holding them, or a job
+    changed status since the round read it."""
 
 
-def read_capacity(now) -> Capacity:
-    """Free GPUs of Ready, healthy, uncordoned nodes, by node name; which nodes hold off Spot."""
+class Placed(list):
+    """The attempts one placement round created. ``more`` is True when some project's full
+    window of one shape was placed whole: the jobs behind it may fit at once, so the control
+    round goes on rather than waiting for the next beat."""
+
+    def __init__(self, attempts=(), *, more: bool = False) -> None:
+        super().__init__(attempts)
+        self.more = more
+
+
+def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
+    """Free GPUs of Ready, healthy, uncordoned nodes, by node name; which nodes hold off Spot;
+    and each free GPU's row id by (node, index), for the claim. Three queries whatever the
+    fleet's size: the free GPUs are read from their own table alone and kept for schedulable
+    nodes here (no list of a thousand node ids, no join whose plan rests on fresh statistics)."""
     rows = list(
         Node.objects.filter(state=Node.State.READY, healthy=True, cordoned=False).order_by("name").values_list("id", "name", "address")
     )
+    schedulable = {node_id for node_id, _, _ in rows}
     free: dict[int, list[int]] = defaultdict(list)
-    gpus = GPU.objects.filter(node_id__in=[n for n, _, _ in rows], allocated_to__isnull=True, healthy=True)
-    for node_id, index in gpus.order_by("index").values_list("node_id", "index"):
-        free[node_id].append(index)
+    gpu_ids: dict[tuple[int, int], int] = {}
+    for gpu_id, node_id, index in GPU.objects.filter(allocated_to__isnull=True, healthy=True).order_by("index").values_list("id", "node_id", "index"):
+        if node_id in schedulable:
+            free[node_id].append(index)
+            gpu_ids[(node_id, index)] = gpu_id
     spot_held = frozenset(Node.objects.filter(spot_reclaimed_until__gt=now).values_list("id", flat=True))
-    return Capacity(
+    capacity = Capacity(
         nodes=[(n, name) for n, name, _ in rows], free=dict(free), spot_held=spot_held, addresses={n: a for n, _, a in rows}
     )
+    return capacity, gpu_ids
 
 
 # What a round reads of a waiting job (a placed one is read again in full when held).
@@ -129,7 +152,7 @@ def running_spot(now) -> list[SpotRun]:
     return [r for r in runs.values() if any(idx for _, idx in r.gpus)]
 
 
-def place_waiting_jobs(*, window: int | None = None) -> list[JobAttempt]:
+def place_waiting_jobs(*, window: int | None = None) -> Placed:
     """One round of the fair-share queue (``jobs.fairshare``); returns the attempts created.
 
     Waiting are Pending jobs, image-pull back-offs whose retry is due, and failovers judged a
@@ -139,10 +162,11 @@ def place_waiting_jobs(*, window: int | None = None) -> list[JobAttempt]:
     their project's quota; a job waiting past ``QUEUE_RESERVE_AFTER`` reserves capacity.
     """
     now = timezone.now()
-    candidates = waiting_heads(window or settings.QUEUE_WINDOW)
+    window = window or settings.QUEUE_WINDOW
+    candidates = waiting_heads(window)
     shares = project_shares(now, {job.project_id for job in candidates})
     if not candidates:
-        return []
+        return Placed()
     images = set(Image.objects.filter(reference__in={j.image for j in candidates}).values_list("reference", flat=True))
     ready: list[TrainingJob] = []
     for job in candidates:
@@ -158,7 +182,7 @@ def place_waiting_jobs(*, window: int | None = None) -> list[JobAttempt]:
             job.refresh_from_db(fields=["status", "status_reason"])
         ready.append(job)
     if not ready:
-        return []
+        return Placed()
     by_id = {job.pk: job for job in ready}
     excluded_nodes: dict[int, set[int]] = defaultdict(set)
     excluded_gpus: dict[int, set[tuple[int, int]]] = defaultdict(set)
@@ -192,24 +216,20 @@ def place_waiting_jobs(*, window: int | None = None) -> list[JobAttempt]:
         )
         for job in ready
     ]
-    capacity = read_capacity(now)
+    capacity, gpu_ids = read_capacity(now)
     spot = running_spot(now) if any(not w.spot and w.total_gpus for w in waiting) else []
     plan = plan_round(
         waiting, shares, capacity, half_life=settings.QUEUE_USAGE_HALF_LIFE, spot_runs=spot,
         max_reservations=settings.QUEUE_RESERVATIONS,
     )
-    placed: list[JobAttempt] = []
-    names = dict(capacity.nodes)
-    for wanted, chosen in plan.placements:
-        job = by_id[wanted.id]
-        try:
-            placed.append(hold_placement(job, chosen, node_names=names, master_addr=capacity.addresses[chosen[0][0]]))
-        except PlacementConflict:
-            logger.info("job %s: placement raced with another; retrying next round", job.pk)
+    placed = hold_placements([(by_id[wanted.id], chosen) for wanted, chosen in plan.placements], capacity=capacity, gpu_ids=gpu_ids)
     for job_id, victims in plan.preemptions.items():
         preempt_spot(victims, for_job=by_id[job_id], now=now)
     record_queue_reasons({pk: (by_id[pk].status, reason) for pk, reason in plan.reasons.items() if by_id[pk].status_reason != reason})
-    return placed
+    # A full window of one shape placed whole: the jobs behind it were not looked at.
+    looked_at = Counter((job.project_id, job.gpus_per_node, job.node_count) for job in candidates)
+    held = Counter((a.job.project_id, a.job.gpus_per_node, a.job.node_count) for a in placed)
+    return Placed(placed, more=any(n >= window and held[line] == n for line, n in looked_at.items()))
 
 
 def preempt_spot(victims: list[int], *, for_job: TrainingJob, now) -> None:
@@ -223,25 +243,111 @@ def preempt_spot(victims: list[int], *, for_job: TrainingJob, now) -> None:
     logger.warning("jobs %s: preempted (%s runs) for On-Demand job %s within its project's quota", victims, count, for_job.pk)
 
 
+def hold_placements(
+    batch: list[tuple[TrainingJob, list[tuple[int, list[int]]]]], *, capacity: Capacity, gpu_ids: dict[tuple[int, int], int]
+) -> list[JobAttempt]:
+    """Hold a round's placements in one transaction with a fixed number of statements; if the
+    batch raced (a GPU taken, an attempt number taken, a job changed since the round read it)
+    it is rolled back and the
+    jobs are held one by one, each in its own transaction, so only the raced ones wait."""
+    if not batch:
+        return []
+    try:
+        return hold_in_bulk(batch, capacity=capacity, gpu_ids=gpu_ids)
+    except PlacementConflict as conflict:
+        logger.warning("placement: a batch of %s jobs raced (%s); holding them one by one", len(batch), conflict)
+    names = dict(capacity.nodes)
+    placed: list[JobAttempt] = []
+    for job, chosen in batch:
+        try:
+            placed.append(hold_placement(job, chosen, node_names=names, master_addr=capacity.addresses[chosen[0][0]]))
+        except PlacementConflict:
+            logger.info("job %s: placement raced with another; retrying next round", job.pk)
+    return placed
+
+
+def hold_in_bulk(
+    batch: list[tuple[TrainingJob, list[tuple[int, list[int]]]]], *, capacity: Capacity, gpu_ids: dict[tuple[int, int], int]
+) -> list[JobAttempt]:
+    """The attempts' numbers in one read, attempts and ranks in one insert each, every GPU claimed
+    in one ``UPDATE … CASE`` by compare-and-swap (only while still free; a count short is a race:
+    PlacementConflict rolls it all back), the reasons and events in bulk. Launches are
+    registered before the live publishes, so after commit they leave first."""
+    names = dict(capacity.nodes)
+    with transaction.atomic():
+        last = dict(
+            JobAttempt.objects.filter(job_id__in=[job.pk for job, _ in batch])
+            .order_by()
+            .values("job_id")
+            .annotate(last=Max("number"))
+            .values_list("job_id", "last")
+        )
+        try:
+            attempts = JobAttempt.objects.bulk_create(
+                JobAttempt(
+                    job=job, number=last.get(job.pk, 0) + 1, master_addr=capacity.addresses[chosen[0][0]],
+                    master_port=master_port(job.pk, last.get(job.pk, 0) + 1),
+                )
+                for job, chosen in batch
+            )
+        except IntegrityError as exc:  # another round numbered an attempt of one of these jobs first
+            raise PlacementConflict("an attempt number was taken by another placement") from exc
+        parts = AttemptNode.objects.bulk_create(
+            AttemptNode(attempt=attempt, node_id=node_id, rank=rank, gpu_indices=indices)
+            for attempt, (_job, chosen) in zip(attempts, batch)
+            for rank, (node_id, indices) in enumerate(chosen)
+        )
+        claim_gpus({gpu_ids[(part.node_id, index)]: part.pk for part in parts for index in part.gpu_indices})
+        dispatch_launches([(attempt.pk, [names.get(node_id, "") for node_id, _ in chosen]) for attempt, (_job, chosen) in zip(attempts, batch)])
+        reasons = {job.pk: placed_reason(chosen, names) for job, chosen in batch}
+        changed = record_placements({job.pk: (job.status, reasons[job.pk], attempt.number) for attempt, (job, _) in zip(attempts, batch)})
+        if len(changed) != len(batch):
+            raise PlacementConflict(f"{len(batch) - len(changed)} job(s) changed status since the round read them")
+    for attempt, (job, _chosen) in zip(attempts, batch):
+        logger.info("job %s: attempt %s %s", job.pk, attempt.number, reasons[job.pk])
+    return attempts
+
+
+def claim_gpus(claims: dict[int, int]) -> None:
+    """GPU row id → the rank (AttemptNode) that holds it, each only while it is still free."""
+    gpu_ids = list(claims)
+    for start in range(0, len(gpu_ids), CLAIM_CHUNK):
+        chunk = gpu_ids[start : start + CLAIM_CHUNK]
+        held = update_each(GPU, "allocated_to", {gpu: claims[gpu] for gpu in chunk}, where={"allocated_to": None})
+        if held != len(chunk):
+            raise PlacementConflict(f"{len(chunk) - held} of {len(chunk)} GPUs were taken since the round read them")
+
+
+def master_port(job_id: int, number: int) -> int:
+    """A port per attempt, the same for every rank wherever its agent runs."""
+    return MASTER_PORT_BASE + (job_id * 4 + number) % MASTER_PORT_SPAN
+
+
+def placed_reason(chosen: list[tuple[int, list[int]]], node_names: dict[int, str]) -> str:
+    names = [f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}" for node_id, indices in chosen]
+    return f"placed on {', '.join(names)}; starting"
+
+
 def hold_placement(
     job: TrainingJob, chosen: list[tuple[int, list[int]]], *, node_names: dict[int, str], master_addr: str
 ) -> JobAttempt:
-    """Create the attempt and hold its GPUs by compare-and-swap, all in one transaction."""
+    """Create the attempt and hold its GPUs by compare-and-swap, all in one transaction (the
+    fallback when a round's batch raced)."""
     with transaction.atomic():
         number = (JobAttempt.objects.filter(job=job).aggregate(m=Max("number"))["m"] or 0) + 1
-        # A port per attempt, the same for every rank wherever its agent runs.
-        port = MASTER_PORT_BASE + (job.pk * 4 + number) % MASTER_PORT_SPAN
-        attempt = JobAttempt.objects.create(job=job, number=number, master_addr=master_addr, master_port=port)
-        names = []
+        try:
+            attempt = JobAttempt.objects.create(job=job, number=number, master_addr=master_addr, master_port=master_port(job.pk, number))
+        except IntegrityError as exc:
+            raise PlacementConflict from exc
         for rank, (node_id, indices) in enumerate(chosen):
             part = AttemptNode.objects.create(attempt=attempt, node_id=node_id, rank=rank, gpu_indices=indices)
             held = GPU.objects.filter(node_id=node_id, index__in=indices, allocated_to__isnull=True).update(allocated_to=part)
             if held != len(indices):
                 raise PlacementConflict
-            names.append(f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}")
-        reason = f"placed on {', '.join(names)}; starting"
-        record_reason(job.pk, reason=reason, expected={job.status}, actor="placement", attempt=number)
         dispatch_launch(attempt, [node_names.get(node_id, "") for node_id, _ in chosen])
+        reason = placed_reason(chosen, node_names)
+        if not record_reason(job.pk, reason=reason, expected={job.status}, actor="placement", attempt=number):
+            raise PlacementConflict  # the job was stopped (or moved on) since the round read it
     logger.info("job %s: attempt %s %s", job.pk, number, reason)
     return attempt
 

@@ -30,7 +30,7 @@ class Command(BaseCommand):
         from daphne.endpoints import build_endpoint_description_strings
         from daphne.server import Server
 
-        from console.asgi import application
+        from console.asgi import application, when_server_ready
 
         self.stdout.write(f"Simple AI Training console on http://{host}:{port}/  (Ctrl-C to stop; running jobs keep running)")
         try:
@@ -38,6 +38,7 @@ class Command(BaseCommand):
                 application=application,
                 endpoints=build_endpoint_description_strings(host=host, port=port),
                 signal_handlers=True,
+                ready_callable=when_server_ready,
             ).run()
         finally:
             if loop:
