@@ -7,7 +7,10 @@ class AgentConfig(AppConfig):
     verbose_name = "Node agent"
 
     def ready(self) -> None:
+        from agent import registry
         from agent.plugins import register
         from agent.sampling import ResourceSampler
+        from jobs.hooks import wake_agents_with
 
         register(ResourceSampler)
+        wake_agents_with(registry.wake)

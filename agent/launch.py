@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from agent import sandbox
-from agent.processes import RUNNER_MODULE, run_dir
+from agent.processes import RUNNER_MODULE, is_runner, run_dir, signal_run
 from jobs.models import AttemptNode, Image, JobAttempt, TrainingJob
 from jobs.services import runs
 from jobs.services.limits import limits_of
@@ -141,14 +141,15 @@ class Launcher:
         self.node_names = node_names
         self.children: dict[int, subprocess.Popen] = {}
 
-    def launch(self, attempt: JobAttempt) -> None:
+    def launch(self, attempt: JobAttempt) -> list[AttemptNode]:
         """Start this agent's parts of a placed attempt; the last part started makes it Running.
+        Returns the parts started here.
 
         Each part is claimed by compare-and-swap first, so a duplicate dispatch or two agents
         never start it twice.
         """
         if not runs.launchable(attempt):
-            return
+            return []
         job = attempt.job
         image = Image.objects.filter(reference=job.image).first()
         if image is None or not runtime_python(image.runtime).exists():
@@ -156,18 +157,18 @@ class Launcher:
                 f"image {job.image} cannot be resolved on the node: {runtime_python(image.runtime)} does not exist"
             )
             runs.image_unavailable(job, why)
-            return
+            return []
         mine = list(
             attempt.placements.filter(node__name__in=self.node_names, runner_pid__isnull=True).select_related("node").order_by("rank")
         )
         claimed = [p for p in mine if AttemptNode.objects.filter(pk=p.pk, runner_pid__isnull=True).update(runner_pid=0)]
         if not claimed:
-            return
+            return []
         try:
             output_dir = str(output_dir_of(job))
         except PathRefused as exc:
             runs.launch_failed(attempt, f"output directory refused: {exc}")
-            return
+            return []
         if attempt.number > 1:
             attempt.resume_step = latest_checkpoint_step(output_dir)
             if claimed[0].rank == 0:
@@ -175,23 +176,26 @@ class Launcher:
         try:
             Path(output_dir).mkdir(parents=True, exist_ok=True)
             for part in claimed:
-                self.start_runner(job, attempt, part, image.runtime, output_dir)
+                part.attempt = attempt
+                part.runner_pid = self.start_runner(job, attempt, part, image.runtime, output_dir)
         except SandboxUnavailable as exc:
             logger.error("job %s: %s", job.pk, exc)
             runs.launch_failed(attempt, str(exc))
-            return
+            return []
         except OSError as exc:
             logger.exception("job %s: launch failed", job.pk)
             runs.launch_failed(attempt, str(exc))
-            return
+            return []
         if attempt.placements.filter(Q(runner_pid__isnull=True) | Q(runner_pid=0)).exists():
-            return  # other agents still start their ranks
+            return claimed  # other agents still start their ranks
         attempt.refresh_from_db(fields=["resume_step"])
         if not runs.run_started(attempt):
             # The job was stopped while we launched: the agent's stop round terminates what we started.
             logger.info("job %s: stopped during launch; terminating attempt %s", job.pk, attempt.number)
+        return claimed
 
-    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> None:
+    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> int:
+        """Start the rank's detached supervisor; returns its pid (recorded on the part)."""
         directory = run_dir(part)
         directory.mkdir(parents=True, exist_ok=True)
         # Files of an earlier install reusing JOB_WORK_ROOT must not pass for this run's.
@@ -224,6 +228,16 @@ class Launcher:
         self.children[child.pid] = child
         AttemptNode.objects.filter(pk=part.pk).update(runner_pid=child.pid, workdir=str(workdir))
         logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, child.pid)
+        return child.pid
+
+    # --- the process layer (a simulated fleet replaces these: ``bench.scale.fleet``) ------------
+    def alive(self, pid: int) -> bool:
+        """Whether a run's supervisor still runs."""
+        return is_runner(pid)
+
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        """Signal every process of a run; False if it has not recorded its processes yet."""
+        return signal_run(part, sig)
 
     def reap(self) -> None:
         for pid, child in list(self.children.items()):

@@ -1,5 +1,7 @@
-"""The loop a node agent runs in: its rounds in one background thread, and, in the embedded
-console, the control plane's rounds (sweeps, placement) in the same thread."""
+"""The loop a node agent runs in: one background thread that sleeps on the agent's ``wakeup``
+until something is due (a beat, a reconcile, live runs' output) or a message arrives, and, in the
+embedded console, the control plane's rounds (sweeps, placement) in the same thread, handing
+what they place straight to the agent."""
 from __future__ import annotations
 
 import logging
@@ -24,8 +26,8 @@ def start_local_agent(*, name: str = "embedded") -> NodeAgent:
 
 
 def embedded_round(agent: NodeAgent) -> None:
-    """One round of the control plane (sweeps, placement), then one of the local agent."""
-    control_round()
+    """One round of the control plane (sweeps, placement), then a full one of the local agent."""
+    agent.launch_attempts(control_round())
     if agent.tick():
         place_and_launch(agent)
 
@@ -33,27 +35,26 @@ def embedded_round(agent: NodeAgent) -> None:
 def place_and_launch(agent: NodeAgent) -> None:
     """Runs just ended: their GPUs are free and failovers judged, so place and start now rather
     than a round later."""
-    if place_waiting_jobs():
-        agent.launch_placed()
+    agent.launch_attempts(place_waiting_jobs())
 
 
 class EmbeddedControlLoop(threading.Thread):
-    """Runs a full round every ``AGENT_POLL_INTERVAL`` seconds until stopped — ``embedded_round``
-    (sweeps, placement and the agent) in the embedded console, the agent's ``tick`` alone in a
-    scale-out node agent (``control=False``) — and in between collects the runs' output and exits
-    every ``OUTPUT_POLL_INTERVAL`` seconds, so a printed line reaches the log tab (and a dead
-    process its failover) without waiting for a full round."""
+    """Serves one agent until stopped. In the embedded console (``control=True``) a control round
+    runs every ``AGENT_POLL_INTERVAL`` seconds, its placements are launched at once and the agent
+    reconciles after it (other processes cannot wake it there); a
+    scale-out node agent (``control=False``) only steps its agent. Between those the thread sleeps
+    until the agent has something due: ``OUTPUT_POLL_INTERVAL`` while runs are live (files only),
+    else its next heartbeat or reconcile, or a wake (a launch or a stop message)."""
 
     def __init__(self, agent: NodeAgent, *, interval: float | None = None, control: bool = True) -> None:
         super().__init__(name="embedded-control-loop" if control else f"agent-{agent.name}", daemon=True)
         self.agent = agent
         self.control = control
         self.interval = settings.AGENT_POLL_INTERVAL if interval is None else interval
-        self.output_interval = min(settings.OUTPUT_POLL_INTERVAL, self.interval)
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        logger.info("embedded control loop started for nodes %s", ", ".join(self.agent.node_names))
+        logger.info("agent loop started for nodes %s", ", ".join(self.agent.node_names))
         self.agent.start()
         try:
             self.serve()
@@ -65,20 +66,26 @@ class EmbeddedControlLoop(threading.Thread):
         next_round = 0.0
         while not self.stopped.is_set():
             try:
-                if time.monotonic() >= next_round:
+                if self.control and time.monotonic() >= next_round:
                     next_round = time.monotonic() + self.interval
-                    if self.control:
-                        embedded_round(self.agent)
-                    else:
-                        self.agent.tick()
-                elif self.agent.collect() and self.control:
+                    self.agent.launch_attempts(control_round())
+                    # Without a broker, a stop or a fault made by another process (manage.py
+                    # inject_fault, reclaim_spot) cannot wake us: re-read with every control round.
+                    self.agent.wake()
+                if self.agent.step() and self.control:
                     place_and_launch(self.agent)
             except Exception:
                 # One bad round must not end supervision of every other job.
-                logger.exception("control round failed; retrying")
+                logger.exception("agent round failed; retrying")
+                time.sleep(min(1.0, self.interval))
             finally:
                 close_old_connections()
-            self.stopped.wait(self.output_interval)
+            wait = self.agent.delay()
+            if self.control:
+                wait = min(wait, max(0.0, next_round - time.monotonic()))
+            if wait > 0:
+                self.agent.wakeup.wait(wait)
 
     def stop(self) -> None:
         self.stopped.set()
+        self.agent.wakeup.set()

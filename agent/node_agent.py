@@ -1,28 +1,46 @@
-"""The node agent: one round launches placed runs on its nodes, runs its plug-ins (health
-checks), delivers stops, and collects every live run's output and exit.
+"""The node agent: it launches placed runs on its nodes, runs its plug-ins (health checks),
+delivers stops, and collects every live run's output and exit.
+
+It waits instead of polling. Its live runs are kept in memory — from its own launches and from
+one read-only reconcile (at start, after a wake, and every ``AGENT_RECONCILE_INTERVAL``).
+Collecting output and exits reads only the runs' files; the database is touched when there is
+news (new lines, an exit, a launch) and for the heartbeat. Launches arrive as messages
+(``agent.launch_attempt``; in the embedded console, straight from the control round in the same
+thread), stops as wakes (``jobs.services.dispatch.wake_agents``); the grace period's SIGKILL and a
+job's max run time are timed from memory. An idle agent sleeps on ``wakeup`` until its next beat.
 
 Each run is supervised by ``agent.runner`` in its own session, so the agent (and the console it
-may live in) can restart at any time: on its next round it finds every run of its nodes again
-from the files the runner keeps, ingests the output lines it has not stored yet (delivery is
+may live in) can restart at any time: its first reconcile finds every run of its nodes again from
+the files the runner keeps, ingests the output lines it has not stored yet (delivery is
 idempotent) and reports the exits it missed. What those facts mean for a job is decided by the
 control plane (``jobs.services.runs``).
 """
 from __future__ import annotations
 
 import logging
+import math
+import random
 import signal
+import threading
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agent import registry
 from agent.launch import Launcher
 from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
-from agent.processes import is_runner, read_json, run_dir, signal_run
-from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
+from agent.processes import read_json, run_dir
+from jobs import heartbeats
+from jobs.heartbeats import beat_interval
+from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services import runs
 from jobs.statuses import WAITING, JobStatus
 
@@ -30,17 +48,53 @@ logger = logging.getLogger(__name__)
 
 # A launched runner that has not written pid.json by then is taken as lost.
 LAUNCH_TIMEOUT = timedelta(seconds=60)
+KILL_REPEAT = 1.0  # seconds between SIGKILLs to a run that has not exited yet
+
+
+def db_beat_interval() -> float:
+    """How often a scale-out agent also writes ``Node.last_heartbeat`` (always below the timeout)."""
+    return min(settings.NODE_HEARTBEAT_DB_INTERVAL, settings.NODE_HEARTBEAT_TIMEOUT * 2 / 3)
+
+
+def beat_now(node_names: list[str]) -> None:
+    """A first beat, before anything slow (registration, stray runs): all agents restarting at
+    once never make a healthy node look lost. Scale-out only (embedded nodes are never swept)."""
+    if settings.SCALE_OUT:
+        try:
+            heartbeats.beat(node_names, time.time())
+        except Exception as exc:
+            logger.warning("first heartbeat of %s failed: %s", ", ".join(node_names), exc)
+
+
+def together():
+    """One transaction for a few short statements (PostgreSQL: one transaction, not one per
+    statement). On SQLite each stays on its own: there an open transaction would make a writer
+    in another thread fail at once ("database table is locked") under the test suite's shared
+    cache, and the embedded default's cost is not per transaction."""
+    return nullcontext() if connection.vendor == "sqlite" else transaction.atomic()
 
 
 class NodeAgent:
-    """Serves a set of nodes. ``tick()`` does one round of work; call it periodically."""
+    """Serves a set of nodes. ``step()`` does what is due and says when to call it again;
+    ``tick()`` is a full round (a reconcile first), for tools and tests."""
 
-    def __init__(self, node_names: list[str], *, name: str = "embedded") -> None:
+    def __init__(self, node_names: list[str], *, name: str = "embedded", launcher: Launcher | None = None) -> None:
         self.node_names = list(node_names)
         self.name = name
-        self.launcher = Launcher(self.node_names)
+        self.launcher = launcher or Launcher(self.node_names)
         self.output = OutputReader()
+        self.live: dict[int, AttemptNode] = {}  # started, not seen to end: AttemptNode id → part
         self.terminated: set[int] = set()  # AttemptNode ids sent SIGTERM by this agent
+        self.killed: dict[int, float] = {}  # AttemptNode id → when last sent SIGKILL (monotonic)
+        self.over_time: set[int] = set()  # jobs reported past their max run time
+        self.wakeup = threading.Event()
+        self.notify: Callable[[], None] | None = None  # a scheduler serving many agents (bench.scale.fleet)
+        self.lock = threading.Lock()
+        self.launches: list[int] = []  # attempt ids handed over by messages, launched on the next step
+        self.reconcile_due = True
+        self.next_reconcile = 0.0
+        self.next_beat = 0.0
+        self.next_db_beat = 0.0
         self.last_heartbeat = None
         self.plugins = plugins_for(self)
         registry.add(self)
@@ -53,6 +107,24 @@ class NodeAgent:
         """The agent stops: plug-ins stop their threads and release what they hold (NVML)."""
         call_optional(self.plugins, "on_shutdown")
 
+    # --- messages (any thread) -----------------------------------------------------------------
+    def wake(self) -> None:
+        """Re-read the runs now (a stop to deliver, a launch a message missed)."""
+        with self.lock:
+            self.reconcile_due = True
+        self._notify()
+
+    def request_launch(self, attempt_id: int) -> None:
+        """A launch message: the attempt is launched by the agent's own loop at once."""
+        with self.lock:
+            self.launches.append(attempt_id)
+        self._notify()
+
+    def _notify(self) -> None:
+        self.wakeup.set()
+        if self.notify is not None:
+            self.notify()
+
     def stop_strays(self) -> None:
         """At start: end processes of parts the control plane closed while this agent was away
         (its node was taken as lost), so a job never runs twice; and deliver the output they
@@ -64,17 +136,32 @@ class NodeAgent:
         ).select_related("attempt")
         for part in parts:
             directory = run_dir(part)
-            if not (directory / "exit.json").exists() and signal_run(part, signal.SIGKILL):
+            if not (directory / "exit.json").exists() and self.launcher.signal(part, signal.SIGKILL):
                 logger.warning("job %s: killed stray run of attempt %s", part.attempt.job_id, part.attempt.number)
             while not self.drain(part, directory):
                 pass
             self.output.forget(part.pk)
+            self.live.pop(part.pk, None)
 
-    # --- one round -------------------------------------------------------------------------
+    # --- rounds --------------------------------------------------------------------------------
     def tick(self) -> int:
-        """One full round; returns how many runs were seen to end."""
+        """One full round, a reconcile first; returns how many runs were seen to end."""
+        self.reconcile_due = True
+        return self.step()
+
+    def step(self) -> int:
+        """Do what is due: beat, launch what messages handed over, reconcile when asked or due,
+        plug-ins, stops, output and exits. Returns how many runs were seen to end."""
+        self.wakeup.clear()
         self.heartbeat()
-        self.launch_placed()
+        with self.lock:
+            launches, self.launches = self.launches, []
+            reconcile = self.reconcile_due or time.monotonic() >= self.next_reconcile
+        if launches:
+            for attempt in JobAttempt.objects.filter(pk__in=launches, state=JobAttempt.State.PLACED).select_related("job").order_by("created_at"):
+                self.launch(attempt)
+        if reconcile:
+            self.reconcile()
         for plugin in self.plugins:
             try:
                 plugin.on_round()
@@ -85,71 +172,129 @@ class NodeAgent:
         self.launcher.reap()
         return ended
 
+    def delay(self) -> float:
+        """Seconds until ``step()`` has something to do (a message wakes the agent earlier)."""
+        now = time.monotonic()
+        due = [self.next_beat, self.next_reconcile]
+        if self.live:
+            due.append(now + settings.OUTPUT_POLL_INTERVAL)
+        for plugin in self.plugins:
+            hint = getattr(plugin, "next_round_in", None)
+            if hint is not None:
+                due.append(now + hint())
+        with self.lock:
+            if self.reconcile_due or self.launches:
+                return 0.0
+        return max(0.0, min(due) - now)
+
     def heartbeat(self) -> None:
-        now = timezone.now()
-        # Three beats per timeout, at most every 5 s: one late beat never makes a node lost.
-        every = timedelta(seconds=min(5.0, settings.NODE_HEARTBEAT_TIMEOUT / 3))
-        if self.last_heartbeat and now - self.last_heartbeat < every:
+        """Beat when due. Scale-out: one Redis write, the database every ``db_beat_interval()``;
+        embedded: one UPDATE for all served nodes."""
+        now_m = time.monotonic()
+        if now_m < self.next_beat:
             return
-        Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
+        self.next_beat = now_m + beat_interval()
+        now = timezone.now()
+        lost_here = False
+        to_db = not settings.SCALE_OUT or now_m >= self.next_db_beat
+        if settings.SCALE_OUT:
+            try:
+                lost_here = bool(heartbeats.beat(self.node_names, now.timestamp()))
+            except Exception as exc:
+                logger.warning("agent %s: heartbeat to Redis failed (%s); writing it to the database", self.name, exc)
+                to_db = True
+        revived = 0
+        if to_db:
+            self.next_db_beat = now_m + db_beat_interval() * random.uniform(0.8, 1.0)
+            with together():
+                Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
+                revived = Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY)
+        elif lost_here:
+            revived = Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY, last_heartbeat=now)
         self.last_heartbeat = now
         # Beating again after the control plane took a node as lost: it is Ready again, and the
         # runs it closed meanwhile must not go on here.
-        if Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY):
+        if revived:
             Node.objects.filter(name__in=self.node_names, health_reason__startswith="lost:").update(health_reason="")
             logger.warning("agent %s: heartbeat resumed; nodes Ready again", self.name)
             self.stop_strays()
 
+    def reconcile(self) -> None:
+        """One read-only transaction: this agent's started runs and the placed ranks not started
+        yet (launched right after), with its nodes for the plug-ins."""
+        with self.lock:
+            self.reconcile_due = False
+        # Jittered, so a fleet started (or restarted) at once does not reconcile in one burst.
+        self.next_reconcile = time.monotonic() + settings.AGENT_RECONCILE_INTERVAL * random.uniform(0.8, 1.2)
+        with together():  # read-only
+            parts = list(
+                AttemptNode.objects.filter(node__name__in=self.node_names, ended_at__isnull=True)
+                .filter(Q(runner_pid__gt=0) | Q(runner_pid__isnull=True, attempt__state=JobAttempt.State.PLACED))
+                .select_related("attempt", "attempt__job", "node")
+            )
+            nodes = list(Node.objects.filter(name__in=self.node_names))
+            call_optional(self.plugins, "on_reconcile", nodes)
+        live = {p.pk: p for p in parts if p.runner_pid}
+        for gone in set(self.live) - set(live):
+            self.forget(gone)
+        self.live = live
+        placed = {p.attempt_id: p.attempt for p in parts if p.runner_pid is None}
+        for attempt in sorted(placed.values(), key=lambda a: a.created_at):
+            self.launch(attempt)
+
+    def live_parts(self) -> list[AttemptNode]:
+        """The parts of runs on our nodes that were started and have not been seen to end."""
+        return list(self.live.values())
+
     # --- launch ----------------------------------------------------------------------------
     def launch_placed(self) -> None:
-        attempts = (
-            JobAttempt.objects.filter(
-                state=JobAttempt.State.PLACED, placements__node__name__in=self.node_names, placements__runner_pid__isnull=True
-            )
-            .select_related("job")
-            .distinct()
-            .order_by("created_at")
-        )
+        """Launch every placed attempt on our nodes not started yet (a reconcile)."""
+        self.reconcile()
+
+    def launch_attempts(self, attempts: list[JobAttempt]) -> None:
+        """The embedded control round placed these: start our ranks of each (a rank of another
+        agent's node is left to it)."""
         for attempt in attempts:
             self.launch(attempt)
 
     def launch(self, attempt: JobAttempt) -> None:
-        self.launcher.launch(attempt)
+        for part in self.launcher.launch(attempt):
+            self.live[part.pk] = part
+        with self.lock:
+            self.reconcile_due = True  # the job's status now (a stop may have raced the launch)
 
     # --- stop ------------------------------------------------------------------------------
     def enforce_stops(self) -> None:
         """Report runs past their max run time; signal the runs whose job is stopping or whose
-        attempt must end (SIGTERM, then SIGKILL after the grace period)."""
+        attempt must end (SIGTERM, then SIGKILL after the grace period), all from memory."""
         now = timezone.now()
         grace = timedelta(seconds=settings.STOP_GRACE_PERIOD)
-        for job in TrainingJob.objects.filter(
-            status=JobStatus.RUNNING, max_run_minutes__isnull=False, attempts__placements__node__name__in=self.node_names
-        ).distinct():
-            if job.started_at and now - job.started_at > timedelta(minutes=job.max_run_minutes):
-                runs.max_run_time_reached(job)
-        for part in self.live_parts().select_related("attempt", "attempt__job"):
+        for part in list(self.live.values()):
             attempt = part.attempt
-            if attempt.job.status == JobStatus.RUNNING and attempt.stop_requested_at is None:
+            job = attempt.job
+            if job.status == JobStatus.RUNNING and attempt.stop_requested_at is None:
+                if job.max_run_minutes and job.started_at and job.pk not in self.over_time:
+                    if now - job.started_at > timedelta(minutes=job.max_run_minutes):
+                        self.over_time.add(job.pk)
+                        runs.max_run_time_reached(job)
+                        self.wake()
                 continue
-            if attempt.state == JobAttempt.State.PLACED and attempt.stop_requested_at is None and attempt.job.status in WAITING:
+            if attempt.state == JobAttempt.State.PLACED and attempt.stop_requested_at is None and job.status in WAITING:
                 continue  # still being launched (here or, for other ranks, by other agents): not Running yet
             if attempt.stop_requested_at is None:
                 JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
                 attempt.stop_requested_at = now
-            if part.pk not in self.terminated and signal_run(part, signal.SIGTERM):
+            if part.pk not in self.terminated and self.launcher.signal(part, signal.SIGTERM):
                 self.terminated.add(part.pk)
-            if now - attempt.stop_requested_at >= grace:
-                signal_run(part, signal.SIGKILL)
-
-    def live_parts(self):
-        """The parts of runs on our nodes that were started and have not been seen to end."""
-        return AttemptNode.objects.filter(node__name__in=self.node_names, runner_pid__gt=0, ended_at__isnull=True)
+            if now - attempt.stop_requested_at >= grace and time.monotonic() - self.killed.get(part.pk, -math.inf) >= KILL_REPEAT:
+                self.killed[part.pk] = time.monotonic()
+                self.launcher.signal(part, signal.SIGKILL)
 
     # --- output and exits ------------------------------------------------------------------
     def collect(self) -> int:
         """Ingest new output of every live run and report the runs that ended; returns how many."""
         ended = 0
-        for part in self.live_parts().select_related("attempt", "node"):
+        for part in list(self.live.values()):
             try:
                 ended += self.collect_part(part)
             except Exception:
@@ -186,7 +331,7 @@ class NodeAgent:
         pid = part.runner_pid
         if pid is None:
             return False
-        if is_runner(pid):
+        if self.launcher.alive(pid):
             return True
         # The runner may have finished between our reads: trust exit.json if it is there now.
         if (directory / "exit.json").exists():
@@ -195,10 +340,15 @@ class NodeAgent:
         return not (directory / "pid.json").exists() and timezone.now() - started < LAUNCH_TIMEOUT and pid in self.launcher.children
 
     def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
-        self.output.forget(part.pk)
-        self.terminated.discard(part.pk)
+        self.forget(part.pk)
         for other in runs.part_exited(part, exit_code=exit_code, exit_signal=exit_signal, cause=cause):
-            signal_run(other, signal.SIGTERM)
+            self.launcher.signal(other, signal.SIGTERM)
+
+    def forget(self, part_id: int) -> None:
+        self.live.pop(part_id, None)
+        self.output.forget(part_id)
+        self.terminated.discard(part_id)
+        self.killed.pop(part_id, None)
 
 
 def int_in(value: object, low: int, high: int) -> int | None:

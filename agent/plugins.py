@@ -13,6 +13,10 @@ class AgentView(Protocol):
     name: str
     node_names: Sequence[str]
 
+    def live_parts(self) -> list:
+        """The agent's started runs not seen to end (``AttemptNode`` with attempt, job and node),
+        from memory: a plug-in reads them without a query."""
+
 
 class AgentPlugin(Protocol):
     def on_round(self) -> None:
@@ -21,6 +25,10 @@ class AgentPlugin(Protocol):
     # Optional (a plug-in without them is fine):
     # def on_start(self) -> None: the agent's loop started (start background threads here).
     # def on_shutdown(self) -> None: the agent is stopping (stop threads, release what it holds).
+    # def on_reconcile(self, nodes: list[Node]) -> None: called inside the agent's read-only
+    #     reconcile transaction with its nodes' fresh rows; read here, never write.
+    # def next_round_in(self) -> float: seconds until ``on_round`` has work (an idle agent sleeps
+    #     until the soonest of these, its heartbeat and its reconcile).
 
 
 PluginFactory = Callable[[AgentView], AgentPlugin]
@@ -38,9 +46,9 @@ def plugins_for(agent: AgentView) -> list[AgentPlugin]:
     return [factory(agent) for factory in _factories]
 
 
-def call_optional(plugins: list[AgentPlugin], hook: str) -> None:
-    """Call ``hook`` (``on_start`` / ``on_shutdown``) on every plug-in that has it; one failing
-    is logged and the others still run."""
+def call_optional(plugins: list[AgentPlugin], hook: str, *args) -> None:
+    """Call ``hook`` (``on_start``, ``on_shutdown``, ``on_reconcile``) on every plug-in that has
+    it; one failing is logged and the others still run."""
     import logging
 
     for plugin in plugins:
@@ -48,6 +56,6 @@ def call_optional(plugins: list[AgentPlugin], hook: str) -> None:
         if method is None:
             continue
         try:
-            method()
+            method(*args)
         except Exception:
             logging.getLogger(__name__).exception("plug-in %s: %s failed", type(plugin).__name__, hook)

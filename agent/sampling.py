@@ -23,7 +23,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent.plugins import AgentView
-from jobs.models import GPU, AttemptNode
+from jobs.models import GPU
 from jobs.services.samples import Reading, record_readings
 
 logger = logging.getLogger(__name__)
@@ -72,9 +72,15 @@ class ResourceSampler:
     """The plug-in: one instance per agent (``agent.plugins.register(ResourceSampler)``)."""
 
     def __init__(self, agent: AgentView) -> None:
-        self.node_names = list(agent.node_names)
+        self.agent = agent
         self.last = 0.0
         self.processes: dict[int, psutil.Process] = {}
+
+    def next_round_in(self) -> float:
+        """Only while runs are live (an idle agent does not wake to sample nothing)."""
+        if settings.RESOURCE_SAMPLE_INTERVAL <= 0 or not self.agent.live_parts():
+            return math.inf
+        return max(0.0, self.last + settings.RESOURCE_SAMPLE_INTERVAL - time.monotonic())
 
     def on_round(self) -> None:
         now = time.monotonic()
@@ -83,10 +89,7 @@ class ResourceSampler:
             return
         span = min(now - self.last, interval * 2) if self.last else interval
         self.last = now
-        parts = list(
-            AttemptNode.objects.filter(node__name__in=self.node_names, runner_pid__gt=0, ended_at__isnull=True)
-            .select_related("attempt", "node")
-        )
+        parts = self.agent.live_parts()
         if not parts:
             self.processes.clear()
             return

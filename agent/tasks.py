@@ -1,9 +1,9 @@
-"""The node agent's Celery task (scale-out): ``agent.launch_attempt`` on queue ``node.<name>``.
+"""The node agent's Celery tasks (scale-out), on queue ``node.<name>``: ``agent.launch_attempt``
+(a placed attempt to start) and ``agent.reconcile`` (re-read the runs now: a stop to deliver).
 
-The agent starts its parts of a placed attempt and returns as soon as the detached supervisor is
-started, so a run that lasts days is never a long task: the message is acknowledged on receipt
-(not late) and cannot be redelivered by the broker's visibility timeout, and each part is claimed
-by compare-and-swap, so a duplicate delivery starts nothing.
+Both only hand the message to the agent's own loop and return, so the message is acknowledged on
+receipt (not late) and cannot be redelivered by the broker's visibility timeout; each part is
+claimed by compare-and-swap when launched, so a duplicate delivery starts nothing.
 """
 from __future__ import annotations
 
@@ -12,20 +12,20 @@ import logging
 from celery import shared_task
 
 from agent import registry
-from jobs.models import JobAttempt
-from jobs.services.dispatch import LAUNCH_TASK
+from jobs.services.dispatch import LAUNCH_TASK, RECONCILE_TASK
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name=LAUNCH_TASK, ignore_result=True, acks_late=False)
 def launch_attempt(attempt_id: int) -> None:
-    attempt = JobAttempt.objects.select_related("job").filter(pk=attempt_id, state=JobAttempt.State.PLACED).first()
-    if attempt is None:
-        return
-    names = attempt.placements.values_list("node__name", flat=True)
-    agents = {id(a): a for a in (registry.agent_serving(n) for n in names) if a is not None}
+    agents = registry.local_agents()
     if not agents:
-        logger.warning("launch_attempt %s reached a worker that serves none of its nodes", attempt_id)
-    for agent in agents.values():
-        agent.launch(attempt)
+        logger.warning("launch_attempt %s reached a worker that serves no node", attempt_id)
+    for agent in agents:  # each starts only its own nodes' ranks
+        agent.request_launch(attempt_id)
+
+
+@shared_task(name=RECONCILE_TASK, ignore_result=True, acks_late=False)
+def reconcile(node_name: str) -> None:
+    registry.wake([node_name])

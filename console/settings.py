@@ -240,8 +240,12 @@ SIMULATED_GPU_MODEL = env_str("SIMULATED_GPU_MODEL", "Simulated H100 80GB")
 AGENT_POLL_INTERVAL = env_float("AGENT_POLL_INTERVAL", 0.5)
 # How often the node agent samples each run's GPU and host usage (seconds; 0 turns sampling off).
 RESOURCE_SAMPLE_INTERVAL = env_float("RESOURCE_SAMPLE_INTERVAL", 5.0)
-# How often the embedded agent reads the runs' output and exits between rounds (seconds).
+# How often an agent reads its live runs' output and exits (seconds; files only, no query; an idle
+# agent sleeps until a message wakes it).
 OUTPUT_POLL_INTERVAL = env_float("OUTPUT_POLL_INTERVAL", 0.1)
+# How often a node agent re-reads its runs from the database in one read-only transaction (seconds);
+# launches and stops reach it at once by message, this only catches what a message missed.
+AGENT_RECONCILE_INTERVAL = env_float("AGENT_RECONCILE_INTERVAL", 30.0)
 # SIGTERM → SIGKILL grace period when a job is stopped (seconds).
 STOP_GRACE_PERIOD = env_float("STOP_GRACE_PERIOD", 30.0)
 # Image pull retry backoff: base and cap (seconds).
@@ -306,6 +310,14 @@ KERNEL_LOG_PATH = env_str("KERNEL_LOG_PATH", "/dev/kmsg")
 # the database's busy timeout (SQLite: 30 s): a beat held up by one lock never makes a node lost
 # (a system check in failover keeps it so).
 NODE_HEARTBEAT_TIMEOUT = env_float("NODE_HEARTBEAT_TIMEOUT", 90.0)
+# Scale-out (Redis): agents beat into Redis every few seconds and write Node.last_heartbeat to the
+# database only this often (and on a state change), so the admin stays roughly true and a Redis
+# flush is survivable. Kept below NODE_HEARTBEAT_TIMEOUT (at most two thirds of it is used).
+NODE_HEARTBEAT_DB_INTERVAL = env_float("NODE_HEARTBEAT_DB_INTERVAL", 60.0)
+# When more than this fraction of the Ready nodes (and more than 3) look lost in one sweep, none is
+# marked: a mass heartbeat loss is taken as a control-plane or broker outage, and nodes get a fresh
+# full timeout once beats resume (the Kubernetes node controller's unhealthy-zone threshold).
+NODE_LOST_MAX_FRACTION = env_float("NODE_LOST_MAX_FRACTION", 0.5)
 # What a hardware fault excludes from a job's next placements: "node" (as the service does) or
 # "gpu" (a single machine with real GPUs: the job may move to the machine's healthy GPUs).
 FAILOVER_EXCLUDE = env_str("FAILOVER_EXCLUDE", "node")

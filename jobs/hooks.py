@@ -44,11 +44,18 @@ class StatusChangeHook(Protocol):
         the work), never raise."""
 
 
+class AgentWaker(Protocol):
+    def __call__(self, node_names: list[str]) -> None:
+        """Wake this process's node agents serving any of ``node_names`` (they re-read their runs
+        now: a stop to deliver, a launch to find). Return quickly, never raise."""
+
+
 @dataclass
 class Registry:
     failed_run_handler: FailedRunHandler | None = None
     control_round_hooks: list[ControlRoundHook] = field(default_factory=list)
     status_change_hooks: list[StatusChangeHook] = field(default_factory=list)
+    agent_wakers: list[AgentWaker] = field(default_factory=list)
 
 
 registry = Registry()
@@ -78,3 +85,18 @@ def status_changed(change: StatusChange) -> None:
             hook(change)
         except Exception:
             logging.getLogger(__name__).exception("status change hook %r failed for event %s", hook, change.event_id)
+
+
+def wake_agents_with(waker: AgentWaker) -> None:
+    """Call ``waker`` when runs on some nodes must be looked at now (the agent app registers the
+    in-process agents' wake); registering twice calls it once."""
+    if waker not in registry.agent_wakers:
+        registry.agent_wakers.append(waker)
+
+
+def agents_woken(node_names: list[str]) -> None:
+    for waker in registry.agent_wakers:
+        try:
+            waker(node_names)
+        except Exception:
+            logging.getLogger(__name__).exception("agent waker %r failed", waker)

@@ -2,15 +2,24 @@
 
 ``HealthChecker`` is a node-agent plug-in (``agent.plugins``): the agent makes one per agent,
 calls ``on_start`` when its loop starts (the health monitor's thread starts: NVML events, injected
-faults and the kernel log are drained there, ``failover.services.monitor``), ``on_round`` on every
-round (the periodic full reading; the monitor's pass too where its thread is not running) and
-``on_shutdown`` when it stops (the thread ends, NVML is shut down).
+faults and the kernel log are drained there, ``failover.services.monitor``), ``on_reconcile``
+inside the agent's read-only reconcile (its nodes' rows and their open simulated faults are read
+there, so a round needs no query), ``on_round`` on every round (the periodic reading; the
+monitor's pass too where its thread is not running) and ``on_shutdown`` when it stops (the thread
+ends, NVML is shut down).
+
+A real node is probed every ``HEALTH_CHECK_INTERVAL`` (NVML, no query) and its reading stored only
+when it differs from the last one stored; a simulated node's reading changes only with its
+injected faults, so it is taken when the set of open faults changes (``inject_fault`` and
+``clear_node`` wake the agent, whose reconcile reads them).
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +48,11 @@ class HealthChecker:
         self.agent = agent
         self.probes: dict[str, HealthProbe] = {}
         self.last_check: dict[str, object] = {}
+        self.node_rows: dict[str, Node] | None = None  # from the agent's reconcile (None: read when needed)
+        self.open_faults: dict[str, frozenset] | None = None  # simulated node → its open faults (id, applied)
+        self.stored: dict[str, object] = {}  # node → what its last stored reading showed
+        self.next_check: dict[str, float] = {}
+        self.next_poll = 0.0
         self.lock = threading.Lock()
         self.monitor = HealthMonitor(self)
         _checkers.add(self)
@@ -69,30 +83,75 @@ class HealthChecker:
             if close is not None:
                 close()
 
-    def check(self, node: Node, kernel_lines: Sequence[str] = ()) -> tuple[HealthReport, str]:
+    def check(self, node: Node, kernel_lines: Sequence[str] = (), *, on_change: bool = False) -> tuple[HealthReport, str]:
         """Probe a node now, store the reading, mark it (and its GPUs) unhealthy on a hardware
-        fault. ``kernel_lines``: new kernel-log lines the monitor just read (past its cursor)."""
+        fault. ``kernel_lines``: new kernel-log lines the monitor just read (past its cursor).
+        ``on_change``: store it only if it differs from the last reading stored."""
         probe = self.probe(node)
         report = probe.check()
         kernel_log = "\n".join(filter(None, [probe.kernel_log(), *kernel_lines]))
-        record_health(node, report, kernel_log, probe.gpu_by_pci())
+        shown = (json.dumps([f.to_dict() for f in report.findings], sort_keys=True), kernel_log)
+        if not on_change or self.stored.get(node.name) != shown:
+            record_health(node, report, kernel_log, probe.gpu_by_pci())
+            self.stored[node.name] = shown
         self.last_check[node.name] = timezone.now()
         return report, kernel_log
 
+    def nodes(self) -> list[Node]:
+        """The agent's nodes: as its last reconcile read them (read here once if it has not)."""
+        if self.node_rows is None:
+            self.node_rows = {n.name: n for n in Node.objects.filter(name__in=self.agent.node_names)}
+        return list(self.node_rows.values())
+
+    def on_reconcile(self, nodes: list[Node]) -> None:
+        """Inside the agent's read-only reconcile: its nodes, and the simulated ones' open faults."""
+        from failover.models import SimulatedFault
+
+        self.node_rows = {n.name: n for n in nodes}
+        simulated = [n.name for n in nodes if n.simulated]
+        faults: dict[str, set] = {name: set() for name in simulated}
+        if simulated:
+            for name, pk, applied in SimulatedFault.objects.filter(node__name__in=simulated, cleared_at__isnull=True).values_list(
+                "node__name", "pk", "applied_at"
+            ):
+                faults[name].add((pk, applied is not None))
+        self.open_faults = {name: frozenset(found) for name, found in faults.items()}
+
+    def unapplied_faults(self, node: Node) -> bool:
+        """Whether the node may have injected faults not applied yet (unknown: True)."""
+        if self.open_faults is None or node.name not in self.open_faults:
+            return True
+        return any(not applied for _, applied in self.open_faults[node.name])
+
+    def next_round_in(self) -> float:
+        now = time.monotonic()
+        due = [self.next_check.get(n.name, 0.0) for n in (self.node_rows or {}).values() if not n.simulated]
+        if not self.monitor.running:
+            due.append(self.next_poll)
+        if self.open_faults and any(self.stored.get(name) != faults for name, faults in self.open_faults.items()):
+            due.append(now)
+        return max(0.0, min(due) - now) if due else math.inf
+
     def on_round(self) -> None:
         """One agent round: the monitor's pass where its thread is not running (injected faults
-        bite, events drained), and a full reading of the nodes whose check is due."""
-        if not self.monitor.running:
+        bite, events drained), a reading of the real nodes whose check is due (stored if it
+        changed), and of the simulated nodes whose open faults changed."""
+        now = time.monotonic()
+        if not self.monitor.running and now >= self.next_poll:
+            self.next_poll = now + self.monitor.interval
             self.monitor.poll()
-        interval = timedelta(seconds=settings.HEALTH_CHECK_INTERVAL)
-        now = timezone.now()
-        for node in Node.objects.filter(name__in=self.agent.node_names):
-            last = self.last_check.get(node.name)
-            if last is None or now - last >= interval:
-                try:
-                    self.check(node)
-                except Exception:
-                    logger.exception("health check of %s failed", node.name)
+        for node in self.nodes():
+            try:
+                if node.simulated:
+                    faults = (self.open_faults or {}).get(node.name, frozenset())
+                    if self.stored.get(node.name) != faults:
+                        self.check(node)
+                        self.stored[node.name] = faults
+                elif now >= self.next_check.get(node.name, 0.0):
+                    self.next_check[node.name] = now + settings.HEALTH_CHECK_INTERVAL
+                    self.check(node, on_change=True)
+            except Exception:
+                logger.exception("health check of %s failed", node.name)
 
 
 class ProbeUsageReader:

@@ -1,4 +1,6 @@
 """The node health monitor: one long-lived thread per agent, next to (not inside) the agent's round.
+It reads the database only when there is news (an injected fault its agent's reconcile saw, an
+event to store, a run to kill); a quiet pass is NVML and the kernel log alone.
 
 Every ``HEALTH_MONITOR_INTERVAL`` seconds it drains each node's events — NVML's Xid event set
 (every call under the probe's watchdog), the faults injected into simulated GPUs, and the
@@ -90,6 +92,7 @@ class HealthMonitor:
         self.killed: dict[int, tuple[float, str]] = {}  # AttemptNode id → (when SIGKILLed, why)
         self.stored: dict[tuple, float] = {}  # event key → when last stored (standing conditions)
         self.pci: dict[str, dict[str, int]] = {}
+        self.notes: dict[str, str] = {}  # node → the kernel-log note last written
         self.last_prune = 0.0
         self.backlog: list[KernelLine] = []  # kernel lines read but not stored yet (the database was busy)
         # Kernel lines written before the monitor started (the ring's backlog at an agent restart)
@@ -132,7 +135,7 @@ class HealthMonitor:
     def poll(self) -> int:
         """Drain every source once, act on fatal events; returns how many events were stored."""
         with self.lock:
-            nodes = list(Node.objects.filter(name__in=self.checker.agent.node_names))
+            nodes = self.checker.nodes()  # as the agent's reconcile read them: no query per pass
             lines = []
             if any(not n.simulated for n in nodes):
                 if self.kernel is None:
@@ -158,7 +161,8 @@ class HealthMonitor:
         stop_gpus: set[int | None] = set()
         injected = False
         if node.simulated:
-            faults = SimulatedFault.objects.filter(node=node, applied_at__isnull=True, cleared_at__isnull=True)
+            pending = self.checker.unapplied_faults(node)  # the reconcile read them; a fault injected wakes it
+            faults = SimulatedFault.objects.filter(node=node, applied_at__isnull=True, cleared_at__isnull=True) if pending else []
             for fault in faults:
                 if not SimulatedFault.objects.filter(pk=fault.pk, applied_at__isnull=True).update(applied_at=now):
                     continue  # another monitor (or the agent's round) applied it
@@ -182,7 +186,9 @@ class HealthMonitor:
                     stop_gpus.add(event.gpu)
                 events.append(event)
             note = self.kernel.problem if self.kernel is not None else ""
-            NodeHealth.objects.filter(node=node).exclude(kernel_log_note=note).update(kernel_log_note=note)
+            if self.notes.get(node.name) != note:  # written when it changes, not every pass
+                NodeHealth.objects.filter(node=node).exclude(kernel_log_note=note).update(kernel_log_note=note)
+                self.notes[node.name] = note
         if stop_gpus:
             why = "; ".join(sorted({e.message or e.kind for e in events if e.fatal}))[:300]
             self.stop_runs(node, stop_gpus, why)
@@ -192,6 +198,10 @@ class HealthMonitor:
         kernel_lines = [line.text for line in lines if line.at >= self.started]
         if stop_gpus or injected or kernel_lines:
             self.checker.check(node, kernel_lines)  # a reading now: a faulty node leaves placement at once
+        if injected:
+            wake = getattr(self.checker.agent, "wake", None)
+            if wake is not None:
+                wake()  # its reconcile reads the fault as applied: no more fault reads per pass
         return len(fresh)
 
     def event(self, node: Node, finding: Finding, source: str, at: datetime, *, fatal: bool) -> HealthEvent:

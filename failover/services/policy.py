@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.db import OperationalError, transaction
@@ -31,8 +32,11 @@ from agent.processes import signal_run
 from agent.registry import serves_node
 from failover.classify import Verdict, classify_failure
 from failover.services.health import ScopedEvidence, local_probe, record_health, scoped_evidence
+from jobs import heartbeats
+from jobs.heartbeats import beat_interval
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import record_reason, transition
+from jobs.services.dispatch import wake_agents
 from jobs.services.placement import release_part_gpus
 from jobs.services.runs import record_exit
 from jobs.statuses import JobStatus
@@ -276,23 +280,82 @@ def eligible_nodes(job: TrainingJob) -> int:
 def sweep_lost_nodes() -> None:
     """Nodes whose agent stopped reporting are lost; their runs end and fail over.
 
-    Nodes an agent of this process serves are never swept here: that agent beats for them from
-    this very process, so a late beat means this process stalled (say, on a database lock), not
-    the node. On a multi-node run the ranks on surviving nodes are stopped by their agents
-    (SIGTERM, then SIGKILL after the grace period); the attempt closes, and their GPUs are freed,
-    when the last of them has exited.
+    A node's last beat is the newer of Redis's (scale-out: ``jobs.heartbeats``, read for the
+    stale names only) and the database's ``Node.last_heartbeat``, so one indexed query finds the
+    few candidates whatever the fleet's size, and a Redis flush loses no node. Nodes an agent of
+    this process serves are never swept here: that agent beats for them from this very process,
+    so a late beat means this process stalled (say, on a database lock), not the node.
+
+    A mass heartbeat loss (more than ``NODE_LOST_MAX_FRACTION`` of the Ready nodes, and more
+    than 3) is taken as a control-plane or broker outage: no node is marked, and every node gets a
+    fresh full timeout once beats resume. On a multi-node run the ranks on surviving nodes are
+    stopped by their agents (SIGTERM, then SIGKILL after the grace period); the attempt closes,
+    and their GPUs are freed, when the last of them has exited.
     """
-    deadline = timezone.now() - timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT)
-    for node in Node.objects.filter(state=Node.State.READY, last_heartbeat__lt=deadline):
-        if serves_node(node.name):
+    global _last_outage
+    now = timezone.now()
+    timeout = settings.NODE_HEARTBEAT_TIMEOUT
+    deadline = now.timestamp() - timeout
+    # Missing beats for this long already counts towards a mass loss: the silent nodes of an
+    # outage cross the timeout one by one (their last beats were spread over a beat interval),
+    # so the outage must be seen before the first of them is past it.
+    suspect_before = now.timestamp() - min(timeout / 2, 3 * beat_interval())
+    redis_beats: dict[str, float] = {}
+    outage = _last_outage
+    if settings.SCALE_OUT:
+        try:
+            redis_beats = heartbeats.stale(suspect_before)
+            outage = max(outage or 0.0, heartbeats.last_outage() or 0.0)
+        except Exception as exc:
+            logger.error("lost-node sweep skipped: the heartbeat store is unavailable (%s)", exc)
+            _last_outage = now.timestamp()
+            return
+    if outage and outage > deadline:
+        return  # beats were away for everyone a moment ago: a full timeout from then
+    # Scale-out: the database's beat is written only every NODE_HEARTBEAT_DB_INTERVAL, so it names
+    # candidates only past the full timeout (a Redis flush); Redis names the rest.
+    db_before = deadline if settings.SCALE_OUT else suspect_before
+    candidates = list(
+        Node.objects.filter(state=Node.State.READY)
+        .filter(Q(last_heartbeat__lt=datetime.fromtimestamp(db_before, tz=dt_timezone.utc)) | Q(name__in=list(redis_beats)))
+        .values_list("pk", "name", "last_heartbeat")
+    )
+    if settings.SCALE_OUT:
+        missing = [name for _, name, _ in candidates if name not in redis_beats]
+        redis_beats.update(heartbeats.scores(missing))
+    suspects = []
+    for pk, name, db_beat in candidates:
+        last = max(redis_beats.get(name, 0.0), db_beat.timestamp() if db_beat else 0.0)
+        if last < suspect_before and not serves_node(name):
+            suspects.append((pk, name, last))
+    lost = [s for s in suspects if s[2] < deadline]
+    if len(suspects) > 3 and len(suspects) > settings.NODE_LOST_MAX_FRACTION * Node.objects.filter(state=Node.State.READY).count():
+        logger.error(
+            "mass heartbeat loss: %s of the Ready nodes missed their beats (%s past the %ss timeout), assuming a control-plane "
+            "or broker outage; none marked NotReady", len(suspects), len(lost), int(timeout),
+        )
+        _last_outage = now.timestamp()
+        if settings.SCALE_OUT:
+            try:
+                heartbeats.note_outage(_last_outage, keep_for=timeout)
+            except Exception:
+                logger.warning("could not note the heartbeat outage in Redis", exc_info=True)
+        return
+    for pk, name, last in lost:
+        reason = f"no heartbeat for {int(now.timestamp() - last)}s" if last else "no heartbeat"
+        if not Node.objects.filter(pk=pk, state=Node.State.READY).update(state=Node.State.NOT_READY, health_reason=f"lost: {reason}"):
             continue
-        silent = int((timezone.now() - node.last_heartbeat).total_seconds())
-        reason = f"no heartbeat for {silent}s"
-        if not Node.objects.filter(pk=node.pk, state=Node.State.READY).update(state=Node.State.NOT_READY, health_reason=f"lost: {reason}"):
-            continue
-        logger.warning("node %s lost: %s", node.name, reason)
-        for part in AttemptNode.objects.filter(node=node, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]).select_related("attempt"):
-            end_lost_part(part, cause=f"node {node.name} lost ({reason})")
+        if settings.SCALE_OUT:
+            try:
+                heartbeats.mark_lost([name])  # its agent, beating again, learns it must come back
+            except Exception:
+                logger.warning("could not mark %s lost in Redis", name, exc_info=True)
+        logger.warning("node %s lost: %s", name, reason)
+        for part in AttemptNode.objects.filter(node_id=pk, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]).select_related("attempt"):
+            end_lost_part(part, cause=f"node {name} lost ({reason})")
+
+
+_last_outage: float | None = None  # unix time this process last saw a mass heartbeat loss
 
 
 def end_lost_part(part: AttemptNode, *, cause: str) -> None:
@@ -309,6 +372,7 @@ def end_lost_part(part: AttemptNode, *, cause: str) -> None:
         release_part_gpus(unstarted)
     if AttemptNode.objects.filter(attempt=attempt, ended_at__isnull=True).exists():
         JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
+        wake_agents(attempts=[attempt.pk])
         logger.warning("job %s: %s; stopping the attempt's other ranks", attempt.job_id, cause)
         return
     status = record_exit(attempt, exit_code=None, exit_signal=None, cause=cause, lost=True)

@@ -21,6 +21,21 @@ from jobs.statuses import JobStatus
 from logs.models import LogLine
 from agent.loop import embedded_round
 
+def unlocked(read):
+    """``read()``, tried again while the agent's thread holds a write open: the test suite's
+    in-memory SQLite (shared cache) answers "database table is locked" at once instead of waiting."""
+    from django.db import OperationalError
+
+    for _ in range(50):
+        try:
+            return read()
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            time.sleep(0.1)
+    return read()
+
+
 HUNG = "python -c 'import time; print(\"step 1\", flush=True); time.sleep(600)'"
 
 
@@ -119,22 +134,22 @@ def test_on_its_own_thread_a_gpu_loss_stops_a_hung_rank_without_an_agent_round(b
     loop.start()  # its first round places and launches the job
     try:
         deadline = time.monotonic() + 30
-        while not (first := JobAttempt.objects.filter(job=job, state=JobAttempt.State.RUNNING).first()):
+        while not (first := unlocked(lambda: JobAttempt.objects.filter(job=job, state=JobAttempt.State.RUNNING).first())):
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        part = AttemptNode.objects.select_related("node").get(attempt=first)
-        Node.objects.update(cordoned=False)
+        part = unlocked(lambda: AttemptNode.objects.select_related("node").get(attempt=first))
+        unlocked(lambda: Node.objects.update(cordoned=False))
         time.sleep(0.5)
         started = time.monotonic()
         if driver is not None:
             driver.lose(part.gpu_indices[0])
         else:
-            faults.inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0])
+            unlocked(lambda: faults.inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0]))
         while first_attempt_processes(first):
             assert time.monotonic() - started < 10, "the hung rank was not stopped"
             time.sleep(0.05)
         stopped = time.monotonic() - started
-        while (job := job.__class__.objects.get(pk=job.pk)).failover_count < 1 or job.status != JobStatus.RUNNING:
+        while (job := unlocked(lambda: job.__class__.objects.get(pk=job.pk))).failover_count < 1 or job.status != JobStatus.RUNNING:
             assert time.monotonic() - started < 30, f"{job.status}: {job.status_reason}"
             time.sleep(0.1)
     finally:

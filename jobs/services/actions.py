@@ -10,7 +10,7 @@ from jobs.realtime import job_group, jobs_group, publish
 from jobs.services.lifecycle import transition
 from jobs.services.paths import remove_job_files_of
 from jobs.services.placement import abandon_open_attempts
-from jobs.services.dispatch import request_placement
+from jobs.services.dispatch import request_placement, wake_agents
 from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ def request_stop(job: TrainingJob, *, actor: str, reason: str = "stopped by user
             raise JobActionRefused(f"A job that is {job.status} cannot be stopped.")
         if job.status == JobStatus.RUNNING:
             if transition(job.pk, JobStatus.STOPPING, reason=reason, actor=actor, expected={JobStatus.RUNNING}):
+                wake_agents(jobs=[job.pk])  # its agents deliver the SIGTERM now
                 return JobStatus.STOPPING
         elif transition(job.pk, JobStatus.STOPPED, reason=reason, actor=actor, expected={job.status}):
             # Release whatever a placement still holds now that the job has left the queue.

@@ -85,3 +85,38 @@ def redis_client():
 
         _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
     return _redis
+
+
+RECONCILE_TASK = "agent.reconcile"
+
+
+def wake_agents(node_names=(), *, jobs=(), attempts=()) -> None:
+    """After commit, wake the agents of ``node_names`` (and of the nodes where the given jobs' or
+    attempts' runs live) so they re-read their runs now: a stop reaches the run in about a second
+    without agents polling. In-process agents (the embedded default, a node agent's own calls) are
+    woken through ``jobs.hooks``; in scale-out each node's agent also gets ``agent.reconcile`` on
+    its queue."""
+    from jobs.hooks import agents_woken
+    from jobs.models import AttemptNode
+
+    names = set(node_names)
+    if jobs or attempts:
+        parts = AttemptNode.objects.filter(ended_at__isnull=True)
+        parts = parts.filter(attempt__job_id__in=list(jobs)) if jobs else parts.filter(attempt_id__in=list(attempts))
+        names.update(parts.values_list("node__name", flat=True))
+    names.discard("")
+    if not names:
+        return
+    names = sorted(names)
+
+    def send() -> None:
+        agents_woken(names)
+        if settings.SCALE_OUT:
+            for name in names:
+                try:
+                    send_task(RECONCILE_TASK, args=[name], queue=node_queue(name))
+                except Exception:
+                    # The agent's periodic reconcile still finds the stop.
+                    logger.warning("could not wake the agent of %s", name, exc_info=True)
+
+    transaction.on_commit(send)

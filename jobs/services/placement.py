@@ -13,7 +13,7 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from jobs.services.bulk import update_each
-from jobs.services.dispatch import dispatch_launch, dispatch_launches
+from jobs.services.dispatch import dispatch_launch, dispatch_launches, wake_agents
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, Project, TrainingJob
 from jobs.services.lifecycle import record_placements, record_queue_reasons, record_reason, transition
@@ -240,6 +240,7 @@ def preempt_spot(victims: list[int], *, for_job: TrainingJob, now) -> None:
         job_id__in=victims, state=JobAttempt.State.RUNNING, stop_requested_at__isnull=True, job__status=JobStatus.RUNNING
     )
     count = attempts.update(reclaimed=True, preempted_for=for_job, stop_requested_at=now)
+    wake_agents(jobs=victims)
     logger.warning("jobs %s: preempted (%s runs) for On-Demand job %s within its project's quota", victims, count, for_job.pk)
 
 

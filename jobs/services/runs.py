@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from jobs.hooks import registry
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
-from jobs.services.dispatch import request_placement
+from jobs.services.dispatch import request_placement, wake_agents
 from jobs.services.lifecycle import transition
 from jobs.services.limits import format_memory
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull, release_gpus
@@ -115,6 +115,7 @@ def run_started(attempt: JobAttempt) -> bool:
         )
         if not moved:
             JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=now)
+            wake_agents(attempts=[attempt.pk])
     return moved
 
 
@@ -132,6 +133,7 @@ def part_exited(part: AttemptNode, *, exit_code: int | None, exit_signal: int | 
     if siblings.filter(ended_at__isnull=True).exists():
         if failed and attempt.stop_requested_at is None:
             JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
+            wake_agents(attempts=[attempt.pk])
             return list(siblings.filter(ended_at__isnull=True).select_related("attempt"))
         return []
     # The attempt's outcome: the first rank that failed, else rank 0's.

@@ -1,9 +1,11 @@
 """The node agent of one GPU node: ``manage.py nodeagent --name NODE``.
 
-Registers the node (its real GPUs through NVML, or simulated ones), then supervises runs: a loop
-thread heartbeats, checks health, enforces stops and starts placed attempts it finds every
-AGENT_POLL_INTERVAL, and collects output and exits every OUTPUT_POLL_INTERVAL; with a broker (REDIS_URL) the process is also a Celery worker consuming the
-node's own queue ``node.NODE``, through which placement dispatches launches at once.
+Beats first (a restart never lets a healthy node look lost while it starts), registers the node
+(its real GPUs through NVML, or simulated ones), then supervises runs: a loop thread sleeps until
+something is due (a heartbeat, live runs' output every OUTPUT_POLL_INTERVAL, a reconcile every
+AGENT_RECONCILE_INTERVAL) or a message arrives. With a broker (REDIS_URL) the process is also a
+Celery worker consuming the node's own queue ``node.NODE``: ``agent.launch_attempt`` from placement
+and ``agent.reconcile`` when one of its runs must stop.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agent.inventory import NodeSpec, discover_nodes, register_nodes, simulated_nodes
 from agent.loop import EmbeddedControlLoop
-from agent.node_agent import NodeAgent
+from agent.node_agent import NodeAgent, beat_now
 from jobs.models import Node
 from jobs.services.dispatch import node_queue
 from console.metrics import serve_process_metrics
@@ -33,6 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--simulated", action="store_true", help="serve simulated GPUs even if NVML is present")
 
     def handle(self, *args, name: str, address: str | None, simulated: bool, **options):
+        beat_now([name])
         spec = self.node_spec(name, simulated)
         node = register_nodes([spec], agent=f"nodeagent@{socket.gethostname()}")[0]
         Node.objects.filter(pk=node.pk).update(address=address or ("127.0.0.1" if spec.simulated else socket.getfqdn()))
