@@ -9,4 +9,7 @@ GPU each) and follows them until all are Completed. Figures: placement throughpu
 second), dispatch latency (attempt created → the agent's ``run_started``) p50/p95/p99 with its
 parts, SQL queries per placement, time until all jobs are done and where the CPU went. Baseline
 in the same run: the same jobs over fewer agents (``--baseline-agents``, a quarter by default).
+
+At fleet size (N simulated nodes in one process, today's code in the same run as the baseline):
+``python -m bench.scale.fleetbench`` (``bench/scale/fleetbench.py``; docs/benchmarks.md).
 """

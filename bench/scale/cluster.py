@@ -24,8 +24,9 @@ def pg_connect(url: str):
 class Cluster:
     """One scenario's processes. ``reset()`` makes a fresh database; ``start(agents)`` the rest."""
 
-    def __init__(self, tmp: Path, pg_url: str, redis_url: str, db_name: str, gpus_per_agent: int) -> None:
+    def __init__(self, tmp: Path, pg_url: str, redis_url: str, db_name: str, gpus_per_agent: int, *, root: Path = ROOT) -> None:
         self.tmp = tmp
+        self.root = root  # the source tree the processes run from (their working directory)
         self.admin_url = pg_url
         self.db_name = db_name
         self.redis_url = redis_url
@@ -62,7 +63,7 @@ class Cluster:
         self.drop()
         self.redis().flushdb()
         self.sql(f'CREATE DATABASE "{self.db_name}"')
-        done = subprocess.run([PY, "manage.py", "bootstrap", "--no-nodes"], cwd=ROOT, env=self.env, capture_output=True, text=True)
+        done = subprocess.run([PY, "manage.py", "bootstrap", "--no-nodes"], cwd=self.root, env=self.env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"bootstrap failed:\n{done.stdout}\n{done.stderr}")
 
@@ -91,7 +92,7 @@ class Cluster:
 
     def spawn(self, key: str, argv: list[str]) -> None:
         log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[key] = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def pids(self, prefix: str) -> list[int]:
         return [p.pid for k, p in self.procs.items() if k.startswith(prefix)]

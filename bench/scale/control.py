@@ -3,7 +3,7 @@
 Exactly the product's control worker (``celery -A console worker -Q control -B -P solo``), with
 ``control_round`` and ``place_waiting_jobs`` wrapped so each round appends one JSON line to STATS:
 its start (unix time), wall time of the whole round and of placement alone, the attempts placed
-and the SQL statements each issued (counted by a ``connection.execute_wrapper``, which sees
+and the SQL statements each issued (placement's figures summed over its calls in the round) (counted by a ``connection.execute_wrapper``, which sees
 every statement, executemany included, as ``CaptureQueriesContext`` would with DEBUG on).
 """
 from __future__ import annotations
@@ -22,24 +22,33 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
-    from jobs.services import control
+    from jobs.services import control, placement
 
     original_round = control.control_round
-    original_place = control.place_waiting_jobs
+    original_place = placement.place_waiting_jobs
     out = open(stats_path, "a", buffering=1)
     counter = {"n": 0}
     current: dict = {}
+    depth = {"n": 0}
 
     def count(execute, sql, params, many, context):
         counter["n"] += 1
         return execute(sql, params, many, context)
 
     def place(*args, **kwargs):
+        # A round may place several times (a round that placed tries again): the figures add up.
+        # Only the outermost call counts, should placement call itself through the module.
+        depth["n"] += 1
         q0, t0 = counter["n"], time.perf_counter()
-        placed = original_place(*args, **kwargs)
-        current["place_s"] = time.perf_counter() - t0
-        current["place_q"] = counter["n"] - q0
-        current["placed"] = len(placed)
+        try:
+            placed = original_place(*args, **kwargs)
+        finally:
+            depth["n"] -= 1
+        if depth["n"] == 0:
+            current["place_s"] = current.get("place_s", 0.0) + time.perf_counter() - t0
+            current["place_q"] = current.get("place_q", 0) + counter["n"] - q0
+            current["placed"] = current.get("placed", 0) + len(placed or ())
+            current["place_calls"] = current.get("place_calls", 0) + 1
         return placed
 
     def control_round():
@@ -51,7 +60,9 @@ def main() -> int:
         out.write(json.dumps(row) + "\n")
         return placed
 
-    control.place_waiting_jobs = place
+    for module in (control, placement):  # wherever the round finds it
+        if getattr(module, "place_waiting_jobs", None) is original_place:
+            module.place_waiting_jobs = place
     control.control_round = control_round
 
     from console.celery import app
