@@ -4,6 +4,7 @@ without a reconnect, through the server's local relay socket; junk on that socke
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import socket
@@ -52,6 +53,13 @@ class PageSocket:
             self.messages.append(message)
             if wanted(message):
                 return message
+
+
+def run_apart(coroutine):
+    """Run a scenario on its own thread's event loop: the browser tests' Playwright keeps an event
+    loop running on the test thread for the whole session, where ``asyncio.run`` refuses."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def status_change(job_id: int, from_status: str):
@@ -105,7 +113,7 @@ def test_a_status_changed_by_manage_py_reaches_the_open_job_page_and_list_withou
             await page.until(status_change(job_id, "Stopping"), "Stopping → Stopped on the job's page")
             return on_page, on_list, page
 
-    on_page, on_list, page = asyncio.run(scenario())
+    on_page, on_list, page = run_apart(scenario())
     assert on_page["job"]["reason"] == on_list["job"]["reason"] == "maintenance window"
     assert page.messages[-1]["job"]["status"] == "Stopped"
     events = live_console.shell_json(
@@ -139,7 +147,7 @@ def test_the_relay_socket_is_the_console_users_alone_and_drops_junk_while_it_kee
             await page.until(status_change(job_id, "Running"), "the stop after the junk")
             return page
 
-    page = asyncio.run(scenario())
+    page = run_apart(scenario())
     # Nothing the junk said reached the page: the ready message aside, only the real change.
     assert [m["type"] for m in page.messages] == ["job"]
     assert live_console.serving()
