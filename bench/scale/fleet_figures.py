@@ -112,6 +112,12 @@ def figures(side: dict | None) -> dict[str, dict]:
                 "round_queries_per_placement", "queries_fit_fixed", "queries_fit_per_job", "empty_round_queries_p50", "makespan_s",
                 "first_placement_after_queued_s", "failovers"):
         f[key] = spread([b.get(key) for b in batches])
+    paced = side.get("paced", [])
+    f["paced_rate"] = spread([b.get("paced_rate") for b in paced])
+    f["paced_p50"] = spread([b.get("dispatch_p50_s") for b in paced])
+    f["paced_p95"] = spread([b.get("dispatch_p95_s") for b in paced])
+    f["paced_p99"] = spread([b.get("dispatch_p99_s") for b in paced])
+    f["paced_lost"] = spread([len(b.get("nodes_lost", [])) for b in paced])
     lost = side.get("lost", {})
     f["lost"] = spread(lost.get("detected_s", []))
     f["batch_nodes_lost"] = spread([len(b.get("nodes_lost", [])) for b in batches])
@@ -146,6 +152,11 @@ ROWS = [
     ("dispatch_p50_s", "dispatch -> start p50 (s)", 3, ""),
     ("dispatch_p95_s", "dispatch -> start p95 (s)", 3, "<= 1"),
     ("dispatch_p99_s", "dispatch -> start p99 (s)", 3, ""),
+    ("paced_rate", "paced arrival: jobs queued per second", 0, ""),
+    ("paced_p50", "  paced: dispatch -> start p50 (s)", 3, ""),
+    ("paced_p95", "  paced: dispatch -> start p95 (s)", 3, "<= 1"),
+    ("paced_p99", "  paced: dispatch -> start p99 (s)", 3, ""),
+    ("paced_lost", "  paced: nodes NotReady meanwhile", 0, "0"),
     ("queries_per_placement", "queries per placement (placement, all rounds)", 2, "constant"),
     ("round_queries_per_placement", "queries per placement (whole control rounds)", 2, ""),
     ("queries_fit_fixed", "placement queries per round: fixed part", 1, ""),

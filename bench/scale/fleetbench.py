@@ -63,6 +63,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle-window", type=float, default=None, help="seconds per idle window (30; --quick 20)")
     p.add_argument("--idle-windows", type=int, default=None, help="idle windows with the control worker paused (3; --quick 2)")
     p.add_argument("--lost-nodes", type=int, default=5, help="nodes silenced for the lost-node detection (5)")
+    p.add_argument("--paced-rate", type=float, default=20.0,
+                   help="after the bulk batches, jobs queued at this steady rate per second, to read dispatch -> start "
+                        "below the fleet's capacity (20; 0: none)")
+    p.add_argument("--paced-seconds", type=float, default=15.0, help="how long the paced jobs keep arriving (15 s)")
     p.add_argument("--new-fleet", choices=("auto", "fleet", "legacy"), default="auto",
                    help="the new side's fleet: bench.scale.fleet, or today's agents (auto: fleet where the tree has it)")
     p.add_argument("--baseline-commit", default=BASELINE_COMMIT)
@@ -231,8 +235,8 @@ class Side:
                     pass
         return rows
 
-    def submit(self, count: int, tag: str) -> dict:
-        done = subprocess.run([PY, "-m", "bench.scale.fleetbench", "submit", "--jobs", str(count), "--label", tag],
+    def submit(self, count: int, tag: str, rate: float = 0.0) -> dict:
+        done = subprocess.run([PY, "-m", "bench.scale.fleetbench", "submit", "--jobs", str(count), "--label", tag, "--rate", str(rate)],
                               cwd=self.root, env=self.cluster.env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"submit failed:\n{done.stdout}\n{done.stderr}")
@@ -243,11 +247,16 @@ class Side:
 
         terminal = [str(s) for s in TERMINAL]
         sizes = [self.jobs // self.args.batches + (1 if i < self.jobs % self.args.batches else 0) for i in range(self.args.batches)]
+        rates = [0.0] * len(sizes)
+        paced = round(self.args.paced_rate * self.args.paced_seconds)
+        if paced > 0:
+            sizes.append(paced)
+            rates.append(self.args.paced_rate)
         results = []
         for b, size in enumerate(sizes):
             time.sleep(2.0)
             a = self.snapshot()
-            sub = self.submit(size, f"{self.label}{b}")
+            sub = self.submit(size, f"{self.label}{b}", rates[b])
             first, last = sub["first"], sub["last"]
             deadline, next_report = time.monotonic() + self.args.timeout, time.monotonic() + 5
             timed_out, lost = False, set()
@@ -272,13 +281,14 @@ class Side:
             failovers = self.query("SELECT coalesce(sum(failover_count), 0) FROM jobs_trainingjob WHERE id BETWEEN %s AND %s", (first, last))[0][0]
             fig = batch_figures(self.query, self.cluster.stats_path, first, last, sub["t_submit"], sub["t_queued"], t_end)
             fig.update(jobs=size, statuses=counts, timed_out=timed_out, load=self.load(a, self.snapshot()),
-                       nodes_lost=sorted(lost), failovers=int(failovers))
+                       nodes_lost=sorted(lost), failovers=int(failovers), paced_rate=rates[b])
             results.append(fig)
             log(f"[{self.label}] batch {b + 1}/{len(sizes)}: {size} jobs, placed {fig['placed_per_s']:.1f}/s "
                 f"(busiest second {fig['placed_peak_second']}), dispatch->start p95 {fig['dispatch_p95_s']:.3f}s, "
                 f"{fig['queries_per_placement']:.2f} queries/placement, done in {fig['makespan_s']:.1f}s"
                 + (f"; {len(lost)} nodes went NotReady, {failovers} failovers" if lost or failovers else ""))
-        self.out["batches"] = results
+        self.out["batches"] = [r for r in results if not r["paced_rate"]]
+        self.out["paced"] = [r for r in results if r["paced_rate"]]
         self.out["jobs_schedule"] = self.schedule_stats()[len(self.out.get("idle_schedule", [])):]
 
     def node_states(self, names: list[str]) -> dict[str, str]:
@@ -364,6 +374,7 @@ def submit_main(argv: list[str]) -> int:
     p.add_argument("--jobs", type=int, required=True)
     p.add_argument("--label", required=True)
     p.add_argument("--command", default='python -c "pass"')
+    p.add_argument("--rate", type=float, default=0.0, help="jobs per second, queued in one transaction per second (0: all at once)")
     a = p.parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
     import django
@@ -372,7 +383,16 @@ def submit_main(argv: list[str]) -> int:
     from bench.scale.scenario import submit
 
     t0 = time.time()
-    ids = submit(a.jobs, a.command, 1, "bulk", a.label)
+    if a.rate > 0:
+        ids, second = [], 0
+        while len(ids) < a.jobs:
+            n = min(a.jobs - len(ids), max(1, round(a.rate * (second + 1))) - len(ids))
+            if n > 0:
+                ids += submit(n, a.command, 1, "bulk", f"{a.label}-{second}")
+            second += 1
+            time.sleep(max(0.0, t0 + second - time.time()))
+    else:
+        ids = submit(a.jobs, a.command, 1, "bulk", a.label)
     print(json.dumps({"first": min(ids), "last": max(ids), "n": len(ids), "t_submit": t0, "t_queued": time.time()}))
     return 0
 
