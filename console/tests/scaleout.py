@@ -47,6 +47,21 @@ def services_or_skip() -> tuple[str, str]:
     return pg, rd
 
 
+def running_cluster(make, tmp: Path):
+    """A test fixture's body: ``make(tmp, pg_url, redis_url)`` started, yielded, its processes'
+    logs printed if the test failed, stopped."""
+    pg, rd = services_or_skip()
+    cluster = make(tmp, pg, rd)
+    try:
+        cluster.start()
+        yield cluster
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.stop()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,7 +7,6 @@ import asyncio
 import concurrent.futures
 import json
 import os
-import socket
 import stat
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from jobs.live_relay import MAX_NOTICE_BYTES, SOCKET_NAME
+from jobs.tests.test_live_relay import talk
 
 pytestmark = pytest.mark.slow
 
@@ -78,25 +78,6 @@ def junk_lines(job_id: int) -> list[bytes]:
     return [b"not json at all\n", b"[1, 2, 3]\n", *(json.dumps(n).encode() + b"\n" for n in notices)]
 
 
-def send_raw(path: Path, data: bytes) -> list[str]:
-    """Write ``data`` to the relay socket, half-close, and return the server's answer lines."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(30)
-        sock.connect(str(path))
-        try:
-            sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the server closed first (an oversized line): its answer is still there to read
-        answer = b""
-        try:
-            while chunk := sock.recv(65536):
-                answer += chunk
-        except ConnectionResetError:
-            pass
-    return answer.decode().splitlines()
-
-
 def test_a_status_changed_by_manage_py_reaches_the_open_job_page_and_list_without_a_reconnect(live_console):
     token = live_console.create_user("relay-owner", "owner-pass-1")
     job_id = live_console.create_job("relay-owner", "stopped-from-a-terminal", SLEEPER)["id"]
@@ -137,11 +118,11 @@ def test_the_relay_socket_is_the_console_users_alone_and_drops_junk_while_it_kee
 
     async def scenario() -> PageSocket:
         async with PageSocket(live_console, token, f"?job={job_id}") as page:
-            answers = await asyncio.to_thread(send_raw, path, b"".join(junk_lines(job_id)))
+            answers = await asyncio.to_thread(talk, path, b"".join(junk_lines(job_id)))
             assert len(answers) == len(junk_lines(job_id)) and all(a.startswith("error: ") for a in answers), answers
             # A line over the cap ends its connection; the server goes on.
             huge = json.dumps({"group": f"job-{job_id}", "message": {"type": "job.status", "pad": "x" * MAX_NOTICE_BYTES}}).encode() + b"\n"
-            answers = await asyncio.to_thread(send_raw, path, huge)
+            answers = await asyncio.to_thread(talk, path, huge)
             assert answers == [f"error: a line over {MAX_NOTICE_BYTES} bytes; connection closed"]
             await asyncio.to_thread(live_console.manage, "job", "stop", str(job_id))
             await page.until(status_change(job_id, "Running"), "the stop after the junk")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from console.tests.scaleout import PY, ROOT, Cluster, services_or_skip
+from console.tests.scaleout import PY, ROOT, Cluster, running_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -63,16 +63,7 @@ class FleetCluster(Cluster):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    pg, rd = services_or_skip()
-    c = FleetCluster(tmp_path_factory.mktemp("fleet"), pg, rd)
-    try:
-        c.start()
-        yield c
-    except BaseException:
-        print(c.logs())
-        raise
-    finally:
-        c.stop()
+    yield from running_cluster(FleetCluster, tmp_path_factory.mktemp("fleet"))
 
 
 def test_every_agent_restarting_at_once_marks_no_healthy_node_not_ready(fleet):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from console.tests.scaleout import Cluster, services_or_skip
+from console.tests.scaleout import Cluster, running_cluster
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.slow]
 
@@ -25,16 +25,7 @@ COUNTER = (
 
 @pytest.fixture
 def cluster(tmp_path):
-    pg, rd = services_or_skip()
-    c = Cluster(tmp_path, pg, rd)
-    try:
-        c.start()
-        yield c
-    except BaseException:
-        print(c.logs())
-        raise
-    finally:
-        c.stop()
+    yield from running_cluster(Cluster, tmp_path)
 
 
 class SocketReader(threading.Thread):

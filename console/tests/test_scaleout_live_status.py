@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from console.tests.scaleout import PY, ROOT, Cluster, services_or_skip
+from console.tests.scaleout import PY, ROOT, Cluster, running_cluster
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.slow]
 
@@ -20,16 +20,7 @@ SLEEPER = "python -c \"import time\nprint('started', flush=True)\nwhile True: ti
 
 @pytest.fixture
 def cluster(tmp_path):
-    pg, rd = services_or_skip()
-    c = Cluster(tmp_path, pg, rd)
-    try:
-        c.start()
-        yield c
-    except BaseException:
-        print(c.logs())
-        raise
-    finally:
-        c.stop()
+    yield from running_cluster(Cluster, tmp_path)
 
 
 class StatusSocket(threading.Thread):

@@ -69,6 +69,7 @@ def server():
 
 
 def talk(path: Path, data: bytes) -> list[str]:
+    """Write ``data`` to the relay socket, half-close, and return the server's answer lines."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(30)
         sock.connect(str(path))
@@ -76,7 +77,7 @@ def talk(path: Path, data: bytes) -> list[str]:
             sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
         except OSError:
-            pass
+            pass  # the server closed first (an oversized line): its answer is still there to read
         answer = b""
         try:
             while chunk := sock.recv(65536):
