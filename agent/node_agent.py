@@ -340,8 +340,12 @@ class NodeAgent:
         return not (directory / "pid.json").exists() and timezone.now() - started < LAUNCH_TIMEOUT and pid in self.launcher.children
 
     def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
+        # Forgotten only once reported: a report the database refused (a lock, a restart) is made
+        # again at the next collect. (Forgotten first, the rank's end was never reported again:
+        # its row was marked ended, so no reconcile would bring it back, and the job stayed Running.)
+        others = runs.part_exited(part, exit_code=exit_code, exit_signal=exit_signal, cause=cause)
         self.forget(part.pk)
-        for other in runs.part_exited(part, exit_code=exit_code, exit_signal=exit_signal, cause=cause):
+        for other in others:
             self.launcher.signal(other, signal.SIGTERM)
 
     def forget(self, part_id: int) -> None:

@@ -50,6 +50,23 @@ def job_work_root(request, tmp_path):
     return settings.JOB_WORK_ROOT
 
 
+@pytest.fixture(autouse=True)
+def no_agent_outlives_its_test():
+    """A node agent a test made is shut down after it (its health monitor's thread stopped) and
+    leaves this process's registry: a left-over agent "serves" its nodes, so the next tests' lost-node
+    sweep would skip them, and its monitor thread would still poll their GPUs."""
+    from agent import registry
+
+    before = set(map(id, registry.local_agents()))
+    yield
+    for agent in registry.local_agents():
+        if id(agent) not in before:
+            shutdown = getattr(agent, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            registry.discard(agent)
+
+
 @pytest.fixture
 def owner(db):
     from django.contrib.auth.models import User

@@ -91,6 +91,7 @@ class HealthMonitor:
         self.kernel = kernel  # made at the first poll that needs it (KERNEL_LOG_PATH)
         self.killed: dict[int, tuple[float, str]] = {}  # AttemptNode id → (when SIGKILLed, why)
         self.stored: dict[tuple, float] = {}  # event key → when last stored (standing conditions)
+        self.unsaved: dict[str, list[HealthEvent]] = {}  # node → NVML / injected events a refused write kept back
         self.pci: dict[str, dict[str, int]] = {}
         self.notes: dict[str, str] = {}  # node → the kernel-log note last written
         self.last_prune = 0.0
@@ -157,9 +158,23 @@ class HealthMonitor:
 
     def poll_node(self, node: Node, lines: list[KernelLine]) -> int:
         now = timezone.now()
+        # Events read from NVML (drained: the driver will not say them again) or made from an
+        # injected fault (marked applied) that a refused write kept from being stored: stored
+        # now, before anything new. Kernel lines need no such care: they are read again.
+        carried = self.unsaved.pop(node.name, [])
         events: list[HealthEvent] = []
-        stop_gpus: set[int | None] = set()
-        injected = False
+        try:
+            return self.store_node_events(node, lines, now, carried, events)
+        except DatabaseError:
+            self.unsaved[node.name] = (carried + [e for e in events if e.source in ("nvml", "simulated")])[-BACKLOG_KEPT:]
+            raise
+
+    def store_node_events(
+        self, node: Node, lines: list[KernelLine], now: datetime, carried: list[HealthEvent], events: list[HealthEvent]
+    ) -> int:
+        """``poll_node``'s work; ``events`` is filled as they are read, so a failure keeps them."""
+        stop_gpus: set[int | None] = {e.gpu for e in carried if e.fatal}
+        injected = any(e.source == "simulated" for e in carried)
         if node.simulated:
             pending = self.checker.unapplied_faults(node)  # the reconcile read them; a fault injected wakes it
             faults = SimulatedFault.objects.filter(node=node, applied_at__isnull=True, cleared_at__isnull=True) if pending else []
@@ -190,11 +205,14 @@ class HealthMonitor:
                 NodeHealth.objects.filter(node=node).exclude(kernel_log_note=note).update(kernel_log_note=note)
                 self.notes[node.name] = note
         if stop_gpus:
-            why = "; ".join(sorted({e.message or e.kind for e in events if e.fatal}))[:300]
+            why = "; ".join(sorted({e.message or e.kind for e in carried + events if e.fatal}))[:300]
             self.stop_runs(node, stop_gpus, why)
-        fresh = [e for e in events if self.new(e)]
+        # ``new`` is asked once: an event kept back is stored at the next pass whatever it says.
+        fresh = carried + [e for e in events if self.new(e)]
+        events[:], carried[:] = fresh, []
         if fresh:
             HealthEvent.objects.bulk_create(fresh)
+        events.clear()  # stored
         kernel_lines = [line.text for line in lines if line.at >= self.started]
         if stop_gpus or injected or kernel_lines:
             self.checker.check(node, kernel_lines)  # a reading now: a faulty node leaves placement at once

@@ -51,20 +51,23 @@ CLAIM_TIMEOUT = timedelta(seconds=120)
 
 def handle_failed_run(job: TrainingJob, attempt: JobAttempt, outcome: str, lost: bool) -> str:
     """The hook jobs calls when a Running job's run fails and Job Failover is on."""
-    if not claim(attempt):
-        return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-    moved = transition(
-        job.pk,
-        JobStatus.FAILOVER_IN_PROGRESS,
-        reason=f"run stopped ({outcome}); checking the node's GPUs and hardware",
-        actor="failover",
-        attempt=attempt.number,
-        expected={JobStatus.RUNNING},
-        evidence={"exit_code": attempt.exit_code, "exit_signal": attempt.exit_signal},
-    )
-    if not moved:
-        JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(verdict="", judged_at=None)
-        return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
+    # The claim and the move to FAILOVER_IN_PROGRESS commit together: a write refused between
+    # them leaves neither, and the report made again claims afresh.
+    with transaction.atomic():
+        if not claim(attempt):
+            return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
+        moved = transition(
+            job.pk,
+            JobStatus.FAILOVER_IN_PROGRESS,
+            reason=f"run stopped ({outcome}); checking the node's GPUs and hardware",
+            actor="failover",
+            attempt=attempt.number,
+            expected={JobStatus.RUNNING},
+            evidence={"exit_code": attempt.exit_code, "exit_signal": attempt.exit_signal},
+        )
+        if not moved:
+            JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(verdict="", judged_at=None)
+            return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
     return decide_retrying(job.pk, attempt.pk, lost=lost)
 
 
@@ -74,9 +77,9 @@ DECIDE_TRIES = 4
 def decide_retrying(job_id: int, attempt_id: int, *, lost: bool) -> str:
     """``decide``, tried again when the database refuses a write for a moment (SQLite's "database
     table is locked" while another thread of the agent writes): nothing is stored before the
-    verdict's compare-and-swap, so a try that failed before it can be made again. After the last
-    try the claim is given back, so the next control round's ``redecide`` judges the attempt
-    instead of waiting out ``CLAIM_TIMEOUT``."""
+    verdict's compare-and-swap, and the verdict commits with its consequences, so a try that
+    failed can be made again. After the last try the claim is given back, so the next control
+    round's ``redecide`` judges the attempt instead of waiting out ``CLAIM_TIMEOUT``."""
     for n in range(DECIDE_TRIES):
         try:
             return decide(job_id, attempt_id, lost=lost)
@@ -165,13 +168,18 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
             # its nodes are excluded for this job, and nobody else's placement changes.
             exclude = {p.node_id: list(p.gpu_indices) if by_gpu else [] for p in parts}
             verdict = Verdict(hardware=True, reason=verdict.reason, evidence={**verdict.evidence, "scope": "this job only"})
-    stored = JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(
-        verdict=verdict.verdict, verdict_reason=verdict.reason[:500], evidence=verdict.evidence, judged_at=timezone.now()
-    )
-    if not stored:
-        logger.info("job %s: attempt %s was judged by another worker", job.pk, attempt.number)
-        return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-    return apply_verdict(job, attempt, verdict, exclude, unhealthy)
+    # The verdict and what it implies (exclusions, the failover counted, the status) commit
+    # together: a write refused after the verdict's compare-and-swap rolls both back, so the try
+    # made again by ``decide_retrying`` judges it again. (Stored alone, a hardware verdict made
+    # placement re-place the job with no exclusion and no failover counted.)
+    with transaction.atomic():
+        stored = JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(
+            verdict=verdict.verdict, verdict_reason=verdict.reason[:500], evidence=verdict.evidence, judged_at=timezone.now()
+        )
+        if not stored:
+            logger.info("job %s: attempt %s was judged by another worker", job.pk, attempt.number)
+            return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
+        return apply_verdict(job, attempt, verdict, exclude, unhealthy)
 
 
 def apply_verdict(

@@ -198,6 +198,68 @@ def test_a_database_lock_while_judging_is_tried_again_and_counts_once(make_job, 
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_write_refused_after_the_verdict_is_stored_judges_again_and_still_counts(make_job, nodes, monkeypatch):
+    """Seen in CI: the verdict's compare-and-swap committed, then a write acting on it was refused;
+    the try made again found the verdict taken ("judged by another worker") and placement re-placed
+    the job with no exclusion and no failover counted. The verdict now commits with its consequences."""
+    from django.db import OperationalError
+
+    job = make_job()
+    attempt = start(job)
+    record, refused = policy.record_reason, []
+
+    def locked_once(*args, **kwargs):
+        if not refused:
+            refused.append(1)
+            raise OperationalError("database table is locked: jobs_trainingjob")
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "record_reason", locked_once)
+    assert fail(attempt, ECC_LINE) == JobStatus.FAILOVER_IN_PROGRESS
+    job.refresh_from_db()
+    assert refused and job.failover_count == 1
+    assert JobAttempt.objects.get(pk=attempt.pk).verdict == "hardware"
+    assert job.exclusions.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_run_whose_move_to_failover_was_refused_is_judged_by_the_next_control_round(make_job, nodes, monkeypatch):
+    """The attempt closed, Job Failover claimed it, and the move to FAILOVER_IN_PROGRESS was refused:
+    the claim and the move roll back together, and the control round's sweep for closed attempts
+    judges the run (once) instead of leaving the job Running."""
+    from django.db import OperationalError
+
+    from jobs.services import runs
+    from jobs.services.control import control_round
+
+    job = make_job()
+    attempt = start(job)
+    transition, refused = policy.transition, []
+
+    def locked_once(job_id, to_status, **kwargs):
+        if to_status == JobStatus.FAILOVER_IN_PROGRESS and not refused:
+            refused.append(job_id)
+            raise OperationalError("database table is locked: jobs_trainingjob")
+        return transition(job_id, to_status, **kwargs)
+
+    monkeypatch.setattr(policy, "transition", locked_once)
+    with pytest.raises(OperationalError):
+        fail(attempt, ECC_LINE)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and JobAttempt.objects.get(pk=attempt.pk).verdict == ""  # nothing half-done
+
+    control_round()  # within the grace: a report may still be in flight
+    assert TrainingJob.objects.get(pk=job.pk).status == JobStatus.RUNNING
+    monkeypatch.setattr(runs, "CLOSE_GRACE", runs.CLOSE_GRACE * 0)
+    control_round()
+    job.refresh_from_db()
+    assert job.failover_count == 1 and JobAttempt.objects.get(pk=attempt.pk).verdict == "hardware"
+    assert job.status in (JobStatus.FAILOVER_IN_PROGRESS, JobStatus.RUNNING)  # re-placed by the same round
+    control_round()
+    assert TrainingJob.objects.get(pk=job.pk).failover_count == 1
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_judge_that_keeps_failing_gives_its_claim_back_for_the_next_round(make_job, nodes, monkeypatch):
     from django.db import OperationalError
 

@@ -1,5 +1,5 @@
 """The control round: the registered sweeps (lost nodes, failover judgements left undone, log
-purges), then placement. Celery beat (scale-out), ``manage.py controlplane`` or the embedded
+purges), jobs left behind by an exit report that failed halfway, then placement. Celery beat (scale-out), ``manage.py controlplane`` or the embedded
 loop runs it."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.conf import settings
 
 from jobs.hooks import registry
 from jobs.services.placement import place_waiting_jobs
+from jobs.services.runs import finish_closed_attempts
 
 # Rounds that go on after a full window was placed whole look this many times as far: capacity
 # was plentiful, and a round's fixed cost (reading the fleet, the queue, the shares) is then
@@ -26,6 +27,7 @@ def control_round() -> list:
     a window per beat. Each round commits on its own, so its launches leave at once."""
     for hook in registry.control_round_hooks:
         hook()
+    finish_closed_attempts()
     deadline = time.monotonic() + settings.QUEUE_ROUND_BUDGET
     placed = place_waiting_jobs()
     attempts = list(placed)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import signal as signals
+from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from jobs.hooks import registry
@@ -151,6 +153,47 @@ def part_exited(part: AttemptNode, *, exit_code: int | None, exit_signal: int | 
     return []
 
 
+def finishing(job: TrainingJob, attempt: JobAttempt) -> bool:
+    """Whether an attempt already closed still has to move its job: the report that closed it
+    failed after the close committed (the database refused the status write), so the job is still
+    where the run left it and no later attempt exists. The moves that follow are compare-and-swaps
+    (the status, Job Failover's claim), so a second report never moves the job twice."""
+    return job.status in (JobStatus.RUNNING, JobStatus.STOPPING) and not JobAttempt.objects.filter(
+        job_id=job.pk, number__gt=attempt.number
+    ).exists()
+
+
+# An attempt closed this long ago whose job has not moved on was left by a report that failed
+# (or a process that died) between the two commits; ``finish_closed_attempts`` moves it.
+CLOSE_GRACE = timedelta(seconds=20)
+
+
+def finish_closed_attempts(limit: int = 100) -> int:
+    """The control round's sweep for jobs left Running (or Stopping) with their last attempt
+    closed: the decision its exit leads to is made again (``record_exit``; its moves are
+    compare-and-swaps, so a report still in flight never moves a job twice). One query when there
+    is nothing to do. Returns how many were moved on."""
+    later = JobAttempt.objects.filter(job_id=OuterRef("job_id"), number__gt=OuterRef("number"))
+    stale = (
+        JobAttempt.objects.filter(
+            state=JobAttempt.State.EXITED,
+            ended_at__lt=timezone.now() - CLOSE_GRACE,
+            job__status__in=[JobStatus.RUNNING, JobStatus.STOPPING],
+        )
+        .exclude(Exists(later))
+        .order_by("ended_at")[:limit]
+    )
+    moved = 0
+    for attempt in stale:
+        # The cause given at the close is stored as the outcome: "" where it said no more than the exit.
+        stored = attempt.cause
+        cause = "" if stored == describe_exit(attempt.exit_code, attempt.exit_signal) else stored
+        logger.warning("job %s: attempt %s closed but the job did not move on; deciding again", attempt.job_id, attempt.number)
+        status = record_exit(attempt, exit_code=attempt.exit_code, exit_signal=attempt.exit_signal, cause=cause)
+        moved += status not in (JobStatus.RUNNING, JobStatus.STOPPING)
+    return moved
+
+
 def record_exit(
     attempt: JobAttempt, *, exit_code: int | None, exit_signal: int | None, cause: str = "", lost: bool = False
 ) -> str:
@@ -171,7 +214,7 @@ def record_exit(
             release_gpus(attempt)
             request_placement()  # the freed GPUs may fit a waiting job
     job = TrainingJob.objects.get(pk=attempt.job_id)
-    if not updated:
+    if not updated and not finishing(job, attempt):
         return job.status
     attempt.refresh_from_db()
     if job.status == JobStatus.STOPPING:
