@@ -67,6 +67,24 @@ def no_agent_outlives_its_test():
             registry.discard(agent)
 
 
+def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., bool] = lambda *args, **kwargs: True) -> list:
+    """Make ``owner.name`` fail once, where ``when(*args)`` says, as SQLite's shared cache does
+    while another thread writes ("database table is locked"); returns the refused calls' first
+    arguments."""
+    from django.db import OperationalError
+
+    real, refused = getattr(owner, name), []
+
+    def refusing(*args, **kwargs):
+        if not refused and when(*args, **kwargs):
+            refused.append(args[0] if args else None)
+            raise OperationalError(f"database table is locked: {table}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, refusing)
+    return refused
+
+
 @pytest.fixture
 def owner(db):
     from django.contrib.auth.models import User

@@ -117,20 +117,11 @@ def test_an_exit_whose_report_the_database_refused_is_reported_again(nodes, make
     """The attempt's close committed, then the job's move was refused: the agent had already
     forgotten the rank, whose row said it had ended, so nothing reported it again and the job stayed
     Running for good. Now the control round's sweep makes the decision again and the job completes."""
-    from django.db import OperationalError
-
+    from console.testing import refuse_once
     from jobs.services import runs
 
     monkeypatch.setattr(runs, "CLOSE_GRACE", runs.CLOSE_GRACE * 0)
-    transition, refused = runs.transition, []
-
-    def locked_once(job_id, to_status, **kwargs):
-        if to_status == JobStatus.COMPLETED and not refused:
-            refused.append(job_id)
-            raise OperationalError("database table is locked: jobs_trainingjob")
-        return transition(job_id, to_status, **kwargs)
-
-    monkeypatch.setattr(runs, "transition", locked_once)
+    refused = refuse_once(monkeypatch, runs, "transition", "jobs_trainingjob", lambda job_id, to, **_: to == JobStatus.COMPLETED)
     job = drive(make_job(), JobStatus.COMPLETED, timeout=30)
     assert refused == [job.pk]
     assert job.attempts.get().state == JobAttempt.State.EXITED

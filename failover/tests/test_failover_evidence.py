@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from console.testing import refuse_once
 from failover.models import NodeHealth, SimulatedFault
 from failover.services import policy
 from failover.services.faults import clear_node
@@ -178,19 +179,9 @@ def test_the_failover_count_never_passes_the_limit(make_job, nodes, settings):
 def test_a_database_lock_while_judging_is_tried_again_and_counts_once(make_job, nodes, monkeypatch):
     """Seen in CI: the agent's monitor thread wrote while the judge stored its reading, and SQLite
     answered "database table is locked"; the job then waited for the claim's timeout."""
-    from django.db import OperationalError
-
     job = make_job()
     attempt = start(job)
-    gather, refused = policy.gather, []
-
-    def locked_once(*args, **kwargs):
-        if not refused:
-            refused.append(1)
-            raise OperationalError("database table is locked: jobs_jobattempt")
-        return gather(*args, **kwargs)
-
-    monkeypatch.setattr(policy, "gather", locked_once)
+    refused = refuse_once(monkeypatch, policy, "gather", "jobs_jobattempt")
     assert fail(attempt, ECC_LINE) == JobStatus.FAILOVER_IN_PROGRESS
     job.refresh_from_db()
     assert refused and job.failover_count == 1
@@ -202,19 +193,9 @@ def test_a_write_refused_after_the_verdict_is_stored_judges_again_and_still_coun
     """Seen in CI: the verdict's compare-and-swap committed, then a write acting on it was refused;
     the try made again found the verdict taken ("judged by another worker") and placement re-placed
     the job with no exclusion and no failover counted. The verdict now commits with its consequences."""
-    from django.db import OperationalError
-
     job = make_job()
     attempt = start(job)
-    record, refused = policy.record_reason, []
-
-    def locked_once(*args, **kwargs):
-        if not refused:
-            refused.append(1)
-            raise OperationalError("database table is locked: jobs_trainingjob")
-        return record(*args, **kwargs)
-
-    monkeypatch.setattr(policy, "record_reason", locked_once)
+    refused = refuse_once(monkeypatch, policy, "record_reason", "jobs_trainingjob")
     assert fail(attempt, ECC_LINE) == JobStatus.FAILOVER_IN_PROGRESS
     job.refresh_from_db()
     assert refused and job.failover_count == 1
@@ -234,15 +215,7 @@ def test_a_failed_run_whose_move_to_failover_was_refused_is_judged_by_the_next_c
 
     job = make_job()
     attempt = start(job)
-    transition, refused = policy.transition, []
-
-    def locked_once(job_id, to_status, **kwargs):
-        if to_status == JobStatus.FAILOVER_IN_PROGRESS and not refused:
-            refused.append(job_id)
-            raise OperationalError("database table is locked: jobs_trainingjob")
-        return transition(job_id, to_status, **kwargs)
-
-    monkeypatch.setattr(policy, "transition", locked_once)
+    refuse_once(monkeypatch, policy, "transition", "jobs_trainingjob", lambda job_id, to, **_: to == JobStatus.FAILOVER_IN_PROGRESS)
     with pytest.raises(OperationalError):
         fail(attempt, ECC_LINE)
     job.refresh_from_db()

@@ -340,21 +340,14 @@ def test_an_event_the_database_refused_is_stored_at_the_next_pass(backend, reque
     """Seen in CI: the write of an injected fault's events was refused ("table is locked") after the
     fault was marked applied, and the fault was never recorded; an NVML event, once drained, is not
     said again by the driver. Both are kept and stored at the next pass."""
-    from django.db import OperationalError
     from django.db.models.query import QuerySet
+
+    from console.testing import refuse_once
 
     driver = request.getfixturevalue("gpus") if backend == "nvml" else None
     checker = health.HealthChecker(FakeAgent())
     node = Node.objects.get(name="node-a")
-    bulk_create, refused = QuerySet.bulk_create, []
-
-    def locked_once(self, objs, *args, **kwargs):
-        if self.model is HealthEvent and not refused:
-            refused.append(len(objs))
-            raise OperationalError("database table is locked: failover_healthevent")
-        return bulk_create(self, objs, *args, **kwargs)
-
-    monkeypatch.setattr(QuerySet, "bulk_create", locked_once)
+    refused = refuse_once(monkeypatch, QuerySet, "bulk_create", "failover_healthevent", lambda qs, *_, **__: qs.model is HealthEvent)
     try:
         checker.monitor.poll()  # the probe is made (NVML), nothing to say yet
         if driver is not None:
