@@ -50,21 +50,34 @@ def job_work_root(request, tmp_path):
     return settings.JOB_WORK_ROOT
 
 
-@pytest.fixture(autouse=True)
-def no_agent_outlives_its_test():
-    """A node agent a test made is shut down after it (its health monitor's thread stopped) and
-    leaves this process's registry: a left-over agent "serves" its nodes, so the next tests' lost-node
-    sweep would skip them, and its monitor thread would still poll their GPUs."""
+AGENTS_BEFORE = pytest.StashKey[set]()  # the agents of this process before a test
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
     from agent import registry
 
-    before = set(map(id, registry.local_agents()))
+    item.stash[AGENTS_BEFORE] = set(map(id, registry.local_agents()))
     yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A node agent a test made is shut down after it, before its fixtures (the database's
+    flush among them) are torn down: its health monitor's thread stopped, and it leaves this
+    process's registry. A left-over agent "serves" its nodes, so the next tests' lost-node sweep
+    would skip them; its monitor thread would go on writing while the next test's database is
+    flushed."""
+    from agent import registry
+
+    before = item.stash.get(AGENTS_BEFORE, set())
     for agent in registry.local_agents():
         if id(agent) not in before:
             shutdown = getattr(agent, "shutdown", None)
             if shutdown is not None:
                 shutdown()
             registry.discard(agent)
+    yield
 
 
 def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., bool] = lambda *args, **kwargs: True) -> list:

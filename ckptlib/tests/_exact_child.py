@@ -22,9 +22,7 @@ from __future__ import annotations
 import copy
 import os
 import random
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from typing import Any
 import torch
 
 import ckptlib
+from ckptlib.tests import helpers
 from ckptlib.tests.helpers import clone_state
 
 PATH, OUT, REFS = sys.argv[1], sys.argv[2], Path(sys.argv[3])
@@ -74,48 +73,9 @@ def after_save(ema: torch.nn.Module, live: torch.nn.Module, lr: torch.Tensor) ->
         time.sleep(RNG.uniform(0.0, 0.02))
 
 
-def _in_optimizer_step(frame: Any) -> bool:
-    """Inside ``optimizer.step()``; under DeepSpeed, inside the engine's ``step()`` (ZeRO's
-    optimizer step: Adam on the flat fp32 partition, then the copy back into the parameters)."""
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name in {"step", "_single_tensor_adam", "adam"} and "optim" in code.co_filename:
-            return True
-        if code.co_name in {"step", "_take_model_step"} and "deepspeed" in code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
-
-
 def arm_self_signal(optimizer: torch.optim.Optimizer, current_step: Any) -> None:
-    """SIGTERM inside ``optimizer.step()`` of step SELF_SIGNAL_AT: a thread released by the
-    pre-step hook watches the main thread's stack and signals once it is in Adam's loop, after a
-    random number of parameters."""
-    ckptlib_handler = signal.getsignal(signal.SIGTERM)
-
-    def landed(signum: int, frame: Any) -> None:
-        (REFS / "landed").write_text("optimizer.step" if _in_optimizer_step(frame) else "elsewhere")
-        if callable(ckptlib_handler):
-            ckptlib_handler(signum, frame)
-
-    signal.signal(signal.SIGTERM, landed)
-    main = threading.main_thread().ident
-
-    def signal_inside() -> None:
-        time.sleep(RNG.uniform(0.0, 0.002))
-        while True:  # a step missed (a busy machine) is caught at a later one
-            frame = sys._current_frames().get(main)
-            if _in_optimizer_step(frame):
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            time.sleep(0.0002)
-
-    def before_step(*_args: Any) -> None:
-        if current_step() + 1 == SELF_SIGNAL_AT:
-            sys.setswitchinterval(0.0002)  # the watching thread gets the interpreter often
-            threading.Thread(target=signal_inside, daemon=True).start()
-
-    optimizer.register_step_pre_hook(before_step)
+    """SIGTERM inside ``optimizer.step()`` of step SELF_SIGNAL_AT (``helpers.arm_self_signal``)."""
+    helpers.arm_self_signal(optimizer, current_step, at=SELF_SIGNAL_AT, landed_file=REFS / "landed", rng=RNG)
 
 
 def ready(step: int) -> None:

@@ -3,8 +3,8 @@ deep copy of its state at every step and writes them out when it exits.
 
     python _sigterm_child.py OUTPUT_DIR REFS_FILE LANDED_FILE {hooks,safe_point} SAVE_EVERY [SELF_SIGNAL_AT]
 
-With SELF_SIGNAL_AT=k, the child sends itself SIGTERM a few milliseconds into the optimizer step
-of step k (a thread released by the pre-step hook); otherwise the parent sends it.
+With SELF_SIGNAL_AT=k, the child sends itself SIGTERM inside the optimizer step of step k (or a
+later one on a busy machine: ``helpers.arm_self_signal``); otherwise the parent sends it.
 
 Adam runs its per-parameter loop (``foreach=False``) over a few hundred small parameters, so most
 of the loop's time is inside ``optimizer.step()``: that is where most signals land.
@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
-import threading
-import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 import ckptlib
-from ckptlib.tests.helpers import clone_state
+from ckptlib.tests.helpers import arm_self_signal, clone_state
 
 
 class Net(torch.nn.Module):
@@ -40,15 +38,6 @@ class Net(torch.nn.Module):
 
 
 
-def _where(frame: Any) -> str:
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name in {"step", "_single_tensor_adam", "adam"} and "optim" in code.co_filename:
-            return "optimizer.step"
-        frame = frame.f_back
-    return "elsewhere"
-
-
 def main() -> None:
     output_dir, refs_file, landed_file, mode, save_every = sys.argv[1:6]
     torch.manual_seed(0)
@@ -60,22 +49,8 @@ def main() -> None:
     engine = ckptlib.CheckpointEngine(
         output_dir=output_dir, host_cache_size=0.05, final_state=lambda: (state, step), grace_period_s=20
     )
-    ckptlib_handler = signal.getsignal(signal.SIGTERM)
-
-    def recording_handler(signum: int, frame: Any) -> None:
-        with open(landed_file, "w") as landed:
-            landed.write(_where(frame))
-        ckptlib_handler(signum, frame)  # type: ignore[operator]
-
-    signal.signal(signal.SIGTERM, recording_handler)
     self_signal_at = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-
-    def signal_inside_the_step(*_args: Any) -> None:
-        if step + 1 == self_signal_at:
-            delay = random.Random(os.getpid()).uniform(0.0, 0.005)
-            threading.Thread(target=lambda: (time.sleep(delay), os.kill(os.getpid(), signal.SIGTERM))).start()
-
-    optimizer.register_step_pre_hook(signal_inside_the_step)
+    arm_self_signal(optimizer, lambda: step, at=self_signal_at, landed_file=Path(landed_file), rng=random.Random(os.getpid()))
     refs: dict[int, dict[str, Any]] = {}
     try:
         while step < 5000:

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,3 +92,48 @@ class RecordingHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def in_optimizer_step(frame: Any) -> bool:
+    """Inside ``optimizer.step()``; under DeepSpeed, inside the engine's ``step()`` (ZeRO's
+    optimizer step: Adam on the flat fp32 partition, then the copy back into the parameters)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in {"step", "_single_tensor_adam", "adam"} and "optim" in code.co_filename:
+            return True
+        if code.co_name in {"step", "_take_model_step"} and "deepspeed" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def arm_self_signal(optimizer: torch.optim.Optimizer, current_step: Any, *, at: int, landed_file: Path, rng: random.Random) -> None:
+    """For the SIGTERM tests' children: every SIGTERM writes where it landed ("optimizer.step" or
+    "elsewhere") to ``landed_file`` before ckptlib's handler runs; with ``at`` > 0 the process
+    signals itself inside ``optimizer.step()`` of step ``at``: a thread released by the pre-step
+    hook watches the main thread's stack and signals once it is in Adam's loop, after a random
+    number of parameters (a step missed on a busy machine is caught at a later one)."""
+    ckptlib_handler = signal.getsignal(signal.SIGTERM)
+
+    def landed(signum: int, frame: Any) -> None:
+        landed_file.write_text("optimizer.step" if in_optimizer_step(frame) else "elsewhere")
+        if callable(ckptlib_handler):
+            ckptlib_handler(signum, frame)
+
+    signal.signal(signal.SIGTERM, landed)
+    main = threading.main_thread().ident
+
+    def signal_inside() -> None:
+        time.sleep(rng.uniform(0.0, 0.002))
+        while True:
+            if in_optimizer_step(sys._current_frames().get(main)):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.0002)
+
+    def before_step(*_args: Any) -> None:
+        if at and current_step() + 1 == at:
+            sys.setswitchinterval(0.0002)  # the watching thread gets the interpreter often
+            threading.Thread(target=signal_inside, daemon=True).start()
+
+    optimizer.register_step_pre_hook(before_step)

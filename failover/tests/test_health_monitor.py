@@ -153,6 +153,10 @@ def test_on_its_own_thread_a_gpu_loss_stops_a_hung_rank_without_an_agent_round(b
         while (job := unlocked(lambda: job.__class__.objects.get(pk=job.pk))).failover_count < 1 or job.status != JobStatus.RUNNING:
             assert time.monotonic() - started < 30, f"{job.status}: {job.status_reason}"
             time.sleep(0.1)
+        fault = HealthEvent.objects.filter(node=part.node, gpu=part.gpu_indices[0], kind="gpu_lost", source=backend, fatal=True)
+        while not unlocked(fault.exists):  # a write the database refused is made at the monitor's next pass
+            assert time.monotonic() - started < 30, "the fault was never recorded"
+            time.sleep(0.1)
     finally:
         loop.stop()
         loop.join(15)
@@ -161,7 +165,7 @@ def test_on_its_own_thread_a_gpu_loss_stops_a_hung_rank_without_an_agent_round(b
     assert not loop.is_alive() and not any(
         t.name.startswith("health-monitor") and t.is_alive() and t not in monitors_before for t in threading.enumerate()
     )
-    assert HealthEvent.objects.filter(node=part.node, gpu=part.gpu_indices[0], kind="gpu_lost", source=backend, fatal=True).exists()
+    assert fault.count() == 1
     assert AttemptNode.objects.get(attempt__job=job, attempt__number=2).node_id != part.node_id
     if driver is not None:  # NVML was shut down with the agent's loop
         assert driver.inits == 1 and driver.shutdowns == 1 and not driver.event_sets
