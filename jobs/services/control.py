@@ -1,6 +1,6 @@
 """The control round: the registered sweeps (lost nodes, failover judgements left undone, log
-purges), jobs left behind by an exit report that failed halfway, then placement. Celery beat (scale-out), ``manage.py controlplane`` or the embedded
-loop runs it."""
+purges), jobs left behind by an exit report that failed halfway, then placement. Celery beat
+(scale-out), ``manage.py controlplane`` or the embedded loop runs it."""
 from __future__ import annotations
 
 import time
