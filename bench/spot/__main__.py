@@ -107,6 +107,23 @@ def _fmt(values: list[float]) -> str:
     return " ".join(f"{v:.1f}" for v in values)
 
 
+def _shares_of_sync(
+    name: str, detail: str, totals: dict[str, float], saving: list[str], scale: float, unit: str, whole: str, added: str
+) -> list[str]:
+    """One line per saving variant: what it adds to ``totals`` over none, as % of what sync adds."""
+    by_sync = totals["sync"] - totals["none"]
+    if by_sync <= 0:
+        return [f"  {name}: sync adds nothing measurable" for _ in saving]
+    lines = []
+    for cv in saving:
+        by_cv = totals[cv] - totals["none"]
+        lines.append(
+            f"  {name}{detail}: none {scale * totals['none']:{whole}} {unit}, added by sync {scale * by_sync:{added}} {unit}, "
+            f"by {cv} {scale * by_cv:{added}} {unit}: {cv} {100 * by_cv / by_sync:.1f} % of sync"
+        )
+    return lines
+
+
 def _by_position(run: dict) -> list[list[float]]:
     """Step-end intervals by position in the save cycle (0: the interval holding the save)."""
     every = run["save_steps"] if run["variant"] != "none" else 4
@@ -162,23 +179,9 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
         v: sum(quantile([x for run in runs[v] for x in _by_position(run)[p]], 0.5) for p in range(options.save_steps))
         for v in variants
     }
-    med_sync = medians["sync"] - medians["none"]
-    for cv in saving:
-        med_ckpt = medians[cv] - medians["none"]
-        lines.append(
-            f"  median step-end interval, summed over one save cycle: none {1000 * medians['none']:.0f} ms, added by sync "
-            f"{1000 * med_sync:+.1f} ms, by {cv} {1000 * med_ckpt:+.1f} ms: {cv} {100 * med_ckpt / med_sync:.1f} % of sync"
-            if med_sync > 0 else "  median step-end interval: sync adds nothing measurable"
-        )
+    lines += _shares_of_sync("median step-end interval", ", summed over one save cycle", medians, saving, 1000, "ms", ".0f", "+.1f")
     cpu = {v: _mean([r["train_cpu_s"] for r in runs[v]]) for v in variants}
-    cpu_sync = cpu["sync"] - cpu["none"]
-    for cv in saving:
-        cpu_ckpt = cpu[cv] - cpu["none"]
-        lines.append(
-            f"  process CPU time of train() (all threads): none {cpu['none']:.2f} s, added by sync {cpu_sync:+.2f} s, by "
-            f"{cv} {cpu_ckpt:+.2f} s: {cv} {100 * cpu_ckpt / cpu_sync:.1f} % of sync"
-            if cpu_sync > 0 else "  process CPU time: sync adds nothing measurable"
-        )
+    lines += _shares_of_sync("process CPU time", " of train() (all threads)", cpu, saving, 1, "s", ".2f", "+.2f")
     lines.append("  per run: " + " ".join(f"{v}=[{_fmt([r['train_cpu_s'] for r in runs[v]])}]" for v in variants))
     for cv in saving:
         drains = [run.get("drain_s", 0.0) for run in runs[cv]]
