@@ -247,10 +247,6 @@ class NodeAgent:
         return list(self.live.values())
 
     # --- launch ----------------------------------------------------------------------------
-    def launch_placed(self) -> None:
-        """Launch every placed attempt on our nodes not started yet (a reconcile)."""
-        self.reconcile()
-
     def launch_attempts(self, attempts: list[JobAttempt]) -> None:
         """The embedded control round placed these: start our ranks of each (a rank of another
         agent's node is left to it)."""
