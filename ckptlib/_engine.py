@@ -41,7 +41,7 @@ import torch
 import ckptlib._format as _format
 import ckptlib._signals as _signals
 from ckptlib._background import BackgroundWriters
-from ckptlib._cache import HostCache
+from ckptlib._cache import PAGE, HostCache
 from ckptlib._commit import MultiRankCommit
 from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
@@ -52,7 +52,7 @@ from ckptlib._plan import StatePlan, plan_object, plan_state, protected_storages
 from ckptlib._reader import read_checkpoint
 from ckptlib._stage import Stager
 from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
-from ckptlib._writer import WriteItem
+from ckptlib._writer import WriteItem, memory_alignment
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +203,7 @@ class CheckpointEngine:
                 write_state=write_state,
                 sharded=sharded,
                 capture_rng=capture_rng,
+                mem_align=self._memory_alignment(),
             )
         except Exception as error:  # noqa: BLE001 - reported, training goes on
             job = Job(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
@@ -293,7 +294,8 @@ class CheckpointEngine:
 
     def staging_stats(self) -> dict[str, int]:
         """Bytes this engine copied into the host cache, and bytes it wrote straight from live
-        tensors (page-aligned CPU tensors: ``THP_MEM_ALLOC_ENABLE=1``), since it started."""
+        tensors (CPU tensors aligned for direct I/O where the file puts them: ``ckptlib._stage``),
+        since it started."""
         return {"copied_bytes": self._stager.copied_bytes, "live_bytes": self._stager.live_bytes}
 
     def latest_step(self) -> int | None:
@@ -418,6 +420,14 @@ class CheckpointEngine:
                     job.fail_in_flight(f"cannot write the checkpoint's small files: {error!r}")
             self._committer.settle(job)
         self._jobs.complete(job)
+
+    def _memory_alignment(self) -> int:
+        """The direct-I/O memory alignment under ``root`` (probed once per filesystem)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return PAGE  # save reports the directory it cannot create
+        return memory_alignment(self.root)
 
     def _is_known_step(self, step: int) -> bool:
         if self._jobs.has_step(step):

@@ -107,11 +107,28 @@ def write_at(fd: int, buffer: memoryview, offset: int) -> int:
     return total
 
 
-def safetensors_header(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], int]]) -> bytes:
+def write_vectors_at(fd: int, views: list[memoryview], offset: int) -> int:
+    """Writes ``views`` back to back to ``fd`` at ``offset`` (``pwritev``: one system call for
+    many ranges, resumed after a short write). Returns the bytes written."""
+    pending = [view.cast("B") if view.format != "B" or view.ndim != 1 else view for view in views]
+    total = sum(len(view) for view in pending)
+    done = 0
+    while pending:
+        written = os.pwritev(fd, pending, offset + done)
+        done += written
+        while pending and written >= len(pending[0]):
+            written -= len(pending.pop(0))
+        if pending and written:
+            pending[0] = pending[0][written:]
+    return total
+
+
+def safetensors_header(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...], int]], *, residue: int = 0) -> bytes:
     """Builds a safetensors header (8-byte length + JSON) for tensors written back to back.
 
     Args:
         entries: ``(name, dtype, shape, nbytes)`` in the order their bytes follow the header.
+        residue: The tensor data starts this many bytes past a page boundary.
 
     Returns:
         The bytes that precede the tensor data.
@@ -128,9 +145,9 @@ def safetensors_header(entries: Iterable[tuple[str, torch.dtype, tuple[int, ...]
         }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    # Tensor data starts page-aligned (the format allows padding the header with spaces; the
-    # safetensors library pads to 8), so a page-aligned tensor can be written straight from memory.
-    encoded += b" " * (-(8 + len(encoded)) % 4096)
+    # The format allows padding the header with spaces (the safetensors library pads to 8): the
+    # data starts where the planner asks, so that tensors can be written straight from memory.
+    encoded += b" " * ((residue - 8 - len(encoded)) % 4096)
     return len(encoded).to_bytes(8, "little") + encoded
 
 

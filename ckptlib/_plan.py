@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 import ckptlib._format as _format
+from ckptlib._cache import PAGE as _PAGE
 from ckptlib._torchfile import Piece, streamed_pieces
 
 
@@ -130,6 +131,7 @@ def plan_state(
     write_state: bool,
     sharded: bool,
     capture_rng: bool,
+    mem_align: int = _PAGE,
 ) -> StatePlan:
     """Decides the files of one rank's part of a checkpoint.
 
@@ -141,6 +143,8 @@ def plan_state(
             when sharded); other ranks write only their RNG state.
         sharded: Whether every rank holds different state (file names get ``_rank<r>``).
         capture_rng: Also write ``rng_state.pth`` / ``rng_state_<rank>.pth``.
+        mem_align: The direct-I/O memory alignment where the files go
+            (``ckptlib._writer.memory_alignment``): ``.safetensors`` files are laid out for it.
 
     Returns:
         The files; only background tensors are left to copy.
@@ -156,7 +160,9 @@ def plan_state(
             module_state = value.state_dict() if isinstance(value, torch.nn.Module) else None
             name = file_name_for(key, value, rank=rank, sharded=sharded, state_dict=module_state)
             plan.keys[key] = name
-            plan.files.append(_plan_value(name, value, protected=protected, state_dict=module_state))
+            plan.files.append(
+                _plan_value(name, value, protected=protected, state_dict=module_state, mem_align=mem_align)
+            )
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
         plan.keys["rng_state"] = name
@@ -193,17 +199,26 @@ def _storage_address(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
 
-def _plan_value(name: str, value: Any, *, protected: set[int] | None, state_dict: Mapping[str, Any] | None = None) -> FilePlan:
+def _plan_value(
+    name: str,
+    value: Any,
+    *,
+    protected: set[int] | None,
+    state_dict: Mapping[str, Any] | None = None,
+    mem_align: int = _PAGE,
+) -> FilePlan:
     if name.endswith(".safetensors"):
-        slots, names = [], []
+        slots, names, live = [], [], []
         for tensor_name, tensor in (state_dict if state_dict is not None else value.state_dict()).items():
             # Buffers and tensors no optimizer here steps (an EMA module) may change before the
             # next optimizer step: copy them now.
             background = protected is None or _storage_address(tensor) in protected
             slots.append(Slot(source=tensor.detach() if background else tensor.detach().clone()))
             names.append(tensor_name)
+            live.append(background)
         header = _format.safetensors_header(
-            (tensor_name, slot.dtype, slot.shape, slot.nbytes) for tensor_name, slot in zip(names, slots, strict=True)
+            ((tensor_name, slot.dtype, slot.shape, slot.nbytes) for tensor_name, slot in zip(names, slots, strict=True)),
+            residue=_data_residue(slots, live, mem_align),
         )
         pieces: list[Piece] = [header, *((index, 0, slot.nbytes) for index, slot in enumerate(slots) if slot.nbytes)]
         return FilePlan(name=name, slots=slots, pieces=pieces)
@@ -218,6 +233,38 @@ def _plan_value(name: str, value: Any, *, protected: set[int] | None, state_dict
     if hasattr(value, "state_dict") and callable(value.state_dict):
         return plan_object(name, value.state_dict(), background=protected is None)
     return plan_object(name, value, background=protected is None)
+
+
+def _data_residue(slots: list[Slot], live: list[bool], mem_align: int) -> int:
+    """Where a ``.safetensors`` file's tensor data should start, modulo a page, so that most
+    bytes of the tensors staging may write straight from memory sit as far from a ``mem_align``
+    boundary in the file as in memory (``ckptlib._stage``: a direct write needs both aligned).
+
+    Tensors are written back to back (the format allows no gap), so one start serves them all;
+    the class of starts (modulo ``mem_align``) that aligns the most bytes wins, and within it
+    the start that also puts the most bytes at their memory's offset from a page (their first
+    page boundary is then the same in both: the least is copied). A model loaded by
+    ``from_pretrained`` (transformers 5.24) has its tensors 8 or 2056 bytes past a page
+    boundary: with the data at a page boundary none of them could be written from memory.
+    A multiple of 8 (readers may view the data as 8-byte values); 0 when nothing can be aligned.
+    """
+    by_page: dict[int, int] = {}
+    position = 0
+    for slot, candidate in zip(slots, live, strict=True):
+        source = slot.source
+        if candidate and source is not None and source.device.type == "cpu" and source.is_contiguous():
+            residue = (source.data_ptr() - position) % _PAGE
+            if residue % 8 == 0:
+                by_page[residue] = by_page.get(residue, 0) + slot.nbytes
+        position += slot.nbytes
+    if not by_page:
+        return 0
+    unit = min(max(mem_align, 1), _PAGE)
+    by_class: dict[int, int] = {}
+    for residue, nbytes in by_page.items():
+        by_class[residue % unit] = by_class.get(residue % unit, 0) + nbytes
+    best = max(by_class, key=by_class.__getitem__)
+    return max((r for r in by_page if r % unit == best), key=by_page.__getitem__)
 
 
 def plan_object(name: str, obj: Any, *, background: bool, protected: set[int] | None = None) -> FilePlan:

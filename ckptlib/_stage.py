@@ -2,11 +2,14 @@
 
 Each file's bytes become page-aligned ranges, each either
 
-* **live**: a range of a CPU tensor that is page-aligned both in memory and in the file (large
-  tensors are, when torch allocates them page-aligned: ``THP_MEM_ALLOC_ENABLE=1``, which the
-  console sets for every job). The writer sends it to the disk straight from the tensor; nothing
-  is copied. Parameters and optimizer state do not change until the next optimizer step, so this
-  is valid until then; or
+* **live**: a page-aligned range of the file whose bytes are a CPU tensor's memory at an address
+  aligned for direct I/O (``ckptlib._writer.memory_alignment``: 512 bytes on the development
+  VM's disk, a page at most). Large tensors are, when torch allocates them page-aligned
+  (``THP_MEM_ALLOC_ENABLE=1``, which the console sets for every job), and so are tensors at any
+  address when the file puts their bytes at the same offset from an alignment boundary (the
+  planner lays ``.safetensors`` files out so: ``ckptlib._plan``). The writer sends it to the
+  disk straight from the tensor; nothing is copied. Parameters and optimizer state do not
+  change until the next optimizer step, so this is valid until then; or
 * **gathered**: the other bytes of a CPU file (headers, small or unaligned tensors), handed
   over as a list of segments of live memory covering up to ``gather_bytes`` of the file; the
   writer copies them into its own buffer and writes that (one write per item). The copy is the
@@ -50,7 +53,7 @@ import torch
 
 from ckptlib._cache import PAGE, Chunk, HostCache
 from ckptlib._plan import FilePlan, Slot
-from ckptlib._writer import DONE, QUEUED, REVOKED, WRITING, FileSink, WriteItem
+from ckptlib._writer import DONE, QUEUED, REVOKED, WRITING, FileSink, WriteItem, memory_alignment
 
 # Live ranges smaller than this are copied: a direct write has a fixed cost.
 _MIN_LIVE = 1 << 20
@@ -75,6 +78,7 @@ class _Cursor:
     live: list[WriteItem] = field(default_factory=list)
     live_checked: int = 0  # live[:live_checked] are known to be finished
     gather: bool = False  # the current file's bytes are gathered by the writers, not copied here
+    mem_align: int = PAGE  # the direct-I/O memory alignment of the job's directory
     copied: bool = False
     allow_live: bool = True
     # CUDA only: an event on each device's compute stream, recorded at save(); the devices whose
@@ -214,6 +218,7 @@ class Stager:
             plan = files[cursor.file_index]
             if cursor.sink is None:
                 cursor.sink = FileSink(job.directory / plan.name, size=plan.size)
+                cursor.mem_align = memory_alignment(job.directory)
                 cursor.gather = (
                     cursor.allow_live
                     and not force
@@ -235,7 +240,7 @@ class Stager:
                             source = _byte_view(slot)
                         cursor.sources[slot_index] = source
                     live_ok = cursor.allow_live and _can_write_live(
-                        source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset
+                        source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset, cursor.mem_align
                     )
                 while job.error is None and cursor.piece_offset < length:
                     left = length - cursor.piece_offset
@@ -408,14 +413,15 @@ def copy_segments(target: np.ndarray, segments: list[tuple[Any, int, int]]) -> N
         offset += length
 
 
-def _can_write_live(source: Any, start: int, file_pos: int, length: int) -> bool:
+def _can_write_live(source: Any, start: int, file_pos: int, length: int, mem_align: int) -> bool:
     """Whether part of this range can be written straight from memory: a CPU tensor whose memory
-    and file positions are page-aligned together, with at least ``_MIN_LIVE`` bytes past the
-    first common page boundary."""
+    is as far from a ``mem_align`` boundary as its file position is, with at least ``_MIN_LIVE``
+    bytes past the range's first page boundary in the file (where the live part starts: its
+    address there is aligned)."""
     if isinstance(source, bytes) or _is_device(source):
         return False
     address = source.data_ptr() + start
-    if (address - file_pos) % PAGE:
+    if (address - file_pos) % mem_align:
         return False
     return length - (-file_pos % PAGE) >= _MIN_LIVE
 

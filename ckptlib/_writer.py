@@ -15,6 +15,7 @@ the caller is the one to ``close``.
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import threading
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ import ckptlib._format as _format
 from ckptlib._cache import PAGE, Chunk
 
 _DIRECT = getattr(os, "O_DIRECT", 0)
+# Offsets from a page boundary tried by ``memory_alignment``, smallest first.
+_PROBE_OFFSETS = (4, 16, 64, 512, PAGE)
+_ALIGNMENTS: dict[int, int] = {}
 
 QUEUED, WRITING, DONE, REVOKED = "queued", "writing", "done", "revoked"
 
@@ -57,6 +61,55 @@ class WriteItem:
     end: bool = False
     state: str = QUEUED
     finished: threading.Event = field(default_factory=threading.Event)
+
+
+def memory_alignment(directory: Path) -> int:
+    """The alignment a buffer's address needs for a direct write to a file in ``directory``.
+
+    Linux asks direct I/O for memory aligned to the device's DMA alignment (``statx``'s
+    ``dio_mem_align``): 512 bytes on the development VM's virtio disk, 4 on many NVMe drives,
+    not necessarily a page. A tensor whose memory sits at the same offset from such a boundary
+    as its bytes do in the file can then be written straight from memory (``ckptlib._stage``),
+    and the planner lays files out so that most do (``ckptlib._plan``). Probed once per
+    filesystem: a page written with ``O_DIRECT`` from 4, 16, 64, 512 bytes past a page boundary;
+    the first accepted offset is the alignment. 1 where the filesystem has no direct I/O
+    (buffered writes read any address); a page where the probe cannot tell.
+    """
+    try:
+        device = os.stat(directory).st_dev
+    except OSError:
+        return PAGE
+    known = _ALIGNMENTS.get(device)
+    if known is None:
+        known = _ALIGNMENTS[device] = _probe_alignment(directory)
+    return known
+
+
+def _probe_alignment(directory: Path) -> int:
+    if not _DIRECT:
+        return 1
+    path = directory / f".ckptlib-dio-probe-{os.getpid()}-{threading.get_ident()}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _DIRECT, 0o600)
+    except OSError as error:
+        if error.errno == errno.EINVAL:  # no direct I/O here (tmpfs): buffered writes
+            return 1
+        return PAGE
+    memory = mmap.mmap(-1, 2 * PAGE)
+    view = memoryview(memory)
+    try:
+        for offset in _PROBE_OFFSETS:
+            try:
+                os.pwrite(fd, view[offset : offset + PAGE], 0)
+            except OSError:
+                continue
+            return offset
+        return PAGE
+    finally:
+        view.release()
+        memory.close()
+        os.close(fd)
+        path.unlink(missing_ok=True)
 
 
 class FileSink:
@@ -115,6 +168,21 @@ class FileSink:
                         raise
                     self._fall_back_to_buffered()
         _format.write_at(self._open(), view[: item.length], item.offset)
+
+    def write_vectors(self, offset: int, views: list[memoryview]) -> None:
+        """Writes ``views`` back to back at ``offset`` in one system call: the ranges of several
+        consecutive items, each a whole number of pages (a direct write's fixed cost, ~35 µs of
+        CPU on the development VM, is paid once)."""
+        fd = self._open()
+        if self._direct:
+            try:
+                _format.write_vectors_at(fd, views, offset)
+                return
+            except OSError as error:
+                if error.errno != errno.EINVAL:
+                    raise
+                self._fall_back_to_buffered()
+        _format.write_vectors_at(self._open(), views, offset)
 
     def close(self, *, durable: bool) -> None:
         """Sets the size (drops the last direct write's padding), fsyncs if ``durable``, closes."""
