@@ -2,7 +2,8 @@
 
 Order of calls, once a rank's last file of a checkpoint is closed (``MultiRankCommit.settle``):
 
-1. every rank fsyncs its files in ``checkpoint-<step>.tmp/`` and writes ``.rank-<r>.done`` durably;
+1. every rank fsyncs its files in ``checkpoint-<step>.tmp/`` and, in a group of more than one,
+   writes ``.rank-<r>.done`` durably;
 2. rank 0 waits for every other rank's marker (``.rank-<r>.failed``, or no marker within
    ``CKPT_COMMIT_TIMEOUT_S``, fails the checkpoint), writes the manifest, removes the markers and
    commits (``ckptlib._format.commit``: rename into place, then ``latest``), one commit at a time;
@@ -75,10 +76,14 @@ class MultiRankCommit:
             job.error = f"commit failed: {error}"
 
     def _mark_rank_done(self, job: Job) -> None:
+        # The state's files were fsynced as they were closed; the small files written beside
+        # them (the Trainer's) are fsynced here.
+        closed = {plan.name for plan in job.plan.files}
         for path in job.directory.iterdir():
-            if path.is_file() and not path.name.startswith("."):
+            if path.is_file() and not path.name.startswith(".") and path.name not in closed:
                 _format.fsync_path(path)
-        _format.write_bytes_durably(_format.rank_marker(job.directory, self._place.rank), b"ok\n")
+        if self._place.world_size > 1:  # alone, rank 0 commits at once: no one reads a marker
+            _format.write_bytes_durably(_format.rank_marker(job.directory, self._place.rank), b"ok\n")
 
     def _mark_rank_failed(self, job: Job) -> None:
         try:

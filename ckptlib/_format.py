@@ -9,7 +9,7 @@ Layout under ``<output_dir>/concurrent_checkpoint/``::
 Commit order (each step durable before the next):
 
 1. every rank writes its files into ``checkpoint-<step>.tmp/`` and fsyncs them;
-2. every rank writes and fsyncs ``.rank-<r>.done``;
+2. in a group of more than one process, every rank writes and fsyncs ``.rank-<r>.done``;
 3. rank 0 waits for all markers, writes ``ckptlib.json`` (the manifest), fsyncs the directory;
 4. rank 0 renames ``checkpoint-<step>.tmp`` to ``checkpoint-<step>`` and fsyncs the parent;
 5. rank 0 writes ``latest.tmp``, fsyncs it and renames it over ``latest``.

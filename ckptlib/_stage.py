@@ -55,8 +55,9 @@ from ckptlib._cache import PAGE, Chunk, HostCache
 from ckptlib._plan import FilePlan, Slot
 from ckptlib._writer import DONE, QUEUED, REVOKED, WRITING, FileSink, WriteItem, memory_alignment
 
-# Live ranges smaller than this are copied: a direct write has a fixed cost.
-_MIN_LIVE = 1 << 20
+# Live ranges smaller than this are copied: each is one more item to hand over and claim.
+# (A direct write's fixed cost no longer counts: a writer sends consecutive items in one call.)
+_MIN_LIVE = 64 << 10
 # The most bytes of one gathered item (the writers' buffers are this large).
 _MAX_GATHER = 16 << 20
 
@@ -103,7 +104,9 @@ class Stager:
         # One write per gathered item: large enough that a writer wakes a few times per
         # checkpoint, small enough that its buffer (one per writer) is a small part of memory.
         self.gather_bytes = min(cache.chunk_bytes, _MAX_GATHER)
-        self._hand_over = hand_over
+        self._send = hand_over
+        # Items made by an ordinary run, handed over together when it returns (None: at once).
+        self._held: list[WriteItem] | None = None
         self._device = _DeviceCopies()
         self._lock = threading.Lock()
         self._items_lock = threading.Lock()
@@ -148,6 +151,11 @@ class Stager:
         if not self._lock.acquire(blocking=force):
             return False
         self.last_run = time.monotonic()
+        if not force:
+            # An ordinary run waits for nothing: its items go to the writers when it returns, so
+            # a writer woken by the first one does not contend for the GIL with the rest of
+            # ``save`` on the training thread (and finds the file's items queued together).
+            self._held = []
         try:
             while self._cursors:
                 cursor = self._cursors[0]
@@ -171,8 +179,17 @@ class Stager:
                 self._device.synchronize()
             return True
         finally:
+            held, self._held = self._held, None
+            for item in held or ():
+                self._send(item)
             self.last_run = time.monotonic()
             self._lock.release()
+
+    def _hand_over(self, item: WriteItem) -> None:
+        if self._held is not None:
+            self._held.append(item)
+        else:
+            self._send(item)
 
     @staticmethod
     def _live_pending(cursor: _Cursor) -> bool:

@@ -17,7 +17,11 @@ worktree), run the same way, so before and after are measured in the same condit
 drift on a shared machine falls on all three alike. The figure is ``train()``'s wall time: time
 added = a variant's mean minus ``none``'s mean, and ckptlib's added time as a % of ``sync``'s
 (target ≤ 10 %, aim ≤ 5 %), pooled and per round (the spread). The exit wait for the last
-checkpoint (``drain``) is shown apart: it is after training.
+checkpoint (``drain``) is shown apart: it is after training. Figures less sensitive to noise
+follow: the median step-end interval summed over a save cycle, each run measured against
+itself (the first half of its save cycle minus the second half: whole runs of this script vary
+by ±15 % on the development VM, from one process to the next, which the pooled figures cannot
+tell from a save's cost), and the process CPU time of ``train()``.
 
 The profile: the interval between consecutive step ends by position in the save cycle (the
 save falls in position 0's interval) for each variant, minus ``none``'s; and, per ckptlib save,
@@ -180,6 +184,7 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
         for v in variants
     }
     lines += _shares_of_sync("median step-end interval", ", summed over one save cycle", medians, saving, 1000, "ms", ".0f", "+.1f")
+    lines += _within_runs(runs, saving, options.save_steps)
     cpu = {v: _mean([r["train_cpu_s"] for r in runs[v]]) for v in variants}
     lines += _shares_of_sync("process CPU time", " of train() (all threads)", cpu, saving, 1, "s", ".2f", "+.2f")
     lines.append("  per run: " + " ".join(f"{v}=[{_fmt([r['train_cpu_s'] for r in runs[v]])}]" for v in variants))
@@ -197,6 +202,30 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
         lines.append("")
         lines.extend(_profile(runs, cv))
     return "\n".join(lines)
+
+
+def _within_runs(runs: dict[str, list[dict]], saving: list[str], every: int) -> list[str]:
+    """Each run against itself: the first half of its save cycle minus the second half (the
+    median interval at each position), so a run that is slower as a whole (this VM's runs vary
+    by +-15 %) cancels out. It leaves out what a save costs the cycle's later steps."""
+    if every < 2 or every % 2:
+        return []
+    half = every // 2
+
+    def added(run: dict) -> float:
+        medians = [quantile(values, 0.5) for values in _by_position(run)]
+        return sum(medians[:half]) - sum(medians[half:])
+
+    figures = {v: [1000 * added(run) for run in runs[v]] for v in ("sync", *saving)}
+    lines = [
+        f"  within each run, positions 0-{half - 1} minus {half}-{every - 1} of the save cycle (median per position), ms: "
+        + " ".join(f"{v} {_mean(f):+.1f} [{_fmt(f)}]" for v, f in figures.items())
+    ]
+    by_sync = _mean(figures["sync"])
+    for cv in saving:
+        share = 100 * _mean(figures[cv]) / by_sync if by_sync > 0 else float("nan")
+        lines.append(f"    {cv}: {share:.1f} % of sync by this figure")
+    return lines
 
 
 def _profile(runs: dict[str, list[dict]], variant: str) -> list[str]:
