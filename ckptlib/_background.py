@@ -100,12 +100,17 @@ class BackgroundWriters:
             assert isinstance(item, WriteItem)
             if not self._batchable(item):
                 self._write(item)
-                continue
-            batch, carried = self._take_batch(item)
-            if len(batch) == 1:
-                self._write(item)
             else:
-                self._write_batch(batch)
+                batch, carried = self._take_batch(item)
+                if len(batch) == 1:
+                    self._write(item)
+                else:
+                    self._write_batch(batch)
+            if carried is _NOTHING and self._items.empty() and not self._stager.idle and self._stager.handed_over:
+                # Every byte is handed over and the queue is empty: retire the checkpoints whose
+                # items are all written now (a short, non-blocking run), so this thread goes to
+                # sleep instead of polling. Each poll wakes it on a core training uses.
+                self._stager.run(force=False)
 
     @staticmethod
     def _batchable(item: WriteItem) -> bool:
@@ -205,14 +210,16 @@ class BackgroundWriters:
         return view
 
     def _write_run(self, job: Job, sink: FileSink, run: list[WriteItem], views: list[memoryview]) -> None:
-        if not run or job.error is not None:
-            return
         try:
-            sink.write_vectors(run[0].offset, views)
-            with job.lock:
-                job.bytes += sum(item.length for item in run)
+            if run and job.error is None:
+                sink.write_vectors(run[0].offset, views)
+                with job.lock:
+                    job.bytes += sum(item.length for item in run)
         except Exception as error:  # noqa: BLE001 - reported, training goes on
             job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
+        finally:
+            for view in views:  # a chunk given back may be unmapped: no view may outlive this
+                view.release()
 
     def _write(self, item: WriteItem) -> None:
         job, sink = item.job, item.sink
@@ -245,24 +252,15 @@ class BackgroundWriters:
         job, sink = item.job, item.sink
         if not self._stager.begin_live_write(item):
             return  # revoked: the stager copied it and handed the copy over
-        buffer = None
-        try:
-            if job.error is None:
-                buffer = self._local.buffer
-                if buffer is None:
-                    buffer = self._local.buffer = Chunk(self._stager.gather_bytes, pin=False)
-                assert item.gather is not None and item.length <= buffer.size
-                copy_segments(buffer.array[: item.length], item.gather)
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
-            job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
-            buffer = None
-        finally:
-            # Live memory is no longer read: the next optimizer step may go on.
-            self._stager.end_live_write(item, gathered=buffer is not None)
-        if buffer is None:
+        if job.error is not None:
+            self._stager.end_live_write(item)
             return
+        view = self._copy_gathered(item, 0)
+        if view is None:
+            return
+        view.release()
         try:
-            sink.write(item, buffer=buffer.mem)
+            sink.write(item, buffer=self._local.buffer.mem)
             with job.lock:
                 job.bytes += item.length
         except Exception as error:  # noqa: BLE001 - reported, training goes on

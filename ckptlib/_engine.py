@@ -109,6 +109,7 @@ class CheckpointEngine:
         self.stop_requested = threading.Event()
         self.on_commit: list[Callable[[CheckpointResult], None]] = []
         self._stepped_modules: list[weakref.ref[torch.nn.Module]] = []
+        self._mem_align: int | None = None
 
         self._jobs = JobBook(rank=self.place.rank, on_commit=self.on_commit)
         self._closed = threading.Event()
@@ -423,11 +424,13 @@ class CheckpointEngine:
 
     def _memory_alignment(self) -> int:
         """The direct-I/O memory alignment under ``root`` (probed once per filesystem)."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return PAGE  # save reports the directory it cannot create
-        return memory_alignment(self.root)
+        if self._mem_align is None:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                return PAGE  # save reports the directory it cannot create
+            self._mem_align = memory_alignment(self.root)
+        return self._mem_align
 
     def _is_known_step(self, step: int) -> bool:
         if self._jobs.has_step(step):

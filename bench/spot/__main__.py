@@ -128,9 +128,9 @@ def _shares_of_sync(
     return lines
 
 
-def _by_position(run: dict) -> list[list[float]]:
-    """Step-end intervals by position in the save cycle (0: the interval holding the save)."""
-    every = run["save_steps"] if run["variant"] != "none" else 4
+def _by_position(run: dict, every: int) -> list[list[float]]:
+    """Step-end intervals by position in a save cycle of ``every`` steps (0: the interval
+    holding the save; a none run's positions are those its saves would have had)."""
     positions: list[list[float]] = [[] for _ in range(every)]
     # intervals[i] runs from the end of step i+1 to the end of step i+2; the save of step k
     # (k % every == 0) happens right after step k ends, so it falls in interval k-1.
@@ -180,7 +180,7 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
     lines.append("")
     lines.append("robust to other processes' load (a shared machine):")
     medians = {
-        v: sum(quantile([x for run in runs[v] for x in _by_position(run)[p]], 0.5) for p in range(options.save_steps))
+        v: sum(quantile([x for run in runs[v] for x in _by_position(run, options.save_steps)[p]], 0.5) for p in range(options.save_steps))
         for v in variants
     }
     lines += _shares_of_sync("median step-end interval", ", summed over one save cycle", medians, saving, 1000, "ms", ".0f", "+.1f")
@@ -193,10 +193,10 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
         lines.append(f"{cv} exit wait for the last checkpoint (after train): mean {_mean(drains):.3f} s")
     lines.append("")
     lines.append("step-end intervals by position in the save cycle, ms, minus none's (position 0 holds the save):")
-    none_pos = [_mean([x for run in runs["none"] for x in _by_position(run)[p]]) for p in range(options.save_steps)]
+    none_pos = [_mean([x for run in runs["none"] for x in _by_position(run, options.save_steps)[p]]) for p in range(options.save_steps)]
     lines.append("  none     " + " ".join(f"{1000 * v:8.1f}" for v in none_pos) + "   (absolute)")
     for variant in ("sync", *saving):
-        pos = [_mean([x for run in runs[variant] for x in _by_position(run)[p]]) for p in range(options.save_steps)]
+        pos = [_mean([x for run in runs[variant] for x in _by_position(run, options.save_steps)[p]]) for p in range(options.save_steps)]
         lines.append(f"  {variant:8} " + " ".join(f"{1000 * (v - n):+8.1f}" for v, n in zip(pos, none_pos)))
     for cv in saving:
         lines.append("")
@@ -213,7 +213,7 @@ def _within_runs(runs: dict[str, list[dict]], saving: list[str], every: int) -> 
     half = every // 2
 
     def added(run: dict) -> float:
-        medians = [quantile(values, 0.5) for values in _by_position(run)]
+        medians = [quantile(values, 0.5) for values in _by_position(run, every)]
         return sum(medians[:half]) - sum(medians[half:])
 
     figures = {v: [1000 * added(run) for run in runs[v]] for v in ("sync", *saving)}
@@ -281,10 +281,10 @@ def main() -> None:
             runs[variant].append(_run(variant, options, workdir, index))
             print(f"round {index + 1} {variant}: train {runs[variant][-1]['train_s']:.2f} s  (load {_loadavg()})", flush=True)
         loads.append(_loadavg())
+    if options.json:  # before the report: the runs are kept whatever happens to it
+        Path(options.json).write_text(json.dumps(runs))
     print()
     print(_report(runs, options, loads, time.perf_counter() - began))
-    if options.json:
-        Path(options.json).write_text(json.dumps(runs))
     if not options.dir:
         shutil.rmtree(workdir, ignore_errors=True)
 

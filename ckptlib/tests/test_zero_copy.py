@@ -158,3 +158,34 @@ def test_tensors_at_odd_offsets_are_written_from_memory_into_a_valid_safetensors
     assert_same(expected, load_file(path), "model.safetensors")
     header = int.from_bytes(path.read_bytes()[:8], "little")
     assert (8 + header) % 8 == 0  # data still 8-byte aligned in the file
+
+
+def test_the_probed_memory_alignment_is_what_direct_writes_accept_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    import errno
+    import mmap
+
+    from ckptlib._writer import _PROBE_OFFSETS, _probe_alignment
+
+    alignment = _probe_alignment(tmp_path)
+
+    assert alignment in (1, 4, 16, 64, 512, 4096)
+    assert list(tmp_path.iterdir()) == []
+    if alignment in (1, 4096):
+        return  # no direct I/O here, or only from page-aligned memory: nothing more to show
+    memory = mmap.mmap(-1, 3 * 4096)
+    view = memoryview(memory)
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
+    try:
+        assert os.pwrite(fd, view[alignment : alignment + 4096], 4096) == 4096
+        if alignment > _PROBE_OFFSETS[0]:  # the offset tried before it is refused
+            smaller = _PROBE_OFFSETS[_PROBE_OFFSETS.index(alignment) - 1]
+            try:
+                os.pwrite(fd, view[smaller : smaller + 4096], 0)
+            except OSError as error:
+                assert error.errno == errno.EINVAL
+            else:
+                raise AssertionError(f"a write from {smaller} bytes past a page was accepted")
+    finally:
+        os.close(fd)
+        view.release()
+        memory.close()
