@@ -35,7 +35,7 @@ written (a live range) or copied (a gathered item) is waited for: parameters and
 are about to change. A checkpoint whose state has no optimizer (nothing says when it changes)
 is staged by copying, before ``save`` returns.
 
-Tensors on a CUDA device are copied on a side stream (``_DeviceCopies``, below, has the rules and
+Tensors on a CUDA device are copied on a side stream (``ckptlib._device.DeviceCopies`` has the rules and
 their reasons). That path is **unverified on a GPU**: it was written by the CUDA stream rules and
 its order of calls is tested on the CPU against a recording stand-in for ``torch.cuda``
 (``tests/test_cuda_staging_logic.py``); ``python -m ckptlib.tests.gpu_check`` checks it on a GPU.
@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from ckptlib._cache import PAGE, Chunk, HostCache
+from ckptlib._device import DeviceCopies, is_device
 from ckptlib._plan import FilePlan, Slot
 from ckptlib._writer import DONE, QUEUED, REVOKED, WRITING, FileSink, WriteItem, memory_alignment
 
@@ -107,7 +108,7 @@ class Stager:
         self._send = hand_over
         # Items made by an ordinary run, handed over together when it returns (None: at once).
         self._held: list[WriteItem] | None = None
-        self._device = _DeviceCopies()
+        self._device = DeviceCopies()
         self._lock = threading.Lock()
         self._items_lock = threading.Lock()
         self._cursors: list[_Cursor] = []
@@ -239,7 +240,7 @@ class Stager:
                 cursor.gather = (
                     cursor.allow_live
                     and not force
-                    and not any(slot.source is not None and _is_device(slot.source) for slot in plan.slots)
+                    and not any(slot.source is not None and is_device(slot.source) for slot in plan.slots)
                 )
             while job.error is None and cursor.piece_index < len(plan.pieces):
                 piece = plan.pieces[cursor.piece_index]
@@ -251,7 +252,7 @@ class Stager:
                     source = cursor.sources.get(slot_index)
                     if source is None:
                         slot = plan.slots[slot_index]
-                        if slot.source is not None and _is_device(slot.source):
+                        if slot.source is not None and is_device(slot.source):
                             source = self._device.byte_view(cursor, slot.source)
                         else:
                             source = _byte_view(slot)
@@ -323,7 +324,7 @@ class Stager:
             return
         if isinstance(source, bytes):
             chunk.array[offset : offset + length] = np.frombuffer(source, dtype=np.uint8, count=length, offset=start)
-        elif not _is_device(source):
+        elif not is_device(source):
             _copy_cpu(chunk.array[offset : offset + length], source[start : start + length])
         else:
             self._device.copy(cursor, chunk.tensor[offset : offset + length], source[start : start + length])
@@ -435,7 +436,7 @@ def _can_write_live(source: Any, start: int, file_pos: int, length: int, mem_ali
     is as far from a ``mem_align`` boundary as its file position is, with at least ``_MIN_LIVE``
     bytes past the range's first page boundary in the file (where the live part starts: its
     address there is aligned)."""
-    if isinstance(source, bytes) or _is_device(source):
+    if isinstance(source, bytes) or is_device(source):
         return False
     address = source.data_ptr() + start
     if (address - file_pos) % mem_align:
@@ -458,146 +459,6 @@ def _copy_cpu(target: np.ndarray, source: torch.Tensor) -> None:
         torch.from_numpy(target).copy_(source)
         return
     np.copyto(target, array)
-
-
-def _is_device(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is on an accelerator (copied on a side stream, never written live)."""
-    return tensor.device.type != "cpu"
-
-
-def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
-    tensor.record_stream(stream)
-
-
-class _Ready:
-    """The events a chunk's copies end with, one per copy stream used (several devices)."""
-
-    __slots__ = ("events",)
-
-    def __init__(self, events: list[Any]) -> None:
-        self.events = events
-
-    def synchronize(self) -> None:
-        for event in self.events:
-            event.synchronize()
-
-
-class _DeviceCopies:
-    """Copies from CUDA tensors into host chunks on one side stream per device.
-
-    UNVERIFIED ON A GPU: written by the CUDA stream rules below; on the CPU its order of calls is
-    tested against a recording stand-in for ``torch.cuda``; ``ckptlib/tests/gpu_check.py`` is
-    the check to run on a GPU. The rules, and why:
-
-    1. **The copy stream waits for the compute stream as it was at ``save()``** (``mark_save``
-       records an event on each device's current stream, on the training thread; the copy stream
-       ``wait_event``s it before its first copy of that checkpoint, which is
-       ``copy_stream.wait_stream(compute_stream)`` taken at ``save()`` time). Kernels run
-       asynchronously: when ``save()`` returns, the optimizer step that produced the state may
-       still be running, and a copy issued on another stream without this wait could read the
-       parameters half updated. The event is recorded at ``save()`` rather than taken from
-       ``torch.cuda.current_stream()`` at copy time because copies may be issued from a writer
-       thread, whose current stream is not the training stream.
-    2. **The allocator learns the copy stream uses each source** (``record_stream``). Sources
-       that only the checkpoint holds (buffers cloned at ``save()``, contiguous copies) are
-       dropped as soon as their bytes are handed over, while the copy may still be queued; the
-       caching allocator would then hand their memory to the next kernel on the compute stream.
-       ``record_stream(copy_stream)`` keeps the block out of reuse until the copy stream's work
-       queued so far has finished.
-    3. **Nothing changes the sources before their copies have finished**: the optimizer's
-       pre-step hook (``run(force=True)``) ``synchronize()``s every copy stream with copies in
-       flight before it returns, so the step's kernels, queued after it, cannot overwrite a
-       parameter or optimizer state still being read. Forward and backward between ``save()``
-       and that hook do not write parameters or optimizer state, and what they do write
-       (BatchNorm statistics) was cloned at ``save()``.
-    4. **The host reads a chunk only after its copies have finished**: each chunk carries the
-       events recorded on its copy streams after its last copy (``chunk_ready``); the writer
-       synchronizes them before writing the chunk (pinned chunks make the copies asynchronous).
-    5. A non-contiguous source is made contiguous on the copy stream, after the wait: a kernel
-       on the thread's current stream would not be ordered after the compute stream.
-
-    Args:
-        cuda: ``torch.cuda`` (a stand-in in the CPU test of this logic).
-    """
-
-    def __init__(self, cuda: Any = None) -> None:
-        self.cuda = cuda if cuda is not None else torch.cuda
-        self._streams: dict[Any, Any] = {}
-        self._in_flight: list[Any] = []  # copy streams with copies not yet synchronized
-        self._lock = threading.Lock()
-
-    @property
-    def in_flight(self) -> bool:
-        return bool(self._in_flight)
-
-    def mark_save(self, plan: Any) -> dict[Any, Any]:
-        """On the training thread at ``save()``: an event on each used device's compute stream."""
-        if not self.cuda.is_available():
-            return {}  # the CPU path: nothing to order
-        devices = {
-            slot.source.device
-            for file in plan.files
-            for slot in file.slots
-            if slot.source is not None and _is_device(slot.source)
-        }
-        events = {}
-        for device in devices:
-            event = self.cuda.Event()
-            event.record(self.cuda.current_stream(device))
-            events[device] = event
-        return events
-
-    def _stream_for(self, cursor: _Cursor, device: Any) -> Any:
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = self.cuda.Stream(device=device)
-        if device not in cursor.device_waited:
-            event = cursor.saved_events.get(device)
-            if event is not None:
-                stream.wait_event(event)  # rule 1
-            else:  # a device seen only now (not in the plan at save): wait for its stream now
-                stream.wait_stream(self.cuda.current_stream(device))
-            cursor.device_waited.add(device)
-        return stream
-
-    def byte_view(self, cursor: _Cursor, tensor: torch.Tensor) -> torch.Tensor:
-        """The tensor's bytes as a flat ``uint8`` tensor, ready to be copied from."""
-        tensor = tensor.detach()
-        if not tensor.is_contiguous():
-            stream = self._stream_for(cursor, tensor.device)
-            _record_stream(tensor, stream)  # rule 2 (read by the contiguous copy)
-            with self.cuda.stream(stream):  # rule 5
-                tensor = tensor.contiguous()
-        return tensor.reshape(-1).view(torch.uint8)
-
-    def copy(self, cursor: _Cursor, target: torch.Tensor, source: torch.Tensor) -> None:
-        stream = self._stream_for(cursor, source.device)
-        _record_stream(source, stream)  # rule 2
-        with self.cuda.stream(stream):
-            target.copy_(source, non_blocking=True)
-        if stream not in cursor.chunk_streams:
-            cursor.chunk_streams.append(stream)
-        with self._lock:
-            if stream not in self._in_flight:
-                self._in_flight.append(stream)
-
-    def chunk_ready(self, streams: list[Any]) -> _Ready | None:
-        """Rule 4: events after the chunk's last copies on each stream used (None: CPU only)."""
-        if not streams:
-            return None
-        events = []
-        for stream in streams:
-            event = self.cuda.Event()
-            event.record(stream)
-            events.append(event)
-        return _Ready(events)
-
-    def synchronize(self) -> None:
-        """Rule 3: returns once every copy issued so far has finished."""
-        with self._lock:
-            streams, self._in_flight = self._in_flight, []
-        for stream in streams:
-            stream.synchronize()
 
 
 def _byte_view(slot: Slot) -> torch.Tensor:

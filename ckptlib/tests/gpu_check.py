@@ -4,7 +4,7 @@
 
 Trains a model on ``cuda:0`` with a checkpoint every step and compares every committed checkpoint,
 bit for bit, with a copy of the state taken at its step (cloned on the GPU, then moved to the
-host). Each step is made hard for the staging rules (``ckptlib._stage._DeviceCopies``):
+host). Each step is made hard for the staging rules (``ckptlib._device.DeviceCopies``):
 
 * the optimizer step runs on a non-default stream, and a long matmul chain is queued just before
   ``save()``, so the step's kernels may still be running when ``save()`` returns (rule 1: the

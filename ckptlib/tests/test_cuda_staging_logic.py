@@ -1,7 +1,7 @@
 """The CUDA staging path's order of calls, run on the CPU against a recording stand-in for
 ``torch.cuda`` (the NVIDIA-driver boundary): tensors marked as "on the device" are copied through
-``_DeviceCopies`` exactly as on a GPU, and the stand-in records every stream call. It checks the
-rules of ``ckptlib._stage._DeviceCopies``; it cannot show that a GPU obeys them
+``DeviceCopies`` exactly as on a GPU, and the stand-in records every stream call. It checks the
+rules of ``ckptlib._device.DeviceCopies``; it cannot show that a GPU obeys them
 (``python -m ckptlib.tests.gpu_check`` does, on a GPU)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ckptlib
+import ckptlib._device as _device
 import ckptlib._stage as _stage
 from ckptlib.tests.helpers import assert_same, snapshot
 
@@ -77,8 +78,12 @@ def test_device_copies_wait_for_save_record_their_sources_and_finish_before_the_
 ) -> None:
     cuda = _Cuda()
     on_device: set[int] = set()  # storages standing for device memory
-    monkeypatch.setattr(_stage, "_is_device", lambda t: t.untyped_storage().data_ptr() in on_device)
-    monkeypatch.setattr(_stage, "_record_stream", lambda t, s: cuda.log.append(("record_stream", s.name, t.data_ptr())))
+    def on_a_device(tensor):
+        return tensor.untyped_storage().data_ptr() in on_device
+
+    monkeypatch.setattr(_stage, "is_device", on_a_device)
+    monkeypatch.setattr(_device, "is_device", on_a_device)
+    monkeypatch.setattr(_device, "_record_stream", lambda t, s: cuda.log.append(("record_stream", s.name, t.data_ptr())))
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
@@ -96,7 +101,7 @@ def test_device_copies_wait_for_save_record_their_sources_and_finish_before_the_
         t.untyped_storage().data_ptr() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
     )
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.001, handle_signals=False)
-    engine._stager._device = _stage._DeviceCopies(cuda)
+    engine._stager._device = _device.DeviceCopies(cuda)
     in_flight_at_step = []
     expected = {}
     try:
@@ -139,7 +144,7 @@ def test_the_cpu_path_makes_no_cuda_call(tmp_path: Path, monkeypatch: pytest.Mon
 
     cuda = NoCuda()
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.001, handle_signals=False)
-    engine._stager._device = _stage._DeviceCopies(cuda)
+    engine._stager._device = _device.DeviceCopies(cuda)
     try:
         model = torch.nn.Linear(8, 8)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
