@@ -191,6 +191,7 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
     for cv in saving:
         drains = [run.get("drain_s", 0.0) for run in runs[cv]]
         lines.append(f"{cv} exit wait for the last checkpoint (after train): mean {_mean(drains):.3f} s")
+    lines += _writeback(runs, variants, saves)
     lines.append("")
     lines.append("step-end intervals by position in the save cycle, ms, minus none's (position 0 holds the save):")
     none_pos = [_mean([x for run in runs["none"] for x in _by_position(run, options.save_steps)[p]]) for p in range(options.save_steps)]
@@ -202,6 +203,23 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
         lines.append("")
         lines.extend(_profile(runs, cv))
     return "\n".join(lines)
+
+
+def _writeback(runs: dict[str, list[dict]], variants: list[str], saves: int) -> list[str]:
+    """What each variant left in the page cache at the end of train(), written back by an
+    ``os.sync()`` timed after the run: not in any figure above. ckptlib's files are durable
+    at commit (direct I/O, fsync); the Trainer's save does not fsync."""
+    if not all("writeback_s" in run for v in variants for run in runs[v]):
+        return []
+    parts = []
+    for v in variants:
+        wall = _mean([run["writeback_s"] for run in runs[v]])
+        cpu = _mean([run["writeback_cpu_s"] for run in runs[v]])
+        parts.append(f"{v} {wall:.2f} s ({1000 * cpu / saves:.1f} ms of CPU per save)")
+    return [
+        "not in the figures above: writing back what the page cache held at the end of train() "
+        "(os.sync after the run; wall time, and the machine's CPU time per save): " + ", ".join(parts)
+    ]
 
 
 def _within_runs(runs: dict[str, list[dict]], saving: list[str], every: int) -> list[str]:
