@@ -196,6 +196,7 @@ class CheckpointEngine:
             return False
         directory, target = _format.tmp_dir(self.root, step), _format.committed_dir(self.root, step)
         write_state = sharded or self.place.rank == 0
+        mem_align = self._memory_alignment()
         try:
             plan = plan_state(
                 state,
@@ -204,13 +205,13 @@ class CheckpointEngine:
                 write_state=write_state,
                 sharded=sharded,
                 capture_rng=capture_rng,
-                mem_align=self._memory_alignment(),
+                mem_align=mem_align,
             )
         except Exception as error:  # noqa: BLE001 - reported, training goes on
             job = Job(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
             self._jobs.fail(job, f"cannot plan the checkpoint: {error}")
             return False
-        job = Job(step=step, directory=directory, target=target, plan=plan, started=began)
+        job = Job(step=step, directory=directory, target=target, plan=plan, started=began, mem_align=mem_align)
         job.files_left = len(plan.files)
         job.write_files_later = write_files_later
         try:
@@ -261,7 +262,15 @@ class CheckpointEngine:
             modules = tuple(module for ref in self._stepped_modules if (module := ref()) is not None)
             protected = protected_storages(self._points.watched_optimizers(), modules)
         plan = StatePlan(files=[plan_object(target.name, obj, background=True, protected=protected)])
-        job = Job(step=-1, directory=target.parent, target=target, plan=plan, started=began, external=True)
+        job = Job(
+            step=-1,
+            directory=target.parent,
+            target=target,
+            plan=plan,
+            started=began,
+            external=True,
+            mem_align=memory_alignment(target.parent),
+        )
         job.files_left = 1
         self._jobs.add(job)
         self._stager.add(job, live=watched)

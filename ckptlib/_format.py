@@ -97,24 +97,23 @@ def write_bytes_durably(path: Path, payload: bytes) -> None:
         os.fsync(handle.fileno())
 
 
-def write_at(fd: int, buffer: memoryview, offset: int) -> int:
-    """Writes the whole buffer to ``fd`` at ``offset`` (``pwrite``, in large chunks). Returns the bytes written."""
-    view = buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
-    total = len(view)
-    done = 0
-    while done < total:
-        done += os.pwrite(fd, view[done : done + _WRITE_CHUNK], offset + done)
-    return total
-
-
-def write_vectors_at(fd: int, views: list[memoryview], offset: int) -> int:
-    """Writes ``views`` back to back to ``fd`` at ``offset`` (``pwritev``: one system call for
-    many ranges, resumed after a short write). Returns the bytes written."""
+def write_at(fd: int, views: list[memoryview], offset: int) -> int:
+    """Writes ``views`` back to back to ``fd`` at ``offset``: one ``pwritev`` for many ranges (up
+    to ``_WRITE_CHUNK`` bytes per call, so no call asks the kernel for more), resumed after a
+    short write. Returns the bytes written."""
     pending = [view.cast("B") if view.format != "B" or view.ndim != 1 else view for view in views]
     total = sum(len(view) for view in pending)
     done = 0
     while pending:
-        written = os.pwritev(fd, pending, offset + done)
+        call, size = [], 0
+        for view in pending:
+            if size + len(view) > _WRITE_CHUNK:
+                if size < _WRITE_CHUNK:
+                    call.append(view[: _WRITE_CHUNK - size])
+                break
+            call.append(view)
+            size += len(view)
+        written = os.pwritev(fd, call, offset + done)
         done += written
         while pending and written >= len(pending[0]):
             written -= len(pending.pop(0))

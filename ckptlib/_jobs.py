@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ckptlib._format as _format
+from ckptlib._cache import PAGE
 from ckptlib._events import LOG_PREFIX
 from ckptlib._plan import StatePlan
 from ckptlib._types import CheckpointResult
@@ -48,6 +49,8 @@ class Job:
     result: CheckpointResult | None = None
     # Run on the writer thread that finishes the job, before the commit (``save``'s option).
     write_files_later: Callable[[Path], None] | None = None
+    # The direct-I/O memory alignment where its files go (``ckptlib._writer.memory_alignment``).
+    mem_align: int = PAGE
 
     def fail_in_flight(self, message: str) -> None:
         """Records why the job fails, while other threads still work on it (the first reason wins)."""

@@ -54,7 +54,7 @@ import torch
 from ckptlib._cache import PAGE, Chunk, HostCache
 from ckptlib._device import DeviceCopies, is_device
 from ckptlib._plan import FilePlan, Slot
-from ckptlib._writer import DONE, QUEUED, REVOKED, WRITING, FileSink, WriteItem, memory_alignment
+from ckptlib._writer import DONE, QUEUED, REVOKED, WRITING, FileSink, WriteItem
 
 # Live ranges smaller than this are copied: each is one more item to hand over and claim.
 # (A direct write's fixed cost no longer counts: a writer sends consecutive items in one call.)
@@ -80,7 +80,6 @@ class _Cursor:
     live: list[WriteItem] = field(default_factory=list)
     live_checked: int = 0  # live[:live_checked] are known to be finished
     gather: bool = False  # the current file's bytes are gathered by the writers, not copied here
-    mem_align: int = PAGE  # the direct-I/O memory alignment of the job's directory
     copied: bool = False
     allow_live: bool = True
     # CUDA only: an event on each device's compute stream, recorded at save(); the devices whose
@@ -236,7 +235,6 @@ class Stager:
             plan = files[cursor.file_index]
             if cursor.sink is None:
                 cursor.sink = FileSink(job.directory / plan.name, size=plan.size)
-                cursor.mem_align = memory_alignment(job.directory)
                 cursor.gather = (
                     cursor.allow_live
                     and not force
@@ -258,7 +256,7 @@ class Stager:
                             source = _byte_view(slot)
                         cursor.sources[slot_index] = source
                     live_ok = cursor.allow_live and _can_write_live(
-                        source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset, cursor.mem_align
+                        source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset, job.mem_align
                     )
                 while job.error is None and cursor.piece_offset < length:
                     left = length - cursor.piece_offset

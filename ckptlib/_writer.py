@@ -156,33 +156,29 @@ class FileSink:
         else:
             source = item.chunk.mem if item.chunk is not None else item.live.numpy()
         view = memoryview(source).cast("B")
-        fd = self._open()
-        if self._direct:
-            padded = (item.length + PAGE - 1) // PAGE * PAGE
-            if padded <= len(view):
-                try:
-                    _format.write_at(fd, view[:padded], item.offset)
-                    return
-                except OSError as error:
-                    if error.errno != errno.EINVAL:
-                        raise
-                    self._fall_back_to_buffered()
-        _format.write_at(self._open(), view[: item.length], item.offset)
+        # A direct write covers whole pages: the last one's padding is cut by ``close``.
+        padded = (item.length + PAGE - 1) // PAGE * PAGE
+        self._write_views(item.offset, [view[:padded]] if padded <= len(view) else None, [view[: item.length]])
 
     def write_vectors(self, offset: int, views: list[memoryview]) -> None:
         """Writes ``views`` back to back at ``offset`` in one system call: the ranges of several
         consecutive items, each a whole number of pages (a direct write's fixed cost, ~35 µs of
         CPU on the development VM, is paid once)."""
+        self._write_views(offset, views, views)
+
+    def _write_views(self, offset: int, direct: list[memoryview] | None, buffered: list[memoryview]) -> None:
+        """Writes ``direct`` with ``O_DIRECT`` where the file has it (None: not whole pages), else
+        ``buffered``; a filesystem that refuses the direct write turns the file buffered."""
         fd = self._open()
-        if self._direct:
+        if self._direct and direct is not None:
             try:
-                _format.write_vectors_at(fd, views, offset)
+                _format.write_at(fd, direct, offset)
                 return
             except OSError as error:
                 if error.errno != errno.EINVAL:
                     raise
                 self._fall_back_to_buffered()
-        _format.write_vectors_at(self._open(), views, offset)
+        _format.write_at(self._open(), buffered, offset)
 
     def close(self, *, durable: bool) -> None:
         """Sets the size (drops the last direct write's padding), fsyncs if ``durable``, closes."""
