@@ -67,8 +67,12 @@ class EmbeddedControlLoop(threading.Thread):
         while not self.stopped.is_set():
             try:
                 if self.control and time.monotonic() >= next_round:
-                    next_round = time.monotonic() + self.interval
+                    started = time.monotonic()
                     self.agent.launch_attempts(control_round())
+                    # Only a round that completed waits the whole interval: one the database
+                    # refused (SQLite: "database table is locked") is tried again after the pause
+                    # below, not an interval later with every Pending job left waiting.
+                    next_round = started + self.interval
                     # Without a broker, a stop or a fault made by another process (manage.py
                     # inject_fault, reclaim_spot) cannot wake us: re-read with every control round.
                     self.agent.wake()

@@ -126,3 +126,23 @@ def test_an_exit_whose_report_the_database_refused_is_reported_again(nodes, make
     assert refused == [job.pk]
     assert job.attempts.get().state == JobAttempt.State.EXITED
     assert job.events.filter(to_status=JobStatus.COMPLETED).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_control_round_the_database_refused_is_tried_again_without_waiting_an_interval(nodes, make_job, monkeypatch):
+    """Rounds are 60 s apart here: the first one is refused ("database table is locked", as SQLite
+    answers while another connection writes) and the job must still start within seconds, not a
+    whole interval later (CI saw a job left Pending for 60 s that way)."""
+    from agent import loop as loop_module
+    from console.testing import refuse_once
+
+    refused = refuse_once(monkeypatch, loop_module, "control_round", "jobs_project")
+    job = make_job(command=SLOW)
+    loop = loop_module.EmbeddedControlLoop(NodeAgent([n.name for n in nodes]), interval=60)
+    loop.start()
+    try:
+        wait_for(lambda: TrainingJob.objects.get(pk=job.pk).status == JobStatus.RUNNING, "the refused round was tried again", 15)
+    finally:
+        loop.stop()
+        loop.join(15)
+    assert refused == [None] and not loop.is_alive()
