@@ -32,6 +32,25 @@ def pytest_report_header(config) -> str:
 needs_sandbox = pytest.mark.skipif(not SANDBOX_READY, reason=f"jobs cannot be sandboxed here: {SANDBOX_WHY}")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """Before a test's fixtures are torn down (a transactional test's database flush among
+    them), the embedded notification worker finishes what the test's status changes queued, and
+    forgets what it would have retried later: with the suite's in-memory SQLite (shared cache) a
+    query of its threads made the flush fail ("database table is locked": the next test then
+    found the last one's rows), and a retry due after the test touched the next test's
+    database."""
+    import sys
+
+    module = sys.modules.get("notify.worker")
+    if module is None or module.worker.thread is None:
+        return
+    worker = module.worker
+    worker.idle(timeout=10.0)
+    with worker.wake:
+        worker.queue.clear()
+
+
 @pytest.fixture(autouse=True)
 def job_work_root(request, tmp_path):
     """Every test's runs get their own working directories (where Django is in play), and users
