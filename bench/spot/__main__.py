@@ -48,6 +48,9 @@ from bench.stats import quantile
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ("none", "sync", "ckptlib")
+# Paired cycles: a save cycle, the next (where a save's background work may spill over), the one
+# after (the baseline), over and over.
+PAIRED_PATTERN = "SNN"
 
 
 def _prepare_assets(directory: Path, hidden: int, layers: int) -> None:
@@ -65,10 +68,10 @@ def _prepare_assets(directory: Path, hidden: int, layers: int) -> None:
     LlamaForCausalLM(config).save_pretrained(paths["model"])
 
 
-def _run(variant: str, options: argparse.Namespace, workdir: Path, index: int) -> dict:
+def _run(variant: str, options: argparse.Namespace, workdir: Path, index: int, *, paired: bool = False) -> dict:
     import ckptlib
 
-    run_dir = workdir / f"run-{index}-{variant}"
+    run_dir = workdir / f"run-{index}-{variant}{'-paired' if paired else ''}"
     run_dir.mkdir()
     out = run_dir / "figures.json"
     # "before": the other checkout's script, runner and ckptlib, as its ckptlib variant.
@@ -79,7 +82,7 @@ def _run(variant: str, options: argparse.Namespace, workdir: Path, index: int) -
         "PYTHONPATH": os.pathsep.join([vendor, str(repo)]),
         "SPOT_ASSETS_DIR": str(workdir / "assets"),
         "SPOT_OUTPUT_DIR": str(run_dir / "results"),
-        "SPOT_MAX_STEPS": str(options.steps),
+        "SPOT_MAX_STEPS": str(options.paired_steps if paired else options.steps),
         "SPOT_SAVE_STEPS": str(options.save_steps),
         "SPOT_MAX_LENGTH": str(options.max_length),
         "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -88,6 +91,8 @@ def _run(variant: str, options: argparse.Namespace, workdir: Path, index: int) -
     }  # fmt: skip
     if options.threads:
         env["OMP_NUM_THREADS"] = str(options.threads)
+    if paired:
+        env["BENCH_SPOT_PAIRED"] = PAIRED_PATTERN
     env.pop("CKPT_LAST_STEP", None)
     completed = subprocess.run(
         [sys.executable, "-m", "bench.spot._run", "ckptlib" if variant == "before" else variant, str(out)],
@@ -246,6 +251,64 @@ def _within_runs(runs: dict[str, list[dict]], saving: list[str], every: int) -> 
     return lines
 
 
+def _paired(paired: dict[str, list[dict]], every: int) -> list[str]:
+    """Paired cycles: in one process, save cycles (the ``every`` steps from a saving step's end,
+    the save included) against the no-save cycle two after them, the cycle between left to any
+    background work a save spills over (its excess over the baseline is printed as well). Whole
+    runs' variation (+-15 % here) cancels out; what is left is cycle-to-cycle jitter."""
+    period = len(PAIRED_PATTERN)
+
+    def cycles(run: dict) -> list[tuple[float, float]]:
+        intervals = run["intervals"]
+
+        def duration(step: int) -> float:  # end of step ``step`` to end of step ``step + every``
+            return sum(intervals[step - 1 : step - 1 + every])
+
+        pairs = []
+        # Skip the first period (warm-up); each save cycle needs the two after it.
+        for cycle in range(period, len(intervals) // every):
+            step = cycle * every
+            if PAIRED_PATTERN[cycle % period] == "S" and step - 1 + 3 * every <= len(intervals):
+                base = duration(step + 2 * every)
+                pairs.append((duration(step) - base, duration(step + every) - base))
+        return pairs
+
+    lines = [
+        f"paired cycles, in one process ({PAIRED_PATTERN}: a cycle of {every} steps with a save, one without "
+        "(spill), one without (baseline)), added per save, ms:"
+    ]
+    figures: dict[str, tuple[float, float]] = {}
+    for variant, variant_runs in paired.items():
+        pairs = [pair for run in variant_runs for pair in cycles(run)]
+        added = [1000 * a for a, _ in pairs]
+        spill = [1000 * b for _, b in pairs]
+        if len(added) < 2:
+            lines.append(f"  {variant:8} too few save cycles ({len(added)})")
+            continue
+        mean, se = statistics.fmean(added), statistics.stdev(added) / len(added) ** 0.5
+        figures[variant] = (mean, se)
+        per_run = [statistics.fmean([1000 * a for a, _ in cycles(run)] or [float("nan")]) for run in variant_runs]
+        lines.append(
+            f"  {variant:8} mean {mean:+7.1f} (se {se:4.1f}, n {len(added)})  median {quantile(added, 0.5):+7.1f}  "
+            f"quartiles {quantile(added, 0.25):+.1f} / {quantile(added, 0.75):+.1f}  per run [{_fmt(per_run)}]  "
+            f"next cycle (spill) {statistics.fmean(spill):+.1f} (se {statistics.stdev(spill) / len(spill) ** 0.5:.1f})"
+        )
+    if "sync" in figures and figures["sync"][0] > 0:
+        sync_mean, sync_se = figures["sync"]
+        for variant, (mean, se) in figures.items():
+            if variant == "sync":
+                continue
+            ratio = mean / sync_mean
+            # The ratio's standard error by the delta method (the two means are independent).
+            ratio_se = abs(ratio) * ((se / mean) ** 2 + (sync_se / sync_mean) ** 2) ** 0.5 if mean else se / sync_mean
+            lines.append(
+                f"  {variant}'s added time as % of the synchronous save's, by paired cycles: {100 * ratio:.1f} % "
+                f"(se {100 * ratio_se:.1f}; about 95 %: {100 * (ratio - 2 * ratio_se):.1f} to {100 * (ratio + 2 * ratio_se):.1f} %); "
+                "target <= 10 %, aim <= 5 %"
+            )
+    return lines
+
+
 def _profile(runs: dict[str, list[dict]], variant: str) -> list[str]:
     lines = [f"per {variant} save, ms on the training thread (mean over runs):"]
 
@@ -283,6 +346,11 @@ def main() -> None:
         help="also run the ckptlib of another checkout (DIR: its repository root, e.g. a git worktree of the "
         "previous commit) as a fourth variant, interleaved: before/after in the same conditions",
     )  # fmt: skip
+    parser.add_argument(
+        "--paired-rounds", type=int, default=2,
+        help="rounds of paired-cycle runs (sync, ckptlib[, before]), after the rounds above; 0: none",
+    )  # fmt: skip
+    parser.add_argument("--paired-steps", type=int, default=156, help="steps of each paired-cycle run")
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write every run's figures here")
     options = parser.parse_args()
@@ -299,10 +367,20 @@ def main() -> None:
             runs[variant].append(_run(variant, options, workdir, index))
             print(f"round {index + 1} {variant}: train {runs[variant][-1]['train_s']:.2f} s  (load {_loadavg()})", flush=True)
         loads.append(_loadavg())
+    paired: dict[str, list[dict]] = {variant: [] for variant in variants if variant != "none"}
+    for index in range(options.paired_rounds):
+        names = list(paired)
+        for variant in names[index % len(names) :] + names[: index % len(names)]:
+            paired[variant].append(_run(variant, options, workdir, index, paired=True))
+            print(f"paired round {index + 1} {variant}: train {paired[variant][-1]['train_s']:.2f} s  (load {_loadavg()})", flush=True)
+        loads.append(_loadavg())
     if options.json:  # before the report: the runs are kept whatever happens to it
-        Path(options.json).write_text(json.dumps(runs))
+        Path(options.json).write_text(json.dumps({"runs": runs, "paired": paired}))
     print()
     print(_report(runs, options, loads, time.perf_counter() - began))
+    if options.paired_rounds:
+        print()
+        print("\n".join(_paired(paired, options.save_steps)))
     if not options.dir:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -8,7 +8,8 @@ a no-op) or ``ckptlib`` (the script as written). The script runs through ``runpy
 are added around it: ``Trainer.train`` (the figure compared), the interval between consecutive
 step ends (by position in the save cycle), and, per save, the time in the Trainer's
 ``_save_checkpoint`` and, under ckptlib, in its parts (planning, the Trainer's small files,
-staging at hooks), plus the CPU time of ckptlib's threads. Writes one JSON object to OUT_JSON.
+staging at hooks), plus the CPU time of ckptlib's threads. Writes one JSON object to OUT_JSON. With ``BENCH_SPOT_PAIRED`` (a pattern such as ``SNN``),
+only the save cycles the pattern marks ``S`` save (``bench.spot``'s paired cycles).
 """
 
 from __future__ import annotations
@@ -98,9 +99,19 @@ def main() -> None:
     step_ends: list[float] = []
     result: dict[str, Any] = {"variant": variant}
 
+    # Paired cycles (``BENCH_SPOT_PAIRED``, e.g. "SNN"): whether the step that ends a save
+    # cycle saves follows the pattern, one letter per cycle, instead of every cycle; set after
+    # the Trainer's own flow callback has decided, so it is what the Trainer does next.
+    pattern = os.environ.get("BENCH_SPOT_PAIRED", "")
+
     class StepClock(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             step_ends.append(time.perf_counter())
+            if pattern:
+                every = args.save_steps
+                cycle = state.global_step // every
+                control.should_save = state.global_step % every == 0 and pattern[cycle % len(pattern)] == "S"
+            return control
 
     original_train = transformers.Trainer.train
     holder: dict[str, Any] = {}
