@@ -23,6 +23,14 @@ itself (the first half of its save cycle minus the second half: whole runs of th
 by ±15 % on the development VM, from one process to the next, which the pooled figures cannot
 tell from a save's cost), and the process CPU time of ``train()``.
 
+Paired cycles (``--paired-rounds``, after the rounds above; ``sync``, ``ckptlib`` and ``before``
+in turn, ``--paired-steps`` steps each): in one process the save cycles follow a pattern, a cycle
+with a save, one without (where a save's background work may spill over), one without (the
+baseline), over and over; each save's added time is its cycle minus the baseline cycle two
+after it. A whole run's speed cancels out of every pair, so this is the figure that can resolve
+a few milliseconds per save here; per save it measures the same cost as a save every 4 steps as
+long as a save's background work ends within the next cycle (the spill cycle's excess shows it).
+
 The profile: the interval between consecutive step ends by position in the save cycle (the
 save falls in position 0's interval) for each variant, minus ``none``'s; and, per ckptlib save,
 the time on the training thread inside the Trainer's save hook and its parts (planning the
@@ -274,38 +282,45 @@ def _paired(paired: dict[str, list[dict]], every: int) -> list[str]:
         return pairs
 
     lines = [
-        f"paired cycles, in one process ({PAIRED_PATTERN}: a cycle of {every} steps with a save, one without "
-        "(spill), one without (baseline)), added per save, ms:"
+        f"paired cycles, in one process ({PAIRED_PATTERN}: a cycle of {every} steps with a save, the next (spill), "
+        "the one after (baseline)), ms per save over the baseline: the save's cycle, and the save's and the next "
+        "together (any background work that spilled over included; this VM's occasional slow cycle falls in "
+        "means, rarely in medians):"
     ]
-    figures: dict[str, tuple[float, float]] = {}
+    figures: dict[str, dict[str, list[float]]] = {}
     for variant, variant_runs in paired.items():
         pairs = [pair for run in variant_runs for pair in cycles(run)]
-        added = [1000 * a for a, _ in pairs]
-        spill = [1000 * b for _, b in pairs]
-        if len(added) < 2:
-            lines.append(f"  {variant:8} too few save cycles ({len(added)})")
+        if len(pairs) < 2:
+            lines.append(f"  {variant:8} too few save cycles ({len(pairs)})")
             continue
-        mean, se = statistics.fmean(added), statistics.stdev(added) / len(added) ** 0.5
-        figures[variant] = (mean, se)
+        figures[variant] = {"save cycle": [1000 * a for a, _ in pairs], "with the next": [1000 * (a + b) for a, b in pairs]}
         per_run = [statistics.fmean([1000 * a for a, _ in cycles(run)] or [float("nan")]) for run in variant_runs]
-        lines.append(
-            f"  {variant:8} mean {mean:+7.1f} (se {se:4.1f}, n {len(added)})  median {quantile(added, 0.5):+7.1f}  "
-            f"quartiles {quantile(added, 0.25):+.1f} / {quantile(added, 0.75):+.1f}  per run [{_fmt(per_run)}]  "
-            f"next cycle (spill) {statistics.fmean(spill):+.1f} (se {statistics.stdev(spill) / len(spill) ** 0.5:.1f})"
-        )
-    if "sync" in figures and figures["sync"][0] > 0:
-        sync_mean, sync_se = figures["sync"]
-        for variant, (mean, se) in figures.items():
+        for name, values in figures[variant].items():
+            mean, se = statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5
+            lines.append(
+                f"  {variant:8} {name:13} mean {mean:+7.1f} (se {se:4.1f}, n {len(values)})  median {quantile(values, 0.5):+7.1f}  "
+                f"quartiles {quantile(values, 0.25):+.1f} / {quantile(values, 0.75):+.1f}"
+                + (f"  per run (means) [{_fmt(per_run)}]" if name == "save cycle" else "")
+            )
+    if "sync" in figures:
+        for variant in figures:
             if variant == "sync":
                 continue
-            ratio = mean / sync_mean
-            # The ratio's standard error by the delta method (the two means are independent).
-            ratio_se = abs(ratio) * ((se / mean) ** 2 + (sync_se / sync_mean) ** 2) ** 0.5 if mean else se / sync_mean
-            lines.append(
-                f"  {variant}'s added time as % of the synchronous save's, by paired cycles: {100 * ratio:.1f} % "
-                f"(se {100 * ratio_se:.1f}; about 95 %: {100 * (ratio - 2 * ratio_se):.1f} to {100 * (ratio + 2 * ratio_se):.1f} %); "
-                "target <= 10 %, aim <= 5 %"
-            )
+            for name, values in figures[variant].items():
+                sync = figures["sync"][name]
+                mean, sync_mean = statistics.fmean(values), statistics.fmean(sync)
+                if sync_mean <= 0:
+                    continue
+                se = statistics.stdev(values) / len(values) ** 0.5
+                sync_se = statistics.stdev(sync) / len(sync) ** 0.5
+                ratio = mean / sync_mean
+                # The ratio's standard error by the delta method (the two means are independent).
+                ratio_se = ((se / sync_mean) ** 2 + (ratio * sync_se / sync_mean) ** 2) ** 0.5
+                lines.append(
+                    f"  {variant} as % of sync, {name}: {100 * ratio:.1f} % by means (se {100 * ratio_se:.1f}; about 95 %: "
+                    f"{100 * (ratio - 2 * ratio_se):.1f} to {100 * (ratio + 2 * ratio_se):.1f} %), "
+                    f"{100 * quantile(values, 0.5) / quantile(sync, 0.5):.1f} % by medians; target <= 10 %, aim <= 5 %"
+                )
     return lines
 
 
@@ -353,7 +368,18 @@ def main() -> None:
     parser.add_argument("--paired-steps", type=int, default=156, help="steps of each paired-cycle run")
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     parser.add_argument("--json", default=None, help="also write every run's figures here")
+    parser.add_argument("--report", default=None, metavar="JSON", help="print the report of an earlier --json file; run nothing")
     options = parser.parse_args()
+    if options.report:
+        saved = json.loads(Path(options.report).read_text())
+        for key, value in saved.get("options", {}).items():
+            if key not in ("report", "json", "dir"):
+                setattr(options, key, value)
+        print(_report(saved["runs"], options, saved.get("loads", ["?"]), saved.get("elapsed_s", 0.0)))
+        if saved.get("paired"):
+            print()
+            print("\n".join(_paired(saved["paired"], options.save_steps)))
+        return
     workdir = Path(options.dir or tempfile.mkdtemp(prefix="bench-spot-"))
     workdir.mkdir(parents=True, exist_ok=True)
     _prepare_assets(workdir / "assets", options.hidden, options.layers)
@@ -375,7 +401,8 @@ def main() -> None:
             print(f"paired round {index + 1} {variant}: train {paired[variant][-1]['train_s']:.2f} s  (load {_loadavg()})", flush=True)
         loads.append(_loadavg())
     if options.json:  # before the report: the runs are kept whatever happens to it
-        Path(options.json).write_text(json.dumps({"runs": runs, "paired": paired}))
+        saved = {"options": vars(options), "loads": loads, "elapsed_s": time.perf_counter() - began, "runs": runs, "paired": paired}
+        Path(options.json).write_text(json.dumps(saved))
     print()
     print(_report(runs, options, loads, time.perf_counter() - began))
     if options.paired_rounds:
