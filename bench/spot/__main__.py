@@ -316,10 +316,12 @@ def _paired(paired: dict[str, list[dict]], every: int) -> list[str]:
                 ratio = mean / sync_mean
                 # The ratio's standard error by the delta method (the two means are independent).
                 ratio_se = ((se / sync_mean) ** 2 + (ratio * sync_se / sync_mean) ** 2) ** 0.5
+                sync_median = quantile(sync, 0.5)
+                by_medians = f"{100 * quantile(values, 0.5) / sync_median:.1f} %" if sync_median > 0 else "undefined (sync's median <= 0)"
                 lines.append(
                     f"  {variant} as % of sync, {name}: {100 * ratio:.1f} % by means (se {100 * ratio_se:.1f}; about 95 %: "
                     f"{100 * (ratio - 2 * ratio_se):.1f} to {100 * (ratio + 2 * ratio_se):.1f} %), "
-                    f"{100 * quantile(values, 0.5) / quantile(sync, 0.5):.1f} % by medians; target <= 10 %, aim <= 5 %"
+                    f"{by_medians} by medians; target <= 10 %, aim <= 5 %"
                 )
     return lines
 
