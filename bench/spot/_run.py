@@ -8,8 +8,9 @@ a no-op) or ``ckptlib`` (the script as written). The script runs through ``runpy
 are added around it: ``Trainer.train`` (the figure compared), the interval between consecutive
 step ends (by position in the save cycle), and, per save, the time in the Trainer's
 ``_save_checkpoint`` and, under ckptlib, in its parts (planning, the Trainer's small files,
-staging at hooks), plus the CPU time of ckptlib's threads. Writes one JSON object to OUT_JSON. With ``BENCH_SPOT_PAIRED`` (a pattern such as ``SNN``),
-only the save cycles the pattern marks ``S`` save (``bench.spot``'s paired cycles).
+staging at hooks), plus the CPU time of ckptlib's threads. Writes one JSON object to OUT_JSON.
+With ``BENCH_SPOT_PAIRED`` (a pattern such as ``SNN``), only the save cycles the pattern marks
+``S`` save (``bench.spot``'s paired cycles).
 """
 
 from __future__ import annotations
