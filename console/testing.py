@@ -43,12 +43,8 @@ def pytest_runtest_teardown(item, nextitem) -> None:
     import sys
 
     module = sys.modules.get("notify.worker")
-    if module is None or module.worker.thread is None:
-        return
-    worker = module.worker
-    worker.idle(timeout=10.0)
-    with worker.wake:
-        worker.queue.clear()
+    if module is not None and module.worker.thread is not None:
+        module.worker.settle(timeout=10.0)
 
 
 @pytest.fixture(autouse=True)

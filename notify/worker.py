@@ -85,5 +85,13 @@ class Worker:
                 self.wake.wait(timeout=min(left, 0.05))
         return True
 
+    def settle(self, timeout: float = 10.0) -> bool:
+        """``idle``, then forget what is scheduled later (tests: retries due after a test would
+        run against the next test's database). Whether it got idle."""
+        idle = self.idle(timeout)
+        with self.wake:
+            self.queue.clear()
+        return idle
+
 
 worker = Worker()

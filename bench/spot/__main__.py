@@ -289,12 +289,13 @@ def _paired(paired: dict[str, list[dict]], every: int) -> list[str]:
     ]
     figures: dict[str, dict[str, list[float]]] = {}
     for variant, variant_runs in paired.items():
-        pairs = [pair for run in variant_runs for pair in cycles(run)]
+        by_run = [cycles(run) for run in variant_runs]
+        pairs = [pair for run_pairs in by_run for pair in run_pairs]
         if len(pairs) < 2:
             lines.append(f"  {variant:8} too few save cycles ({len(pairs)})")
             continue
         figures[variant] = {"save cycle": [1000 * a for a, _ in pairs], "with the next": [1000 * (a + b) for a, b in pairs]}
-        per_run = [statistics.fmean([1000 * a for a, _ in cycles(run)] or [float("nan")]) for run in variant_runs]
+        per_run = [statistics.fmean([1000 * a for a, _ in run_pairs] or [float("nan")]) for run_pairs in by_run]
         for name, values in figures[variant].items():
             mean, se = statistics.fmean(values), statistics.stdev(values) / len(values) ** 0.5
             lines.append(
@@ -347,6 +348,15 @@ def _profile(runs: dict[str, list[dict]], variant: str) -> list[str]:
     return lines
 
 
+def _print_report(
+    runs: dict[str, list[dict]], paired: dict[str, list[dict]], options: argparse.Namespace, loads: list[str], elapsed: float
+) -> None:
+    print(_report(runs, options, loads, elapsed))
+    if any(paired.values()):
+        print()
+        print("\n".join(_paired(paired, options.save_steps)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.spot", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -377,10 +387,7 @@ def main() -> None:
         for key, value in saved.get("options", {}).items():
             if key not in ("report", "json", "dir"):
                 setattr(options, key, value)
-        print(_report(saved["runs"], options, saved.get("loads", ["?"]), saved.get("elapsed_s", 0.0)))
-        if saved.get("paired"):
-            print()
-            print("\n".join(_paired(saved["paired"], options.save_steps)))
+        _print_report(saved["runs"], saved.get("paired", {}), options, saved.get("loads", ["?"]), saved.get("elapsed_s", 0.0))
         return
     workdir = Path(options.dir or tempfile.mkdtemp(prefix="bench-spot-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -406,10 +413,7 @@ def main() -> None:
         saved = {"options": vars(options), "loads": loads, "elapsed_s": time.perf_counter() - began, "runs": runs, "paired": paired}
         Path(options.json).write_text(json.dumps(saved))
     print()
-    print(_report(runs, options, loads, time.perf_counter() - began))
-    if options.paired_rounds:
-        print()
-        print("\n".join(_paired(paired, options.save_steps)))
+    _print_report(runs, paired, options, loads, time.perf_counter() - began)
     if not options.dir:
         shutil.rmtree(workdir, ignore_errors=True)
 
