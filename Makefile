@@ -8,10 +8,16 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: run test clean-venv
 
 $(STAMP): pyproject.toml client/pyproject.toml
-	@# Jobs run in a bubblewrap sandbox: install it where we may (root with apt), else say so.
-	@command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; } || \
-	  echo "WARNING: bubblewrap (bwrap) is not installed: jobs will not run until it is (apt-get install bubblewrap) or JOB_SANDBOX=off is set."
+	@# Jobs run in Podman containers, images come from a local registry and the default image is
+	@# built from Debian packages: install the tools where we may (root with apt), else say so.
+	@missing=""; for t in podman runc skopeo mmdebstrap docker-registry catatonit; do \
+	  command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }; }; } || \
+	  echo "WARNING:$$missing not installed: jobs will not run until they are (as root: apt-get install$$missing) or JOB_SANDBOX=off is set."; \
+	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first, pinned, so nothing pulls a multi-GB CUDA build.

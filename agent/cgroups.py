@@ -30,6 +30,7 @@ RUN_PREFIX = "sac-run-"
 RUN_NAME = re.compile(r"^sac-run-\d+$")
 PERIOD_US = 100_000
 CONTROLLERS = ("cpu", "memory")
+OPTIONAL_CONTROLLERS = ("pids",)  # a PID limit where the node has the controller
 
 
 @dataclass
@@ -96,7 +97,7 @@ def hierarchy(parent: str = "") -> tuple[Hierarchy | None, str]:
             base = _below(root, point, parent or own.get("", "/"))
             if base is None:
                 return None, f"this process's cgroup {own.get('')} is outside the mounted v2 hierarchy"
-            return Hierarchy("v2", {c: base for c in CONTROLLERS}), ""
+            return Hierarchy("v2", {c: base for c in CONTROLLERS + OPTIONAL_CONTROLLERS}), ""
     parents: dict[str, Path] = {}
     for controller in CONTROLLERS:
         mount = next((m for m in mounts if m[2] == "cgroup" and controller in m[3]), None)
@@ -106,6 +107,11 @@ def hierarchy(parent: str = "") -> tuple[Hierarchy | None, str]:
         if base is None:
             return None, f"this process's '{controller}' cgroup is outside the mounted hierarchy"
         parents[controller] = base
+    for controller in OPTIONAL_CONTROLLERS:
+        mount = next((m for m in mounts if m[2] == "cgroup" and controller in m[3]), None)
+        base = _below(mount[0], mount[1], parent or own.get(controller, "/")) if mount else None
+        if base is not None:
+            parents[controller] = base
     return Hierarchy("v1", parents), ""
 
 
@@ -133,12 +139,13 @@ def _enable_v2_controllers(parent: Path) -> None:
     """A v2 parent hands ``cpu`` and ``memory`` to its children (done once; refused by the kernel
     while the parent itself holds processes, unless it is the root)."""
     enabled = set(_read(parent / "cgroup.subtree_control").split())
-    missing = [c for c in CONTROLLERS if c not in enabled]
+    available = set(_read(parent / "cgroup.controllers").split())
+    missing = [c for c in CONTROLLERS + OPTIONAL_CONTROLLERS if c not in enabled and (c in CONTROLLERS or c in available)]
     if missing:
         _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
 
 
-def create(h: Hierarchy, name: str, *, cpus: float | None, memory_mb: int | None) -> list[Path]:
+def create(h: Hierarchy, name: str, *, cpus: float | None, memory_mb: int | None, pids: int | None = None) -> list[Path]:
     """Make the cgroup ``name`` with the limits (None: unlimited); returns its directories.
     Raises OSError where the node does not allow it."""
     directories = h.directories(name)
@@ -159,6 +166,8 @@ def create(h: Hierarchy, name: str, *, cpus: float | None, memory_mb: int | None
             if memory_mb is not None:
                 _try_write(directory / "memory.swap.max", "0")
             _try_write(directory / "memory.oom.group", "1")
+            if pids:
+                _try_write(directory / "pids.max", str(pids))
         else:
             cpu_dir, memory_dir = h.parents["cpu"] / name, h.parents["memory"] / name
             _write(cpu_dir / "cpu.cfs_period_us", str(PERIOD_US))
@@ -166,6 +175,8 @@ def create(h: Hierarchy, name: str, *, cpus: float | None, memory_mb: int | None
             if memory_mb is not None:
                 _write(memory_dir / "memory.limit_in_bytes", str(memory_mb * 2**20))
                 _try_write(memory_dir / "memory.memsw.limit_in_bytes", str(memory_mb * 2**20))
+            if pids and "pids" in h.parents:
+                _write(h.parents["pids"] / name / "pids.max", str(pids))
     except OSError:
         remove(directories)
         raise
@@ -183,11 +194,46 @@ def join_self(directories: list[str]) -> None:
             os.close(fd)
 
 
+def tree(directory: Path) -> list[Path]:
+    """``directory`` and every cgroup below it (the container Podman makes inside a run's),
+    deepest first. Walked without following links (a cgroup filesystem has none)."""
+    found: list[Path] = []
+    try:
+        children = [Path(e.path) for e in os.scandir(directory) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        children = []
+    for child in children:
+        found += tree(child)
+    return found + [Path(directory)]
+
+
 def pids(directories: list[Path]) -> set[int]:
+    """Every process in the run's cgroups, those below them included."""
     found: set[int] = set()
     for directory in directories:
-        found.update(int(p) for p in _read(Path(directory) / "cgroup.procs").split() if p.isdigit())
+        for each in tree(Path(directory)):
+            found.update(int(p) for p in _read(each / "cgroup.procs").split() if p.isdigit())
     return found
+
+
+def relative(directory: Path) -> str | None:
+    """The cgroup path of ``directory`` as the kernel names it (what Podman's
+    ``--cgroup-parent`` takes), or None if it is not under a cgroup mount."""
+    for root, point, _, _ in sorted(_mountinfo(), key=lambda m: -len(m[1])):
+        if directory == Path(point) or Path(point) in directory.parents:
+            rest = str(directory)[len(point.rstrip("/")):]
+            return (root.rstrip("/") + rest) or "/"
+    return None
+
+
+def pids_at_limit(directories: list[Path]) -> int | None:
+    """The run's PID limit where a cgroup of it is at that limit now (a fork loop), else None."""
+    for directory in directories:
+        for each in tree(Path(directory)):
+            limit, current = _read(each / "pids.max").strip(), _read(each / "pids.current").strip()
+            if limit.isdigit() and current.isdigit() and int(current) >= int(limit):
+                return int(limit)
+    return None
 
 
 def kill_all(directories: list[Path]) -> int:
@@ -214,7 +260,7 @@ def kill_all(directories: list[Path]) -> int:
 def remove(directories: list[Path], *, timeout: float = 2.0) -> bool:
     """Kill what is left in the cgroup and remove it; False if it could not be removed in time."""
     deadline = time.monotonic() + timeout
-    left = [Path(d) for d in directories if Path(d).exists()]
+    left = [each for d in directories if Path(d).exists() for each in tree(Path(d))]
     while left:
         if pids(left):
             kill_all(left)
@@ -281,3 +327,25 @@ def sweep(h: Hierarchy, alive) -> int:
             if not alive(int(name[len(RUN_PREFIX):])) and remove([parent / name], timeout=0.5):
                 removed += 1
     return removed
+
+
+def memory_failures(directories: list[Path]) -> int:
+    """How often the run's memory limit refused a charge (cgroup v1's ``memory.failcnt``): with
+    the container's own cgroup gone once it exited, the sign on v1 that an out-of-memory kill
+    ended it."""
+    for directory in directories:
+        value = _read(Path(directory) / "memory.failcnt").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def remove_everywhere(path: str) -> None:
+    """Remove the (empty) cgroup ``path`` from every mounted hierarchy: Podman makes a run's
+    parent cgroup in each v1 controller it uses, not only in those the runner limits."""
+    if not path or not RUN_NAME.match(Path(path).name) or ".." in Path(path).parts:
+        return
+    for root, point, _, _ in _mountinfo():
+        directory = _below(root, point, path)
+        if directory is not None and directory != Path(point):
+            remove([directory], timeout=0.5)

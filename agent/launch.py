@@ -1,46 +1,69 @@
-"""Starting this agent's ranks of a placed attempt: claim each rank, resolve the image, build the
-run's environment and start its detached supervisor (``agent.runner``)."""
+"""Starting this agent's ranks of a placed attempt: claim each rank, pull the image, make the
+run's directories, build its environment and start its detached supervisor (``agent.runner``)."""
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Q
 
-from agent import sandbox
+from agent import engine, sandbox, uids, workdirs
 from agent.processes import RUNNER_MODULE, is_runner, run_dir, signal_run
-from jobs.models import AttemptNode, Image, JobAttempt, TrainingJob
-from jobs.services import runs
+from jobs.models import AttemptNode, JobAttempt, TrainingJob
+from jobs.services import images, runs
 from jobs.services.limits import limits_of
-from jobs.services.paths import PathRefused, job_dir, output_dir_of, volumes_of
+from jobs.services.paths import PathRefused, job_dir, output_location, volumes_of
 
 logger = logging.getLogger(__name__)
+
+# Where a volume or the platform may not be mounted in a container.
+RESERVED_TARGETS = ("/", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/run", "/tmp", "/job", "/opt/ckptlib")
 
 
 def vendor_dir() -> str:
     return str(Path(settings.BASE_DIR) / "ckptlib" / "vendor")
 
 
-def runtime_python(runtime: str) -> Path:
-    return Path(runtime) / "bin" / "python"
+def latest_checkpoint_step(location: tuple[Path, list[str]]) -> int | None:
+    """The step of the newest committed ckptlib checkpoint in a job's output directory, read
+    without following anything the job made (``agent.workdirs.read_beneath``)."""
+    from ckptlib import CHECKPOINT_SUBDIR, read_latest
 
-
-def latest_checkpoint_step(output_dir: str) -> int | None:
-    """The step of the newest committed ckptlib checkpoint in a job's output directory."""
-    from ckptlib import checkpoint_root, read_latest
-
-    return read_latest(checkpoint_root(output_dir))
+    root, parts = location
+    opened = workdirs.read_beneath(root, parts)
+    if opened is None:
+        return None
+    try:
+        # ckptlib opens the checkpoint root itself without following it (nor anything inside).
+        return read_latest(Path(opened) / CHECKPOINT_SUBDIR)
+    finally:
+        workdirs.close_beneath(opened)
 
 
 class SandboxUnavailable(RuntimeError):
-    """Jobs must run sandboxed and this node cannot start a sandbox."""
+    """Jobs must run in containers and this node cannot start one."""
+
+
+def engine_root() -> Path:
+    return Path(settings.CONTAINER_ENGINE_ROOT)
+
+
+def engine_env() -> dict[str, str]:
+    """Podman's whole environment for this node's runs and pulls (its configuration files; none
+    of the caller's variables)."""
+    return engine.clean_env(engine_root())
+
+
+def containers_ready() -> tuple[bool, str]:
+    ready, why = engine.availability(engine_root())
+    return ready, ("" if ready else why)
 
 
 def simulated_devices(node_name: str, gpu_count: int) -> Path:
@@ -52,86 +75,131 @@ def simulated_devices(node_name: str, gpu_count: int) -> Path:
     return directory
 
 
-def sandbox_policy(job: TrainingJob, part: AttemptNode, runtime: str, workdir: Path, output_dir: str) -> dict | None:
-    """What the run may see (``agent.sandbox``); None where an operator turned the sandbox off."""
-    if settings.JOB_SANDBOX == "off":
+def run_uid(job: TrainingJob) -> int | None:
+    """The project's own unprivileged uid on this node (None where the agent is not root)."""
+    if os.geteuid() != 0:
         return None
-    ready, why = sandbox.availability()
-    if not ready:
-        raise SandboxUnavailable(f"this node cannot sandbox jobs: {why}; install bubblewrap or set JOB_SANDBOX=off")
-    user = job_user(job)
-    if user is not None:
-        for directory in (workdir, Path(output_dir)):
-            os.chown(directory, user["uid"], user["uid"])
+    install = uids.install_id(Path(settings.VAR_DIR))
+    return uids.uid_for(Path(settings.JOB_UID_REGISTRY), install, job.project_id, settings.JOB_UID_RANGE)
+
+
+def mountable(path: str) -> str:
+    """A host path Podman's ``--mount`` can name (its options are comma-separated)."""
+    if "," in path or "\n" in path:
+        raise PathRefused(f"{path!r} cannot be mounted: it holds a comma or a newline")
+    return path
+
+
+def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, image_ref: str, dirs: dict, uid: int | None) -> dict:
+    """What the run's container is: its image by digest, its mounts (an allow-list), devices,
+    user, network and limits (``agent.sandbox.container_argv``)."""
     node = part.node
-    device_dir = simulated_devices(node.name, node.gpus.count()) if node.simulated else Path("/dev")
-    volumes = volumes_of(job.project)
-    hidden = {settings.VAR_DIR, settings.JOB_WORK_ROOT, settings.PROJECT_DATA_ROOT}
+    mounts = [[mountable(str(dirs["work"])), sandbox.WORK_DIR, "rw"]]
+    if dirs["output_mount"]:
+        mounts.append([mountable(str(dirs["output"])), sandbox.OUTPUT_DIR, "rw"])
+    mounts.append([mountable(str(Path(settings.BASE_DIR) / "ckptlib")), f"{sandbox.CKPTLIB_ROOT}/ckptlib", "ro"])
+    for volume in volumes_of(job.project):
+        if volume.path in RESERVED_TARGETS or any(volume.path.startswith(t + "/") for t in RESERVED_TARGETS if t != "/"):
+            raise PathRefused(f"volume {volume.path} would cover a system directory of the container")
+        mounts.append([mountable(volume.path), volume.path, "ro" if volume.read_only else "rw"])
+    if node.simulated:
+        device_dir = simulated_devices(node.name, node.gpus.count())
+        for host, inside in sandbox.gpu_devices(part.gpu_indices, device_dir=str(device_dir)):
+            mounts.append([mountable(host), inside, "ro"])
+        devices = []
+    else:
+        devices = sandbox.gpu_devices(part.gpu_indices, device_dir=None)
     return {
-        "bwrap": sandbox.bwrap_path(),
-        "hidden": sorted(str(Path(p).resolve()) for p in hidden),
-        "readonly": [str(settings.BASE_DIR), runtime, interpreter_home(runtime), *(v.path for v in volumes if v.read_only)],
-        "writable": [str(workdir), output_dir, *(v.path for v in volumes if not v.read_only)],
-        "devices": sandbox.gpu_devices(part.gpu_indices, device_dir=str(device_dir)),
-        "home": "/tmp",
-        "user": user,
+        "podman": sandbox.podman_path(),
+        "engine_env": engine_env(),
+        "image": image_ref,
+        "name": f"sac-{uids.install_id(Path(settings.VAR_DIR))}-{job.pk}-{attempt.number}-{part.rank}",
+        "user": uid if uid is not None else os.geteuid(),
+        "mounts": mounts,
+        "devices": devices,
+        "workdir": sandbox.WORK_DIR,
+        "pids_limit": settings.JOB_PIDS_LIMIT,
         # Ranks on several nodes meet over the network; one node's processes meet on loopback.
         "network": "host" if job.node_count > 1 or settings.JOB_NETWORK == "host" else "loopback",
+        "hostname": node.name,
+        "labels": {"io.satrain.job": job.pk, "io.satrain.attempt": attempt.number, "io.satrain.rank": part.rank},
     }
 
 
 def run_limits(job: TrainingJob) -> dict:
-    """The run's CPU and memory limits (``agent.cgroups``; None: unlimited, still its own cgroup)."""
+    """The run's CPU, memory and PID limits (``agent.cgroups``; None: unlimited, still its own cgroup)."""
     limits = limits_of(job)
-    return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "cgroup_parent": settings.JOB_CGROUP_PARENT}
+    pids = settings.JOB_PIDS_LIMIT + 256 if settings.JOB_SANDBOX != "off" else None  # Podman's own threads too
+    return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "pids": pids, "cgroup_parent": settings.JOB_CGROUP_PARENT}
 
 
-def interpreter_home(runtime: str) -> str:
-    """Where the image's Python really lives (a virtualenv's python links to its base install)."""
-    return str(Path(os.path.realpath(runtime_python(runtime))).parents[1])
-
-
-def job_user(job: TrainingJob) -> dict | None:
-    """The project's own unprivileged user, where the agent is root (None: the agent's user)."""
-    if settings.JOB_USERS == "off" or os.geteuid() != 0:
-        return None
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        raise SandboxUnavailable("setpriv (util-linux) is not installed, so jobs cannot run as their project's user")
-    return {"uid": settings.JOB_UID_BASE + job.project_id, "name": f"job-{job.project.name}"[:32], "setpriv": setpriv}
-
-
-def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> dict[str, str]:
+def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir: str, *, contained: bool) -> dict[str, str]:
     """The run's whole environment: the platform's defaults, the job's own variables, then what
     the platform sets for every run (its GPUs, ranks, checkpoint vendor, …), which a job cannot
-    override."""
+    override. In a container the image's own ``PATH`` stays."""
     workdir = job_dir(job.pk) / "work"
     env = {
-        "PATH": f"{runtime}/bin:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}",
-        "HOME": os.environ.get("HOME", str(workdir)),
         "LANG": "C.UTF-8",
         "PYTHONUNBUFFERED": "1",
-        "VIRTUAL_ENV": runtime,
         # torch allocates large CPU tensors page-aligned (and on huge pages), so ckptlib
         # writes them to disk straight from memory; a job's own env may turn it off.
         "THP_MEM_ALLOC_ENABLE": "1",
-        **job.env,
-        "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.gpu_indices)),
-        "CHECKPOINT_VENDOR": vendor_dir(),
-        "RANK": str(part.rank),
-        "NODE_RANK": str(part.rank),
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": str(job.node_count),
-        "MASTER_ADDR": attempt.master_addr,
-        "MASTER_PORT": str(attempt.master_port),
-        "JOB_NAME": job.name,
-        "JOB_ID": str(job.pk),
-        "JOB_ATTEMPT": str(attempt.number),
-        "OUTPUT_DIR": output_dir,
     }
+    if not contained:
+        env["PATH"] = f"{Path(sys.prefix) / 'bin'}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
+        env["HOME"] = os.environ.get("HOME", str(workdir))
+    env.update(job.env)
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.gpu_indices)),
+            "CHECKPOINT_VENDOR": sandbox.VENDOR_DIR if contained else vendor_dir(),
+            "RANK": str(part.rank),
+            "NODE_RANK": str(part.rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(job.node_count),
+            "MASTER_ADDR": attempt.master_addr,
+            "MASTER_PORT": str(attempt.master_port),
+            "JOB_NAME": job.name,
+            "JOB_ID": str(job.pk),
+            "JOB_ATTEMPT": str(attempt.number),
+            "OUTPUT_DIR": output_dir,
+        }
+    )
     if attempt.resume_step is not None:
         env["CKPT_LAST_STEP"] = str(attempt.resume_step)
     return env
+
+
+def pull_image(job: TrainingJob, attempt: JobAttempt) -> tuple[engine.PullResult, str]:
+    """Pull the attempt's image (a failover's: the digest the first attempt ran) with the
+    project's credentials, handed to Podman as an auth file only the agent can read. Returns the
+    outcome and the reference that names exactly what was pulled (``repository@sha256:…``)."""
+    first = JobAttempt.objects.filter(job=job, number__lt=attempt.number).exclude(image_digest="").order_by("number").first()
+    reference = first.image_digest if first is not None else images.qualify(job.image)
+    auth = images.auth_for(job)
+    engine_root().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="pull-", dir=engine_root()) as scratch:
+        auth_file = None
+        if auth is not None:
+            auth_file = Path(scratch) / "auth.json"
+            fd = os.open(auth_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                json.dump(auth, fh)
+        result = engine.pull(engine_root(), reference, auth_file, timeout=settings.IMAGE_PULL_TIMEOUT)
+    if result.ok and result.digest and "@" not in reference:
+        return result, images.by_digest(reference, result.digest)
+    return result, reference
+
+
+def preamble(job: TrainingJob, image_ref: str) -> list[str]:
+    """The lines the log shows while the run's environment is prepared, as the service's guide
+    shows them ("환경 준비 상태")."""
+    digest = image_ref.rpartition("@")[2]
+    return [
+        f"[console] image {job.image} pulled ({digest})",
+        f"[INFO] Concurrent Checkpoint library is installed ({sandbox.VENDOR_DIR})",
+        "[console] environment ready: starting the command",
+    ]
 
 
 class Launcher:
@@ -152,34 +220,42 @@ class Launcher:
         if not runs.launchable(attempt):
             return []
         job = attempt.job
-        image = Image.objects.filter(reference=job.image).first()
-        if image is None or not runtime_python(image.runtime).exists():
-            why = f"image {job.image} is not registered" if image is None else (
-                f"image {job.image} cannot be resolved on the node: {runtime_python(image.runtime)} does not exist"
-            )
-            runs.image_unavailable(job, why)
-            return []
+        contained = settings.JOB_SANDBOX != "off"
         mine = list(
             attempt.placements.filter(node__name__in=self.node_names, runner_pid__isnull=True).select_related("node").order_by("rank")
         )
         claimed = [p for p in mine if AttemptNode.objects.filter(pk=p.pk, runner_pid__isnull=True).update(runner_pid=0)]
         if not claimed:
             return []
+        image_ref = ""
+        if contained:
+            ready, why = containers_ready()
+            if not ready:
+                logger.error("job %s: this node cannot run containers: %s", job.pk, why)
+                runs.launch_failed(attempt, f"this node cannot run containers: {why}")
+                return []
+            pulled, image_ref = pull_image(job, attempt)
+            if not pulled.ok:
+                runs.image_unavailable(job, f"image {job.image} could not be pulled: {pulled.message}")
+                return []
+            if claimed[0].rank == 0:
+                JobAttempt.objects.filter(pk=attempt.pk).update(image_digest=image_ref)
         try:
-            output_dir = str(output_dir_of(job))
-        except PathRefused as exc:
+            location = output_location(job)
+            uid = run_uid(job) if contained else None
+            dirs = self.make_directories(job, location, uid, contained=contained)
+        except (PathRefused, workdirs.DirectoryRefused, uids.NoFreeUid, ValueError) as exc:
             runs.launch_failed(attempt, f"output directory refused: {exc}")
             return []
         if attempt.number > 1:
-            attempt.resume_step = latest_checkpoint_step(output_dir)
+            attempt.resume_step = latest_checkpoint_step((location.root, list(location.parts)))
             if claimed[0].rank == 0:
                 JobAttempt.objects.filter(pk=attempt.pk).update(resume_step=attempt.resume_step)
         try:
-            Path(output_dir).mkdir(parents=True, exist_ok=True)
             for part in claimed:
                 part.attempt = attempt
-                part.runner_pid = self.start_runner(job, attempt, part, image.runtime, output_dir)
-        except SandboxUnavailable as exc:
+                part.runner_pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid)
+        except (SandboxUnavailable, PathRefused) as exc:
             logger.error("job %s: %s", job.pk, exc)
             runs.launch_failed(attempt, str(exc))
             return []
@@ -199,39 +275,58 @@ class Launcher:
                 self.signal(part, signal.SIGKILL)
         return claimed
 
-    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, runtime: str, output_dir: str) -> int:
+    @staticmethod
+    def make_directories(job: TrainingJob, location, uid: int | None, *, contained: bool) -> dict:
+        """The run's work and output directories, made through descriptors below directories the
+        agent owns (``agent.workdirs``), each owned by the project's uid. Returns their host
+        paths, whether the output directory is mounted on its own, and its path in the run."""
+        work_root = Path(settings.JOB_WORK_ROOT)
+        work = workdirs.make_leaf(work_root, [str(job.pk), "work"], uid=uid)
+        if location.in_volume:
+            # The volume is the project's, mounted whole: its jobs make what they need in it.
+            return {"work": work, "output": location.path, "output_mount": False, "output_in_run": str(location.path)}
+        output = workdirs.make_leaf(location.root, list(location.parts), uid=uid)
+        return {"work": work, "output": output, "output_mount": contained, "output_in_run": sandbox.OUTPUT_DIR if contained else str(output)}
+
+    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, dirs: dict, *, image_ref: str, uid: int | None) -> int:
         """Start the rank's detached supervisor; returns its pid (recorded on the part)."""
-        directory = run_dir(part)
-        directory.mkdir(parents=True, exist_ok=True)
+        work_root = Path(settings.JOB_WORK_ROOT)
+        directory = workdirs.make_private(work_root, [str(job.pk), f"attempt-{attempt.number}", f"rank-{part.rank}"])
         # Files of an earlier install reusing JOB_WORK_ROOT must not pass for this run's.
-        for stale in ("pid.json", "exit.json", "output.jsonl"):
+        for stale in ("pid.json", "exit.json", "output.jsonl", "env", "container.pid"):
             (directory / stale).unlink(missing_ok=True)
-        workdir = job_dir(job.pk) / "work"
-        workdir.mkdir(parents=True, exist_ok=True)
+        contained = bool(image_ref)
+        command = job.command
+        if contained and not dirs["output_mount"]:
+            # An output directory in a writable volume: made by the run itself, as its own user.
+            command = 'mkdir -p -- "$OUTPUT_DIR" 2>/dev/null\n' + command
         spec = {
-            "command": job.command,
-            "cwd": str(workdir),
-            "env": run_env(job, attempt, part, runtime, output_dir),
+            "command": command,
+            "cwd": str(dirs["work"]),
+            "env": run_env(job, attempt, part, dirs["output_in_run"], contained=contained),
             "max_line_chars": settings.LOG_MAX_LINE_CHARS,
-            "sandbox": sandbox_policy(job, part, runtime, workdir, output_dir),
+            "max_lines": settings.LOG_MAX_LINES_PER_JOB,
+            "container": container_policy(job, attempt, part, image_ref, dirs, uid) if contained else None,
             "limits": run_limits(job),
+            "preamble": preamble(job, image_ref) if contained else [],
         }
         spec_path = directory / "spec.json"
         # The spec holds the job's environment (its secrets): the agent's eyes only.
-        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(json.dumps(spec))
         with open(directory / "runner.log", "ab") as err:
             child = subprocess.Popen(
                 [sys.executable, "-m", RUNNER_MODULE, str(spec_path)],
                 cwd=str(settings.BASE_DIR),
+                env=sandbox.root_tool_env({"PYTHONPATH": str(settings.BASE_DIR)}),
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self.children[child.pid] = child
-        AttemptNode.objects.filter(pk=part.pk).update(runner_pid=child.pid, workdir=str(workdir))
+        AttemptNode.objects.filter(pk=part.pk).update(runner_pid=child.pid, workdir=str(dirs["work"]))
         logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, child.pid)
         return child.pid
 

@@ -312,6 +312,8 @@ class NodeAgent:
             cause = "" if code is not None or sig else "the run's exit record was unreadable"
             if (sig or code) and out_of_memory(exit_info):
                 cause = runs.memory_limit_cause(whole_number(exit_info.get("memory_limit_mb")))
+            elif whole_number(exit_info.get("pids_limit_hit")) is not None:
+                cause = runs.pids_limit_cause(whole_number(exit_info.get("pids_limit_hit")))
             self.part_ended(part, code, sig, cause)
             return 1
         if not self.runner_alive(part, directory):

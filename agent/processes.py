@@ -52,8 +52,15 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
     except (KeyError, TypeError, ValueError):
         logger.warning("job %s: unreadable pid.json of attempt %s rank %s", part.attempt.job_id, part.attempt.number, part.rank)
         return False
-    processes = run_processes(pgid)
-    in_sandbox = bool(processes) and is_sandbox(processes[-1])  # the group leader comes last
+    container_pid = pid_info.get("container_pid")
+    in_container = isinstance(container_pid, int) and not isinstance(container_pid, bool) and container_pid > 1
+    if in_container:
+        # The container's init (its first process) and what it started; Podman's own processes
+        # outside it are the leader's group, ended with a SIGKILL only.
+        processes = run_processes(container_pid) if is_container_init(container_pid, pid_info) else []
+    else:
+        processes = run_processes(pgid)
+    in_sandbox = in_container or (bool(processes) and is_sandbox(processes[-1]))  # the group leader comes last
     for process in processes:
         if sig != signal.SIGKILL and in_sandbox and spared_from_term(process):
             continue
@@ -67,6 +74,11 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
         # The run's cgroup holds every process of it, whatever it forked or where it moved.
         own = [Path(d) for d in pid_info.get("cgroup") or () if isinstance(d, str) and cgroups.is_run_cgroup(d)]
         cgroups.kill_all(own)
+        if in_container and processes:
+            try:
+                os.kill(container_pid, signal.SIGKILL)  # the namespace's init: every process in it ends
+            except (ProcessLookupError, PermissionError):
+                pass
     if sig == signal.SIGKILL or not in_sandbox:
         try:
             os.killpg(pgid, sig)
@@ -87,16 +99,29 @@ def run_processes(pgid: int) -> list[psutil.Process]:
         return []
 
 
-def is_sandbox(process: psutil.Process) -> bool:
+def is_container_init(pid: int, pid_info: dict) -> bool:
+    """Whether ``pid`` is still the run's container init (not a pid the system reused): it runs
+    catatonit and started after the runner."""
     try:
-        return process.name() == "bwrap"
+        process = psutil.Process(pid)
+        started = float(pid_info.get("started_at") or 0)
+        return is_sandbox(process) and process.create_time() >= started - 1
+    except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError, ValueError):
+        return False
+
+
+def is_sandbox(process: psutil.Process) -> bool:
+    """The container's init (``catatonit``, Podman's ``--init``) or bubblewrap's first process."""
+    try:
+        return process.name() in ("catatonit", "podman-init", "bwrap")
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 
 def spared_from_term(process: psutil.Process) -> bool:
-    """``bwrap`` and the command's own shell: the sandbox ends when its first process exits, so
-    they must outlive the training processes a SIGTERM asks to checkpoint and exit."""
+    """The container's init and the command's own shell: the container ends when its first
+    process exits, so they must outlive the training processes a SIGTERM asks to checkpoint and
+    exit."""
     if is_sandbox(process):
         return True
     try:

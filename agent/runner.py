@@ -3,19 +3,24 @@
 Standard library only, no Django: the node agent starts it detached (its own session), so a
 restart of the console or the agent does not touch the training run. It
 
-1. starts the command with ``bash -c`` in a new process group, inside the sandbox the spec
-   describes (``agent.sandbox``; without one only where an operator turned it off), and records
-   that group in ``pid.json`` (the agent signals the run's processes through it);
+1. starts the command with ``bash -c`` in a container (``podman run``, ``agent.sandbox``; on
+   the host only where an operator turned containers off), in a new process group, and records
+   that group and the container's first process in ``pid.json`` (the agent signals the run's
+   processes through them);
 2. captures stdout and stderr merged, line by line and in order, as JSON lines
    ``{"n": line number, "t": unix time, "s": text}`` in ``output.jsonl``: invalid UTF-8 is
    replaced, carriage-return progress bars collapse to their last state, a line longer than the
-   limit is cut with a visible marker;
+   limit is cut with a visible marker *while it is read* (the runner's memory stays bounded
+   whatever a job prints), and the file stops growing at the job's log cap;
 3. writes ``exit.json`` (exit code or signal, and whether the kernel killed a process of the
-   run for exceeding its memory limit) atomically once the output is complete.
+   run for exceeding its memory limit, or the run was ended at its PID limit) atomically once
+   the output is complete.
 
-Where the spec asks for ``limits``, the whole run (the sandbox and everything in it) starts in a
-cgroup of its own with the run's CPU and memory limits (``agent.cgroups``), removed when the run
-ends; where the node allows none, the run goes on without and its log's first line says so.
+Where the spec asks for ``limits``, the whole run (the container and everything in it) starts
+in a cgroup of its own with the run's CPU, memory and PID limits (``agent.cgroups``), removed
+when the run ends; where the node allows none, the run goes on without and its log's first line
+says so. Nothing of the job's environment reaches a process run here as root: Podman gets a
+fixed environment and reads the job's from a file only the agent can read.
 """
 from __future__ import annotations
 
@@ -24,16 +29,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from agent import cgroups
-from agent.sandbox import wrap
+from agent.sandbox import container_argv, env_file_text, root_tool_env
+from logs.metrics import INTERESTING
 
 CUT_MARKER = " …[line cut at {limit} characters]"
+CHUNK = 65536
+PIDS_LIMIT_GRACE = 2.0  # seconds a run may sit at its PID limit before it is ended
 
 
-def clean_line(raw: bytes, limit: int) -> str:
+def clean_line(raw: bytes, limit: int, *, cut: bool = False) -> str:
     text = raw.rstrip(b"\n").decode("utf-8", errors="replace")
     if text.endswith("\r"):
         text = text[:-1]
@@ -41,9 +50,43 @@ def clean_line(raw: bytes, limit: int) -> str:
         # A progress bar redraws itself with \r: keep what the terminal would show last.
         parts = [p for p in text.split("\r") if p]
         text = parts[-1] if parts else ""
-    if len(text) > limit:
+    if len(text) > limit or cut:
         text = text[:limit] + CUT_MARKER.format(limit=limit)
     return text
+
+
+def read_lines(fd: int, limit: int):
+    """The lines read from ``fd`` as (bytes, cut), never holding more than about 4 × ``limit``
+    bytes of one line (a UTF-8 character is at most 4 bytes): the rest of a longer line is
+    dropped as it arrives, and the line is marked cut."""
+    cap = 4 * limit + 4
+    line = bytearray()
+    cut = False
+    while True:
+        chunk = os.read(fd, CHUNK)
+        if not chunk:
+            break
+        start = 0
+        while start < len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
+            start = len(chunk) if end < 0 else end + 1
+            if not cut:
+                line += piece
+                if len(line) > cap:
+                    # A progress bar's last redraw is what is kept; else the line's head.
+                    at = line.rfind(b"\r", 0, len(line) - 1)
+                    if 0 <= at and len(line) - at - 1 <= cap:
+                        del line[:at + 1]
+                    else:
+                        del line[cap:]
+                        cut = True
+            if end >= 0:
+                yield bytes(line), cut
+                line.clear()
+                cut = False
+    if line:
+        yield bytes(line), cut
 
 
 def write_json_atomic(path: Path, payload: dict) -> None:
@@ -55,51 +98,136 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+def write_private(path: Path, text: str) -> None:
+    """A file only the agent's user can read (the job's environment holds its secrets)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+        fh.write(text)
+
+
+class Watch(threading.Thread):
+    """While the run lives: records the container's first process in ``pid.json`` once Podman
+    has written it, and ends the run if it sits at its PID limit (a fork loop)."""
+
+    def __init__(self, run_dir: Path, pid_info: dict, pidfile: Path | None, cgroup: list[str], proc: subprocess.Popen) -> None:
+        super().__init__(daemon=True)
+        self.run_dir, self.pid_info, self.pidfile, self.cgroup, self.proc = run_dir, pid_info, pidfile, cgroup, proc
+        self.pids_limit_hit: int | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        at_limit_since = None
+        while not self.done.wait(0.1 if self.pidfile else 0.5):
+            if self.pidfile is not None:
+                try:
+                    pid = int(self.pidfile.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid > 0:
+                    self.pid_info["container_pid"] = pid
+                    write_json_atomic(self.run_dir / "pid.json", self.pid_info)
+                    self.pidfile = None
+            if not self.cgroup:
+                continue
+            limit = cgroups.pids_at_limit([Path(d) for d in self.cgroup])
+            if limit is None:
+                at_limit_since = None
+            elif at_limit_since is None:
+                at_limit_since = time.monotonic()
+            elif time.monotonic() - at_limit_since >= PIDS_LIMIT_GRACE:
+                self.pids_limit_hit = limit
+                cgroups.kill_all([Path(d) for d in self.cgroup])
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                return
+
+
 def run(spec_path: Path) -> int:
     spec = json.loads(spec_path.read_text())
     run_dir = spec_path.parent
     limit = int(spec.get("max_line_chars", 16384))
-    Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
-    argv = ["bash", "-c", spec["command"]]
-    if spec.get("sandbox"):
-        argv = wrap(argv, policy=spec["sandbox"], cwd=spec["cwd"], run_dir=str(run_dir))
+    max_lines = int(spec.get("max_lines") or 0)
+    policy = spec.get("container")
     limits = spec.get("limits")
     cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
-    popen = dict(
-        cwd=spec["cwd"],
-        env=spec["env"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    notes: list[str] = []
+    pidfile = parent = None
+    if policy:
+        env_text, skipped = env_file_text(spec["env"])
+        if skipped:
+            notes.append(f"[console] not passed to the run (a newline in the value): {', '.join(sorted(skipped))}")
+        write_private(run_dir / "env", env_text)
+        pidfile = run_dir / "container.pid"
+        pidfile.unlink(missing_ok=True)
+        parent = cgroups.relative(Path(cgroup[0])) if cgroup else None
+        argv = container_argv(spec["command"], policy=policy, env_file=str(run_dir / "env"), cgroup_parent=parent, pidfile=str(pidfile))
+        engine_env = root_tool_env(policy.get("engine_env"))
+        # A container of this name left by a runner killed outright would refuse the name.
+        subprocess.run([policy["podman"], "rm", "--force", "--ignore", policy["name"]], env=engine_env, capture_output=True, timeout=120)
+        popen = dict(cwd=str(run_dir), env=engine_env)
+    else:
+        Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
+        argv = ["bash", "-c", spec["command"]]
+        popen = dict(cwd=spec["cwd"], env=spec["env"])
+    popen.update(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        # The child joins the cgroup before it runs anything: the whole sandbox starts inside.
+        # The child joins the cgroup before it runs anything: the whole run starts inside.
         proc = subprocess.Popen(argv, preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, **popen)
     except subprocess.SubprocessError as exc:
         cgroups.remove([Path(d) for d in cgroup])
         cgroup, unlimited = [], f"could not join the run's cgroup ({exc})"
+        argv = [a for a in argv if a != "--cgroup-parent" and a != parent] if policy else argv
         proc = subprocess.Popen(argv, **popen)
     pid_info = {"runner_pid": os.getpid(), "pgid": proc.pid, "started_at": time.time(), "cgroup": cgroup}
+    if policy:
+        pid_info["container"] = policy["name"]
     write_json_atomic(run_dir / "pid.json", pid_info)
-    count = 0
+    watch = Watch(run_dir, pid_info, pidfile, cgroup, proc)
+    watch.start()
+    count = kept = 0
     assert proc.stdout is not None
     with open(run_dir / "output.jsonl", "ab", buffering=0) as out:
+
+        def emit(text: str) -> None:
+            nonlocal count
+            count += 1
+            out.write(json.dumps({"n": count, "t": time.time(), "s": text}, ensure_ascii=False).encode("utf-8") + b"\n")
+
         if unlimited and (limits.get("cpus") or limits.get("memory_mb")):
-            count += 1
-            note = f"[console] the job's CPU and memory limits are not enforced on this node: {unlimited}"
-            out.write(json.dumps({"n": count, "t": time.time(), "s": note}).encode("utf-8") + b"\n")
-        for raw in iter(proc.stdout.readline, b""):
-            count += 1
-            record = {"n": count, "t": time.time(), "s": clean_line(raw, limit)}
-            out.write(json.dumps(record, ensure_ascii=False).encode("utf-8") + b"\n")
+            emit(f"[console] the job's CPU and memory limits are not enforced on this node: {unlimited}")
+        for note in [*spec.get("preamble", ()), *notes]:
+            emit(note)
+        for raw, cut in read_lines(proc.stdout.fileno(), limit):
+            text = clean_line(raw, limit, cut=cut)
+            if max_lines and kept >= max_lines:
+                # Past the job's log cap the file stops growing: a line is only counted (its
+                # number skipped), but for those progress and checkpoints are read from, up to
+                # the cap again.
+                if kept >= 2 * max_lines or not INTERESTING.search(text):
+                    count += 1
+                    continue
+            kept += 1
+            emit(text)
     code = proc.wait()
-    if spec.get("sandbox") and 128 < code < 128 + 65:
-        # bwrap reports a command killed by signal N as exit status 128 + N, as shells do.
+    watch.done.set()
+    watch.join(timeout=5)
+    if (policy or spec.get("sandbox")) and 128 < code < 128 + 65:
+        # Podman (and the container's init) report a command killed by signal N as exit status
+        # 128 + N, as shells do.
         code = -(code - 128)
-    oom_kills = cgroups.oom_kills([Path(d) for d in cgroup]) if cgroup else 0
+    directories = [Path(d) for d in cgroup]
+    oom_kills = cgroups.oom_kills(directories) if cgroup else 0
+    if cgroup and not oom_kills and code == -signal.SIGKILL and watch.pids_limit_hit is None and limits.get("memory_mb"):
+        oom_kills = 1 if cgroups.memory_failures(directories) else 0
     if cgroup:
-        cgroups.remove([Path(d) for d in cgroup])
+        cgroups.remove(directories)
+        if policy and parent:
+            cgroups.remove_everywhere(parent)
+    if policy:
+        (run_dir / "env").unlink(missing_ok=True)
     write_json_atomic(
         run_dir / "exit.json",
         {
@@ -109,6 +237,7 @@ def run(spec_path: Path) -> int:
             "lines": count,
             "oom_kills": oom_kills,
             "memory_limit_mb": limits.get("memory_mb") if limits else None,
+            "pids_limit_hit": watch.pids_limit_hit,
         },
     )
     return 0
@@ -121,7 +250,8 @@ def make_cgroup(limits: dict) -> tuple[list[str], str]:
         return [], why
     try:
         directories = cgroups.create(
-            found, f"{cgroups.RUN_PREFIX}{os.getpid()}", cpus=limits.get("cpus"), memory_mb=limits.get("memory_mb")
+            found, f"{cgroups.RUN_PREFIX}{os.getpid()}", cpus=limits.get("cpus"), memory_mb=limits.get("memory_mb"),
+            pids=limits.get("pids"),
         )
     except OSError as exc:
         return [], f"cannot create a cgroup {found.mode}: {exc.strerror or exc}"

@@ -1,163 +1,115 @@
-"""The sandbox every run is started in: Debian's bubblewrap (``bwrap``), no hand-rolled namespaces.
+"""The container every run is started in: an OCI container run by Podman (``runc``), no
+hand-rolled namespaces and nothing of the host's root filesystem.
 
-Standard library only: the runner (``agent.runner``) imports it. What a run sees:
+Standard library only: the runner (``agent.runner``) imports it. What a run sees (an
+allow-list; nothing else of the host is there to hide):
 
-* the whole system read-only (so the image's environment and the system's tools work as before),
-  with the console's own state hidden under empty ``tmpfs`` mounts: its ``var/`` (database, secret
-  key), the job work root (every job's spec, records and output), and any other path the agent
-  names in ``hidden``;
-* writable: its own work and output directories, and the project volumes an operator mapped
-  read-write (read-only ones are mounted read-only);
-* a private ``/tmp`` (also its ``HOME``), a new PID namespace with its own ``/proc`` (no other
-  process of the node is visible, ``/proc/<pid>/environ`` of the console included), a minimal
-  ``/dev`` with only its own GPUs' device nodes (``/dev/nvidia<N>`` and the control devices);
-* a network of its own with only the loopback interface (``--unshare-net``; bwrap brings ``lo``
-  up): nothing of the node or beyond is reachable, the console, its database and Redis on
-  127.0.0.1 included, while the processes of one run still meet on localhost (torchrun's
-  workers); multi-node jobs keep the node's network, which their rendezvous needs.
+* the image's root filesystem (pulled from a registry by the node agent, run by digest);
+* the mounts the agent lists in the policy: the run's work directory (``/job/work``), its output
+  directory (``/job/output``, or its path in a writable project volume), the project's volumes
+  (read-only unless an operator mapped them ``:rw``) and ckptlib's vendor directory read-only at a
+  fixed path (``CHECKPOINT_VENDOR``);
+* its own GPUs: on NVIDIA nodes the CDI devices of NVIDIA's container toolkit
+  (``--device nvidia.com/gpu=<index>``), on simulated nodes the stand-in device nodes of its GPUs;
+* every capability dropped, ``no-new-privileges``, Podman's default seccomp profile, a PID
+  limit, the project's own unprivileged uid, an init (``catatonit``) as PID 1 that forwards signals
+  and reaps, a private ``/tmp`` and ``/dev/shm``;
+* a network of its own with only the loopback interface (``--network=none``) for single-node
+  jobs; multi-node jobs keep the node's network, which their rendezvous needs.
 
-The sandbox dies with its runner (``--die-with-parent``): SIGKILL to the run's process group
-ends every process of the run, whatever session it moved to. The runner's own records
-(``pid.json``, ``output.jsonl``, ``exit.json``) live outside it, under the hidden work root.
+The job's environment reaches only the container (``--env-file``, read by Podman, never set in
+the environment of a tool run as root). The runner puts the container in the run's cgroup
+(``--cgroup-parent``) where its CPU, memory and PID limits are enforced.
 """
 from __future__ import annotations
 
-import functools
 import shutil
-import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # The NVIDIA driver's device nodes every CUDA process opens besides its own GPUs.
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# Where a run finds its directories inside the container.
+WORK_DIR = "/job/work"
+OUTPUT_DIR = "/job/output"
+CKPTLIB_ROOT = "/opt/ckptlib"  # holds the ckptlib package; its vendor directory is CHECKPOINT_VENDOR
+VENDOR_DIR = f"{CKPTLIB_ROOT}/ckptlib/vendor"
+HOME_DIR = "/tmp"
+# The only environment a tool run as root gets: never the job's (GCONV_PATH, GLIBC_TUNABLES,
+# LD_PRELOAD … would act on a root process).
+ROOT_TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def bwrap_path() -> str | None:
-    return shutil.which("bwrap")
+def podman_path() -> str | None:
+    return shutil.which("podman", path=ROOT_TOOL_PATH)
 
 
-@functools.cache
-def availability() -> tuple[bool, str]:
-    """Whether this machine can start a sandbox, and if not, why (cached per process)."""
-    path = bwrap_path()
-    if path is None:
-        return False, "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-    try:
-        probe = subprocess.run(
-            [path, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "--unshare-net", "--die-with-parent", "true"],
-            capture_output=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"bubblewrap could not start: {exc}"
-    if probe.returncode != 0:
-        why = probe.stderr.decode("utf-8", "replace").strip().splitlines()
-        return False, f"bubblewrap cannot create namespaces here ({why[-1] if why else probe.returncode}); user namespaces may be off"
-    return True, ""
+def root_tool_env(engine_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of ``podman`` (and any other tool the platform runs as root)."""
+    return {"PATH": ROOT_TOOL_PATH, "LANG": "C.UTF-8", "HOME": "/root", **dict(engine_env or {})}
 
 
-def gpu_devices(gpu_indices: Iterable[int], *, device_dir: str = "/dev") -> list[tuple[str, str]]:
-    """(host path, path in the sandbox) of the device nodes a run on ``gpu_indices`` may open;
-    ``device_dir`` holds a simulated node's stand-ins, mounted at the same names under ``/dev``."""
+def gpu_devices(gpu_indices: Iterable[int], *, device_dir: str | None) -> list[tuple[str, str]]:
+    """The devices a run on ``gpu_indices`` gets: ``device_dir`` holds a simulated node's
+    stand-in device nodes (mounted at the same names under ``/dev``); None means a real NVIDIA
+    node, whose GPUs are CDI devices (``nvidia.com/gpu=<index>``, the spec NVIDIA's container
+    toolkit generates; the toolkit's hooks add the control devices and the driver's libraries)."""
+    indices = list(gpu_indices)
+    if device_dir is None:
+        return [(f"nvidia.com/gpu={i}", "") for i in indices]
     base = Path(device_dir)
-    names = [f"nvidia{i}" for i in gpu_indices] + list(NVIDIA_CONTROL_DEVICES)
+    names = [f"nvidia{i}" for i in indices] + list(NVIDIA_CONTROL_DEVICES)
     return [(str(base / name), f"/dev/{name}") for name in names if (base / name).exists()]
 
 
-def wrap(command: list[str], *, policy: Mapping, cwd: str, run_dir: str | None = None) -> list[str]:
-    """The argv that runs ``command`` in the sandbox ``policy`` describes (see ``agent.launch``):
-    ``bwrap``, ``hidden``, ``writable``, ``readonly``, ``devices``, ``home``, ``network``
-    ("loopback": a network namespace of its own; "host": the node's) and, where the agent is
-    root, ``user`` (the project's unprivileged uid, named in an ``/etc/passwd`` written to
-    ``run_dir``)."""
+def container_argv(command: str, *, policy: Mapping, env_file: str, cgroup_parent: str | None, pidfile: str) -> list[str]:
+    """The ``podman run`` argv that runs ``command`` (with ``bash -c``) in the container
+    ``policy`` describes (see ``agent.launch.container_policy``): ``podman``, ``image``,
+    ``name``, ``user``, ``mounts`` ([host, inside, "ro"|"rw"]), ``devices``, ``network``
+    ("loopback" | "host"), ``workdir``, ``pids_limit``, ``labels``."""
+    uid = int(policy["user"])
     argv = [
-        policy["bwrap"],
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--perms", "1777", "--tmpfs", "/tmp",
-        "--perms", "1777", "--tmpfs", "/dev/shm",
-        "--unshare-pid",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--die-with-parent",
-        "--new-session",
+        policy["podman"], "run",
+        "--name", policy["name"],
+        "--pull", "never",  # the agent pulled it; the run uses exactly that digest
+        "--init",
+        "--user", f"{uid}:{uid}",
+        "--cap-drop", "all",
+        "--security-opt", "no-new-privileges",
+        "--pids-limit", str(int(policy.get("pids_limit") or 4096)),
+        "--env-file", env_file,
+        "--env", f"HOME={HOME_DIR}",
+        "--workdir", policy.get("workdir") or WORK_DIR,
+        "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777",
+        "--shm-size", str(policy.get("shm_size") or "1g"),
+        "--pidfile", pidfile,
+        "--log-driver", "none",
+        "--stop-signal", "TERM",
+        "--network", "host" if policy.get("network") == "host" else "none",
     ]
-    if policy.get("network", "loopback") != "host":
-        argv.append("--unshare-net")
-    user = policy.get("user")
-    empty = ["/tmp", *policy.get("hidden", ())]
-    if user:
-        # A job user must reach what it may read, e.g. an interpreter under root's 0700 home: such
-        # a closed directory becomes an empty one it may traverse, and only the trees it needs
-        # are mounted back into it.
-        for closed in closed_parents([*policy.get("readonly", ()), *policy.get("writable", ())], empty):
-            argv += ["--perms", "0711", "--tmpfs", closed]
-            empty.append(closed)
-    # Read-only trees first (the image, the platform's code: they may lie under /tmp, which the
-    # run gets empty), then the hidden state on top, then the run's own directories on top of that.
-    for path in policy.get("readonly", ()):
-        argv += parents_of(path, empty) + ["--ro-bind-try", path, path]
-    for path in policy.get("hidden", ()):
-        if Path(path).is_dir():
-            argv += ["--tmpfs", path]
-    for path in policy.get("writable", ()):
-        argv += parents_of(path, empty) + ["--bind", path, path]
+    if policy.get("network") == "host":
+        argv += ["--hostname", str(policy.get("hostname") or "job")]
+    if cgroup_parent:
+        argv += ["--cgroup-parent", cgroup_parent]
+    for key, value in sorted((policy.get("labels") or {}).items()):
+        argv += ["--label", f"{key}={value}"]
+    for host, inside, mode in policy.get("mounts", ()):
+        options = "ro" if mode == "ro" else "rw"
+        argv += ["--mount", f"type=bind,source={host},target={inside},{options}"]
     for host, inside in policy.get("devices", ()):
-        argv += ["--dev-bind", host, inside]
-    if user and run_dir:
-        passwd, group = identity_files(user, Path(run_dir))
-        argv += ["--ro-bind", str(passwd), "/etc/passwd", "--ro-bind", str(group), "/etc/group"]
-        command = [
-            user["setpriv"], f"--reuid={user['uid']}", f"--regid={user['uid']}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--", *command,
-        ]
-    home = policy.get("home") or "/tmp"
-    argv += ["--setenv", "HOME", home, "--chdir", cwd, "--", *command]
+        argv += ["--device", f"{host}:{inside}" if inside else host]
+    # stderr joins stdout inside the container, so their order is the order they were written.
+    argv += [policy["image"], "bash", "-c", "exec 2>&1\n" + command]
     return argv
 
 
-def closed_parents(paths: list[str], empty: list[str]) -> list[str]:
-    """Directories above ``paths`` that other users cannot traverse (outside the emptied trees),
-    outermost first."""
-    found: set[str] = set()
-    for path in paths:
-        for parent in Path(path).parents:
-            if parent == Path("/") or any(Path(base) == parent or Path(base) in parent.parents for base in empty):
-                continue
-            try:
-                if not parent.stat().st_mode & 0o001:
-                    found.add(str(parent))
-            except OSError:
-                continue
-    return sorted(found, key=lambda p: (p.count("/"), p))
-
-
-def parents_of(path: str, empty: list[str]) -> list[str]:
-    """``--dir`` for every directory between an emptied tree (``/tmp``, a hidden one) and
-    ``path``: bwrap would make them 0700, closed to an unprivileged job user."""
-    args: list[str] = []
-    target = Path(path)
-    for base in map(Path, empty):
-        if base in target.parents:
-            for parent in reversed(target.parents):
-                if base in parent.parents:
-                    args += ["--perms", "0755", "--dir", str(parent)]
-            break
-    return args
-
-
-def identity_files(user: Mapping, run_dir: Path) -> tuple[Path, Path]:
-    """The node's /etc/passwd and /etc/group with the job's user added, for the sandbox."""
-    name, uid = user["name"], int(user["uid"])
-    passwd, group = run_dir / "passwd", run_dir / "group"
-    try:
-        system_users = Path("/etc/passwd").read_text()
-        system_groups = Path("/etc/group").read_text()
-    except OSError:
-        system_users = "root:x:0:0:root:/root:/bin/sh\n"
-        system_groups = "root:x:0:\n"
-    passwd.write_text(system_users.rstrip("\n") + f"\n{name}:x:{uid}:{uid}:{name}:/tmp:/bin/sh\n")
-    group.write_text(system_groups.rstrip("\n") + f"\n{name}:x:{uid}:\n")
-    return passwd, group
+def env_file_text(env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """The job's environment as Podman's ``--env-file`` (one ``NAME=value`` a line), and the
+    names left out because a line cannot hold them (a newline in the value)."""
+    lines, skipped = [], []
+    for name, value in env.items():
+        if "\n" in value or "\r" in value or "\n" in name or "=" in name or not name:
+            skipped.append(name)
+            continue
+        lines.append(f"{name}={value}")
+    return "".join(line + "\n" for line in lines), skipped

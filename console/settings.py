@@ -194,6 +194,17 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_THROTTLE_RATES": {"token": env_str("TOKEN_THROTTLE_RATE", "10/min")},
+    # Proxies in front of the console that append to X-Forwarded-For: the client is the address
+    # that many hops back. 0 (the console is reached directly) ignores the header, which a client
+    # could otherwise rotate to escape the throttle and the sign-in lock-out.
+    "NUM_PROXIES": env_int("NUM_PROXIES", 0),
+    # Bodies that hold a lone surrogate ("\ud800") are refused with a 400 naming the field.
+    "DEFAULT_PARSER_CLASSES": [
+        "jobs.rest.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_RENDERER_CLASSES": ["jobs.rest.JSONRenderer", "rest_framework.renderers.BrowsableAPIRenderer"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
@@ -208,8 +219,10 @@ REST_KNOX = {"TOKEN_TTL": timedelta(days=env_float("API_TOKEN_TTL_DAYS", 30.0)),
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
 # Sign-in lock-out (console.lockout): this many failures for one username within the window lock
-# it for the rest of the window.
+# it for the rest of the window; LOGIN_ADDRESS_FAILURE_LIMIT failures from one client address (any
+# usernames: password spraying) lock that address.
 LOGIN_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
+LOGIN_ADDRESS_FAILURE_LIMIT = env_int("LOGIN_ADDRESS_FAILURE_LIMIT", 30)
 LOGIN_FAILURE_WINDOW = env_int("LOGIN_FAILURE_WINDOW", 900)
 
 SPECTACULAR_SETTINGS = {
@@ -251,17 +264,27 @@ STOP_GRACE_PERIOD = env_float("STOP_GRACE_PERIOD", 30.0)
 # Image pull retry backoff: base and cap (seconds).
 IMAGE_PULL_BACKOFF_BASE = env_float("IMAGE_PULL_BACKOFF_BASE", 10.0)
 IMAGE_PULL_BACKOFF_MAX = env_float("IMAGE_PULL_BACKOFF_MAX", 300.0)
-# The image every install knows: the project's own Python environment.
+# Every run is an OCI container run by Podman (agent.sandbox). Images are OCI references; a name
+# without a registry (e.g. "pytorch:2.13-py3.11") is looked up in DEFAULT_REGISTRY, the local
+# registry the embedded default starts on loopback (Debian's docker-registry, storage in var/).
+DEFAULT_REGISTRY = env_str("DEFAULT_REGISTRY", "127.0.0.1:5000")
+LOCAL_REGISTRY_PORT = env_int("LOCAL_REGISTRY_PORT", 5000)
+# The image every install knows, built on first use from Debian packages and the pinned CPU torch.
 DEFAULT_IMAGE = env_str("DEFAULT_IMAGE", "pytorch:2.13-py3.11")
-DEFAULT_IMAGE_RUNTIME = env_str("DEFAULT_IMAGE_RUNTIME", sys.prefix)
-# Every run starts in a bubblewrap sandbox (agent.sandbox). "off" runs jobs with the agent's own
-# privileges: only for a machine that cannot sandbox and runs nobody else's code.
+# Podman's configuration and storage (containers.conf, storage.conf, registries.conf).
+CONTAINER_ENGINE_ROOT = Path(env_str("CONTAINER_ENGINE_ROOT", str(VAR_DIR / "podman")))
+# How long one image pull may take (seconds).
+IMAGE_PULL_TIMEOUT = env_float("IMAGE_PULL_TIMEOUT", 900.0)
+# "on": every run is a container. "off" runs jobs on the host with the agent's own privileges and
+# the console's Python environment: only for a machine that cannot run containers and runs
+# nobody else's code.
 JOB_SANDBOX = env_str("JOB_SANDBOX", "on")  # on | off
-# Where the agent runs as root, each project's jobs run as their own unprivileged user, uid
-# JOB_UID_BASE + the project's id (named job-<project> inside the sandbox). "off" keeps the
-# agent's own user.
-JOB_USERS = env_str("JOB_USERS", "auto")  # auto | off
-JOB_UID_BASE = env_int("JOB_UID_BASE", 200000)
+# Each project's runs get their own unprivileged uid, from JOB_UID_RANGE, recorded node-wide in
+# JOB_UID_REGISTRY so that two consoles on one node never share one.
+JOB_UID_RANGE = env_str("JOB_UID_RANGE", "200000-299999")
+JOB_UID_REGISTRY = Path(env_str("JOB_UID_REGISTRY", "/var/lib/simple-ai-training/uids.json"))
+# Processes (and threads) a run may have; a run that sits at the limit is ended.
+JOB_PIDS_LIMIT = env_int("JOB_PIDS_LIMIT", 4096)
 # Host directories every project's jobs see, e.g. "/data:ro,/srv/code:ro" (default read-only;
 # ":rw" makes one writable). Operators add per-project volumes in the admin.
 JOB_VOLUMES = env_str("JOB_VOLUMES", "")
@@ -275,7 +298,7 @@ SIMULATED_DEVICE_DIR = Path(env_str("SIMULATED_DEVICE_DIR", str(VAR_DIR / "sim-d
 JOB_DEFAULT_CPUS = env_float("JOB_DEFAULT_CPUS", 0.0)
 JOB_DEFAULT_MEMORY_MB = env_int("JOB_DEFAULT_MEMORY_MB", 0)
 JOB_CGROUP_PARENT = env_str("JOB_CGROUP_PARENT", "")
-# A single-node job's sandbox has a network of its own with loopback only; "host" gives every job
+# A single-node job's container has a network of its own with loopback only; "host" gives every job
 # the node's network (multi-node jobs always have it, for their rendezvous).
 JOB_NETWORK = env_str("JOB_NETWORK", "loopback")  # loopback | host
 # Longest log line kept; longer lines are cut with a visible marker.
@@ -369,9 +392,15 @@ NOTIFY_TIMEOUT = env_float("NOTIFY_TIMEOUT", 5.0)
 EMAIL_TIMEOUT = NOTIFY_TIMEOUT
 NOTIFY_RETRY_BASE = env_float("NOTIFY_RETRY_BASE", 2.0)
 NOTIFY_MAX_ATTEMPTS = env_int("NOTIFY_MAX_ATTEMPTS", 6)
-# Webhooks to loopback and private addresses (link-local ones, e.g. cloud metadata, are always
-# refused). On by default for one machine; turn it off where users must not reach internal hosts.
-NOTIFY_WEBHOOK_ALLOW_PRIVATE = env_bool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", True)
+# Webhooks to loopback, private and other non-global addresses, at subscription and at each try
+# (link-local ones, e.g. cloud metadata, multicast and reserved ones are always refused). Off: a
+# webhook is no probe of the console's own host or network; an operator may allow it.
+NOTIFY_WEBHOOK_ALLOW_PRIVATE = env_bool("NOTIFY_WEBHOOK_ALLOW_PRIVATE", False)
+# Subscriptions one user may hold; confirmation e-mails one user may ask for in a day, and how
+# long a confirmation link works (days).
+NOTIFY_MAX_SUBSCRIPTIONS_PER_USER = env_int("NOTIFY_MAX_SUBSCRIPTIONS_PER_USER", 20)
+NOTIFY_VERIFICATION_EMAILS_PER_DAY = env_int("NOTIFY_VERIFICATION_EMAILS_PER_DAY", 20)
+NOTIFY_EMAIL_VERIFY_DAYS = env_float("NOTIFY_EMAIL_VERIFY_DAYS", 3.0)
 # Deliveries sent at once by the embedded worker (scale-out: Celery's workers).
 NOTIFY_WORKERS = env_int("NOTIFY_WORKERS", 4)
 # /metrics answers staff, or a scraper sending Authorization: Bearer <METRICS_TOKEN> (empty: staff only).

@@ -12,24 +12,48 @@ from collections.abc import Callable
 
 import pytest
 
-from agent.sandbox import availability
+from pathlib import Path
 
-SANDBOX_READY, SANDBOX_WHY = availability()
+from agent import engine
+
+REPO = Path(__file__).resolve().parent.parent
+# The suite shares the checkout's container storage and local registry: the default image is
+# built once (on the first run) and pulled from there by every test's runs.
+ENGINE_ROOT = Path(os.environ.get("CONTAINER_ENGINE_ROOT", str(REPO / "var" / "podman")))
+os.environ["CONTAINER_ENGINE_ROOT"] = str(ENGINE_ROOT)
+if os.environ.get("JOB_SANDBOX") == "off":
+    SANDBOX_READY, SANDBOX_WHY = False, "JOB_SANDBOX=off"
+else:
+    SANDBOX_READY, SANDBOX_WHY = engine.availability(ENGINE_ROOT)
 if not SANDBOX_READY and os.environ.get("JOB_SANDBOX") != "off":
     if os.environ.get("REQUIRE_SANDBOX") == "1":
-        raise pytest.UsageError(f"REQUIRE_SANDBOX=1 but jobs cannot be sandboxed here: {SANDBOX_WHY}")
-    # Jobs run unsandboxed in this test run (the console processes the tests start included);
-    # the sandbox's own tests are skipped. pytest's header says so.
+        raise pytest.UsageError(f"REQUIRE_SANDBOX=1 but jobs cannot run in containers here: {SANDBOX_WHY}")
+    # Jobs run on the host in this test run (the console processes the tests start included);
+    # the container tests are skipped. pytest's header says so.
     os.environ["JOB_SANDBOX"] = "off"
 
 
 def pytest_report_header(config) -> str:
     if SANDBOX_READY:
-        return "job sandbox: on (bubblewrap)"
-    return f"job sandbox: OFF for this run ({SANDBOX_WHY}); its tests are skipped. Install bubblewrap to run them."
+        return f"jobs run in containers: {SANDBOX_WHY}"
+    return f"job containers: OFF for this run ({SANDBOX_WHY}); their tests are skipped. Install podman and runc to run them."
 
 
-needs_sandbox = pytest.mark.skipif(not SANDBOX_READY, reason=f"jobs cannot be sandboxed here: {SANDBOX_WHY}")
+needs_sandbox = pytest.mark.skipif(not SANDBOX_READY, reason=f"jobs cannot run in containers here: {SANDBOX_WHY}")
+DEFAULT_IMAGE_FIGURES: dict = {}
+
+
+def default_image_ready() -> dict:
+    """The local registry and the default image in it (built on the suite's first use)."""
+    if not DEFAULT_IMAGE_FIGURES and SANDBOX_READY:
+        from django.conf import settings
+
+        from agent import default_image
+        from jobs.services.images import qualify
+
+        name = qualify(settings.DEFAULT_IMAGE).split("/", 1)[1]
+        DEFAULT_IMAGE_FIGURES.update(default_image.ensure(ENGINE_ROOT, settings.LOCAL_REGISTRY_PORT, name, log=lambda line: None))
+    return DEFAULT_IMAGE_FIGURES
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -60,6 +84,7 @@ def job_work_root(request, tmp_path):
     settings.JOB_WORK_ROOT = tmp_path / "jobs"
     settings.PROJECT_DATA_ROOT = tmp_path / "projects"
     settings.SIMULATED_DEVICE_DIR = tmp_path / "sim-devices"
+    settings.JOB_UID_REGISTRY = tmp_path / "uids.json"
     settings.JOB_SANDBOX = os.environ.get("JOB_SANDBOX", "on")
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     return settings.JOB_WORK_ROOT
@@ -93,6 +118,18 @@ def pytest_runtest_teardown(item, nextitem):
                 shutdown()
             registry.discard(agent)
     yield
+
+
+PLATFORM_LINE_PREFIXES = ("[console] image ", "[INFO] Concurrent Checkpoint library is installed", "[console] environment ready")
+
+
+def job_output(job, **filters) -> list[str]:
+    """What the job's command printed, in order: its log without the lines the platform writes
+    while preparing the run's container."""
+    from logs.models import LogLine
+
+    lines = LogLine.objects.filter(job=job, **filters).order_by("seq").values_list("text", flat=True)
+    return [line for line in lines if not line.startswith(PLATFORM_LINE_PREFIXES)]
 
 
 def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., bool] = lambda *args, **kwargs: True) -> list:
@@ -156,8 +193,9 @@ def project(owner):
 def default_image(db, settings):
     from jobs.models import Image
 
+    default_image_ready()
     image, _ = Image.objects.get_or_create(
-        reference=settings.DEFAULT_IMAGE, defaults={"runtime": settings.DEFAULT_IMAGE_RUNTIME, "is_default": True}
+        reference=settings.DEFAULT_IMAGE, defaults={"is_default": True}
     )
     return image
 

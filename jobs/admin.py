@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, ProjectVolume, TrainingJob
+from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, ProjectVolume, Registry, RegistryCredential, TrainingJob
 from jobs.services.actions import JobActionRefused, delete_job, request_stop
 from jobs.statuses import DELETABLE
 
@@ -66,9 +67,41 @@ class GPUAdmin(admin.ModelAdmin):
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
-    list_display = ("reference", "runtime", "is_default", "description", "created_at")
+    list_display = ("reference", "is_default", "description", "created_at")
     list_filter = ("is_default",)
     search_fields = ("reference", "description")
+
+
+class CredentialForm(forms.ModelForm):
+    """The password is written, never shown back: left empty on a change, the stored one stays."""
+
+    password = forms.CharField(widget=forms.PasswordInput(render_value=False), required=False, help_text="Password or token; never shown back")
+
+    class Meta:
+        model = RegistryCredential
+        fields = ("registry", "project", "username", "password")
+
+    def clean_password(self) -> str:
+        value = self.cleaned_data.get("password") or ""
+        if not value and self.instance.pk:
+            return self.instance.password
+        if not value:
+            raise forms.ValidationError("Give the password or token.")
+        return value
+
+
+class RegistryCredentialInline(admin.TabularInline):
+    model = RegistryCredential
+    form = CredentialForm
+    extra = 0
+    verbose_name = "credential (for one project's pulls, or every project's)"
+
+
+@admin.register(Registry)
+class RegistryAdmin(admin.ModelAdmin):
+    list_display = ("host", "description")
+    search_fields = ("host", "description")
+    inlines = (RegistryCredentialInline,)
 
 
 class ProjectVolumeInline(admin.TabularInline):

@@ -76,17 +76,22 @@ class ProjectVolume(models.Model):
             raise ValidationError({"path": "Use an absolute host path without '..'."})
 
 
+IMAGE_REFERENCE = RegexValidator(
+    r"^(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$",
+    "Use an OCI image reference: [registry/]repository[:tag][@sha256:digest], e.g. nvcr.io/nvidia/pytorch:24.05-py3.",
+)
+
+
 class Image(models.Model):
-    """An image a job may use: ``name:tag`` → the runtime (a Python environment on the node)."""
+    """An image users are offered on the form: an OCI reference the nodes pull (a name without a
+    registry is looked up in ``DEFAULT_REGISTRY``)."""
 
     reference = models.CharField(
-        max_length=200,
+        max_length=255,
         unique=True,
-        validators=[RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag.")],
-        help_text="name:tag, as the job's Image field names it",
-    )
-    runtime = models.CharField(
-        max_length=500, help_text="Path of the Python environment on the node (its bin/ goes first on PATH)"
+        validators=[IMAGE_REFERENCE],
+        help_text="[registry/]repository[:tag][@sha256:…], as the job's Image field names it",
     )
     description = models.CharField(max_length=200, blank=True)
     is_default = models.BooleanField(default=False)
@@ -97,6 +102,42 @@ class Image(models.Model):
 
     def __str__(self) -> str:
         return self.reference
+
+
+class Registry(models.Model):
+    """A container registry the nodes pull from (``host[:port]``)."""
+
+    host = models.CharField(
+        max_length=255,
+        unique=True,
+        validators=[RegexValidator(r"^[A-Za-z0-9.-]+(?::[0-9]{1,5})?$", "Use host or host:port, e.g. nvcr.io or 10.0.0.5:5000.")],
+    )
+    description = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["host"]
+        verbose_name_plural = "registries"
+
+    def __str__(self) -> str:
+        return self.host
+
+
+class RegistryCredential(models.Model):
+    """Credentials for pulls from a registry, for one project's jobs (or, with no project, every
+    project's). Never shown back, never in a job's environment or log: the agent hands them to the
+    pull as an auth file only it can read."""
+
+    registry = models.ForeignKey(Registry, on_delete=models.CASCADE, related_name="credentials")
+    project = models.ForeignKey("Project", null=True, blank=True, on_delete=models.CASCADE, related_name="registry_credentials")
+    username = models.CharField(max_length=200)
+    password = models.CharField(max_length=2000, help_text="Password or token")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["registry", "project"], name="one_credential_per_registry_and_project")]
+
+    def __str__(self) -> str:
+        return f"{self.username}@{self.registry.host}" + (f" for {self.project}" if self.project_id else "")
 
 
 class Node(models.Model):
@@ -272,6 +313,8 @@ class JobAttempt(models.Model):
     judged_at = models.DateTimeField(null=True, blank=True)
     # CKPT_LAST_STEP the run was started with (None: started from scratch).
     resume_step = models.BigIntegerField(null=True, blank=True)
+    # The image this attempt ran, by digest (repository@sha256:…): a failover runs the same one.
+    image_digest = models.CharField(max_length=400, blank=True)
     # Where the ranks of a multi-node run meet (rank 0's node), fixed at placement.
     master_addr = models.CharField(max_length=255, default="127.0.0.1")
     master_port = models.PositiveIntegerField(default=29500)

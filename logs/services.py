@@ -113,7 +113,9 @@ def apply_log_cap(
     room = max(cap - volume.lines, 0)
     kept, over = counted[:room], counted[room:]
     if over:
-        volume.dropped += len(over)
+        # Counted by line number: lines the node's runner already left out past the cap (their
+        # numbers skipped) are dropped lines too.
+        volume.dropped += over[-1].line_no - (kept[-1].line_no if kept else volume.seen.get(key, 0))
         if stream not in volume.markers:
             volume.markers[stream] = next_seq + len(kept)
             kept.append(over[0]._replace(text=cap_marker(cap, volume.dropped)))

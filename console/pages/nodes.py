@@ -22,7 +22,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from agent.sandbox import availability
+from agent.launch import containers_ready
 from failover.models import HealthEvent, SimulatedFault
 from failover.services.faults import FaultError, clear_node, inject_fault, reclaim_spot
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
@@ -106,7 +106,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
 
 
 def sandbox_state() -> dict:
-    ready, why = availability()
+    ready, why = containers_ready()
     return {"off": settings.JOB_SANDBOX == "off", "ready": ready, "why": why}
 
 

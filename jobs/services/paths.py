@@ -83,11 +83,47 @@ def check_output_dir(value: str, project: Project) -> str:
     path = Path(os.path.normpath(path))
     if len(str(path)) > MAX_PATH_CHARS:
         raise PathRefused(f"The output directory's full path, {len(str(path))} characters, is longer than {MAX_PATH_CHARS}.")
+    if path == Path(os.path.normpath(root)):
+        raise PathRefused(f"An output directory must lie below your project's data directory {root}, not be it: e.g. {root}/runs.")
     allowed = [root] + [Path(v.path) for v in volumes_of(project) if not v.read_only]
     if not any(within(path, candidate) for candidate in allowed):
         where = ", ".join(str(p) for p in allowed)
         raise PathRefused(f"An output directory must lie in your project's data directory or a writable project volume: {where}.")
     return str(path)
+
+
+@dataclass(frozen=True)
+class OutputLocation:
+    """Where a run's output directory is: ``parts`` below ``root`` (a directory of the agent's or
+    an operator's). ``in_volume``: inside a writable project volume, which the run sees whole at
+    its own path, so the agent makes nothing there."""
+
+    root: Path
+    parts: tuple[str, ...]
+    in_volume: bool = False
+
+    @property
+    def path(self) -> Path:
+        return self.root.joinpath(*self.parts)
+
+
+def output_location(job: TrainingJob) -> OutputLocation:
+    """The job's output directory as the agent makes and reads it (``agent.workdirs``); raises
+    PathRefused if a chosen one is not below the project's data directory or a writable volume."""
+    if not job.output_dir:
+        return OutputLocation(Path(settings.JOB_WORK_ROOT), (str(job.pk), "output"))
+    path = Path(check_output_dir(job.output_dir, job.project))
+    root = Path(os.path.normpath(project_root(job.project)))
+    if path == root or root in path.parents:
+        parts = path.relative_to(root).parts
+        if not parts:
+            raise PathRefused(f"An output directory must lie below your project's data directory {root}, not be it.")
+        return OutputLocation(root, parts)
+    for volume in volumes_of(job.project):
+        base = Path(volume.path)
+        if not volume.read_only and (path == base or base in path.parents):
+            return OutputLocation(base, path.relative_to(base).parts, in_volume=True)
+    raise PathRefused(f"The output directory {path} is in none of your project's writable places.")
 
 
 def output_dir_of(job: TrainingJob) -> Path:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from jobs.services.bulk import update_each
 from jobs.services.dispatch import dispatch_launch, dispatch_launches, wake_agents
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
-from jobs.models import GPU, AttemptNode, Image, JobAttempt, JobExclusion, Node, Project, TrainingJob
+from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, Project, TrainingJob
 from jobs.services.lifecycle import record_placements, record_queue_reasons, record_reason, transition
 from jobs.statuses import WAITING, JobStatus
 
@@ -167,17 +167,13 @@ def place_waiting_jobs(*, window: int | None = None) -> Placed:
     shares = project_shares(now, {job.project_id for job in candidates})
     if not candidates:
         return Placed()
-    images = set(Image.objects.filter(reference__in={j.image for j in candidates}).values_list("reference", flat=True))
     ready: list[TrainingJob] = []
     for job in candidates:
-        if job.image not in images:
-            if job.status == JobStatus.PENDING or (job.next_retry_at and job.next_retry_at <= now):
-                back_off_image_pull(job, f"image {job.image} is not registered")
-            continue
+        # The node pulls the image (agent.launch); a failed pull waits here for its retry.
         if job.status == JobStatus.IMAGE_PULL_BACKOFF:
             if job.next_retry_at and job.next_retry_at > now:
                 continue
-            if not transition(job.pk, JobStatus.PENDING, reason=f"image {job.image} is available", expected={JobStatus.IMAGE_PULL_BACKOFF}):
+            if not transition(job.pk, JobStatus.PENDING, reason=f"retrying the pull of image {job.image}", expected={JobStatus.IMAGE_PULL_BACKOFF}):
                 continue
             job.refresh_from_db(fields=["status", "status_reason"])
         ready.append(job)

@@ -28,11 +28,17 @@ logger = logging.getLogger(__name__)
 AGENT = "node-agent"
 # The cause of a run the kernel killed at the job's own memory limit (see ``memory_limit_cause``).
 OUT_OF_MEMORY = "out of memory"
+PIDS_LIMIT = "PID limit reached"
 
 
 def memory_limit_cause(limit_mb: int | None) -> str:
     limit = f"its memory limit of {format_memory(limit_mb)}" if limit_mb else "its memory limit"
     return f"{OUT_OF_MEMORY}: the run needed more than {limit} and the kernel killed it"
+
+
+def pids_limit_cause(limit: int | None) -> str:
+    limit_text = f"its limit of {limit} processes" if limit else "its process limit"
+    return f"{PIDS_LIMIT}: the run kept {limit_text} (a fork loop?) and the platform ended it"
 
 
 def describe_exit(exit_code: int | None, exit_signal: int | None) -> str:
@@ -230,6 +236,8 @@ def record_exit(
     elif outcome.startswith(OUT_OF_MEMORY):
         # Its own limit, not the hardware: Job Failover has nothing to judge.
         to, reason = JobStatus.FAILED, f"{outcome}; raise the job's memory limit"
+    elif outcome.startswith(PIDS_LIMIT):
+        to, reason = JobStatus.FAILED, outcome
     elif job.failover_enabled and registry.failed_run_handler is not None:
         return registry.failed_run_handler(job, attempt, outcome, lost)
     else:

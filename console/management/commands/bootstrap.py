@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from agent.inventory import discover_nodes, register_nodes
-from agent.sandbox import availability
+from agent.launch import containers_ready
 from console.env import env_str
 from jobs.models import Image
 
@@ -22,8 +22,7 @@ def ensure_default_image() -> Image:
     image, _ = Image.objects.get_or_create(
         reference=settings.DEFAULT_IMAGE,
         defaults={
-            "runtime": settings.DEFAULT_IMAGE_RUNTIME,
-            "description": "The console's own Python environment (torch, transformers, ckptlib)",
+            "description": "Debian 12, Python 3.11, torch 2.13 (CPU), transformers, accelerate (built locally)",
             "is_default": True,
         },
     )
@@ -44,8 +43,28 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--no-nodes", action="store_true", help="do not register this machine's nodes")
+        parser.add_argument("--no-image", action="store_true", help="do not start the local registry nor build the default image")
 
-    def handle(self, *args, no_nodes: bool = False, **options):
+    def build_default_image(self) -> None:
+        """The local registry on loopback and the default image in it (built on first use)."""
+        from agent import default_image
+        from jobs.services.images import qualify
+
+        name = qualify(settings.DEFAULT_IMAGE).split("/", 1)[1]
+        try:
+            figures = default_image.ensure(
+                Path(settings.CONTAINER_ENGINE_ROOT), settings.LOCAL_REGISTRY_PORT, name, log=lambda line: self.stdout.write(f"  {line}")
+            )
+        except Exception as exc:  # the console stays usable: say so loudly
+            self.stdout.write(self.style.ERROR(f"THE DEFAULT IMAGE COULD NOT BE MADE: {exc}"))
+            return
+        if figures.get("cached"):
+            self.stdout.write(f"Default image: {figures['alias']} (in the local registry already)")
+        else:
+            phases = ", ".join(f"{k} {v:.0f} s" for k, v in figures.get("seconds", {}).items())
+            self.stdout.write(f"Default image built in {figures['seconds_total']:.0f} s ({phases}): {figures['alias']}")
+
+    def handle(self, *args, no_nodes: bool = False, no_image: bool = False, **options):
         call_command("migrate", interactive=False, verbosity=0)
         lock_down(Path(settings.VAR_DIR))
         User = get_user_model()
@@ -65,11 +84,16 @@ class Command(BaseCommand):
             else:
                 self.stdout.write("Operator account created: admin (password from CONSOLE_ADMIN_PASSWORD)")
         ensure_default_image()
-        ready, why = availability()
+        ready, why = containers_ready() if settings.JOB_SANDBOX != "off" else (False, "")
         if settings.JOB_SANDBOX != "off" and not ready:
-            self.stdout.write(self.style.ERROR(f"JOBS CANNOT RUN: {why}. Install bubblewrap, or set JOB_SANDBOX=off to run jobs unsandboxed."))
+            self.stdout.write(self.style.ERROR(
+                f"JOBS CANNOT RUN: {why}. Install podman and runc (as root: apt-get install podman runc docker-registry "
+                "mmdebstrap skopeo), or set JOB_SANDBOX=off to run jobs on the host, unconfined."
+            ))
         elif settings.JOB_SANDBOX == "off":
-            self.stdout.write(self.style.WARNING("JOB_SANDBOX=off: jobs run with the console's own privileges."))
+            self.stdout.write(self.style.WARNING("JOB_SANDBOX=off: jobs run on the host with the console's own privileges."))
+        elif settings.EMBEDDED_AGENT and not no_image:
+            self.build_default_image()
         if not no_nodes and settings.EMBEDDED_AGENT:
             nodes = register_nodes(discover_nodes(), agent="embedded")
             self.stdout.write(f"Nodes: {', '.join(n.name for n in nodes)}")

@@ -1,0 +1,133 @@
+"""A run's directories, made and checked by the agent through file descriptors, never by a path
+a job could have swapped.
+
+Standard library only. Every directory the agent hands to a container is the *leaf* of a chain
+of directories the agent made itself and owns (root, not writable by anyone else): the job owns
+the leaf (its uid, through ``fchown`` on the descriptor), so nothing it does inside can move the
+leaf or any directory above it between the agent's check and the container's mount. Each
+component is opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to the one above it: a symlink, a
+FIFO or a file where a directory should be is refused, not followed.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class DirectoryRefused(OSError):
+    """A directory of the run is not one the agent may use; the message says why."""
+
+
+def _open_or_make(parent_fd: int, name: str, mode: int) -> int:
+    try:
+        os.mkdir(name, mode, dir_fd=parent_fd)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as exc:
+        raise DirectoryRefused(f"{name!r} is not a plain directory (a link, a file or a FIFO): {exc.strerror}") from None
+
+
+def _check_agent_owned(fd: int, where: str) -> None:
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise DirectoryRefused(f"{where} belongs to a job (another job's output directory?), so nothing may be placed inside it")
+
+
+@contextmanager
+def opened_chain(root: Path, parts: Sequence[str], *, create: bool = True, mode: int = 0o755) -> Iterator[int]:
+    """The descriptor of ``root/parts…`` (made where missing when ``create``), every component
+    below ``root`` opened without following links; ``root`` itself is the operator's or the
+    agent's own directory. Closed on exit."""
+    for part in parts:
+        if part in ("", ".", "..") or "/" in part:
+            raise DirectoryRefused(f"{part!r} is not a directory name")
+    if create:
+        Path(root).mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            if create:
+                child = _open_or_make(fd, part, mode)
+            else:
+                try:
+                    child = os.open(part, DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    raise DirectoryRefused(f"{part!r}: {exc.strerror}") from None
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def make_leaf(root: Path, parts: Sequence[str], *, uid: int | None, mode: int = 0o750) -> Path:
+    """Make ``root/parts…`` for a run: every directory between ``root`` and the leaf made by the
+    agent and owned by it (refused if it is not: a job's directory is never a parent of
+    another's), the leaf owned by ``uid`` (``fchown`` on its descriptor; None: the agent keeps
+    it). Returns its path, stable from here to the mount since no job can write above it."""
+    if not parts:
+        raise DirectoryRefused("a run's directory must lie below its root")
+    *above, leaf = parts
+    with opened_chain(root, above) as parent:
+        _check_chain(root, above)
+        child = _open_or_make(parent, leaf, mode)
+        try:
+            info = os.fstat(child)
+            if uid is not None:
+                if info.st_uid not in (os.geteuid(), uid):
+                    raise DirectoryRefused(f"{leaf!r} belongs to another user (uid {info.st_uid})")
+                if info.st_uid != uid and os.geteuid() == 0:
+                    os.fchown(child, uid, uid)
+                os.fchmod(child, mode)
+        finally:
+            os.close(child)
+    return Path(root).joinpath(*parts)
+
+
+def _check_chain(root: Path, parts: Sequence[str]) -> None:
+    """Every directory below ``root`` down to ``parts`` is the agent's own."""
+    for depth in range(1, len(parts) + 1):
+        with opened_chain(root, parts[:depth], create=False) as fd:
+            _check_agent_owned(fd, "/".join(parts[:depth]))
+
+
+def make_private(root: Path, parts: Sequence[str]) -> Path:
+    """The agent's own directory below ``root`` (a run's records: 0700, never a job's)."""
+    with opened_chain(root, parts, mode=0o700) as fd:
+        _check_agent_owned(fd, "/".join(parts))
+        os.fchmod(fd, 0o700)
+    return Path(root).joinpath(*parts)
+
+
+def read_beneath(root: Path, parts: Sequence[str]) -> str | None:
+    """A ``/proc/self/fd`` path to ``root/parts…`` opened without following any link below
+    ``root``, for reading what a job wrote there (None if it is missing or not a plain
+    directory). The caller must close it with ``close_beneath``."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    for part in parts:
+        try:
+            child = os.open(part, DIR_FLAGS | os.O_NONBLOCK, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return None
+        os.close(fd)
+        fd = child
+    return f"/proc/self/fd/{fd}"
+
+
+def close_beneath(path: str | None) -> None:
+    if path and path.startswith("/proc/self/fd/"):
+        try:
+            os.close(int(path.rsplit("/", 1)[1]))
+        except (OSError, ValueError):
+            pass

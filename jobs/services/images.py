@@ -1,0 +1,66 @@
+"""Images as OCI references: where a job's image comes from and with which credentials."""
+from __future__ import annotations
+
+import base64
+import re
+
+from django.conf import settings
+
+from jobs.models import Registry, RegistryCredential, TrainingJob
+
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def has_registry(reference: str) -> bool:
+    """Whether the reference names its registry (``host.tld/…``, ``host:port/…``, ``localhost/…``)."""
+    first, slash, _ = reference.partition("/")
+    return bool(slash) and ("." in first or ":" in first or first == "localhost")
+
+
+def qualify(reference: str) -> str:
+    """The full reference: a name without a registry is looked up in ``DEFAULT_REGISTRY``."""
+    return reference if has_registry(reference) else f"{settings.DEFAULT_REGISTRY}/{reference}"
+
+
+def registry_of(reference: str) -> str:
+    return qualify(reference).split("/", 1)[0]
+
+
+def repository_of(reference: str) -> str:
+    """``registry/repository`` without tag or digest."""
+    full = DIGEST.sub("", qualify(reference))
+    head, slash, last = full.rpartition("/")
+    return f"{head}/{last.split(':', 1)[0]}"
+
+
+def by_digest(reference: str, digest: str) -> str:
+    """The reference that names exactly the image that ran (``registry/repository@sha256:…``)."""
+    return f"{repository_of(reference)}@{digest}"
+
+
+def known_registries() -> set[str]:
+    return {settings.DEFAULT_REGISTRY, *Registry.objects.values_list("host", flat=True)}
+
+
+def unknown_registry(reference: str) -> str | None:
+    """Why a reference is certainly not pullable here (its registry is none the platform knows),
+    or None."""
+    host = registry_of(reference)
+    if host in known_registries():
+        return None
+    known = ", ".join(sorted(known_registries()))
+    return f"registry {host} is not one this platform pulls from (known: {known}); an operator adds registries in the admin"
+
+
+def auth_for(job: TrainingJob) -> dict | None:
+    """The auth file's content for the job's pull (Podman's ``auth.json``), or None: the
+    project's own credential for the registry, else the registry's credential for every project."""
+    host = registry_of(job.image)
+    found = (
+        RegistryCredential.objects.filter(registry__host=host, project=job.project_id).first()
+        or RegistryCredential.objects.filter(registry__host=host, project__isnull=True).first()
+    )
+    if found is None:
+        return None
+    token = base64.b64encode(f"{found.username}:{found.password}".encode()).decode()
+    return {"auths": {host: {"auth": token}}}
