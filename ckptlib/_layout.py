@@ -1,13 +1,23 @@
 """Where checkpoints live and which are committed: the layout readers need, standard library
 only, so a process that only looks for the latest checkpoint (the console, placing a resumed run)
 never imports torch. The commit protocol that produces this layout is in ``_format``.
+
+The node agent reads this layout as root from a directory the job controls, so every read here
+treats what it finds as hostile: no symlink below the checkpoint root is followed, only regular
+files and real directories count, files are read with a size limit, and nothing blocks (a FIFO
+named ``latest`` is refused, not waited on). A bad entry counts as absent; one bad checkpoint
+directory costs only the job that made it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_SUBDIR = "concurrent_checkpoint"
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -15,7 +25,11 @@ TMP_SUFFIX = ".tmp"
 LATEST_NAME = "latest"
 MANIFEST_NAME = "ckptlib.json"
 
+LATEST_MAX_BYTES = 64  # a step number and a newline
+MAX_LISTING_ENTRIES = 100_000  # rotation keeps a handful; a job that makes more only hides its own
+
 _COMMITTED_RE = re.compile(r"^checkpoint-(\d+)$")
+_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def checkpoint_root(output_dir: str | os.PathLike[str]) -> Path:
@@ -31,25 +45,110 @@ def tmp_dir(root: Path, step: int) -> Path:
     return root / f"{CHECKPOINT_PREFIX}{step}{TMP_SUFFIX}"
 
 
-def committed_steps(root: Path) -> list[int]:
-    """Steps of the committed checkpoints under ``root``, ascending. Temporary dirs never count."""
-    if not root.is_dir():
-        return []
+def read_small_file(path: str | os.PathLike[str], limit: int, *, dir_fd: int | None = None) -> bytes:
+    """The whole content of a small regular file that someone else may control.
+
+    The last component of ``path`` is not followed if it is a symlink, a FIFO or device is refused
+    without waiting for a writer (``O_NONBLOCK``, then ``fstat``), and a file over ``limit`` bytes
+    is refused rather than read in part.
+
+    Args:
+        path: The file; relative to ``dir_fd`` when that is given.
+        limit: The most bytes the file may hold.
+        dir_fd: A directory descriptor ``path`` is relative to.
+
+    Returns:
+        The file's bytes.
+
+    Raises:
+        OSError: The file is missing, a symlink, not a regular file, or larger than ``limit``.
+    """
+    fd = os.open(path, _NO_FOLLOW, dir_fd=dir_fd)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{os.fspath(path)} is not a regular file")
+        if info.st_size > limit:
+            raise OSError(f"{os.fspath(path)} holds {info.st_size} bytes, more than {limit}")
+        payload = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(payload) > limit:  # grew since fstat
+        raise OSError(f"{os.fspath(path)} holds more than {limit} bytes")
+    return payload
+
+
+def _open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int:
+    """A descriptor of a real directory: the last component is never followed."""
+    return os.open(path, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)
+
+
+def _is_committed(root_fd: int, name: str) -> bool:
+    """``name`` under the root is a real directory holding a regular-file manifest."""
+    try:
+        directory = _open_dir(name, dir_fd=root_fd)
+    except OSError:
+        return False
+    try:
+        manifest = os.stat(MANIFEST_NAME, dir_fd=directory, follow_symlinks=False)
+    except OSError:
+        return False
+    finally:
+        os.close(directory)
+    return stat.S_ISREG(manifest.st_mode)
+
+
+def _committed_steps_at(root_fd: int) -> list[int]:
     steps = []
-    for entry in os.scandir(root):
-        match = _COMMITTED_RE.match(entry.name)
-        if match and entry.is_dir() and (Path(entry.path) / MANIFEST_NAME).is_file():
-            steps.append(int(match.group(1)))
+    # scandir reads a duplicate of the descriptor and closes only that: root_fd stays the caller's.
+    with os.scandir(root_fd) as entries:
+        for count, entry in enumerate(entries):
+            if count >= MAX_LISTING_ENTRIES:
+                logger.warning("checkpoint listing stopped after %d entries", MAX_LISTING_ENTRIES)
+                break
+            match = _COMMITTED_RE.match(entry.name)
+            if match and entry.is_dir(follow_symlinks=False) and _is_committed(root_fd, entry.name):
+                steps.append(int(match.group(1)))
     return sorted(steps)
 
 
-def read_latest(root: Path) -> int | None:
-    """The newest committed step: the ``latest`` marker if it names a whole checkpoint, else a listing."""
-    steps = committed_steps(root)
+def committed_steps(root: Path) -> list[int]:
+    """Steps of the committed checkpoints under ``root``, ascending. Temporary dirs never count,
+    nor do symlinks (the root itself included) or checkpoints whose manifest is not a regular file."""
     try:
-        marked = int((root / LATEST_NAME).read_text().strip())
-    except (OSError, ValueError):
-        marked = None
+        root_fd = _open_dir(root)
+    except OSError:
+        return []
+    try:
+        return _committed_steps_at(root_fd)
+    except OSError as exc:
+        logger.warning("cannot list checkpoints in %s: %s", root, exc)
+        return []
+    finally:
+        os.close(root_fd)
+
+
+def read_latest(root: Path) -> int | None:
+    """The newest committed step: the ``latest`` marker if it names a whole checkpoint, else a listing.
+
+    Never blocks and never raises: a marker that is not a small regular file counts as missing,
+    and a root that cannot be listed (missing, a symlink, unreadable) has no checkpoint.
+    """
+    try:
+        root_fd = _open_dir(root)
+    except OSError:
+        return None
+    try:
+        steps = _committed_steps_at(root_fd)
+        try:
+            marked: int | None = int(read_small_file(LATEST_NAME, LATEST_MAX_BYTES, dir_fd=root_fd).decode("ascii").strip())
+        except (OSError, ValueError):
+            marked = None
+    except OSError as exc:
+        logger.warning("cannot list checkpoints in %s: %s", root, exc)
+        return None
+    finally:
+        os.close(root_fd)
     if marked is not None and marked in steps and marked == max(steps):
         return marked
     # The marker lags by at most one rename (crash between commit steps 4 and 5) or is missing.

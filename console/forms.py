@@ -8,7 +8,15 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db.models import QuerySet
 
-from jobs.lib import EXAMPLE_COMMAND, CommandError, format_env_text, normalize_newlines, parse_env_text, validate_command
+from jobs.lib import (
+    EXAMPLE_COMMAND,
+    CommandError,
+    format_env_text,
+    normalize_newlines,
+    parse_env_text,
+    text_refusal,
+    validate_command,
+)
 from jobs.models import DNS_LABEL, Image, Project, TrainingJob
 from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
@@ -29,10 +37,22 @@ def normalized_form_data(data: Any) -> Any:
     return copy
 
 
+class TextField(forms.CharField):
+    """A CharField whose text can be stored and handed to a run: no NUL, no lone surrogate (the
+    API's ``TextField`` refuses the same)."""
+
+    def to_python(self, value: Any) -> str:
+        text = super().to_python(value)
+        why = text_refusal(text)
+        if why:
+            raise forms.ValidationError(f"This field {why}.", code="text")
+        return text
+
+
 class TrainingJobForm(forms.Form):
     """What a user sets on a new job; ``cleaned_job_fields`` feeds ``creation.create_job``."""
 
-    name = forms.CharField(
+    name = TextField(
         max_length=63,
         validators=[DNS_LABEL],
         help_text="Lowercase letters, digits and '-'; unique among your jobs.",
@@ -51,17 +71,17 @@ class TrainingJobForm(forms.Form):
         widget=forms.RadioSelect,
         help_text="Spot jobs use spare capacity and may be interrupted.",
     )
-    image = forms.CharField(
+    image = TextField(
         max_length=200,
         validators=[IMAGE_REFERENCE],
         help_text="name:tag of a registered image.",
         widget=forms.TextInput(attrs={"list": "image-choices", "autocomplete": "off", "spellcheck": "false"}),
     )
-    command = forms.CharField(
+    command = TextField(
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
         help_text="Run as written: VAR=value assignments, then python, torchrun, deepspeed or accelerate launch.",
     )
-    env_text = forms.CharField(
+    env_text = TextField(
         label="Environment variables",
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono", "placeholder": "NAME=value"}),
@@ -79,7 +99,7 @@ class TrainingJobForm(forms.Form):
         help_text="On a hardware fault, re-place the job on healthy nodes and resume from its last checkpoint "
         f"(at most {settings.MAX_FAILOVERS} times).",
     )
-    output_dir = forms.CharField(
+    output_dir = TextField(
         label="Output directory",
         required=False,
         max_length=500,
@@ -99,14 +119,14 @@ class TrainingJobForm(forms.Form):
         widget=forms.NumberInput(attrs={"step": "0.01", "min": "0.01", "placeholder": "default", "inputmode": "decimal"}),
         help_text="Optional, e.g. 0.5 or 4; empty: the node's default.",
     )
-    memory_limit_mb = forms.CharField(
+    memory_limit_mb = TextField(
         label="Memory limit (per node)",
         required=False,
         max_length=20,
         widget=forms.TextInput(attrs={"placeholder": "default", "spellcheck": "false"}),
         help_text="Optional, e.g. 512M or 8G (a plain number is MiB); a run that needs more is killed: out of memory.",
     )
-    description = forms.CharField(required=False, max_length=500, widget=forms.Textarea(attrs={"rows": 2}))
+    description = TextField(required=False, max_length=500, widget=forms.Textarea(attrs={"rows": 2}))
 
     def __init__(self, *args: Any, owner, **kwargs: Any) -> None:
         kwargs.setdefault("label_suffix", "")

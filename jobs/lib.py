@@ -1,4 +1,5 @@
-"""Helpers for Training Jobs that need no models: the Command field and environment variables."""
+"""Helpers for Training Jobs that need no models: the Command field, environment variables and
+the text every field may hold."""
 from __future__ import annotations
 
 import re
@@ -31,6 +32,20 @@ RESERVED_ENV = frozenset(
     }
 )
 RESERVED_PREFIXES = ("JOB_", "MASTER_", "LD_", "BASH_FUNC_")
+# A NUL ends a C string (the runner's argv and environment); a lone surrogate, which JSON's
+# "\ud800" escape decodes to, is no Unicode text: no UTF-8 column, response or exec can hold it.
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_refusal(text: str) -> str | None:
+    """Why ``text`` cannot be stored or handed to a run, as a predicate ("contains a NUL
+    character"); None when it can."""
+    found = UNSTORABLE.search(text)
+    if found is None:
+        return None
+    if found.group() == "\x00":
+        return "contains a NUL character"
+    return f"contains a lone surrogate (U+{ord(found.group()):04X}), which is not valid Unicode text"
 
 
 def reserved_reason(name: str) -> str | None:
@@ -109,8 +124,9 @@ def validate_command(command: str) -> None:
         raise CommandError("Enter a command, e.g. `python train.py`.")
     if len(command) > 20_000:
         raise CommandError("The command is longer than 20,000 characters.")
-    if "\x00" in command:
-        raise CommandError("The command contains a NUL character.")
+    why = text_refusal(command)
+    if why:
+        raise CommandError(f"The command {why}.")
     for number, line in enumerate(lines, start=1):
         try:
             words = shlex.split(line)
@@ -142,6 +158,10 @@ def validate_env(env: object) -> dict[str, str]:
         raise ValueError("Environment variables must be an object of NAME: value pairs.")
     clean: dict[str, str] = {}
     for name, value in env.items():
+        unstorable = text_refusal(name) if isinstance(name, str) else None
+        if unstorable:
+            # Not echoed: the error could not be written back either.
+            raise ValueError(f"A variable name {unstorable}.")
         if not isinstance(name, str) or not ENV_NAME.match(name):
             raise ValueError(f"'{name}' is not a valid variable name (letters, digits and _, not starting with a digit).")
         why = reserved_reason(name)
@@ -150,8 +170,11 @@ def validate_env(env: object) -> dict[str, str]:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError(f"The value of {name} must be a string or a number.")
         text = normalize_newlines(str(value))
-        if "\x00" in text or len(text) > 10_000:
-            raise ValueError(f"The value of {name} is not allowed (NUL character or over 10,000 characters).")
+        why = text_refusal(text)
+        if why:
+            raise ValueError(f"The value of {name} {why}.")
+        if len(text) > 10_000:
+            raise ValueError(f"The value of {name} is longer than 10,000 characters.")
         clean[name] = text
     if len(clean) > 200:
         raise ValueError("At most 200 environment variables.")

@@ -5,7 +5,7 @@ from notify.models import Delivery, Subscription
 
 @admin.register(Subscription)
 class SubscriptionAdmin(admin.ModelAdmin):
-    list_display = ["id", "user", "channel", "email", "url", "job", "project", "active", "created_at"]
+    list_display = ["id", "user", "channel", "email", "email_verified_at", "url", "job", "project", "active", "created_at"]
     list_filter = ["channel", "active"]
     raw_id_fields = ["user", "job", "project"]
 

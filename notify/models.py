@@ -41,12 +41,20 @@ class Subscription(models.Model):
     secret = models.CharField(max_length=64, default=new_secret, help_text="Key of the X-Satrain-Signature HMAC.")
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Nothing is sent to an e-mail address before its holder opens the signed link mailed to it.
+    email_verified_at = models.DateTimeField(null=True, blank=True, help_text="When the address's holder confirmed it.")
+    verification_sent_at = models.DateTimeField(null=True, blank=True, help_text="When the latest confirmation link was queued.")
 
     class Meta:
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
         return f"{self.user} → {self.target} ({self.scope})"
+
+    @property
+    def awaiting_verification(self) -> bool:
+        """An e-mail subscription whose address has not been confirmed: its deliveries are skipped."""
+        return self.channel == self.Channel.EMAIL and self.email_verified_at is None
 
     @property
     def target(self) -> str:
@@ -67,6 +75,7 @@ class Delivery(models.Model):
         SENDING = "sending", "Sending"
         DELIVERED = "delivered", "Delivered"
         FAILED = "failed", "Failed"
+        SKIPPED = "skipped", "Skipped (address not verified)"
 
     subscription = models.ForeignKey(Subscription, on_delete=models.CASCADE, related_name="deliveries")
     event = models.ForeignKey("jobs.JobEvent", on_delete=models.CASCADE, related_name="+")

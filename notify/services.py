@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import logging
 import socket
 import time
-import urllib.error
-import urllib.request
 from datetime import timedelta
 from urllib.parse import urlsplit
 
@@ -73,9 +72,23 @@ def fan_out(event_id: int) -> list[int]:
     ]
     kind = primary_kind(kinds)
     Delivery.objects.bulk_create(
-        [Delivery(subscription=s, event=event, kind=kind, next_try_at=timezone.now()) for s in chosen], ignore_conflicts=True
+        [Delivery(subscription=s, event=event, kind=kind, next_try_at=timezone.now(), **skipped_fields(s)) for s in chosen],
+        ignore_conflicts=True,
     )
     return list(Delivery.objects.filter(event=event, state=Delivery.State.PENDING).values_list("pk", flat=True))
+
+
+UNVERIFIED = "not sent: the e-mail address has not been confirmed (its confirmation link was not opened)"
+
+
+def skipped_fields(subscription: Subscription) -> dict:
+    """A delivery to an address nobody confirmed is recorded, as skipped, and never sent."""
+    return {"state": Delivery.State.SKIPPED, "last_error": UNVERIFIED} if subscription.awaiting_verification else {}
+
+
+def subscriptions_left(user_id: int) -> int:
+    """How many more subscriptions the user may make (``NOTIFY_MAX_SUBSCRIPTIONS_PER_USER``)."""
+    return settings.NOTIFY_MAX_SUBSCRIPTIONS_PER_USER - Subscription.objects.filter(user_id=user_id).count()
 
 
 def due_deliveries() -> list[tuple[int, float]]:
@@ -105,6 +118,9 @@ def deliver(delivery_id: int) -> float | None:
         due = Delivery.objects.filter(pk=delivery_id, state=Delivery.State.PENDING).values_list("next_try_at", flat=True).first()
         return None if due is None else max((due - now).total_seconds(), 0.05)
     delivery = Delivery.objects.select_related("subscription__user", "event__job__owner", "event__job__project").get(pk=delivery_id)
+    if delivery.subscription.awaiting_verification:  # the address changed since the fan-out
+        Delivery.objects.filter(pk=delivery_id).update(**skipped_fields(delivery.subscription))
+        return None
     try:
         try:
             status = send(delivery)
@@ -189,48 +205,107 @@ def sign(secret: str, timestamp: int, body: bytes) -> str:
     return f"t={timestamp},sha256={digest}"
 
 
-class NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # a redirect is an answer, not followed
-        return None
+def _refusal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> tuple[str, bool] | None:
+    """What kind of address a webhook may not go to, and whether NOTIFY_WEBHOOK_ALLOW_PRIVATE
+    can allow it; None for a global address."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback, which ipaddress does not say
+    if address.is_loopback:  # before is_reserved: ::1 lies in the reserved ::/8
+        return "a loopback or private address (NOTIFY_WEBHOOK_ALLOW_PRIVATE is off)", True
+    if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_reserved:
+        return "a link-local, multicast, unspecified or reserved address", False
+    if not address.is_global:
+        return "a loopback or private address (NOTIFY_WEBHOOK_ALLOW_PRIVATE is off)", True
+    return None
 
 
-OPENER = urllib.request.build_opener(NoRedirects)
+def check_destination(url: str) -> list[str]:
+    """The addresses a webhook may be sent to: every address its host resolves to, each checked.
 
-
-def check_destination(url: str) -> None:
-    """Refuse webhook hosts that resolve to link-local addresses (cloud metadata services) or to
-    unspecified, multicast or reserved ones, and — unless NOTIFY_WEBHOOK_ALLOW_PRIVATE —
-    to loopback and private networks."""
+    Refused (``DeliveryError`` with ``final``): anything but http(s), any address that is
+    link-local (cloud metadata services), multicast, unspecified or reserved, and — unless
+    NOTIFY_WEBHOOK_ALLOW_PRIVATE — loopback, private and other non-global ones. One bad address
+    refuses the host: a name that resolves to both would otherwise be a coin toss.
+    """
     parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        raise DeliveryError("the URL's port is not a number from 0 to 65535", final=True) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise DeliveryError("not an http(s) URL", final=True)
     try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
+        infos = socket.getaddrinfo(parts.hostname, port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, OSError) as exc:
         raise DeliveryError(f"cannot resolve {parts.hostname}: {exc}") from None
+    addresses = []
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if address.is_link_local or address.is_multicast or address.is_unspecified or address.is_reserved:
-            raise DeliveryError(f"refused: {parts.hostname} is {address}, a link-local or reserved address", final=True)
-        if (address.is_loopback or address.is_private) and not settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE:
-            raise DeliveryError(f"refused: {parts.hostname} is {address}, a private address (NOTIFY_WEBHOOK_ALLOW_PRIVATE is off)", final=True)
+        text = str(info[4][0]).split("%")[0]
+        why = _refusal(ipaddress.ip_address(text))
+        if why is not None and not (why[1] and settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE):
+            where = text if parts.hostname == text else f"{parts.hostname} resolves to {text},"
+            raise DeliveryError(f"refused: {where} is {why[0]}", final=True)
+        if text not in addresses:
+            addresses.append(text)
+    if not addresses:
+        raise DeliveryError(f"cannot resolve {parts.hostname}: no address")
+    return addresses
+
+
+def destination_refusal(url: str) -> str | None:
+    """Why a webhook URL cannot be subscribed to (None: it can), checked as each delivery is."""
+    try:
+        check_destination(url)
+    except DeliveryError as exc:
+        return f"This URL cannot receive webhooks: {str(exc).removeprefix('refused: ')}."
+    return None
+
+
+def pinned_connection(url: str, addresses: list[str]) -> http.client.HTTPConnection:
+    """An HTTP(S) connection to the URL's host that connects only to ``addresses``, the ones just
+    checked: resolving the name again could answer otherwise (DNS rebinding). TLS still checks
+    the certificate against the host name."""
+    parts = urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=settings.NOTIFY_TIMEOUT)
+    port = parts.port or connection.default_port
+
+    def connect_checked(_address, timeout=None, source_address=None):  # socket.create_connection's signature
+        error: OSError = OSError(f"no address for {parts.hostname}")
+        for address in addresses:
+            try:
+                return socket.create_connection((address, port), timeout, source_address)
+            except OSError as exc:
+                error = exc
+        raise error
+
+    # http.client connects through this attribute (HTTPS wraps the socket it returns).
+    connection._create_connection = connect_checked  # type: ignore[attr-defined]
+    return connection
 
 
 def post_webhook(subscription: Subscription, body: dict) -> int:
-    check_destination(subscription.url)
+    addresses = check_destination(subscription.url)
     data = json.dumps(body).encode()
-    request = urllib.request.Request(subscription.url, data=data, method="POST")
-    request.add_header("Content-Type", "application/json")
-    request.add_header("User-Agent", "satrain-notify/1")
-    request.add_header("X-Satrain-Event", body.get("kind", "slack"))
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "satrain-notify/1",
+        "X-Satrain-Event": body.get("kind", "slack"),
+        "X-Satrain-Signature": sign(subscription.secret, int(time.time()), data),
+    }
     if "event_id" in body:
-        request.add_header("X-Satrain-Event-Id", str(body["event_id"]))
-    request.add_header("X-Satrain-Signature", sign(subscription.secret, int(time.time()), data))
+        headers["X-Satrain-Event-Id"] = str(body["event_id"])
+    parts = urlsplit(subscription.url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    connection = pinned_connection(subscription.url, addresses)
     try:
-        with OPENER.open(request, timeout=settings.NOTIFY_TIMEOUT) as response:
-            response.read(65536)
-            return response.status
-    except urllib.error.HTTPError as exc:
-        raise DeliveryError(f"HTTP {exc.code} from the endpoint", exc.code) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise DeliveryError(f"no answer: {getattr(exc, 'reason', exc)}") from None
+        connection.request("POST", target, body=data, headers=headers)
+        response = connection.getresponse()
+        response.read(65536)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise DeliveryError(f"no answer: {exc or type(exc).__name__}") from None
+    finally:
+        connection.close()
+    if not 200 <= response.status < 300:  # a redirect is an answer, not followed
+        raise DeliveryError(f"HTTP {response.status} from the endpoint", response.status)
+    return response.status

@@ -1,10 +1,10 @@
 """Celery tasks of notifications (scale-out): fan an event out to its deliveries, send one,
-retry with backoff by re-queuing it with a countdown."""
+retry with backoff by re-queuing it with a countdown; mail a confirmation link."""
 from __future__ import annotations
 
 from celery import shared_task
 
-from notify import services
+from notify import services, verification
 
 
 @shared_task(name="notify.fan_out", ignore_result=True, acks_late=False)
@@ -18,3 +18,8 @@ def deliver(delivery_id: int) -> None:
     delay = services.deliver(delivery_id)
     if delay is not None:
         deliver.apply_async((delivery_id,), countdown=delay)
+
+
+@shared_task(name="notify.send_verification", ignore_result=True, acks_late=False)
+def send_verification(subscription_id: int) -> None:
+    verification.send(subscription_id)

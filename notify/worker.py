@@ -51,7 +51,7 @@ class Worker:
             self.pool.submit(self.work, what, ident)
 
     def work(self, what: str, ident: int) -> None:
-        from notify import services
+        from notify import services, verification
 
         close_old_connections()
         try:
@@ -62,6 +62,8 @@ class Worker:
                 delay = services.deliver(ident)
                 if delay is not None:
                     self.submit("deliver", ident, delay)
+            elif what == "verify":
+                verification.send(ident)
             elif what == "recover":
                 for delivery_id, delay in services.due_deliveries():
                     self.submit("deliver", delivery_id, delay)

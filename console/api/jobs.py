@@ -18,12 +18,12 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from jobs.models import Node, TrainingJob
+from jobs.rest import JSONParser
 from console.api.serializers import (
     MAX_DB_INT,
     ORDERINGS,

@@ -13,7 +13,7 @@ from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.lib import CommandError, normalize_newlines, validate_command, validate_env
+from jobs.lib import CommandError, normalize_newlines, text_refusal, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
 from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
@@ -31,11 +31,15 @@ ORDERINGS = ("name", "-name", "created_at", "-created_at", "status", "-status")
 
 
 class TextField(serializers.CharField):
-    """A CharField that takes only JSON strings: a number is a mistake here, not a name."""
+    """A CharField that takes only JSON strings (a number is a mistake here, not a name) that can
+    be stored and handed to a run: no NUL, no lone surrogate."""
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
+        why = text_refusal(data)
+        if why:
+            raise serializers.ValidationError(f"This field {why}.")
         return super().to_internal_value(normalize_newlines(data))
 
 

@@ -1,6 +1,6 @@
 """API tokens: username and password → a new token (django-rest-knox: only its SHA-512 digest is
-stored; it expires after API_TOKEN_TTL_DAYS). Throttled per client and locked per username after
-repeated failures (``console.lockout``)."""
+stored; it expires after API_TOKEN_TTL_DAYS). Throttled per client address and locked per username
+and per address after repeated failures (``console.lockout``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -46,11 +46,13 @@ class ObtainTokenView(APIView):
         serializer = TokenRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         username, password = serializer.validated_data["username"], serializer.validated_data["password"]
-        if lockout.locked(username):
-            return Response({"detail": lockout.locked_message()}, status=429)
+        address = lockout.client_address(request)
+        refused = lockout.refusal(username, address)
+        if refused:
+            return Response({"detail": refused}, status=429)
         user = authenticate(request=request._request, username=username, password=password)
         if user is None or not user.is_active:
-            lockout.record_failure(username)
+            lockout.record_failure(username, address)
             raise ValidationError({"non_field_errors": [BAD_CREDENTIALS]})
         lockout.record_success(username)
         instance, token = AuthToken.objects.create(user, expiry=knox_settings.TOKEN_TTL)

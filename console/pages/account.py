@@ -14,17 +14,20 @@ from console import lockout
 
 
 class LockoutAuthenticationForm(AuthenticationForm):
-    """Django's sign-in form, refusing a username locked after repeated failures."""
+    """Django's sign-in form, refusing a username or a client address locked after repeated
+    failures."""
 
     def clean(self):
         username = self.cleaned_data.get("username") or ""
-        if username and lockout.locked(username):
-            raise forms.ValidationError(lockout.locked_message(), code="locked")
+        address = lockout.client_address(self.request)
+        refused = lockout.refusal(username, address)
+        if refused:
+            raise forms.ValidationError(refused, code="locked")
         try:
             cleaned = super().clean()
         except forms.ValidationError:
             if username:
-                lockout.record_failure(username)
+                lockout.record_failure(username, address)
             raise
         lockout.record_success(username)
         return cleaned

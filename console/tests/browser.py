@@ -113,6 +113,8 @@ class LiveConsole:
                 "RESOURCE_SAMPLE_INTERVAL": "1",
                 "LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
+                # The webhook tests' receiver listens on 127.0.0.1, which a console refuses by default.
+                "NOTIFY_WEBHOOK_ALLOW_PRIVATE": "1",
             }
         )
         self.env = env

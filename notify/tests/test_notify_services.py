@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.core import mail
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.services.lifecycle import transition
@@ -43,10 +44,11 @@ def run_to(job, *statuses):
 def test_an_event_is_delivered_once_per_subscription_by_email(make_job, owner, outsider, settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     job = make_job()
-    mine = Subscription.objects.create(user=owner, channel="email", email="owner@example.org")
-    Subscription.objects.create(user=owner, channel="email", email="only-failover@example.org", kinds=["failover"])
+    confirmed = {"email_verified_at": timezone.now()}
+    mine = Subscription.objects.create(user=owner, channel="email", email="owner@example.org", **confirmed)
+    Subscription.objects.create(user=owner, channel="email", email="only-failover@example.org", kinds=["failover"], **confirmed)
     # Someone else's subscription to "all my jobs" never covers the owner's job.
-    Subscription.objects.create(user=outsider, channel="email", email="outsider@example.org")
+    Subscription.objects.create(user=outsider, channel="email", email="outsider@example.org", **confirmed)
     run_to(job, S.RUNNING, S.COMPLETED)
     assert worker.idle()
     event = job.events.get(to_status=S.COMPLETED)
@@ -62,7 +64,7 @@ def test_an_event_is_delivered_once_per_subscription_by_email(make_job, owner, o
 def test_a_lost_project_membership_stops_project_notifications(make_job, owner, teammate, settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     job = make_job()
-    Subscription.objects.create(user=teammate, channel="email", email="mate@example.org", project=job.project)
+    Subscription.objects.create(user=teammate, channel="email", email="mate@example.org", project=job.project, email_verified_at=timezone.now())
     job.project.members.remove(teammate)
     run_to(job, S.RUNNING, S.FAILOVER_IN_PROGRESS)
     assert worker.idle()
@@ -70,7 +72,8 @@ def test_a_lost_project_membership_stops_project_notifications(make_job, owner, 
 
 
 @pytest.mark.django_db
-def test_the_api_keeps_subscriptions_to_what_the_user_may_see(make_job, owner, outsider):
+def test_the_api_keeps_subscriptions_to_what_the_user_may_see(make_job, owner, outsider, settings):
+    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = True  # the hooks below are on 127.0.0.1
     job = make_job()
     api = APIClient()
     api.force_authenticate(outsider)
@@ -122,7 +125,7 @@ def test_webhooks_to_link_local_or_forbidden_private_addresses_fail_at_once(make
     assert (delivery.state, delivery.attempts) == ("failed", 1)
     assert "link-local" in delivery.last_error
 
-    settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE = False
+    assert settings.NOTIFY_WEBHOOK_ALLOW_PRIVATE is False  # the default
     with pytest.raises(services.DeliveryError, match="private address") as refused:
         services.check_destination("http://127.0.0.1:9/hook")
     assert refused.value.final
@@ -139,7 +142,7 @@ def test_in_scale_out_the_celery_tasks_deliver_on_their_own_queue(make_job, owne
     for task in ("notify.fan_out", "notify.deliver"):
         assert app.amqp.router.route({}, task)["queue"].name == "notify"
     job = make_job()
-    Subscription.objects.create(user=owner, channel="email", email="owner@example.org", kinds=["terminal"])
+    Subscription.objects.create(user=owner, channel="email", email="owner@example.org", kinds=["terminal"], email_verified_at=timezone.now())
     eager = app.conf.task_always_eager
     app.conf.task_always_eager = True
     try:
