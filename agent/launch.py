@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from agent import engine, sandbox, uids, workdirs
-from agent.processes import RUNNER_MODULE, is_runner, run_dir, signal_run
+from agent.processes import RUNNER_MODULE, is_runner, signal_run
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
 from jobs.services import images, runs
 from jobs.services.limits import limits_of
@@ -23,8 +23,10 @@ from jobs.services.paths import PathRefused, job_dir, output_location, volumes_o
 
 logger = logging.getLogger(__name__)
 
-# Where a volume or the platform may not be mounted in a container.
+# Where a project volume may not be mounted in a container: over these directories, or below the
+# platform's own.
 RESERVED_TARGETS = ("/", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/run", "/tmp", "/job", "/opt/ckptlib")
+PLATFORM_TREES = ("/proc", "/sys", "/dev", "/job", "/opt/ckptlib")
 
 
 def vendor_dir() -> str:
@@ -99,7 +101,7 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
         mounts.append([mountable(str(dirs["output"])), sandbox.OUTPUT_DIR, "rw"])
     mounts.append([mountable(str(Path(settings.BASE_DIR) / "ckptlib")), f"{sandbox.CKPTLIB_ROOT}/ckptlib", "ro"])
     for volume in volumes_of(job.project):
-        if volume.path in RESERVED_TARGETS or any(volume.path.startswith(t + "/") for t in RESERVED_TARGETS if t != "/"):
+        if volume.path in RESERVED_TARGETS or volume.path.startswith(tuple(t + "/" for t in PLATFORM_TREES)):
             raise PathRefused(f"volume {volume.path} would cover a system directory of the container")
         mounts.append([mountable(volume.path), volume.path, "ro" if volume.read_only else "rw"])
     if node.simulated:

@@ -297,5 +297,20 @@ def kill_unfinished_runs(work_root: Path) -> int:
         own = [Path(d) for d in info.get("cgroup") or () if isinstance(d, str) and cgroups.is_run_cgroup(d)]
         if own:
             cgroups.remove(own)  # its runner died before it could
+        remove_container(pid_file.parent)
         killed += 1
     return killed
+
+
+def remove_container(run_dir: Path) -> None:
+    """Remove a killed run's container (its runner could not: Podman keeps a container whose
+    monitor was killed)."""
+    try:
+        policy = json.loads((run_dir / "spec.json").read_text()).get("container") or {}
+        podman, name = policy["podman"], policy["name"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    try:
+        subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=root_tool_env(policy.get("engine_env")), capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        pass

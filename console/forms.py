@@ -5,7 +5,6 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
-from django.core.validators import RegexValidator
 from django.db.models import QuerySet
 
 from jobs.lib import (
@@ -17,14 +16,14 @@ from jobs.lib import (
     text_refusal,
     validate_command,
 )
-from jobs.models import DNS_LABEL, Image, Project, TrainingJob
+from jobs.models import DNS_LABEL, Project, TrainingJob
 from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.limits import LimitRefused, check_limits, default_limits, format_cpus, format_memory, parse_memory
+from jobs.services.images import validate_reference
 from jobs.services.paths import PathRefused, check_output_dir, volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
 
-IMAGE_REFERENCE = RegexValidator(r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$", "Use the form name:tag, e.g. pytorch:2.13-py3.11.")
 
 
 def normalized_form_data(data: Any) -> Any:
@@ -72,9 +71,10 @@ class TrainingJobForm(forms.Form):
         help_text="Spot jobs use spare capacity and may be interrupted.",
     )
     image = TextField(
-        max_length=200,
-        validators=[IMAGE_REFERENCE],
-        help_text="name:tag of a registered image.",
+        max_length=255,
+        validators=[validate_reference],
+        help_text="An OCI image reference, [registry/]repository[:tag][@sha256:…]: one offered here, or your team's own "
+        "(a name without a registry comes from the platform's local registry).",
         widget=forms.TextInput(attrs={"list": "image-choices", "autocomplete": "off", "spellcheck": "false"}),
     )
     command = TextField(
@@ -143,20 +143,6 @@ class TrainingJobForm(forms.Form):
         cpus, memory = default_limits()
         self.fields["cpu_limit"].help_text += f" Default: {format_cpus(cpus) if cpus else 'no limit'}."
         self.fields["memory_limit_mb"].help_text += f" Default: {format_memory(memory) if memory else 'no limit'}."
-        self.offer_registered_images()
-
-    def offer_registered_images(self) -> None:
-        """Users choose among the registered images; operators (staff) may also type any name:tag
-        (a new image is tried, and waits in imagepullbackoff until it is registered)."""
-        registered = list(Image.objects.order_by("reference").values_list("reference", "description"))
-        if self.owner.is_staff or not registered:
-            return
-        self.fields["image"] = forms.ChoiceField(
-            choices=[(ref, f"{ref} — {text}" if text else ref) for ref, text in registered],
-            initial=self.fields["image"].initial,
-            help_text="An image an operator registered: its Python environment runs your command.",
-            error_messages={"invalid_choice": "Choose one of the registered images."},
-        )
 
     @classmethod
     def initial_from(cls, source: TrainingJob, *, name: str, project: Project) -> dict[str, Any]:

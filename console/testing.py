@@ -76,7 +76,8 @@ def job_work_root(request, tmp_path):
     """Every test's runs get their own working directories (where Django is in play), and users
     a fast password hash: users are made for nearly every test."""
     if not request.config.pluginmanager.hasplugin("django"):
-        return None
+        yield None
+        return
     settings = request.getfixturevalue("settings")
     from django.core.cache import cache
 
@@ -87,7 +88,11 @@ def job_work_root(request, tmp_path):
     settings.JOB_UID_REGISTRY = tmp_path / "uids.json"
     settings.JOB_SANDBOX = os.environ.get("JOB_SANDBOX", "on")
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    return settings.JOB_WORK_ROOT
+    yield settings.JOB_WORK_ROOT
+    # Runs live in their own sessions (and containers) and outlive the test that started them.
+    from agent.runner import kill_unfinished_runs
+
+    kill_unfinished_runs(tmp_path / "jobs")
 
 
 AGENTS_BEFORE = pytest.StashKey[set]()  # the agents of this process before a test

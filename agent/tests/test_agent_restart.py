@@ -13,6 +13,7 @@ from agent.loop import embedded_round
 from jobs.models import JobAttempt
 from jobs.statuses import JobStatus
 from logs.models import LogLine
+from console.testing import job_output
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -34,7 +35,7 @@ def test_a_new_agent_adopts_running_jobs_and_stores_every_line_once(make_job, dr
         embedded_round(fresh)
         job.refresh_from_db()
         time.sleep(0.1)
-    texts = list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
+    texts = job_output(job)
     assert texts == [f"line {i}" for i in range(40)]
     assert stored_before < 40
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from logs.models import LogLine
+from console.testing import job_output
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,7 +22,7 @@ def test_a_script_in_a_read_only_volume_runs_as_the_command(make_job, drive, set
     settings.JOB_VOLUMES = f"{code}:ro"
     job = make_job(command=f"python {code}/train.py")
     job = drive(job, {"Completed", "Failed"})
-    text = "\n".join(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
+    text = "\n".join(job_output(job))
     assert job.status == "Completed", text
     assert "hello from my own code" in text
     assert "the code volume is read-only" in text

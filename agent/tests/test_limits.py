@@ -19,6 +19,7 @@ from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services.paths import default_output_dir
 from jobs.statuses import JobStatus
 from logs.models import LogLine
+from console.testing import job_output
 
 ENFORCED, WHY = cgroups.support()
 needs_cgroups = pytest.mark.skipif(not ENFORCED, reason=f"this machine cannot enforce job limits: {WHY}")
@@ -47,7 +48,7 @@ print(f"cores {used / wall:.3f}", flush=True)
 
 
 def lines_of(job) -> list[str]:
-    return list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
+    return job_output(job)
 
 
 @needs_cgroups

@@ -10,12 +10,13 @@ from jobs.services.paths import default_output_dir
 from jobs.models import JobAttempt, JobEvent
 from jobs.statuses import JobStatus
 from logs.models import LogLine
+from console.testing import job_output
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 def log_texts(job, stream: str = "master") -> list[str]:
-    return list(LogLine.objects.filter(job=job, stream=stream).order_by("seq").values_list("text", flat=True))
+    return job_output(job, stream=stream)
 
 
 def statuses(job) -> list[str]:

@@ -1,8 +1,8 @@
-"""A single-node job's sandbox has a network of its own with loopback only: nothing of the node is
+"""A single-node job's container has a network of its own with loopback only: nothing of the node is
 reachable (the console, its PostgreSQL and Redis on 127.0.0.1), while the processes of one run
 still meet on localhost; a multi-node job keeps the node's network for its rendezvous.
 
-Real jobs on the embedded agent, in the sandbox.
+Real jobs on the embedded agent, in their containers.
 """
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ def test_a_single_node_job_reaches_nothing_on_the_node(make_job, drive, live_ser
     assert printed(job) == {str(p): "ConnectionRefusedError" for p in ports}
 
 
-def test_the_processes_of_one_run_meet_on_localhost(make_job, drive):
+def test_the_processes_of_one_run_meet_on_localhost(make_job, drive, settings):
     probe = Path(__file__).with_name("dist_probe.py")
+    settings.JOB_VOLUMES = f"{probe.parent}:ro"  # the job's code, as a project volume
     command = f"python -m torch.distributed.run --nnodes=1 --nproc_per_node=2 --master_addr=127.0.0.1 --master_port=$MASTER_PORT {probe}"
     job = drive(make_job(command=command, gpus_per_node=2), {JobStatus.COMPLETED, JobStatus.FAILED}, timeout=240)
     lines = list(LogLine.objects.filter(job=job).values_list("text", flat=True))

@@ -1,19 +1,22 @@
-"""The cost of the job sandbox: ``python -m bench.sandbox``.
+"""The cost of running a job in its container: ``python -m bench.sandbox``.
 
-Both sides run the same command the same way a runner does (``bash -c`` in a new session, stdout
-piped): once bare, and once as a job runs now, wrapped by ``agent.sandbox.wrap`` with a job's
-policy (hidden state directories, its own work and output directories, stand-in GPU devices, a
-network namespace of its own) and, where the node allows one, in a cgroup of its own with a CPU
-quota of the machine's cores and a 4 GiB memory limit (made, joined and removed per run, as the
-runner does). The two are interleaved: each pair runs both, the order flipping from one pair to
-the next, so load on the machine hits both alike; each pair's difference is printed with its
-spread, beside each side's own.
+Both sides run the same command the way a runner does (in a new session, stdout piped): once as
+a bare process on the host, and once as a job runs now: ``podman run`` of the default image by
+digest (``agent.sandbox.container_argv``: every capability dropped, no-new-privileges, a PID
+limit, the project's uid, no network but loopback, its work and output directories, ckptlib's
+vendor directory and stand-in GPU devices mounted) and, where the node allows one, in a cgroup of
+its own with a CPU quota of the machine's cores and a 4 GiB memory limit (made, joined and removed
+per run, as the runner does). The two are interleaved: each pair runs both, the order flipping
+from one pair to the next, so load on the machine hits both alike; each pair's difference is
+printed with its spread, beside each side's own.
 
 * start: Popen → the first line the job prints (``python -c 'print(1)'``), ``--starts`` pairs;
 * step: the mean time of a small training step (an MLP on the CPU, torch), measured inside the job
-  over ``--steps`` steps after a warm-up, ``--rounds`` pairs of runs.
+  over ``--steps`` steps after a warm-up, ``--rounds`` pairs of runs. The host's side runs the
+  console's Python (3.11.7 here), the container's its image's (Debian's 3.11.2), both torch 2.13.0.
 
-Targets: ≤ 100 ms added to start, ≤ 1 % on step time.
+Targets: ≤ 300 ms added to start at the median (Podman's own start here is ~0.3 s), step time
+unchanged within the noise (≤ 1 %).
 """
 from __future__ import annotations
 
@@ -28,9 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent import cgroups
-from agent.sandbox import availability, bwrap_path, gpu_devices, wrap
+from agent import cgroups, engine
+from agent.sandbox import CKPTLIB_ROOT, container_argv, env_file_text, gpu_devices, podman_path, root_tool_env
 from bench.stats import quantile
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_ROOT = Path(os.environ.get("CONTAINER_ENGINE_ROOT", str(REPO / "var" / "podman")))
 
 STEP_SCRIPT = """
 import sys, time, torch
@@ -50,21 +56,17 @@ print((time.perf_counter() - start) / steps, flush=True)
 """
 
 
-def policy(root: Path) -> dict:
-    (root / "var").mkdir(exist_ok=True)
-    (root / "jobs" / "1" / "work").mkdir(parents=True, exist_ok=True)
-    (root / "jobs" / "1" / "output").mkdir(parents=True, exist_ok=True)
-    devices = root / "dev"
-    devices.mkdir(exist_ok=True)
+def policy(root: Path, image: str) -> dict:
+    for name in ("work", "output", "dev"):
+        (root / name).mkdir(exist_ok=True)
     for name in ("nvidia0", "nvidia1", "nvidiactl"):
-        (devices / name).touch()
+        (root / "dev" / name).touch()
+    (root / "env").write_text(env_file_text({"PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "0"})[0])
+    mounts = [[str(root / "work"), "/job/work", "rw"], [str(root / "output"), "/job/output", "rw"], [str(REPO / "ckptlib"), f"{CKPTLIB_ROOT}/ckptlib", "ro"]]
+    mounts += [[host, inside, "ro"] for host, inside in gpu_devices([0], device_dir=str(root / "dev"))]
     return {
-        "bwrap": bwrap_path(),
-        "hidden": [str(root / "var"), str(root / "jobs")],
-        "readonly": [sys.prefix],
-        "writable": [str(root / "jobs" / "1" / "work"), str(root / "jobs" / "1" / "output")],
-        "devices": gpu_devices([0], device_dir=str(devices)),
-        "home": "/tmp",
+        "podman": podman_path(), "image": image, "user": 200000, "mounts": mounts, "network": "loopback",
+        "pids_limit": 4096, "engine_env": engine.clean_env(ENGINE_ROOT),
     }
 
 
@@ -81,28 +83,39 @@ class Cgroup:
         if not self.enforced:
             return []
         self.count += 1
-        name = f"sac-bench-{os.getpid()}-{self.count}"  # not a run's name: agents' sweeps leave it alone
+        name = f"sac-run-{os.getpid()}{self.count:04d}"  # a run's name: removed everywhere Podman made it
         return [str(d) for d in cgroups.create(self.hierarchy, name, cpus=float(os.cpu_count() or 1), memory_mb=4096)]
 
 
-def launch(argv: list[str], cwd: Path, cgroup: list[str] | None = None) -> subprocess.Popen:
+RUNS = {"n": 0}
+BARE_ENV = {**os.environ, "PATH": f"{Path(sys.prefix) / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+def launch(argv: list[str], cwd: Path, cgroup: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None,
+        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, env=env,
     )
 
 
-def argv_for(command: str, sandbox: dict | None, cwd: Path) -> list[str]:
-    argv = ["bash", "-c", command]
-    return wrap(argv, policy=sandbox, cwd=str(cwd)) if sandbox else argv
+def argv_for(command: str, sandbox: dict | None, cwd: Path, cgroup: list[str]) -> list[str]:
+    if not sandbox:
+        return ["bash", "-c", command]
+    RUNS["n"] += 1
+    policy = {**sandbox, "name": f"sac-bench-{os.getpid()}-{RUNS['n']}"}
+    parent = cgroups.relative(Path(cgroup[0])) if cgroup else None
+    return container_argv(command, policy=policy, env_file=str(cwd.parent / "env"), cgroup_parent=parent, pidfile=str(cwd.parent / "pid"))
 
 
 def run_once(command: str, sandbox: dict | None, cwd: Path, cg: Cgroup | None, *, first_line: bool) -> tuple[float, str]:
-    """Start ``command`` (in the sandbox and a fresh cgroup when given); the seconds to its first
-    line (``first_line``) or to its end, and its last line."""
+    """Start ``command`` (in the container and a fresh cgroup when given); the seconds to its
+    first line (``first_line``) or to its end, and its last line."""
     t0 = time.perf_counter()
     cgroup = cg.make() if (cg and sandbox) else []
-    proc = launch(argv_for(command, sandbox, cwd), cwd, cgroup)
+    argv = argv_for(command, sandbox, cwd, cgroup)
+    if sandbox:
+        argv.insert(2, "--rm")
+    proc = launch(argv, cwd, cgroup, env=root_tool_env(sandbox["engine_env"]) if sandbox else BARE_ENV)
     if first_line:
         line = proc.stdout.readline()
         elapsed = time.perf_counter() - t0
@@ -112,6 +125,7 @@ def run_once(command: str, sandbox: dict | None, cwd: Path, cg: Cgroup | None, *
         elapsed, line = time.perf_counter() - t0, out.strip().splitlines()[-1]
     if cgroup:
         cgroups.remove([Path(d) for d in cgroup])
+        cgroups.remove_everywhere(cgroups.relative(Path(cgroup[0])) or "")
     return elapsed, line.decode().strip()
 
 
@@ -142,18 +156,28 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6, help="pairs of training runs")
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    ready, why = availability()
+    ready, why = engine.availability(ENGINE_ROOT)
     if not ready:
         print(f"cannot measure: {why}")
         return 2
+    from agent import default_image
+
+    image = default_image.ensure(ENGINE_ROOT, 5000, "pytorch:2.13-py3.11", log=lambda line: None)
+    pulled = engine.pull(ENGINE_ROOT, image["alias"])
+    if not pulled.ok:
+        print(f"cannot measure: {pulled.message}")
+        return 2
+    reference = image["alias"].rsplit(":", 1)[0] + "@" + pulled.digest
     root = Path(tempfile.mkdtemp(prefix="bench-sandbox-"))
+    os.chmod(root, 0o755)
     try:
-        sandbox = policy(root)
-        cwd = root / "jobs" / "1" / "work"
+        sandbox = policy(root, reference)
+        cwd = root / "work"
+        os.chown(cwd, 200000, 200000)
         cg = Cgroup()
-        print(f"load before: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores; sandboxed side: bwrap + own network"
+        print(f"load before: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores; container side: podman run {reference[:60]}…"
               + (f" + a cgroup {cg.hierarchy.mode} per run" if cg.enforced else f", no cgroup ({cg.why})"))
-        command = f"{sys.executable} -c 'print(1)'"
+        command = "python -c 'print(1)'"
         bare, boxed = interleaved(
             args.starts,
             lambda: run_once(command, None, cwd, None, first_line=True)[0],
@@ -161,12 +185,13 @@ def main() -> int:
         )
         print(f"Start (Popen → first line of `python -c 'print(1)'`), {args.starts} interleaved pairs:")
         print(f"  bare     {spread(bare, 1000, 'ms')}")
-        print(f"  sandbox  {spread(boxed, 1000, 'ms')}")
+        print(f"  container {spread(boxed, 1000, 'ms')}")
         added = [y - x for x, y in zip(bare, boxed)]
         median_added = statistics.median(added)
         print(f"  added per pair: {spread(added, 1000, 'ms')}")
-        print(f"  added: {median_added * 1000:.1f} ms (median of pairs)  [{'PASS' if median_added <= 0.1 else 'FAIL'}: ≤ 100 ms]")
-        step = f"{sys.executable} -c {shlex.quote(STEP_SCRIPT)} {args.steps}"
+        print(f"  added: {median_added * 1000:.1f} ms (median of pairs)  [{'PASS' if median_added <= 0.3 else 'FAIL'}: ≤ 300 ms]")
+        print(f"  ratio container/bare (medians): {statistics.median(boxed) / statistics.median(bare):.2f}")
+        step = f"python -c {shlex.quote(STEP_SCRIPT)} {args.steps}"
         bare_steps, boxed_steps = interleaved(
             args.rounds,
             lambda: float(run_once(step, None, cwd, None, first_line=False)[1]),
@@ -174,7 +199,7 @@ def main() -> int:
         )
         print(f"Training step (MLP 512-1024-512, AdamW, batch 64, 1 thread; {args.steps} steps a run), {args.rounds} interleaved pairs:")
         print(f"  bare     {spread(bare_steps, 1000, 'ms')}")
-        print(f"  sandbox  {spread(boxed_steps, 1000, 'ms')}")
+        print(f"  container {spread(boxed_steps, 1000, 'ms')}")
         ratios = [y / x - 1 for x, y in zip(bare_steps, boxed_steps)]
         print(f"  overhead per pair: {spread(ratios, 100, '%')}")
         overhead = statistics.median(ratios)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.validators import RegexValidator
 from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -18,6 +17,7 @@ from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node,
 from jobs.services.capacity import shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.limits import LimitRefused, check_limits, limits_of
+from jobs.services.images import validate_reference
 from jobs.services.paths import PathRefused, check_output_dir
 from jobs.statuses import JobStatus
 from logs.queries import STREAM_NAME, is_stream_name
@@ -26,7 +26,6 @@ from logs.queries import STREAM_NAME, is_stream_name
 MAX_DB_INT = 2**63 - 1
 # Portable across SQLite and PostgreSQL (an ``integer`` column there).
 MAX_RUN_MINUTES = 2**31 - 1
-IMAGE_REFERENCE = r"^[A-Za-z0-9._/-]+:[A-Za-z0-9._-]+$"
 ORDERINGS = ("name", "-name", "created_at", "-created_at", "status", "-status")
 
 
@@ -87,11 +86,12 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     project_name = serializers.CharField(source="project.name", read_only=True)
     owner = serializers.CharField(source="owner.username", read_only=True)
     image = TextField(
-        max_length=200,
+        max_length=255,
         required=False,
-        # An image the console does not know is accepted: the job then waits in imagepullbackoff.
-        validators=[RegexValidator(IMAGE_REFERENCE, "Use the form name:tag, e.g. pytorch:2.13-py3.11.")],
-        help_text="name:tag of the image to run in; defaults to the console's default image.",
+        # Any reference the project may pull: a failed pull waits in imagepullbackoff with the
+        # registry's words; only a registry the platform certainly does not know is refused here.
+        validators=[validate_reference],
+        help_text="OCI image reference ([registry/]repository[:tag][@sha256:…]); defaults to the console's default image.",
     )
     env = EnvField(required=False, help_text="Environment variables for the run, as NAME: value.")
     max_run_minutes = serializers.IntegerField(

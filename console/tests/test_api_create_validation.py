@@ -86,9 +86,9 @@ def test_it_requires_a_name_and_a_command(owner_api, field):
 
 
 def test_it_explains_why_a_command_is_refused(owner_api):
-    response = owner_api.post(JOBS_URL, {**VALID, "command": "bash run.sh"}, format="json")
+    response = owner_api.post(JOBS_URL, {**VALID, "command": "CUDA_VISIBLE_DEVICES=3 python train.py"}, format="json")
 
-    assert "is not a launcher" in response.json()["command"][0]
+    assert "CUDA_VISIBLE_DEVICES is set by the platform" in response.json()["command"][0]
 
 
 def test_it_refuses_a_name_the_owner_already_uses(owner_api, make_job):

@@ -90,10 +90,10 @@ def test_a_second_clone_gets_the_next_free_name(login, owner, source, make_job):
 def test_an_invalid_clone_shows_the_errors_on_the_form(login, owner, source):
     client = login(owner)
     data = form_data(client.get(reverse("jobs:clone", args=[source.pk])).context["form"])
-    data["command"] = "bash run.sh"
+    data["command"] = 'python -c "unclosed'
     response = client.post(reverse("jobs:clone", args=[source.pk]), data)
     assert response.status_code == 200
-    assert "is not a launcher" in response.context["form"].errors["command"][0]
+    assert "check quotes" in response.context["form"].errors["command"][0]
     assert TrainingJob.objects.count() == 1
 
 

@@ -15,6 +15,7 @@ from jobs.models import JobAttempt, JobEvent, JobExclusion, Node
 from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
 from logs.models import LogLine
+from console.testing import job_output
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -28,7 +29,7 @@ def flow(job) -> list[str]:
 
 
 def texts(job) -> list[str]:
-    return list(LogLine.objects.filter(job=job, stream="master").order_by("seq").values_list("text", flat=True))
+    return job_output(job, stream="master")
 
 
 @pytest.fixture

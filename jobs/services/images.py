@@ -5,8 +5,9 @@ import base64
 import re
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 
-from jobs.models import Registry, RegistryCredential, TrainingJob
+from jobs.models import IMAGE_REFERENCE, Registry, RegistryCredential, TrainingJob
 
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
@@ -64,3 +65,12 @@ def auth_for(job: TrainingJob) -> dict | None:
         return None
     token = base64.b64encode(f"{found.username}:{found.password}".encode()).decode()
     return {"auths": {host: {"auth": token}}}
+
+
+def validate_reference(value: str) -> None:
+    """An image reference a job may name: OCI syntax, and a registry the platform knows (a name
+    without one is looked up in the local registry). Raises ValidationError with the reason."""
+    IMAGE_REFERENCE(value)
+    why = unknown_registry(value)
+    if why:
+        raise ValidationError(f"Image {value}: {why}.", code="unknown_registry")

@@ -12,6 +12,7 @@ from jobs.models import JobAttempt, JobEvent, Project
 from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
 from logs.models import LogLine
+from console.testing import job_output
 
 TRAINING = "python -m jobs.examples.train_ckpt --steps 100000 --save-every 10 --sleep 0.05"
 COMMIT = re.compile(r"\[Concurrent Checkpoint\] committed step=(\d+)")
@@ -28,7 +29,7 @@ def run_until(agent, condition, *, timeout: float = 90.0, what: str) -> None:
 
 
 def texts(job) -> list[str]:
-    return list(LogLine.objects.filter(job=job, stream="master").order_by("seq").values_list("text", flat=True))
+    return job_output(job, stream="master")
 
 
 def flow(job) -> list[str]:

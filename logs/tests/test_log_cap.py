@@ -1,12 +1,15 @@
 """A job past its log cap keeps running; its lines are counted and dropped behind a marker."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.utils import timezone
 
 from jobs.statuses import JobStatus
 from logs.models import LogLine, LogVolume
 from logs.services import RawLine, ingest_lines
+from console.testing import job_output
 
 pytestmark = pytest.mark.django_db
 
@@ -21,14 +24,22 @@ def test_a_job_past_its_log_cap_keeps_running_and_its_log_ends_with_the_marker(m
     settings.LOG_MAX_LINES_PER_JOB = 1000
     job = drive(make_job(command=CHATTY, gpus_per_node=0), JobStatus.COMPLETED)
     lines = texts(job)
+    preamble = len(lines) - len(job_output(job))  # the platform's lines while the run is prepared
     assert len(lines) == 1001
-    assert lines[:2] == ["line 0", "line 1"] and lines[999] == "line 999"
+    assert lines[preamble:preamble + 2] == ["line 0", "line 1"] and lines[999] == f"line {999 - preamble}"
     assert lines[-1] == (
         "[log cap] this job stored its limit of 1,000 log lines (LOG_MAX_LINES_PER_JOB); "
-        "later lines are counted and dropped (2,000 so far); the run goes on"
+        f"later lines are counted and dropped ({2000 + preamble:,} so far); the run goes on"
     )
     volume = LogVolume.objects.get(job=job)
-    assert (volume.lines, volume.dropped) == (1001, 2000)
+    assert (volume.lines, volume.dropped) == (1001, 2000 + preamble)
+    # The node's own file stopped growing at the cap: the lines past it were only counted.
+    from agent.processes import run_dir
+    from jobs.models import AttemptNode
+
+    records = (run_dir(AttemptNode.objects.get(attempt__job=job)) / "output.jsonl").read_text().splitlines()
+    assert len(records) == 1000 + preamble
+    assert json.loads(records[-1])["n"] == 1000 + preamble
     # The run went on past the cap: it wrote its file after the last line.
     from jobs.services.paths import output_dir_of
 
