@@ -40,6 +40,7 @@ class Hierarchy:
 
     mode: str
     parents: dict[str, Path] = field(default_factory=dict)
+    make_parents: bool = False  # the parents may be missing in some controllers (``same_path``)
 
     def directories(self, name: str) -> list[Path]:
         return sorted({parent / name for parent in self.parents.values()})
@@ -85,11 +86,15 @@ def _below(mount_root: str, mount_point: str, path: str) -> Path | None:
     return Path(mount_point) / rest if rest else Path(mount_point)
 
 
-def hierarchy(parent: str = "") -> tuple[Hierarchy | None, str]:
+def hierarchy(parent: str = "", *, same_path: bool = False) -> tuple[Hierarchy | None, str]:
     """Where this node puts runs' cgroups (below ``parent`` if given, else below this process's
-    own cgroup), or None and why not."""
+    own cgroup), or None and why not. ``same_path``: on cgroup v1, one path in every controller
+    (below this process's memory cgroup), as Podman's ``--cgroup-parent`` names one path for all."""
     mounts = _mountinfo()
     own = _own_cgroups()
+    make_parents = False
+    if same_path and not parent and not any(m[2] == "cgroup2" for m in mounts if Path(m[1]) == CGROUP_ROOT):
+        parent, make_parents = own.get("memory", "/"), True
     v2 = [m for m in mounts if m[2] == "cgroup2"]
     for root, point, _, _ in v2:
         controllers = _read(Path(point) / "cgroup.controllers").split()
@@ -112,7 +117,7 @@ def hierarchy(parent: str = "") -> tuple[Hierarchy | None, str]:
         base = _below(mount[0], mount[1], parent or own.get(controller, "/")) if mount else None
         if base is not None:
             parents[controller] = base
-    return Hierarchy("v1", parents), ""
+    return Hierarchy("v1", parents, make_parents), ""
 
 
 def _read(path: Path) -> str:
@@ -156,7 +161,7 @@ def create(h: Hierarchy, name: str, *, cpus: float | None, memory_mb: int | None
     for directory in directories:
         if directory.exists():  # a run that died without cleaning up, under a reused pid
             remove(directories)
-        directory.mkdir()
+        directory.mkdir(parents=h.make_parents)
     try:
         if h.mode == "v2":
             directory = directories[0]
@@ -329,15 +334,20 @@ def sweep(h: Hierarchy, alive) -> int:
     return removed
 
 
-def memory_failures(directories: list[Path]) -> int:
-    """How often the run's memory limit refused a charge (cgroup v1's ``memory.failcnt``): with
-    the container's own cgroup gone once it exited, the sign on v1 that an out-of-memory kill
-    ended it."""
+def memory_limit_reached(directories: list[Path]) -> bool:
+    """Whether the run's memory reached its limit (cgroup v1: a refused charge, or a peak usage
+    at the limit). With the container's own cgroup gone once it exited, this is the sign on v1
+    that the SIGKILL which ended a run was the kernel's out-of-memory kill."""
     for directory in directories:
-        value = _read(Path(directory) / "memory.failcnt").strip()
-        if value.isdigit():
-            return int(value)
-    return 0
+        for prefix in ("memory", "memory.memsw"):
+            failures = _read(Path(directory) / f"{prefix}.failcnt").strip()
+            peak = _read(Path(directory) / f"{prefix}.max_usage_in_bytes").strip()
+            limit = _read(Path(directory) / f"{prefix}.limit_in_bytes").strip()
+            if failures.isdigit() and int(failures) > 0:
+                return True
+            if peak.isdigit() and limit.isdigit() and int(limit) < 2**62 and int(peak) >= int(limit) * 0.98:
+                return True
+    return False
 
 
 def remove_everywhere(path: str) -> None:

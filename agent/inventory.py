@@ -87,9 +87,10 @@ def resource_limits() -> tuple[bool, str]:
     """Whether this machine's runs get their CPU and memory limits, and how (or why not); the
     cgroups of runs whose supervisor died are removed on the way."""
     enforced, note = cgroups.support(settings.JOB_CGROUP_PARENT)
-    found, _ = cgroups.hierarchy(settings.JOB_CGROUP_PARENT)
-    if found is not None:
-        cgroups.sweep(found, alive=is_runner)
+    for same_path in (False, True):  # container runs' cgroups share one path in every controller
+        found, _ = cgroups.hierarchy(settings.JOB_CGROUP_PARENT, same_path=same_path)
+        if found is not None:
+            cgroups.sweep(found, alive=is_runner)
     return enforced, note if enforced else f"CPU and memory limits not enforced: {note}"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -115,7 +116,8 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
         "podman": sandbox.podman_path(),
         "engine_env": engine_env(),
         "image": image_ref,
-        "name": f"sac-{uids.install_id(Path(settings.VAR_DIR))}-{job.pk}-{attempt.number}-{part.rank}",
+        # Unique on the node: consoles, jobs, attempts and ranks, and a fresh suffix per start.
+        "name": f"sac-{uids.install_id(Path(settings.VAR_DIR))}-{job.pk}-{attempt.number}-{part.rank}-{secrets.token_hex(3)}",
         "user": uid if uid is not None else os.geteuid(),
         "mounts": mounts,
         "devices": devices,
@@ -132,7 +134,11 @@ def run_limits(job: TrainingJob) -> dict:
     """The run's CPU, memory and PID limits (``agent.cgroups``; None: unlimited, still its own cgroup)."""
     limits = limits_of(job)
     pids = settings.JOB_PIDS_LIMIT + 256 if settings.JOB_SANDBOX != "off" else None  # Podman's own threads too
-    return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "pids": pids, "cgroup_parent": settings.JOB_CGROUP_PARENT}
+    return {
+        "cpus": limits.cpus, "memory_mb": limits.memory_mb, "pids": pids, "cgroup_parent": settings.JOB_CGROUP_PARENT,
+        # Podman's --cgroup-parent is one path for every v1 controller.
+        "same_path": settings.JOB_SANDBOX != "off",
+    }
 
 
 def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir: str, *, contained: bool) -> dict[str, str]:

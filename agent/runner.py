@@ -221,7 +221,7 @@ def run(spec_path: Path) -> int:
     directories = [Path(d) for d in cgroup]
     oom_kills = cgroups.oom_kills(directories) if cgroup else 0
     if cgroup and not oom_kills and code == -signal.SIGKILL and watch.pids_limit_hit is None and limits.get("memory_mb"):
-        oom_kills = 1 if cgroups.memory_failures(directories) else 0
+        oom_kills = 1 if cgroups.memory_limit_reached(directories) else 0
     if cgroup:
         cgroups.remove(directories)
         if policy and parent:
@@ -245,7 +245,7 @@ def run(spec_path: Path) -> int:
 
 def make_cgroup(limits: dict) -> tuple[list[str], str]:
     """The run's own cgroup with its limits (its directories), or none and why."""
-    found, why = cgroups.hierarchy(limits.get("cgroup_parent") or "")
+    found, why = cgroups.hierarchy(limits.get("cgroup_parent") or "", same_path=bool(limits.get("same_path")))
     if found is None:
         return [], why
     try:

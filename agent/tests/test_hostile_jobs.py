@@ -122,6 +122,7 @@ def test_a_rename_exchange_flipper_never_redirects_another_launch(make_job, driv
     etc_before = {p: os.lstat(p).st_uid for p in ("/etc", "/etc/passwd", "/etc/shadow", str(root))}
     client.force_login(owner)
     victims = []
+    refused_at_create = 0
     for i in range(20):
         output_dir = "att/x" if i % 2 else f"out-{i}"
         response = client.post(
@@ -129,6 +130,11 @@ def test_a_rename_exchange_flipper_never_redirects_another_launch(make_job, driv
             {"name": f"victim-{i}", "image": settings.DEFAULT_IMAGE, "command": "ls -la $OUTPUT_DIR; touch $OUTPUT_DIR/mine", "gpus_per_node": 0, "output_dir": output_dir},
             content_type="application/json",
         )
+        if output_dir == "att/x" and response.status_code == 400:
+            # Refused at once while the flipper has a link there (the launch would refuse it too).
+            assert "symbolic link" in response.json()["output_dir"][0], response.content
+            refused_at_create += 1
+            continue
         assert response.status_code == 201, response.content
         victims.append((response.json()["id"], output_dir))
     from jobs.models import TrainingJob
@@ -144,11 +150,13 @@ def test_a_rename_exchange_flipper_never_redirects_another_launch(make_job, driv
         job = TrainingJob.objects.get(pk=job_id)
         if output_dir == "att/x":
             assert job.status == JobStatus.FAILED, (job.status, job.status_reason)
-            assert "belongs to a job" in job.status_reason or "not a plain directory" in job.status_reason, job.status_reason
+            assert any(why in job.status_reason for why in ("belongs to a job", "not a plain directory", "symbolic link")), job.status_reason
         else:
             assert job.status == JobStatus.COMPLETED, (job.status, job.status_reason)
             mine = root / output_dir / "mine"
             assert mine.exists() and not mine.is_symlink()
+    assert len(victims) + refused_at_create == 20
+    assert sum(1 for _, d in victims if d != "att/x") == 10
     assert {p: os.lstat(p).st_uid for p in etc_before} == etc_before
     assert not Path("/mine").exists() and not Path("/etc/mine").exists()
 
@@ -215,3 +223,49 @@ def test_two_consoles_on_one_node_never_share_a_uid(tmp_path):
     assert uids.uid_for(registry, "install-a", 3, "200000-200099") == first[2]  # stable
     assert json.loads(registry.read_text())["install-b/1"] == second[0]
     assert stat.S_IMODE(registry.stat().st_mode) == 0o644
+
+
+FIFO_JOB = r"""
+set -e
+root="$OUTPUT_DIR/concurrent_checkpoint"
+mkdir -p "$root/checkpoint-5"
+echo '{}' > "$root/checkpoint-5/ckptlib.json"
+mkfifo "$root/latest"
+echo "[Concurrent Checkpoint] committed step=5 bytes=10 blocking_s=0.000100 persist_s=0.000200 path=$root/checkpoint-5"
+sleep 600
+"""
+
+
+def test_a_fifo_for_a_checkpoint_marker_costs_only_its_own_job(make_job, drive, agent, outsider):
+    """A job makes ckptlib's ``latest`` marker a FIFO and fails over: the agent, reading the
+    marker as root for the resume step, neither blocks nor follows it; another user's job runs
+    and logs meanwhile."""
+    from agent.loop import embedded_round
+    from failover.services.faults import inject_fault
+
+    job = drive(make_job(name="fifo", command=FIFO_JOB), JobStatus.RUNNING, timeout=120)
+    deadline = time.monotonic() + 60
+    while not any("committed step=5" in line for line in job_output(job)):
+        assert time.monotonic() < deadline
+        embedded_round(agent)
+        time.sleep(0.1)
+    part = AttemptNode.objects.get(attempt__job=job)
+    inject_fault(part.node, gpu=part.gpu_indices[0], xid=79, actor="test")
+    other = make_job(name="neighbour", owner=outsider, command="for i in 1 2 3; do echo tick $i; done", gpus_per_node=0)
+    started = time.monotonic()
+    slowest = 0.0
+    from jobs.models import JobAttempt
+
+    while time.monotonic() - started < 90:
+        t0 = time.monotonic()
+        embedded_round(agent)
+        slowest = max(slowest, time.monotonic() - t0)
+        job.refresh_from_db()
+        other.refresh_from_db()
+        if other.status == JobStatus.COMPLETED and JobAttempt.objects.filter(job=job, number=2, started_at__isnull=False).exists():
+            break
+        time.sleep(0.1)
+    assert other.status == JobStatus.COMPLETED and job_output(other) == ["tick 1", "tick 2", "tick 3"]
+    second = JobAttempt.objects.get(job=job, number=2)
+    assert second.resume_step == 5  # the listing's answer: the FIFO counts as no marker
+    assert slowest < 10, f"an agent round took {slowest:.1f} s"

@@ -120,7 +120,10 @@ def test_a_runs_cgroup_is_removed_when_it_ends(make_job, drive):
 
 
 def test_where_the_node_cannot_enforce_limits_the_job_still_runs_and_its_log_says_so(make_job, drive, settings, agent):
-    settings.JOB_CGROUP_PARENT = "/no-such-parent/for-this-test"
+    import uuid
+
+    # A parent that does not exist (a fresh name: Podman makes the parents it is given).
+    settings.JOB_CGROUP_PARENT = f"/no-such-parent-{uuid.uuid4().hex[:12]}/for-this-test"
     job = make_job(command="python -c 'print(\"ran\")'", memory_limit_mb=128)
     job = drive(job, {JobStatus.COMPLETED, JobStatus.FAILED}, timeout=60)
     assert job.status == JobStatus.COMPLETED, job.status_reason

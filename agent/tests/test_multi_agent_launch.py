@@ -8,8 +8,8 @@ import pytest
 from agent.node_agent import NodeAgent
 from jobs.models import JobAttempt
 from jobs.services.placement import place_waiting_jobs
+from console.testing import job_output
 from jobs.statuses import JobStatus
-from logs.models import LogLine
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -35,4 +35,6 @@ def test_a_rank_started_before_its_partner_is_not_stopped_and_the_job_runs_when_
         second.tick()
         job.refresh_from_db()
         time.sleep(0.1)
-    assert sorted(LogLine.objects.filter(job=job).values_list("stream", "text")) == [("master", "rank 0"), ("worker-1", "rank 1")]
+    assert sorted((stream, line) for stream in ("master", "worker-1") for line in job_output(job, stream=stream)) == [
+        ("master", "rank 0"), ("worker-1", "rank 1")
+    ]

@@ -238,7 +238,7 @@ class JobAttemptSerializer(serializers.ModelSerializer):
         model = JobAttempt
         fields = [
             "number", "state", "nodes", "placements", "created_at", "started_at", "ended_at",
-            "exit_code", "exit_signal", "cause",
+            "exit_code", "exit_signal", "cause", "image_digest",
         ]
         read_only_fields = fields
 

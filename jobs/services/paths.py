@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,8 +63,28 @@ def volumes_of(project: Project | None) -> list[Volume]:
 
 
 def within(path: str | Path, root: str | Path) -> bool:
-    path, root = os.path.realpath(path), os.path.realpath(root)
+    """``path`` is ``root`` or below it, by name (nothing is resolved: below the root, the
+    directories are a job's, and nothing a job controls is followed)."""
+    path, root = os.path.normpath(path), os.path.normpath(root)
     return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def link_below(path: Path, root: Path) -> Path | None:
+    """The first component between ``root`` and ``path`` that is a symlink now, or None (each is
+    looked at with ``lstat``, never followed; the agent's launch checks again, through
+    descriptors, and that check is the one that counts)."""
+    current = Path(root)
+    for part in path.relative_to(root).parts:
+        current = current / part
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return current  # changing under us (a job swapping it): as bad as a link
+        if stat.S_ISLNK(info.st_mode):
+            return current
+    return None
 
 
 def check_output_dir(value: str, project: Project) -> str:
@@ -86,9 +107,13 @@ def check_output_dir(value: str, project: Project) -> str:
     if path == Path(os.path.normpath(root)):
         raise PathRefused(f"An output directory must lie below your project's data directory {root}, not be it: e.g. {root}/runs.")
     allowed = [root] + [Path(v.path) for v in volumes_of(project) if not v.read_only]
-    if not any(within(path, candidate) for candidate in allowed):
+    base = next((candidate for candidate in allowed if within(path, candidate)), None)
+    if base is None:
         where = ", ".join(str(p) for p in allowed)
         raise PathRefused(f"An output directory must lie in your project's data directory or a writable project volume: {where}.")
+    link = link_below(path, Path(os.path.normpath(base)))
+    if link is not None:
+        raise PathRefused(f"{link} is a symbolic link: an output directory may not lie behind one.")
     return str(path)
 
 

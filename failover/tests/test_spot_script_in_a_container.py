@@ -1,0 +1,60 @@
+"""The service guide's Spot script, as a user submits it, in its container on the default image:
+``PYTHONPATH=$CHECKPOINT_VENDOR`` imports ckptlib's ``datastates``, an Xid 79 on its GPU fails it
+over to another node, and the second attempt resumes from the checkpoint the first committed."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ckptlib
+from console.testing import job_output, needs_sandbox
+from failover.services.faults import inject_fault
+from jobs.models import JobAttempt
+from jobs.statuses import JobStatus
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, needs_sandbox]
+
+ENV = {
+    "SPOT_ASSETS_DIR": "/job/work/assets",
+    "SPOT_OUTPUT_DIR": "/job/output",
+    "SPOT_MAX_STEPS": "30",
+    "SPOT_SAVE_STEPS": "3",
+    "SPOT_MAX_LENGTH": "32",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HOME": "/job/work/hf-home",
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def commits(job, attempt: int) -> list[int]:
+    return [e.step for line in job_output(job, attempt=attempt) if (e := ckptlib.parse_commit_line(line))]
+
+
+def test_the_spot_script_fails_over_on_xid_79_and_resumes_from_its_checkpoint(make_job, drive, agent):
+    from agent.loop import embedded_round
+
+    job = make_job(command="PYTHONPATH=$CHECKPOINT_VENDOR python /opt/examples/spot_train.py", env=ENV, gpus_per_node=1)
+    job = drive(job, JobStatus.RUNNING, timeout=120)
+    deadline = time.monotonic() + 300
+    while not commits(job, 1):
+        assert time.monotonic() < deadline, job_output(job)[-20:]
+        embedded_round(agent)
+        time.sleep(0.2)
+    first = JobAttempt.objects.get(job=job, number=1)
+    part = first.placements.get()
+    inject_fault(part.node, gpu=part.gpu_indices[0], xid=79, actor="test")
+    job = drive(job, {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INTERNAL_ERROR}, timeout=600)
+    assert job.status == JobStatus.COMPLETED, (job.status_reason, job_output(job)[-30:])
+    assert job.failover_count == 1
+    second = JobAttempt.objects.get(job=job, number=2)
+    assert second.placements.get().node != part.node
+    assert second.image_digest == first.image_digest
+    assert second.resume_step is not None and second.resume_step >= 3 and second.resume_step % 3 == 0
+    resumed = [line for line in job_output(job, attempt=2) if "resuming from" in line]
+    assert resumed and resumed[0].endswith(f"/job/output/concurrent_checkpoint/checkpoint-{second.resume_step}"), resumed
+    assert commits(job, 2)[0] > second.resume_step
+    assert commits(job, 2)[-1] == 30
