@@ -199,15 +199,21 @@ def pull_image(job: TrainingJob, attempt: JobAttempt) -> tuple[engine.PullResult
     return result, reference
 
 
-def preamble(job: TrainingJob, image_ref: str) -> list[str]:
+def preamble(job: TrainingJob, part: AttemptNode, image_ref: str) -> list[str]:
     """The lines the log shows while the run's environment is prepared, as the service's guide
     shows them ("환경 준비 상태")."""
     digest = image_ref.rpartition("@")[2]
-    return [
-        f"[console] image {job.image} pulled ({digest})",
+    lines = [f"[console] image {job.image} pulled ({digest})"]
+    if part.gpu_indices and not part.node.simulated and not sandbox.cdi_spec_present():
+        lines.append(
+            "[console] this node has no CDI spec for NVIDIA GPUs (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml): "
+            "the run gets only the /dev/nvidia<N> device nodes that exist, without the driver's libraries"
+        )
+    lines += [
         f"[INFO] Concurrent Checkpoint library is installed ({sandbox.VENDOR_DIR})",
         "[console] environment ready: starting the command",
     ]
+    return lines
 
 
 class Launcher:
@@ -237,12 +243,12 @@ class Launcher:
             return []
         image_ref = ""
         if contained:
-            ready, why = containers_ready()
+            ready, why = self.containers_ready()
             if not ready:
                 logger.error("job %s: this node cannot run containers: %s", job.pk, why)
                 runs.launch_failed(attempt, f"this node cannot run containers: {why}")
                 return []
-            pulled, image_ref = pull_image(job, attempt)
+            pulled, image_ref = self.pull(job, attempt)
             if not pulled.ok:
                 runs.image_unavailable(job, f"image {job.image} could not be pulled: {pulled.message}")
                 return []
@@ -316,7 +322,7 @@ class Launcher:
             "max_lines": settings.LOG_MAX_LINES_PER_JOB,
             "container": container_policy(job, attempt, part, image_ref, dirs, uid) if contained else None,
             "limits": run_limits(job),
-            "preamble": preamble(job, image_ref) if contained else [],
+            "preamble": preamble(job, part, image_ref) if contained else [],
         }
         spec_path = directory / "spec.json"
         # The spec holds the job's environment (its secrets): the agent's eyes only.
@@ -339,6 +345,13 @@ class Launcher:
         return child.pid
 
     # --- the process layer (a simulated fleet replaces these: ``bench.scale.fleet``) ------------
+    def containers_ready(self) -> tuple[bool, str]:
+        return containers_ready()
+
+    def pull(self, job: TrainingJob, attempt: JobAttempt) -> tuple[engine.PullResult, str]:
+        """Pull the attempt's image; the outcome and the reference by digest."""
+        return pull_image(job, attempt)
+
     def alive(self, pid: int) -> bool:
         """Whether a run's supervisor still runs."""
         return is_runner(pid)

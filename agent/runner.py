@@ -187,7 +187,7 @@ def run(spec_path: Path) -> int:
     write_json_atomic(run_dir / "pid.json", pid_info)
     watch = Watch(run_dir, pid_info, pidfile, cgroup, proc)
     watch.start()
-    count = kept = 0
+    count = kept = skipped = 0
     assert proc.stdout is not None
     with open(run_dir / "output.jsonl", "ab", buffering=0) as out:
 
@@ -208,9 +208,14 @@ def run(spec_path: Path) -> int:
                 # the cap again.
                 if kept >= 2 * max_lines or not INTERESTING.search(text):
                     count += 1
+                    skipped += 1
                     continue
             kept += 1
             emit(text)
+        if skipped:
+            # Numbered as the last line read, so whoever reads the file counts the lines skipped.
+            note = f"[console] {skipped:,} lines of this run past the log cap of {max_lines:,} were counted, not kept"
+            out.write(json.dumps({"n": count, "t": time.time(), "s": note}).encode("utf-8") + b"\n")
     code = proc.wait()
     watch.done.set()
     watch.join(timeout=5)

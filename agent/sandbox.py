@@ -56,10 +56,32 @@ def gpu_devices(gpu_indices: Iterable[int], *, device_dir: str | None) -> list[t
     toolkit generates; the toolkit's hooks add the control devices and the driver's libraries)."""
     indices = list(gpu_indices)
     if device_dir is None:
-        return [(f"nvidia.com/gpu={i}", "") for i in indices]
+        if cdi_spec_present():
+            return [(f"nvidia.com/gpu={i}", "") for i in indices]
+        # No CDI spec (NVIDIA's toolkit not set up): the device nodes themselves, where they exist.
+        device_dir = "/dev"
     base = Path(device_dir)
     names = [f"nvidia{i}" for i in indices] + list(NVIDIA_CONTROL_DEVICES)
     return [(str(base / name), f"/dev/{name}") for name in names if (base / name).exists()]
+
+
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+def cdi_spec_present(kind: str = "nvidia.com/gpu") -> bool:
+    """Whether a CDI spec for ``kind`` is on this node (``nvidia-ctk cdi generate`` writes one)."""
+    for directory in map(Path, CDI_DIRS):
+        try:
+            specs = [p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json")]
+        except OSError:
+            continue
+        for spec in specs:
+            try:
+                if kind.split("/")[0] in spec.read_text(errors="replace")[:4096]:
+                    return True
+            except OSError:
+                continue
+    return False
 
 
 def container_argv(command: str, *, policy: Mapping, env_file: str, cgroup_parent: str | None, pidfile: str) -> list[str]:

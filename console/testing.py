@@ -125,7 +125,9 @@ def pytest_runtest_teardown(item, nextitem):
     yield
 
 
-PLATFORM_LINE_PREFIXES = ("[console] image ", "[INFO] Concurrent Checkpoint library is installed", "[console] environment ready")
+PLATFORM_LINE_PREFIXES = (
+    "[console] image ", "[console] this node has no CDI spec", "[INFO] Concurrent Checkpoint library is installed", "[console] environment ready",
+)
 
 
 def job_output(job, **filters) -> list[str]:

@@ -102,7 +102,16 @@ def make_classes():
             super().__init__(node_names)
             self.runs = runs
 
-        def start_runner(self, job, attempt, part, runtime, output_dir) -> int:
+        def containers_ready(self) -> tuple[bool, str]:
+            return True, "simulated"
+
+        def pull(self, job, attempt):
+            from agent.engine import PullResult
+
+            digest = "sha256:" + "0" * 64
+            return PullResult(True, digest, "simulated pull"), f"{job.image}@{digest}"
+
+        def start_runner(self, job, attempt, part, dirs, **_) -> int:
             directory = run_dir(part)
             directory.mkdir(parents=True, exist_ok=True)
             for stale in ("pid.json", "exit.json", "output.jsonl"):

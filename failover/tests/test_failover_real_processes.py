@@ -20,7 +20,6 @@ from django.db import connection
 from agent.processes import signal_run
 from failover.services.faults import inject_fault
 from jobs.services.actions import request_stop
-from jobs.services.paths import default_output_dir
 from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
 from jobs.statuses import JobStatus
 from logs.models import LogLine
@@ -44,15 +43,15 @@ TORCHRUN = (
 
 def processes_of(job: TrainingJob, attempt: int) -> list[psutil.Process]:
     """Every live process on this machine started for that attempt of the job (by the
-    platform's environment in the process's own: its OUTPUT_DIR and JOB_ATTEMPT)."""
-    output_dir = str(default_output_dir(job.pk))
+    platform's environment in the process's own: its JOB_ID and JOB_ATTEMPT; the processes in its
+    container are the machine's processes too)."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         try:
             if "failover_worker.py" not in " ".join(process.info["cmdline"] or ()):
                 continue
             env = process.environ()
-            if process.status() != psutil.STATUS_ZOMBIE and env.get("JOB_ATTEMPT") == str(attempt) and env.get("OUTPUT_DIR") == output_dir:
+            if process.status() != psutil.STATUS_ZOMBIE and env.get("JOB_ATTEMPT") == str(attempt) and env.get("JOB_ID") == str(job.pk):
                 found.append(process)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
