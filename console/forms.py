@@ -79,7 +79,7 @@ class TrainingJobForm(forms.Form):
     )
     command = TextField(
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "class": "mono"}),
-        help_text="Run as written: VAR=value assignments, then python, torchrun, deepspeed or accelerate launch.",
+        help_text="Runs as written with bash in the job's container (its work directory is the current one): e.g. python train.py, torchrun …, accelerate launch ….",
     )
     env_text = TextField(
         label="Environment variables",
