@@ -17,7 +17,7 @@ from jobs.lib import (
     validate_command,
 )
 from jobs.models import DNS_LABEL, Project, TrainingJob
-from jobs.services.capacity import shape_refusal
+from jobs.services.capacity import network_refusal, shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.limits import LimitRefused, check_limits, default_limits, format_cpus, format_memory, parse_memory
 from jobs.services.images import validate_reference
@@ -91,7 +91,11 @@ class TrainingJobForm(forms.Form):
         label="GPUs per node", min_value=0, max_value=64, initial=1,
         help_text="0 makes a CPU job: it runs on a node without any GPU of its own (CUDA_VISIBLE_DEVICES is empty).",
     )
-    node_count = forms.IntegerField(label="Nodes", min_value=1, max_value=64, initial=1)
+    node_count = forms.IntegerField(
+        label="Nodes", min_value=1, max_value=64, initial=1,
+        help_text="1: the job's container has a network of its own, loopback only. More: one rank per node, and the ranks "
+        "run on their nodes' network to meet (an operator allows it per project).",
+    )
     failover_enabled = forms.BooleanField(
         label="Job Failover",
         required=False,
@@ -190,6 +194,10 @@ class TrainingJobForm(forms.Form):
             refusal = shape_refusal(data["gpus_per_node"], data["node_count"])
             if refusal:
                 self.add_error("gpus_per_node", forms.ValidationError(refusal, code="shape"))
+        if data.get("node_count"):
+            refusal = network_refusal(data.get("project") or personal_project_for(self.owner), data["node_count"])
+            if refusal:
+                self.add_error("node_count", forms.ValidationError(refusal, code="network"))
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.owner)
             try:

@@ -112,8 +112,8 @@ class ProjectVolumeInline(admin.TabularInline):
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
-    list_display = ("name", "description", "personal_for", "gpu_quota", "gpu_borrow_limit", "cpu_job_limit", "created_at")
-    list_editable = ("gpu_quota", "gpu_borrow_limit", "cpu_job_limit")
+    list_display = ("name", "description", "personal_for", "gpu_quota", "gpu_borrow_limit", "cpu_job_limit", "multi_node_host_network", "created_at")
+    list_editable = ("gpu_quota", "gpu_borrow_limit", "cpu_job_limit", "multi_node_host_network")
     search_fields = ("name", "description")
     filter_horizontal = ("members",)
     list_select_related = ("personal_for",)

@@ -45,6 +45,11 @@ class Project(models.Model):
     cpu_job_limit = models.PositiveIntegerField(
         null=True, blank=True, help_text="Concurrent CPU-only (0-GPU) jobs; empty: the QUEUE_CPU_JOBS_PER_PROJECT setting."
     )
+    multi_node_host_network = models.BooleanField(
+        default=True,
+        help_text="Multi-node jobs of this project run on their nodes' network (their ranks' rendezvous needs it); "
+        "off: this project may run single-node jobs only, whose containers have loopback only.",
+    )
     # Fair share: GPU-seconds used, decayed with QUEUE_USAGE_HALF_LIFE, as of usage_at (placement writes it).
     usage_gpu_seconds = models.FloatField(default=0.0, editable=False)
     usage_at = models.DateTimeField(null=True, blank=True, editable=False)

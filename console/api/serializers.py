@@ -14,7 +14,7 @@ from rest_framework import serializers
 
 from jobs.lib import CommandError, normalize_newlines, text_refusal, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
-from jobs.services.capacity import shape_refusal
+from jobs.services.capacity import network_refusal, shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.limits import LimitRefused, check_limits, limits_of
 from jobs.services.images import validate_reference
@@ -173,6 +173,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         refusal = shape_refusal(data.get("gpus_per_node", 1), data.get("node_count", 1))
         if refusal:
             raise serializers.ValidationError({"gpus_per_node": [refusal]})
+        refusal = network_refusal(data.get("project") or personal_project_for(self.context["request"].user), data.get("node_count", 1))
+        if refusal:
+            raise serializers.ValidationError({"node_count": [refusal]})
         if data.get("output_dir"):
             project = data.get("project") or personal_project_for(self.context["request"].user)
             try:

@@ -116,3 +116,17 @@ def test_a_body_that_is_not_a_valid_json_object_is_a_400(owner_api, body):
 
     assert response.status_code == 400
     assert not TrainingJob.objects.exists()
+
+
+def test_multi_node_jobs_need_their_projects_leave_to_use_the_nodes_network(owner_api, project, nodes, client, owner):
+    from django.urls import reverse
+
+    project.multi_node_host_network = False
+    project.save()
+    response = owner_api.post(JOBS_URL, {**VALID, "node_count": 2}, format="json")
+    assert response.status_code == 400
+    assert "an operator has not allowed for project" in response.json()["node_count"][0]
+    client.force_login(owner)
+    form = client.post(reverse("jobs:create"), {"name": "two-nodes", "project": project.pk, "job_type": "On-Demand", "image": "pytorch:2.13-py3.11", "command": "python train.py", "gpus_per_node": 1, "node_count": 2})
+    assert "an operator has not allowed for project" in form.content.decode()
+    assert owner_api.post(JOBS_URL, {**VALID, "node_count": 1}, format="json").status_code == 201

@@ -40,3 +40,14 @@ def shape_refusal(gpus_per_node: int, node_count: int) -> str | None:
             f"this job asks for {plural(node_count, 'node')}. The largest shape is {fitting} × {gpus_per_node} GPUs."
         )
     return None
+
+
+def network_refusal(project, node_count: int) -> str | None:
+    """Why ``project`` may not run a job on ``node_count`` nodes (its ranks need the nodes'
+    network, an operator's choice per project), or None."""
+    if node_count > 1 and project is not None and not project.multi_node_host_network:
+        return (
+            f"Multi-node jobs run on their nodes' network, which an operator has not allowed for project {project.name}: "
+            "run on 1 node, or ask an operator."
+        )
+    return None
