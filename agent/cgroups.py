@@ -1,7 +1,7 @@
 """CPU and memory limits for a run: its own cgroup, where the node allows one.
 
-Standard library only: the runner (``agent.runner``) imports it. Each run (the whole ``bwrap``
-tree) is put into a cgroup of its own, ``sac-run-<runner pid>``, made below the runner's own
+Standard library only: the runner (``agent.runner``) imports it. Each run (the whole container,
+Podman's monitor included) is put into a cgroup of its own, ``sac-run-<runner pid>``, made below the runner's own
 cgroup (the agent's: a service manages only its own subtree) or below ``JOB_CGROUP_PARENT``:
 
 * cgroup v2 where ``/sys/fs/cgroup`` is the unified hierarchy (or a hybrid one has the ``cpu``

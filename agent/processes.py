@@ -39,7 +39,7 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
 
     A run is all of its processes, whatever session they moved to (torchrun's, DeepSpeed's and
     accelerate's workers start their own): each process descended from the run's group leader is
-    signalled. In the sandbox the leader is ``bwrap``, whose death ends the whole sandbox, so a
+    signalled. In a container the leader is its init (``catatonit``), whose death ends the whole container, so a
     SIGTERM goes to the processes inside (the training can checkpoint) and a SIGKILL also to the
     leader and to everything in the run's cgroup (where the node gives it one). Works from any
     process of the machine the run is on (the agent, or the control plane for a simulated node).
