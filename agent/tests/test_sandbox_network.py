@@ -88,3 +88,23 @@ def test_a_multi_node_job_reaches_its_master(make_job, drive):
     lines = set(LogLine.objects.filter(job=job).values_list("text", flat=True))
     assert job.status == JobStatus.COMPLETED, (job.status_reason, lines)
     assert {"master got hello from rank 1", "worker reached the master"} <= lines
+
+
+ACCELERATE_SCRIPT = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")  # accelerate launch started the ranks (RANK, WORLD_SIZE, MASTER_ADDR)
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(f"accelerate process {dist.get_rank()} of {dist.get_world_size()} sum {int(t.item())}", flush=True)
+"""
+
+
+def test_an_accelerate_job_with_two_processes_completes(make_job, drive):
+    script = "cat > probe.py <<'PY'\n" + ACCELERATE_SCRIPT + "PY\n"
+    command = script + "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port $MASTER_PORT probe.py"
+    job = drive(make_job(command=command, gpus_per_node=2), {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INTERNAL_ERROR}, timeout=240)
+    lines = list(LogLine.objects.filter(job=job).values_list("text", flat=True))
+    assert job.status == JobStatus.COMPLETED, (job.status_reason, lines[-20:])
+    assert sorted(line for line in lines if line.startswith("accelerate process")) == [
+        "accelerate process 0 of 2 sum 3", "accelerate process 1 of 2 sum 3"
+    ]
