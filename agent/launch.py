@@ -178,10 +178,14 @@ def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir
     return env
 
 
-def pull_image(job: TrainingJob, attempt: JobAttempt) -> tuple[engine.PullResult, str]:
+PULL_LINES_KEPT = 20  # of Podman's progress lines, shown in the run's log
+
+
+def pull_image(job: TrainingJob, attempt: JobAttempt, progress=None) -> tuple[engine.PullResult, str]:
     """Pull the attempt's image (a failover's: the digest the first attempt ran) with the
     project's credentials, handed to Podman as an auth file only the agent can read. Returns the
-    outcome and the reference that names exactly what was pulled (``repository@sha256:…``)."""
+    outcome and the reference that names exactly what was pulled (``repository@sha256:…``);
+    ``progress`` gets Podman's progress lines."""
     first = JobAttempt.objects.filter(job=job, number__lt=attempt.number).exclude(image_digest="").order_by("number").first()
     reference = first.image_digest if first is not None else images.qualify(job.image)
     auth = images.auth_for(job)
@@ -193,17 +197,18 @@ def pull_image(job: TrainingJob, attempt: JobAttempt) -> tuple[engine.PullResult
             fd = os.open(auth_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as fh:
                 json.dump(auth, fh)
-        result = engine.pull(engine_root(), reference, auth_file, timeout=settings.IMAGE_PULL_TIMEOUT)
+        result = engine.pull(engine_root(), reference, auth_file, timeout=settings.IMAGE_PULL_TIMEOUT, progress=progress)
     if result.ok and result.digest and "@" not in reference:
         return result, images.by_digest(reference, result.digest)
     return result, reference
 
 
-def preamble(job: TrainingJob, part: AttemptNode, image_ref: str) -> list[str]:
+def preamble(job: TrainingJob, part: AttemptNode, image_ref: str, pull_lines: list[str] = ()) -> list[str]:
     """The lines the log shows while the run's environment is prepared, as the service's guide
-    shows them ("환경 준비 상태")."""
+    shows them ("환경 준비 상태"): the pull's progress, the image by digest, ckptlib, ready."""
     digest = image_ref.rpartition("@")[2]
-    lines = [f"[console] image {job.image} pulled ({digest})"]
+    lines = [f"[console] pull: {line}" for line in list(pull_lines)[-PULL_LINES_KEPT:]]
+    lines.append(f"[console] image {job.image} pulled ({digest})")
     if part.gpu_indices and not part.node.simulated and not sandbox.cdi_spec_present():
         lines.append(
             "[console] this node has no CDI spec for NVIDIA GPUs (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml): "
@@ -223,6 +228,7 @@ class Launcher:
     def __init__(self, node_names: list[str]) -> None:
         self.node_names = node_names
         self.children: dict[int, subprocess.Popen] = {}
+        self.pull_lines: dict[int, list[str]] = {}  # the last pull's progress, by attempt
 
     def launch(self, attempt: JobAttempt) -> list[AttemptNode]:
         """Start this agent's parts of a placed attempt; the last part started makes it Running.
@@ -322,7 +328,7 @@ class Launcher:
             "max_lines": settings.LOG_MAX_LINES_PER_JOB,
             "container": container_policy(job, attempt, part, image_ref, dirs, uid) if contained else None,
             "limits": run_limits(job),
-            "preamble": preamble(job, part, image_ref) if contained else [],
+            "preamble": preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
         }
         spec_path = directory / "spec.json"
         # The spec holds the job's environment (its secrets): the agent's eyes only.
@@ -349,8 +355,11 @@ class Launcher:
         return containers_ready()
 
     def pull(self, job: TrainingJob, attempt: JobAttempt) -> tuple[engine.PullResult, str]:
-        """Pull the attempt's image; the outcome and the reference by digest."""
-        return pull_image(job, attempt)
+        """Pull the attempt's image; the outcome and the reference by digest (Podman's progress
+        lines are kept for the run's log)."""
+        lines: list[str] = []
+        self.pull_lines = {attempt.pk: lines}
+        return pull_image(job, attempt, progress=lambda line: lines.append(line.strip()[:300]) if line.strip() else None)
 
     def alive(self, pid: int) -> bool:
         """Whether a run's supervisor still runs."""

@@ -126,7 +126,7 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 PLATFORM_LINE_PREFIXES = (
-    "[console] image ", "[console] this node has no CDI spec", "[INFO] Concurrent Checkpoint library is installed", "[console] environment ready",
+    "[console] pull: ", "[console] image ", "[console] this node has no CDI spec", "[INFO] Concurrent Checkpoint library is installed", "[console] environment ready",
 )
 
 

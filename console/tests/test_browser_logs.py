@@ -153,7 +153,7 @@ def test_a_failover_shows_a_banner_between_attempts_and_the_start_up_line_twice(
     assert before.get_attribute("data-attempt") == "1"
     assert after.get_attribute("data-attempt") == "2"
     # Each attempt's log opens with its container being prepared, then the job's own lines.
-    assert after.inner_text().split("\n")[-1].startswith("[console] image ")
+    assert after.inner_text().split("\n")[-1].startswith(("[console] pull: ", "[console] image "))
     target = page.locator("[data-log-viewer] .is-target")
     assert target.get_attribute("data-attempt") == "2"
     assert "Starting dataset initialization" in target.inner_text()

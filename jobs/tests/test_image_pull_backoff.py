@@ -76,8 +76,12 @@ def test_a_job_on_the_default_image_runs_and_its_attempt_shows_the_digest(make_j
     from logs.models import LogLine
 
     log = list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
-    assert log[0].startswith(f"[console] image {job.image} pulled (sha256:")
-    assert log[1].startswith("[INFO] Concurrent Checkpoint library is installed")
+    # The environment being prepared, as the guide's log shows it: the pull, ckptlib, ready.
+    assert log[0].startswith("[console] pull: Trying to pull 127.0.0.1:5000/pytorch:2.13-py3.11")
+    pulled = next(i for i, line in enumerate(log) if line.startswith(f"[console] image {job.image} pulled (sha256:"))
+    assert all(line.startswith("[console] pull: ") for line in log[:pulled])
+    assert log[pulled + 1].startswith("[INFO] Concurrent Checkpoint library is installed")
+    assert log[pulled + 2] == "[console] environment ready: starting the command"
 
 
 @needs_sandbox
