@@ -20,6 +20,8 @@ logger = logging.getLogger(__name__)
 def status_changed(change: StatusChange) -> None:
     if not kinds_of(change.from_status, change.to_status):
         return
+    if not Subscription.objects.exists():
+        return  # nobody listens: no message, no thread (one indexed query on the caller's connection)
     if settings.SCALE_OUT:
         from notify.tasks import fan_out
 
