@@ -50,10 +50,6 @@ def latest_checkpoint_step(location: tuple[Path, list[str]]) -> int | None:
         workdirs.close_beneath(opened)
 
 
-class SandboxUnavailable(RuntimeError):
-    """Jobs must run in containers and this node cannot start one."""
-
-
 def engine_root() -> Path:
     return Path(settings.CONTAINER_ENGINE_ROOT)
 
@@ -275,7 +271,7 @@ class Launcher:
             for part in claimed:
                 part.attempt = attempt
                 part.runner_pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid)
-        except (SandboxUnavailable, PathRefused) as exc:
+        except PathRefused as exc:
             logger.error("job %s: %s", job.pk, exc)
             runs.launch_failed(attempt, str(exc))
             return []

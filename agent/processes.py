@@ -111,9 +111,9 @@ def is_container_init(pid: int, pid_info: dict) -> bool:
 
 
 def is_sandbox(process: psutil.Process) -> bool:
-    """The container's init (``catatonit``, Podman's ``--init``) or bubblewrap's first process."""
+    """The container's init (``catatonit``, mounted by Podman's ``--init`` as ``podman-init``)."""
     try:
-        return process.name() in ("catatonit", "podman-init", "bwrap")
+        return process.name() in ("catatonit", "podman-init")
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
