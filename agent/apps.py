@@ -7,10 +7,10 @@ class AgentConfig(AppConfig):
     verbose_name = "Node agent"
 
     def ready(self) -> None:
-        from agent import registry
+        from agent import local_agents
         from agent.plugins import register
         from agent.sampling import ResourceSampler
-        from jobs.hooks import wake_agents_with
+        from jobs.extensions import wake_agents_with
 
         register(ResourceSampler)
-        wake_agents_with(registry.wake)
+        wake_agents_with(local_agents.wake)

@@ -233,7 +233,7 @@ class Launcher:
         Each part is claimed by compare-and-swap first, so a duplicate dispatch or two agents
         never start it twice.
         """
-        if not runs.launchable(attempt):
+        if not runs.abandon_unless_waiting(attempt):
             return []
         job = attempt.job
         contained = settings.JOB_SANDBOX != "off"

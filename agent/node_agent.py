@@ -6,7 +6,7 @@ one read-only reconcile (at start, after a wake, and every ``AGENT_RECONCILE_INT
 Collecting output and exits reads only the runs' files; the database is touched when there is
 news (new lines, an exit, a launch) and for the heartbeat. Launches arrive as messages
 (``agent.launch_attempt``; in the embedded console, straight from the control round in the same
-thread), stops as wakes (``jobs.services.dispatch.wake_agents``); the grace period's SIGKILL and a
+thread), stops as wakes (``jobs.services.messages.wake_agents``); the grace period's SIGKILL and a
 job's max run time are timed from memory. An idle agent sleeps on ``wakeup`` until its next beat.
 
 Each run is supervised by ``agent.runner`` in its own session, so the agent (and the console it
@@ -33,7 +33,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agent import registry
+from agent import local_agents
 from agent.launch import Launcher
 from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
@@ -66,7 +66,7 @@ def beat_now(node_names: list[str]) -> None:
             logger.warning("first heartbeat of %s failed: %s", ", ".join(node_names), exc)
 
 
-def together():
+def postgres_transaction():
     """One transaction for a few short statements (PostgreSQL: one transaction, not one per
     statement). On SQLite each stays on its own: there an open transaction would make a writer
     in another thread fail at once ("database table is locked") under the test suite's shared
@@ -97,7 +97,7 @@ class NodeAgent:
         self.next_db_beat = 0.0
         self.last_heartbeat = None
         self.plugins = plugins_for(self)
-        registry.add(self)
+        local_agents.add(self)
 
     def start(self) -> None:
         """The agent's loop starts: plug-ins start their own threads (failover's health monitor)."""
@@ -206,7 +206,7 @@ class NodeAgent:
         revived = 0
         if to_db:
             self.next_db_beat = now_m + db_beat_interval() * random.uniform(0.8, 1.0)
-            with together():
+            with postgres_transaction():
                 Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
                 revived = Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY)
         elif lost_here:
@@ -226,7 +226,7 @@ class NodeAgent:
             self.reconcile_due = False
         # Jittered, so a fleet started (or restarted) at once does not reconcile in one burst.
         self.next_reconcile = time.monotonic() + settings.AGENT_RECONCILE_INTERVAL * random.uniform(0.8, 1.2)
-        with together():  # read-only
+        with postgres_transaction():  # read-only
             parts = list(
                 AttemptNode.objects.filter(node__name__in=self.node_names, ended_at__isnull=True)
                 .filter(Q(runner_pid__gt=0) | Q(runner_pid__isnull=True, attempt__state=JobAttempt.State.PLACED))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from agent import cgroups
 from agent.sandbox import container_argv, env_file_text, root_tool_env
-from logs.metrics import INTERESTING
+from logs.progress_parser import INTERESTING
 
 CUT_MARKER = " …[line cut at {limit} characters]"
 CHUNK = 65536

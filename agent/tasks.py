@@ -11,15 +11,15 @@ import logging
 
 from celery import shared_task
 
-from agent import registry
-from jobs.services.dispatch import LAUNCH_TASK, RECONCILE_TASK
+from agent import local_agents
+from jobs.services.messages import LAUNCH_TASK, RECONCILE_TASK
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name=LAUNCH_TASK, ignore_result=True, acks_late=False)
 def launch_attempt(attempt_id: int) -> None:
-    agents = registry.local_agents()
+    agents = local_agents.local_agents()
     if not agents:
         logger.warning("launch_attempt %s reached a worker that serves no node", attempt_id)
     for agent in agents:  # each starts only its own nodes' ranks
@@ -28,4 +28,4 @@ def launch_attempt(attempt_id: int) -> None:
 
 @shared_task(name=RECONCILE_TASK, ignore_result=True, acks_late=False)
 def reconcile(node_name: str) -> None:
-    registry.wake([node_name])
+    local_agents.wake([node_name])

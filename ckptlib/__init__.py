@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from ckptlib._config import RuntimeConfig, parse_runtime_config
 from ckptlib._events import COMMIT_LINE_RE, CommitEvent, parse_commit_line
-from ckptlib._signals import safe_point
 from ckptlib._layout import CHECKPOINT_SUBDIR, checkpoint_root, committed_steps, read_latest
+from ckptlib._signals import safe_point
 from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from ckptlib._cache import PAGE, Chunk, HostCache
-from ckptlib._jobs import Job
+from ckptlib._inflight import InFlightCheckpoint
 from ckptlib._stage import Stager, copy_segments
 from ckptlib._writer import FileSink, WriteItem
 
@@ -52,7 +52,7 @@ class BackgroundWriters:
         stager: Stager,
         cache: HostCache,
         keep_bytes: int,
-        finished: Callable[[Job], None],
+        finished: Callable[[InFlightCheckpoint], None],
     ) -> None:
         self._items = items
         self._stager = stager
@@ -209,7 +209,7 @@ class BackgroundWriters:
             self._stager.end_live_write(item, gathered=view is not None)
         return view
 
-    def _write_run(self, job: Job, sink: FileSink, run: list[WriteItem], views: list[memoryview]) -> None:
+    def _write_run(self, job: InFlightCheckpoint, sink: FileSink, run: list[WriteItem], views: list[memoryview]) -> None:
         try:
             if run and job.error is None:
                 sink.write_vectors(run[0].offset, views)
@@ -266,7 +266,7 @@ class BackgroundWriters:
         except Exception as error:  # noqa: BLE001 - reported, training goes on
             job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
 
-    def _close_file(self, job: Job, sink: FileSink) -> None:
+    def _close_file(self, job: InFlightCheckpoint, sink: FileSink) -> None:
         try:
             sink.close(durable=job.error is None)
         except Exception as error:  # noqa: BLE001

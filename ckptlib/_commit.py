@@ -23,7 +23,7 @@ from pathlib import Path
 
 import ckptlib._format as _format
 from ckptlib._dist import ProcessPlace
-from ckptlib._jobs import Job
+from ckptlib._inflight import InFlightCheckpoint
 from ckptlib._types import CheckpointError
 
 _COMMIT_TIMEOUT_S = float(os.environ.get("CKPT_COMMIT_TIMEOUT_S", "600"))
@@ -50,7 +50,7 @@ class MultiRankCommit:
         # Rank 0 commits one checkpoint at a time: each commit moves ``latest``.
         self._lock = threading.Lock()
 
-    def settle(self, job: Job) -> None:
+    def settle(self, job: InFlightCheckpoint) -> None:
         """Commits ``job`` (rank 0) or waits for its commit (other ranks); on failure sets
         ``job.error`` and marks this rank failed."""
         try:
@@ -67,7 +67,7 @@ class MultiRankCommit:
             if self._place.rank == 0:
                 _format.remove_tree(job.directory)
 
-    def settle_file(self, job: Job) -> None:
+    def settle_file(self, job: InFlightCheckpoint) -> None:
         """Makes a ``save_file`` file's directory entry durable; on failure sets ``job.error``."""
         try:
             if job.error is None:
@@ -75,7 +75,7 @@ class MultiRankCommit:
         except OSError as error:
             job.error = f"commit failed: {error}"
 
-    def _mark_rank_done(self, job: Job) -> None:
+    def _mark_rank_done(self, job: InFlightCheckpoint) -> None:
         # The state's files were fsynced as they were closed; the small files written beside
         # them (the Trainer's) are fsynced here.
         closed = {plan.name for plan in job.plan.files}
@@ -85,13 +85,13 @@ class MultiRankCommit:
         if self._place.world_size > 1:  # alone, rank 0 commits at once: no one reads a marker
             _format.write_bytes_durably(_format.rank_marker(job.directory, self._place.rank), b"ok\n")
 
-    def _mark_rank_failed(self, job: Job) -> None:
+    def _mark_rank_failed(self, job: InFlightCheckpoint) -> None:
         try:
             _failed_marker(job.directory, self._place.rank).write_text(job.error or "failed")
         except OSError:
             pass
 
-    def _commit(self, job: Job) -> None:
+    def _commit(self, job: InFlightCheckpoint) -> None:
         deadline = time.monotonic() + _COMMIT_TIMEOUT_S
         for rank in range(1, self._place.world_size):
             while not _format.rank_marker(job.directory, rank).exists():
@@ -121,7 +121,7 @@ class MultiRankCommit:
         with self._lock:
             _format.commit(self._root, job.step)
 
-    def _await_commit(self, job: Job) -> None:
+    def _await_commit(self, job: InFlightCheckpoint) -> None:
         deadline = time.monotonic() + _COMMIT_TIMEOUT_S
         while not (job.target / _format.MANIFEST_NAME).exists():
             if time.monotonic() > deadline:

@@ -42,7 +42,7 @@ import torch
 import ckptlib._format as _format
 from ckptlib._config import parse_runtime_config
 from ckptlib._engine import CheckpointEngine as _Engine
-from ckptlib._jobs import Job
+from ckptlib._inflight import InFlightCheckpoint
 from ckptlib._types import CheckpointError
 
 # Upstream's logger names: ``get_logger(__name__)`` in ``datastates/llm/checkpointing.py``.
@@ -94,8 +94,8 @@ class PathCheckpointing:
             rank=self.rank,
             handle_signals=False,
         )
-        self._pending: dict[Path, Job] = {}
-        self._renames: queue.Queue[tuple[Job, Path, Path] | None] = queue.Queue()
+        self._pending: dict[Path, InFlightCheckpoint] = {}
+        self._renames: queue.Queue[tuple[InFlightCheckpoint, Path, Path] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._failures: list[str] = []
         self._renamer = threading.Thread(target=self._rename_loop, name="ckptlib-dropin-rename", daemon=True)

@@ -18,7 +18,7 @@ Order of calls for one checkpoint:
    while, they stage in its place.
 4. Rank 0 commits once every rank is done (``ckptlib._commit``, on-disk steps in
    ``ckptlib._format``); the job ends committed or failed and rank 0 logs one line
-   (``ckptlib._jobs``).
+   (``ckptlib._inflight``).
 5. ``wait(persist=True)`` / ``shutdown()`` block until the checkpoints in flight are committed.
 
 This module holds the public API and wires the steps together; each step has its own module.
@@ -47,7 +47,7 @@ from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
 from ckptlib._events import LOG_PREFIX, install_console_handler
 from ckptlib._hooks import StagingPoints
-from ckptlib._jobs import Job, JobBook
+from ckptlib._inflight import InFlightBook, InFlightCheckpoint
 from ckptlib._plan import StatePlan, plan_object, plan_state, protected_storages, restore_rng_state
 from ckptlib._reader import read_checkpoint
 from ckptlib._stage import Stager
@@ -111,7 +111,7 @@ class CheckpointEngine:
         self._stepped_modules: list[weakref.ref[torch.nn.Module]] = []
         self._mem_align: int | None = None
 
-        self._jobs = JobBook(rank=self.place.rank, on_commit=self.on_commit)
+        self._jobs = InFlightBook(rank=self.place.rank, on_commit=self.on_commit)
         self._closed = threading.Event()
         self._committer = MultiRankCommit(root=self.root, place=self.place, closed=self._closed)
         write_queue: queue.Queue[WriteItem | None] = queue.Queue()
@@ -208,10 +208,10 @@ class CheckpointEngine:
                 mem_align=mem_align,
             )
         except Exception as error:  # noqa: BLE001 - reported, training goes on
-            job = Job(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
+            job = InFlightCheckpoint(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
             self._jobs.fail(job, f"cannot plan the checkpoint: {error}")
             return False
-        job = Job(step=step, directory=directory, target=target, plan=plan, started=began, mem_align=mem_align)
+        job = InFlightCheckpoint(step=step, directory=directory, target=target, plan=plan, started=began, mem_align=mem_align)
         job.files_left = len(plan.files)
         job.write_files_later = write_files_later
         try:
@@ -236,7 +236,7 @@ class CheckpointEngine:
         job.blocking_s += time.perf_counter() - began
         return True
 
-    def save_file(self, obj: Any, path: str | os.PathLike[str]) -> Job:
+    def save_file(self, obj: Any, path: str | os.PathLike[str]) -> InFlightCheckpoint:
         """Writes ``obj`` as a ``torch.save`` file at ``path``, in the background.
 
         For callers that lay out and commit their checkpoints themselves (DeepSpeed's
@@ -262,7 +262,7 @@ class CheckpointEngine:
             modules = tuple(module for ref in self._stepped_modules if (module := ref()) is not None)
             protected = protected_storages(self._points.watched_optimizers(), modules)
         plan = StatePlan(files=[plan_object(target.name, obj, background=True, protected=protected)])
-        job = Job(
+        job = InFlightCheckpoint(
             step=-1,
             directory=target.parent,
             target=target,
@@ -418,7 +418,7 @@ class CheckpointEngine:
     def _stage_at_hook(self, *, force: bool) -> None:
         self._points.stage(force=force)
 
-    def _finish(self, job: Job) -> None:
+    def _finish(self, job: InFlightCheckpoint) -> None:
         """A job's last file is closed (on a writer thread): commit it, then end it."""
         if job.external:
             self._committer.settle_file(job)

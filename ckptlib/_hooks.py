@@ -22,7 +22,7 @@ import torch
 
 import ckptlib._signals as _signals
 from ckptlib._events import LOG_PREFIX
-from ckptlib._jobs import JobBook
+from ckptlib._inflight import InFlightBook
 from ckptlib._plan import unwrap_optimizer
 from ckptlib._stage import Stager
 
@@ -73,7 +73,7 @@ class StagingPoints:
         keep_forward: Whether the forward pre-hook must stay as a safe point for signals.
     """
 
-    def __init__(self, stager: Stager, jobs: JobBook, *, keep_forward: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, stager: Stager, jobs: InFlightBook, *, keep_forward: Callable[[], bool] = lambda: False) -> None:
         self._stager = stager
         self._jobs = jobs
         self._keep_forward = keep_forward

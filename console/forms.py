@@ -7,7 +7,7 @@ from django import forms
 from django.conf import settings
 from django.db.models import QuerySet
 
-from jobs.lib import (
+from jobs.job_fields import (
     EXAMPLE_COMMAND,
     CommandError,
     format_env_text,
@@ -19,11 +19,10 @@ from jobs.lib import (
 from jobs.models import DNS_LABEL, Project, TrainingJob
 from jobs.services.capacity import network_refusal, shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
-from jobs.services.limits import LimitRefused, check_limits, default_limits, format_cpus, format_memory, parse_memory
 from jobs.services.images import validate_reference
+from jobs.services.limits import LimitRefused, check_limits, default_limits, format_cpus, format_memory, parse_memory
 from jobs.services.paths import PathRefused, check_output_dir, volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
-
 
 
 def normalized_form_data(data: Any) -> Any:

@@ -7,7 +7,6 @@ NVML is unavailable. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and
 from __future__ import annotations
 
 import os
-import sys
 from datetime import timedelta
 from pathlib import Path
 

@@ -7,14 +7,14 @@ ckptlib's tests run without it.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from pathlib import Path
-
-from agent import engine
+from agent import engine, local_agents
 
 REPO = Path(__file__).resolve().parent.parent
 # The suite shares the checkout's container storage and local registry: the default image is
@@ -56,21 +56,6 @@ def default_image_ready() -> dict:
     return DEFAULT_IMAGE_FIGURES
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_teardown(item, nextitem) -> None:
-    """Before a test's fixtures are torn down (a transactional test's database flush among
-    them), the embedded notification worker finishes what the test's status changes queued, and
-    forgets what it would have retried later: with the suite's in-memory SQLite (shared cache) a
-    query of its threads made the flush fail ("database table is locked": the next test then
-    found the last one's rows), and a retry due after the test touched the next test's
-    database."""
-    import sys
-
-    module = sys.modules.get("notify.worker")
-    if module is not None and module.worker.thread is not None:
-        module.worker.settle(timeout=10.0)
-
-
 @pytest.fixture(autouse=True)
 def job_work_root(request, tmp_path):
     """Every test's runs get their own working directories (where Django is in play), and users
@@ -100,28 +85,35 @@ AGENTS_BEFORE = pytest.StashKey[set]()  # the agents of this process before a te
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    from agent import registry
-
-    item.stash[AGENTS_BEFORE] = set(map(id, registry.local_agents()))
+    item.stash[AGENTS_BEFORE] = set(map(id, local_agents.local_agents()))
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """A node agent a test made is shut down after it, before its fixtures (the database's
-    flush among them) are torn down: its health monitor's thread stopped, and it leaves this
-    process's registry. A left-over agent "serves" its nodes, so the next tests' lost-node sweep
-    would skip them; its monitor thread would go on writing while the next test's database is
-    flushed."""
-    from agent import registry
+    """Before a test's fixtures are torn down (a transactional test's database flush among them):
 
+    * a node agent the test made is shut down: its health monitor's thread stopped, and it leaves
+      this process's registry. A left-over agent "serves" its nodes, so the next tests' lost-node
+      sweep would skip them; its monitor thread would go on writing while the next test's
+      database is flushed;
+    * then the embedded notification worker finishes what the test's status changes queued, and
+      forgets what it would have retried later: with the suite's in-memory SQLite (shared cache)
+      a query of its threads made the flush fail ("database table is locked": the next test then
+      found the last one's rows), and a retry due after the test touched the next test's database.
+
+    One hook for both: a second definition of the same hook in this module would replace the
+    first (``test_architecture`` refuses that)."""
     before = item.stash.get(AGENTS_BEFORE, set())
-    for agent in registry.local_agents():
+    for agent in local_agents.local_agents():
         if id(agent) not in before:
             shutdown = getattr(agent, "shutdown", None)
             if shutdown is not None:
                 shutdown()
-            registry.discard(agent)
+            local_agents.discard(agent)
+    module = sys.modules.get("notify.worker")
+    if module is not None and module.worker.thread is not None:
+        module.worker.settle(timeout=10.0)
     yield
 
 

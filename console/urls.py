@@ -6,9 +6,9 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from console.api.schema import SchemaView
-from console.views import favicon
-from console.metrics import MetricsView
 from console.pages import account, nodes, queue
+from console.prometheus import MetricsView
+from console.views import favicon
 
 urlpatterns = [
     path(

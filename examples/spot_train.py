@@ -7,25 +7,17 @@
 #   PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" python examples/spot_train.py
 #   PYTHONPATH=$CHECKPOINT_VENDOR accelerate launch --num_processes 2 examples/spot_train.py
 
-import os
-import torch
-from transformers import (
-    AutoTokenizer,
-    AutoModelForCausalLM,
-    Trainer,
-    TrainingArguments,
-    DataCollatorForLanguageModeling
-)
-from datasets import load_dataset
-import json
-from datastates.llm import DecoratedCheckpointing
 import argparse
-import logging
-import time
+import os
 import sys  # OFFLINE
+
+from datasets import load_dataset
+from datastates.llm import DecoratedCheckpointing
+from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # OFFLINE
 import offline_assets  # OFFLINE
+
 
 def parse_args():
     parser = argparse.ArgumentParser()

@@ -11,8 +11,8 @@ class FailoverConfig(AppConfig):
         from agent import plugins
         from failover import checks  # noqa: F401  (registers the system checks)
         from failover.services import health, policy
-        from jobs import hooks
+        from jobs import extensions
 
-        hooks.handle_failed_runs_with(policy.handle_failed_run)
-        hooks.on_control_round(policy.control_round)
+        extensions.handle_failed_runs_with(policy.handle_failed_run)
+        extensions.on_control_round(policy.control_round)
         plugins.register(health.HealthChecker)

@@ -28,7 +28,7 @@ def beat_interval() -> float:
 
 
 def client():
-    from jobs.services.dispatch import redis_client
+    from jobs.services.messages import redis_client
 
     return redis_client()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from jobs.services import control
-from jobs.services.dispatch import PLACE_TASK, placement_started
+from jobs.services.messages import PLACE_TASK, placement_started
 
 
 @shared_task(name=PLACE_TASK, ignore_result=True, acks_late=False)

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from jobs.models import TrainingJob
 from logs.queries import is_stream_name, stream_text
 
+
 class LogDownloadView(APIView):
     @extend_schema(
         parameters=[OpenApiParameter("stream", OpenApiTypes.STR, description="master (default) or worker-<n>")],

@@ -10,9 +10,9 @@ class LogsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from jobs import hooks
+        from jobs import extensions
 
-        hooks.on_control_round(purge_when_due)
+        extensions.on_control_round(purge_when_due)
 
 
 _last_purge = 0.0

@@ -20,7 +20,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from jobs.realtime import job_group, log_group
 from jobs.sockets import AccessRechecks
 from jobs.statuses import TERMINAL
-from logs.queries import is_stream_name, attempt_banners, lines_after, tail_lines
+from logs.queries import attempt_banners, is_stream_name, lines_after, tail_lines
 
 BATCH_INTERVAL = 0.1  # seconds between live messages to one client
 BACKLOG_PAGE = 2000

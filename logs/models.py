@@ -43,7 +43,7 @@ class LogVolume(models.Model):
 
 
 class JobProgress(models.Model):
-    """The latest training progress a job's log told (one row per job), from ``logs.metrics``."""
+    """The latest training progress a job's log told (one row per job), from ``logs.progress_parser``."""
 
     job = models.OneToOneField("jobs.TrainingJob", on_delete=models.CASCADE, related_name="progress")
     step = models.BigIntegerField(null=True, blank=True)

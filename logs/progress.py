@@ -18,8 +18,8 @@ from django.utils import timezone
 
 from ckptlib import CommitEvent
 from jobs.realtime import job_metrics_group, jobs_group, publish
-from logs.metrics import BatchMetrics, LineMetrics, Progress, fold, parse_lines
 from logs.models import Checkpoint, JobProgress, MetricPoint
+from logs.progress_parser import BatchMetrics, LineMetrics, Progress, fold, parse_lines
 
 logger = logging.getLogger(__name__)
 

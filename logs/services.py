@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from prometheus_client import Counter
 from django.utils import timezone
+from prometheus_client import Counter
 
 from jobs.realtime import log_group, publish
 from logs.models import LogLine, LogVolume

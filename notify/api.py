@@ -16,7 +16,7 @@ from rest_framework.response import Response
 
 from jobs.models import Project, TrainingJob
 from jobs.rest import JSONParser
-from notify import dispatch, services, verification
+from notify import handoff, services, verification
 from notify.models import Delivery, Kind, Subscription
 
 
@@ -100,7 +100,7 @@ class SubscriptionSerializer(serializers.ModelSerializer):
 
     def create(self, validated_data):
         subscription = super().create(validated_data)
-        dispatch.confirmation_requested(subscription)
+        handoff.confirmation_requested(subscription)
         return subscription
 
     def update(self, instance, validated_data):
@@ -110,7 +110,7 @@ class SubscriptionSerializer(serializers.ModelSerializer):
             instance.email_verified_at = None  # the new address's holder has not agreed yet
         subscription = super().update(instance, validated_data)
         if after != before:
-            dispatch.confirmation_requested(subscription)
+            handoff.confirmation_requested(subscription)
         return subscription
 
 
@@ -160,7 +160,7 @@ class SubscriptionViewSet(viewsets.ModelViewSet):
         refused = verification.refusal(request.user.pk, subscription)
         if refused:
             raise ValidationError({"detail": refused})
-        dispatch.confirmation_requested(subscription)
+        handoff.confirmation_requested(subscription)
         return Response({"detail": f"A confirmation link is on its way to {subscription.email}."}, status=202)
 
     @extend_schema(summary="A subscription's delivery log (the latest 100)", responses={200: DeliverySerializer(many=True)})

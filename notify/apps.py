@@ -8,7 +8,7 @@ class NotifyConfig(AppConfig):
 
     def ready(self) -> None:
         # Notifications hear of status changes through the hook the jobs app owns.
-        from jobs import hooks
-        from notify import dispatch
+        from jobs import extensions
+        from notify import handoff
 
-        hooks.on_status_change(dispatch.status_changed)
+        extensions.on_status_change(handoff.status_changed)

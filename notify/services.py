@@ -4,7 +4,7 @@
 subscription × event keeps a second fan-out of the same event from adding any);
 ``deliver(delivery_id)`` claims a due delivery by compare-and-swap, sends it once and records the
 outcome, returning the seconds until its retry (or None). Nothing here runs on a request's path:
-``notify.dispatch`` hands both to the embedded worker or to Celery.
+``notify.handoff`` hands both to the embedded worker or to Celery.
 """
 from __future__ import annotations
 

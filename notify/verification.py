@@ -4,7 +4,7 @@ A new e-mail subscription (or one whose address changes) is unverified: its deli
 skipped. One e-mail with a signed link (``django.core.signing``, valid ``NOTIFY_EMAIL_VERIFY_DAYS``)
 goes to the address; opening it marks that user's subscriptions to that address verified. The
 order: ``refusal`` (at most ``NOTIFY_VERIFICATION_EMAILS_PER_DAY`` links per user, one a minute
-per subscription) → ``record_request`` (``notify.dispatch.confirmation_requested`` calls it, then
+per subscription) → ``record_request`` (``notify.handoff.confirmation_requested`` calls it, then
 after commit has the worker or Celery call ``send``) → ``confirm`` (the link).
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from jobs.models import Project
-from notify import dispatch, verification
+from notify import handoff, verification
 from notify.api import SubscriptionSerializer
 from notify.models import Kind, Subscription
 
@@ -70,7 +70,7 @@ def resend_confirmation(request: HttpRequest, mine) -> None:
     if refused:
         messages.error(request, refused)
         return
-    dispatch.confirmation_requested(subscription)
+    handoff.confirmation_requested(subscription)
     messages.success(request, f"A new confirmation link is on its way to {subscription.email}.")
 
 

@@ -162,7 +162,7 @@ def build_default_image(
                 f"ENV PATH={IMAGE_PATH_ENV}",
                 "ENV LANG=C.UTF-8",
                 'CMD ["bash"]',
-                f"LABEL org.opencontainers.image.title=satrain-default",
+                "LABEL org.opencontainers.image.title=satrain-default",
                 f"LABEL org.opencontainers.image.description=Debian {suite}, python3, {' '.join(packages)}",
             ]
             # The rootfs streams from tar into podman import: no multi-GB archive on disk.

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from agent.node_agent import NodeAgent, run_dir
 from agent.loop import embedded_round
+from agent.node_agent import NodeAgent, run_dir
+from console.testing import job_output
 from jobs.models import JobAttempt
 from jobs.statuses import JobStatus
 from logs.models import LogLine
-from console.testing import job_output
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

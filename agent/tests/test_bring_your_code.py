@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from logs.models import LogLine
 from console.testing import job_output
 
 pytestmark = pytest.mark.django_db(transaction=True)

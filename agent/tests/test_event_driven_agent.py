@@ -59,7 +59,7 @@ def test_an_idle_agent_without_redis_only_writes_its_heartbeat(nodes, settings):
 def test_an_idle_agent_with_redis_queries_the_database_not_at_all_between_reconciles(nodes, settings, monkeypatch):
     from console.tests.scaleout import services_or_skip
     from jobs import heartbeats
-    from jobs.services import dispatch
+    from jobs.services import messages
 
     _, redis_url = services_or_skip()
     settings.REDIS_URL = redis_url
@@ -67,7 +67,7 @@ def test_an_idle_agent_with_redis_queries_the_database_not_at_all_between_reconc
     settings.NODE_HEARTBEAT_TIMEOUT = 9.0  # Redis beats every 3 s, the database every 6 s
     settings.NODE_HEARTBEAT_DB_INTERVAL = 60.0
     settings.AGENT_RECONCILE_INTERVAL = 60.0
-    monkeypatch.setattr(dispatch, "_redis", None)
+    monkeypatch.setattr(messages, "_redis", None)
     heartbeats.client().delete(heartbeats.BEATS)
     agent = NodeAgent(["node-a"])
     agent.step()  # its start: a beat (Redis and the database) and the reconcile

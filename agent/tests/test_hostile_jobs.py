@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import stat
-import threading
 import time
 from pathlib import Path
 
@@ -118,7 +117,7 @@ def test_a_rename_exchange_flipper_never_redirects_another_launch(make_job, driv
     from agent.loop import embedded_round
 
     root = project_root(project)
-    attacker = drive(make_job(name="flipper", output_dir="att", command="python -c " + shlex.quote(FLIPPER.replace("DURATION", "25"))), JobStatus.RUNNING)
+    drive(make_job(name="flipper", output_dir="att", command="python -c " + shlex.quote(FLIPPER.replace("DURATION", "25"))), JobStatus.RUNNING)
     etc_before = {p: os.lstat(p).st_uid for p in ("/etc", "/etc/passwd", "/etc/shadow", str(root))}
     client.force_login(owner)
     victims = []

@@ -15,11 +15,10 @@ import pytest
 
 from agent import cgroups
 from agent.processes import run_dir
+from console.testing import job_output
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services.paths import default_output_dir
 from jobs.statuses import JobStatus
-from logs.models import LogLine
-from console.testing import job_output
 
 ENFORCED, WHY = cgroups.support()
 needs_cgroups = pytest.mark.skipif(not ENFORCED, reason=f"this machine cannot enforce job limits: {WHY}")

@@ -6,9 +6,9 @@ import time
 import pytest
 
 from agent.node_agent import NodeAgent
+from console.testing import job_output
 from jobs.models import JobAttempt
 from jobs.services.placement import place_waiting_jobs
-from console.testing import job_output
 from jobs.statuses import JobStatus
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

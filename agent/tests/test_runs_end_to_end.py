@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from jobs.services.paths import default_output_dir
+from console.testing import job_output
 from jobs.models import JobAttempt, JobEvent
+from jobs.services.paths import default_output_dir
 from jobs.statuses import JobStatus
 from logs.models import LogLine
-from console.testing import job_output
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from bench.stats import quantile
 
 
-
-
 def median(values: Sequence[float]) -> float:
     return quantile(values, 0.5)
 

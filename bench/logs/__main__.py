@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.logs.stats import fmt, quantile, ratio, summary_ms
 from agent.runner import kill_unfinished_runs
+from bench.logs.stats import fmt, quantile, ratio, summary_ms
 
 INGEST_TARGET = 50_000  # lines/s
 LATENCY_TARGET_MS = 500.0  # p95

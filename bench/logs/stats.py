@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from bench.stats import quantile
 
 
-
-
 def summary_ms(values_s: Sequence[float]) -> dict[str, float]:
     """Seconds → {median, p95, p99, min, max} in milliseconds, plus n."""
     ms = [v * 1000.0 for v in values_s]

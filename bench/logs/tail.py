@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import UTC, datetime
 
 from bench.logs import wsclient
 

@@ -262,14 +262,14 @@ class Fleet:
             Node.objects.filter(name__in=[s.name for s in batch]).update(address="127.0.0.1")
 
     def make_agents(self) -> None:
-        from agent import registry
+        from agent import local_agents
 
         fleet = self
         for name in self.names:
             old = self.agents.get(name)
             if old is not None:
                 old.retired = True
-                registry.discard(old)
+                local_agents.discard(old)
             agent = self.FleetAgent([name], name=f"fleet-{name}", launcher=self.SimLauncher([name], self.runs))
             agent.retired = False
             agent.started = False
@@ -302,7 +302,7 @@ class Fleet:
         from django.conf import settings
         from kombu import Connection, Exchange, Queue
 
-        from jobs.services.dispatch import LAUNCH_TASK, RECONCILE_TASK, node_queue
+        from jobs.services.messages import LAUNCH_TASK, RECONCILE_TASK, node_queue
 
         by_queue = {node_queue(n): n for n in self.names}
         queues = [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in by_queue]

@@ -30,7 +30,7 @@ claim, the spec, the run files, ``run_started``, the output ingest, ``part_exite
 code's own.
 
 Celery: one worker in this process consumes every node's queue ``node.<name>`` and delivers
-``agent.launch_attempt`` to the agent serving the node (``agent.registry``), as each node's own
+``agent.launch_attempt`` to the agent serving the node (``agent.local_agents``), as each node's own
 worker does today; the agents also find placed attempts on their own rounds, as today.
 
 Signals and files: ``ready N`` is printed once the nodes are registered and the worker consumes;
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.conf import settings
 
-    from jobs.services.dispatch import node_queue
+    from jobs.services.messages import node_queue
 
     fleet = Fleet(args)
     fleet.start()

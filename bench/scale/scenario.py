@@ -11,7 +11,6 @@ from bench.scale.cluster import Cluster
 from bench.scale.stats import summary
 
 
-
 @dataclass
 class Result:
     label: str
@@ -34,9 +33,9 @@ def submit(count: int, command: str, gpus_per_job: int, mode: str, label: str) -
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
-    from jobs.services.dispatch import request_placement
     from jobs.models import JobEvent, TrainingJob
     from jobs.services.creation import create_job, personal_project_for
+    from jobs.services.messages import request_placement
 
     owner = get_user_model().objects.get(username="admin")
     project = personal_project_for(owner)

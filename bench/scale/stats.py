@@ -7,8 +7,6 @@ from collections.abc import Sequence
 from bench.stats import quantile
 
 
-
-
 def summary(values: Sequence[float]) -> dict[str, float]:
     xs = [v for v in values if v is not None]
     return {

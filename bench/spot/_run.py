@@ -80,10 +80,9 @@ def _thread_cpu_s(prefix: str) -> float:
 def main() -> None:
     variant, out_json = sys.argv[1], sys.argv[2]
     script = Path(__file__).resolve().parents[2] / "examples" / "spot_train.py"
+    import datastates.llm
     import transformers
     from transformers import TrainerCallback
-
-    import datastates.llm
 
     if variant != "ckptlib":
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -10,8 +11,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import os
 
 from console.tests.browser import CHROMIUM_ARGS, LiveConsole, login
 

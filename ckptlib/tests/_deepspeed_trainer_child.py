@@ -15,9 +15,8 @@ os.environ.update(
 import torch  # noqa: E402
 
 importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
-
 from datastates.llm import DecoratedCheckpointing  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
 
 
 class Tokens(torch.utils.data.Dataset):

@@ -22,8 +22,6 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from jobs.models import Node, TrainingJob
-from jobs.rest import JSONParser
 from console.api.serializers import (
     MAX_DB_INT,
     ORDERINGS,
@@ -38,10 +36,12 @@ from console.api.serializers import (
     ResourceSampleSerializer,
     TrainingJobSerializer,
 )
-from jobs.services.samples import samples_of
-from jobs.services.creation import JobRefused, clone_job, create_job
+from jobs.models import Node, TrainingJob
+from jobs.rest import JSONParser
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
+from jobs.services.creation import JobRefused, clone_job, create_job
 from jobs.services.nodes import set_cordoned
+from jobs.services.samples import samples_of
 from jobs.statuses import JobStatus
 from logs.queries import last_checkpoint_step, read_log_page
 

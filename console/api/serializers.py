@@ -12,12 +12,12 @@ from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.lib import CommandError, normalize_newlines, text_refusal, validate_command, validate_env
+from jobs.job_fields import CommandError, normalize_newlines, text_refusal, validate_command, validate_env
 from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
 from jobs.services.capacity import network_refusal, shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
-from jobs.services.limits import LimitRefused, check_limits, limits_of
 from jobs.services.images import validate_reference
+from jobs.services.limits import LimitRefused, check_limits, limits_of
 from jobs.services.paths import PathRefused, check_output_dir
 from jobs.statuses import JobStatus
 from logs.queries import STREAM_NAME, is_stream_name

@@ -21,14 +21,14 @@ from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, visi
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob
+from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
+from jobs.services.creation import JobRefused, clone_name, create_job, personal_project_for
 from jobs.services.limits import limits_of, unenforced_nodes
 from jobs.services.paths import default_output_dir, volumes_of
-from jobs.services.creation import JobRefused, clone_name, create_job, personal_project_for
-from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
+from jobs.services.samples import samples_of
 from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, TERMINAL, JobStatus
 from logs.models import Checkpoint, JobProgress
 from logs.progress import chart_points
-from jobs.services.samples import samples_of
 from logs.queries import failing_line, last_checkpoint_step, stream_tail
 
 logger = logging.getLogger(__name__)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from console.tests.api_fixtures import JOBS_URL, job_url, move_to
 from jobs.models import TrainingJob
 from jobs.statuses import JobStatus
-from console.tests.api_fixtures import JOBS_URL, api_as, job, job_url, move_to  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

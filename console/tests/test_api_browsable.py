@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.api_fixtures import JOBS_URL, NODES_URL, api_as, job, job_url  # noqa: F401
+from console.tests.api_fixtures import JOBS_URL, NODES_URL, job_url
 
 pytestmark = pytest.mark.django_db
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from console.tests.api_fixtures import job_url, move_to
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.statuses import JobStatus
-from console.tests.api_fixtures import api_as, job_url, move_to, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

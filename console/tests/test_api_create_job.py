@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from console.tests.api_fixtures import JOBS_URL
 from jobs.models import JobEvent, Project, TrainingJob
-from console.tests.api_fixtures import JOBS_URL, api_as, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from console.tests.api_fixtures import JOBS_URL
 from jobs.models import TrainingJob
-from console.tests.api_fixtures import JOBS_URL, api_as, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -14,9 +14,6 @@ import re
 import pytest
 from django.test import Client
 
-from console.tests.api_fixtures import api_as  # noqa: F401
-from console.tests.page_fixtures import login  # noqa: F401
-
 pytestmark = pytest.mark.django_db
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
+from console.tests.api_fixtures import job_url, move_to
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
-from console.tests.api_fixtures import api_as, job, job_url, move_to, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

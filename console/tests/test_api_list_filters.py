@@ -5,8 +5,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from console.tests.api_fixtures import JOBS_URL, move_to
 from jobs.statuses import JobStatus
-from console.tests.api_fixtures import JOBS_URL, api_as, move_to, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from console.tests.api_fixtures import api_as, job, job_url, owner_api  # noqa: F401
+from console.tests.api_fixtures import job_url
 from logs.models import LogLine
 
 pytestmark = pytest.mark.django_db

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
+from console.tests.api_fixtures import JOBS_URL
 from jobs.services.samples import Reading, record_readings
-from console.tests.api_fixtures import JOBS_URL, api_as, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

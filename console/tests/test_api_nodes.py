@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
+from console.tests.api_fixtures import NODES_URL
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
-from console.tests.api_fixtures import NODES_URL, api_as, job  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,6 @@ import pytest
 import yaml
 from django.core.management import call_command
 
-from console.tests.api_fixtures import api_as  # noqa: F401
-
 pytestmark = pytest.mark.django_db
 
 

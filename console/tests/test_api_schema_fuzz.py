@@ -18,11 +18,10 @@ from knox.models import AuthToken
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from console.tests.api_fixtures import move_to
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
-from console.tests.api_fixtures import move_to  # noqa: F401
 from logs.models import LogLine
-
 
 # Loaded once at collection: schemathesis 4's lazy ``from_fixture`` does not run on pytest 9.
 schema = schemathesis.openapi.from_wsgi("/api/schema/", WSGIHandler())

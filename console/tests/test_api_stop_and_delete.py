@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from console.tests.api_fixtures import job_url, move_to
 from jobs.models import JobEvent, TrainingJob
 from jobs.statuses import DELETABLE, STOPPABLE, JobStatus
-from console.tests.api_fixtures import api_as, job, job_url, move_to, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from console.tests.api_fixtures import JOBS_URL, TOKEN_URL  # noqa: F401
+from console.tests.api_fixtures import JOBS_URL, TOKEN_URL
 
 pytestmark = pytest.mark.django_db
 

@@ -8,10 +8,10 @@ import json
 import pytest
 from django.urls import reverse
 
+from console.forms import TrainingJobForm
+from console.tests.api_fixtures import JOBS_URL, job_url
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
-from console.forms import TrainingJobForm
-from console.tests.api_fixtures import JOBS_URL, api_as, job_url, owner_api  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.lib import CommandError, logical_lines, validate_command
+from jobs.job_fields import CommandError, logical_lines, validate_command
 
 
 def test_continued_lines_and_quoted_newlines_read_as_the_shell_reads_them():

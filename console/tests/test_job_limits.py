@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from console.tests.api_fixtures import JOBS_URL, NODES_URL
+from console.tests.page_fixtures import field_errors, shows
 from jobs.models import Node, TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.services.limits import parse_memory
-from console.tests.api_fixtures import JOBS_URL, NODES_URL, api_as, owner_api  # noqa: F401
-from console.tests.page_fixtures import field_errors, login, shows  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from jobs.lib import logical_lines
+from console.tests.api_fixtures import JOBS_URL
+from jobs.job_fields import logical_lines
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
-from console.tests.api_fixtures import JOBS_URL, api_as, owner_api  # noqa: F401
-from console.tests.page_fixtures import login  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

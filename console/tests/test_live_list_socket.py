@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 from channels.db import database_sync_to_async
 
+from console.tests.test_live_socket import connect
 from jobs.services.actions import delete_job
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
-from console.tests.test_live_socket import connect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

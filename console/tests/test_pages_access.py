@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from console.tests.page_fixtures import listed_job_ids, put_in_status
 from jobs.models import TrainingJob
 from jobs.statuses import JobStatus
-from console.tests.page_fixtures import listed_job_ids, login, put_in_status  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

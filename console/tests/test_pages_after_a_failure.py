@@ -9,11 +9,10 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from console.tests.page_fixtures import put_in_status
 from jobs.models import JobAttempt, JobEvent
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint, LogLine
-from console.tests.api_fixtures import api_as  # noqa: F401
-from console.tests.page_fixtures import login, put_in_status  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

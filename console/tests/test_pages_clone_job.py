@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from console.tests.page_fixtures import put_in_status
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.statuses import JobStatus
-from console.tests.page_fixtures import login, put_in_status  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

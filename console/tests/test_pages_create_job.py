@@ -6,10 +6,10 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.urls import reverse
 
-from jobs.lib import EXAMPLE_COMMAND
+from console.tests.page_fixtures import field_errors, shows
+from jobs.job_fields import EXAMPLE_COMMAND
 from jobs.models import JobEvent, Project, TrainingJob
 from jobs.services.creation import personal_project_for
-from console.tests.page_fixtures import field_errors, login, shows  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -7,11 +7,11 @@ import signal
 import pytest
 from django.urls import reverse
 
+from console.tests.page_fixtures import put_in_status, shows
 from jobs.models import JobAttempt
 from jobs.services.placement import place_waiting_jobs
-from jobs.services.runs import run_started, record_exit
+from jobs.services.runs import record_exit, run_started
 from jobs.statuses import BADGE_GROUPS, DELETABLE, STOPPABLE, JobStatus
-from console.tests.page_fixtures import login, put_in_status, shows  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,6 @@ from django.urls import reverse
 
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
-from console.tests.page_fixtures import login  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ import time_machine
 from django.urls import reverse
 from django.utils import timezone
 
+from console.tests.page_fixtures import put_in_status
 from jobs.statuses import BADGE_GROUPS, JobStatus
-from console.tests.page_fixtures import login, put_in_status, shows  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from console.tests.page_fixtures import listed_job_ids, put_in_status
 from jobs.statuses import JobStatus
-from console.tests.page_fixtures import listed_job_ids, login, put_in_status  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import add_log_lines, login  # noqa: F401
+from console.tests.page_fixtures import add_log_lines
 
 pytestmark = pytest.mark.django_db
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import login  # noqa: F401
-
 pytestmark = pytest.mark.django_db
 
 

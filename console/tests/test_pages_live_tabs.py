@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
+from console.tests.page_fixtures import put_in_status, shows
 from jobs.models import AttemptNode, JobAttempt, JobEvent, Node
 from jobs.statuses import JobStatus
-from console.tests.page_fixtures import login, put_in_status, shows  # noqa: F401
 from logs.models import Checkpoint, JobProgress, MetricPoint
 
 pytestmark = pytest.mark.django_db

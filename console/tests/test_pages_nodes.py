@@ -7,7 +7,6 @@ from django.urls import reverse
 from failover.models import SimulatedFault
 from jobs.models import GPU, Node
 from jobs.services.placement import place_waiting_jobs
-from console.tests.page_fixtures import login  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

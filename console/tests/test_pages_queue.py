@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.api_fixtures import api_as  # noqa: F401
-from console.tests.page_fixtures import login  # noqa: F401
 from jobs.models import JobAttempt, Project
 from jobs.services.placement import place_waiting_jobs
 

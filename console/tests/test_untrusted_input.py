@@ -10,11 +10,10 @@ import pytest
 from django.conf import settings
 
 from agent.output import checked_line
-from console.tests.api_fixtures import JOBS_URL, api_as, owner_api  # noqa: F401
-from jobs.services.paths import project_root
-from logs.models import LogLine
-from logs.services import RawLine, ingest_lines
 from console.testing import job_output
+from console.tests.api_fixtures import JOBS_URL
+from jobs.services.paths import project_root
+from logs.services import RawLine, ingest_lines
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from failover.models import NodeHealth, SimulatedFault
 from jobs.models import GPU, JobAttempt, JobExclusion, Node, TrainingJob
-from jobs.services.dispatch import wake_agents
+from jobs.services.messages import wake_agents
 from jobs.statuses import JobStatus
 
 logger = logging.getLogger(__name__)

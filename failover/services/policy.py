@@ -28,15 +28,15 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
+from agent.local_agents import serves_node
 from agent.processes import signal_run
-from agent.registry import serves_node
 from failover.classify import Verdict, classify_failure
 from failover.services.health import ScopedEvidence, local_probe, record_health, scoped_evidence
 from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.lifecycle import record_reason, transition
-from jobs.services.dispatch import wake_agents
+from jobs.services.messages import wake_agents
 from jobs.services.placement import release_part_gpus
 from jobs.services.runs import record_exit
 from jobs.statuses import JobStatus

@@ -10,12 +10,12 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from failover.services.faults import clear_node, inject_fault, reclaim_spot
+from console.testing import job_output
+from failover.services.faults import inject_fault, reclaim_spot
 from jobs.models import JobAttempt, JobEvent, JobExclusion, Node
 from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
 from logs.models import LogLine
-from console.testing import job_output
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -80,7 +80,7 @@ def test_a_gpu_fault_fails_over_to_a_healthy_node_and_resumes_from_the_checkpoin
     assert after.startswith(f"step {resumed.resume_step + 1}/400")
     running = JobEvent.objects.filter(job=job, to_status="Running").order_by("id").last()
     assert running.reason.startswith(f"attempt 2 on {second.name}")
-    assert f"after a GPU fault: " in running.reason and first.name in running.reason and "79" in running.reason
+    assert "after a GPU fault: " in running.reason and first.name in running.reason and "79" in running.reason
     decision = JobAttempt.objects.get(job=job, number=1)
     assert decision.verdict == "hardware" and decision.evidence.get("xid") == 79
 

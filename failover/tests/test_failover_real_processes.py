@@ -19,12 +19,12 @@ from django.db import connection
 
 from agent.processes import signal_run
 from failover.services.faults import inject_fault
-from jobs.services.actions import request_stop
 from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
+from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
 from logs.models import LogLine
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_run_outlives_its_test")]
 
 WORKER = (
     "import os, time, torch, torch.distributed as dist\\n"
@@ -58,7 +58,6 @@ def processes_of(job: TrainingJob, attempt: int) -> list[psutil.Process]:
     return found
 
 
-from failover.tests.run_cleanup import no_run_outlives_its_test  # noqa: E402,F401  (autouse)
 
 
 def describe(processes) -> list:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import psutil
 import pytest
 
+from agent.loop import embedded_round
 from agent.processes import read_json, run_dir, run_processes
 from failover.models import HealthEvent, NodeHealth
 from failover.services import faults, health
@@ -19,7 +20,9 @@ from failover.tests import fake_pynvml
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 from logs.models import LogLine
-from agent.loop import embedded_round
+
+pytestmark = pytest.mark.usefixtures("no_run_outlives_its_test")
+
 
 def unlocked(read):
     """``read()``, tried again while the agent's thread holds a write open: the test suite's
@@ -59,7 +62,6 @@ def gpus(monkeypatch, nodes, settings, tmp_path):
     driver.release()
 
 
-from failover.tests.run_cleanup import no_run_outlives_its_test  # noqa: E402,F401  (autouse)
 
 
 def first_attempt_processes(attempt: JobAttempt) -> list[psutil.Process]:

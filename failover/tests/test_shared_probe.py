@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from agent import registry
+from agent import local_agents
 from failover.evidence import FindingKind
 from failover.services import health, policy
 from failover.tests import fake_pynvml
@@ -54,7 +54,7 @@ def test_the_checker_and_the_judge_share_one_probe(gpus):
 
 def test_a_judgement_sees_the_xid_that_arrived_before_it_and_makes_no_probe(gpus, make_job):
     agent = FakeAgent()
-    registry.add(agent)
+    local_agents.add(agent)
     checker = health.HealthChecker(agent)
     checker.on_round()  # the agent's periodic check: the probe is made, its event set registered
     job = make_job()

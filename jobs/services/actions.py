@@ -8,9 +8,9 @@ from django.db import transaction
 from jobs.models import TrainingJob
 from jobs.realtime import job_group, jobs_group, publish
 from jobs.services.lifecycle import transition
+from jobs.services.messages import request_placement, wake_agents
 from jobs.services.paths import remove_job_files_of
 from jobs.services.placement import abandon_open_attempts
-from jobs.services.dispatch import request_placement, wake_agents
 from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, JobStatus
 
 logger = logging.getLogger(__name__)

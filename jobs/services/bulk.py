@@ -21,7 +21,7 @@ def update_each(model: type[models.Model], field: str, values: dict[int, Any], *
     quote = connection.ops.quote_name
     pk = quote(meta.pk.column)
     target = meta.get_field(field)
-    cases = " ".join(f"WHEN %s THEN %s" for _ in values)
+    cases = " ".join("WHEN %s THEN %s" for _ in values)
     params: list[Any] = []
     for key, value in values.items():
         params += [key, target.get_db_prep_save(value, connection)]

@@ -7,7 +7,7 @@ import time
 
 from django.conf import settings
 
-from jobs.hooks import registry
+from jobs.extensions import extensions
 from jobs.services.placement import place_waiting_jobs
 from jobs.services.runs import finish_closed_attempts
 
@@ -25,7 +25,7 @@ def control_round() -> list:
     round after round (looking ``WIDER_WINDOW`` times as far), until a round leaves nothing more
     or ``QUEUE_ROUND_BUDGET`` seconds have passed (a round started runs to its end), rather than
     a window per beat. Each round commits on its own, so its launches leave at once."""
-    for hook in registry.control_round_hooks:
+    for hook in extensions.control_round_hooks:
         hook()
     finish_closed_attempts()
     deadline = time.monotonic() + settings.QUEUE_ROUND_BUDGET

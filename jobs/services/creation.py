@@ -8,10 +8,10 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from jobs.lib import normalize_text_fields
-from jobs.services.dispatch import request_placement
+from jobs.job_fields import normalize_text_fields
 from jobs.models import Project, TrainingJob
 from jobs.services.lifecycle import record_creation
+from jobs.services.messages import request_placement
 from jobs.statuses import JobStatus
 
 logger = logging.getLogger(__name__)

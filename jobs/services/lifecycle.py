@@ -15,7 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import hooks
+from jobs import extensions
 from jobs.models import JobEvent, TrainingJob
 from jobs.realtime import job_group, jobs_group, publish_many
 from jobs.services.bulk import update_each
@@ -162,12 +162,12 @@ def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str
             )
             for pk in changed
         )
-        changes = [hooks.StatusChange(e.pk, e.job_id, e.from_status, e.to_status, e.reason, e.attempt) for e in events]
+        changes = [extensions.StatusChange(e.pk, e.job_id, e.from_status, e.to_status, e.reason, e.attempt) for e in events]
 
         def publish_all() -> None:
             publish_statuses([(c.job_id, status_message(c.job_id, c.from_status, c.to_status, c.reason)) for c in changes])
             for change in changes:
-                hooks.status_changed(change)
+                extensions.status_changed(change)
 
         transaction.on_commit(publish_all)
     return changed
@@ -206,9 +206,9 @@ def write(
             created_at=timezone.now(),
         )
         message = status_message(job_id, from_status, new_status, reason)
-        change = hooks.StatusChange(event.pk, job_id, from_status, new_status, reason, attempt)
+        change = extensions.StatusChange(event.pk, job_id, from_status, new_status, reason, attempt)
         transaction.on_commit(lambda: publish_status(job_id, message))
-        transaction.on_commit(lambda: hooks.status_changed(change))
+        transaction.on_commit(lambda: extensions.status_changed(change))
     logger.info("job %s: %s → %s (%s)", job_id, from_status, new_status, reason or "no reason given")
     return True
 

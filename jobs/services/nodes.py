@@ -4,6 +4,7 @@ the node keep running); fault injection, clearing and spot reclaim are ``failove
 from __future__ import annotations
 
 import logging
+
 from jobs.models import Node
 
 logger = logging.getLogger(__name__)

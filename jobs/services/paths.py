@@ -17,7 +17,6 @@ from django.conf import settings
 
 from jobs.models import Project, TrainingJob
 
-
 MAX_PATH_CHARS = 500  # TrainingJob.output_dir's column
 
 

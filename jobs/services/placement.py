@@ -12,11 +12,11 @@ from django.db.models import F, Max, OuterRef, Q, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from jobs.services.bulk import update_each
-from jobs.services.dispatch import dispatch_launch, dispatch_launches, wake_agents
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, Project, TrainingJob
+from jobs.services.bulk import update_each
 from jobs.services.lifecycle import record_placements, record_queue_reasons, record_reason, transition
+from jobs.services.messages import dispatch_launch, dispatch_launches, wake_agents
 from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)

@@ -15,11 +15,11 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from jobs.hooks import registry
+from jobs.extensions import extensions
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
-from jobs.services.dispatch import request_placement, wake_agents
 from jobs.services.lifecycle import transition
 from jobs.services.limits import format_memory
+from jobs.services.messages import request_placement, wake_agents
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull, release_gpus
 from jobs.statuses import WAITING, JobStatus
 
@@ -66,7 +66,7 @@ def yield_text(attempt: JobAttempt) -> str:
     return f"preempted for On-Demand job {name} ({project}, within its quota)"
 
 
-def launchable(attempt: JobAttempt) -> bool:
+def abandon_unless_waiting(attempt: JobAttempt) -> bool:
     """Whether the attempt's job still waits for it; if not, the attempt is given up."""
     job = attempt.job
     if job.status in WAITING:
@@ -238,8 +238,8 @@ def record_exit(
         to, reason = JobStatus.FAILED, f"{outcome}; raise the job's memory limit"
     elif outcome.startswith(PIDS_LIMIT):
         to, reason = JobStatus.FAILED, outcome
-    elif job.failover_enabled and registry.failed_run_handler is not None:
-        return registry.failed_run_handler(job, attempt, outcome, lost)
+    elif job.failover_enabled and extensions.failed_run_handler is not None:
+        return extensions.failed_run_handler(job, attempt, outcome, lost)
     else:
         to, reason = JobStatus.FAILED, outcome if job.failover_enabled else f"{outcome}; Job Failover is off"
     transition(job.pk, to, reason=reason, actor=AGENT, attempt=attempt.number, expected={job.status})

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from console.tests.page_fixtures import put_in_status, shows
 from jobs.models import Node, TrainingJob
 from jobs.statuses import JobStatus
-from console.tests.page_fixtures import login, put_in_status, shows  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,6 @@ from django.urls import reverse
 from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, TrainingJob
 from jobs.services.placement import place_waiting_jobs
 from jobs.services.runs import run_started
-from console.tests.page_fixtures import login  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from jobs.models import GPU, AttemptNode, JobAttempt, JobEvent, Node, TrainingJo
 from jobs.services import placement
 from jobs.services.actions import request_stop
 from jobs.services.control import control_round
-from jobs.services.dispatch import LAUNCH_TASK, node_queue
+from jobs.services.messages import LAUNCH_TASK, node_queue
 from jobs.services.placement import place_waiting_jobs
 from jobs.statuses import JobStatus
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import socket
 import subprocess
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.utils import timezone

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import pytest
-
 from django.urls import reverse
 
-from console.tests.api_fixtures import JOBS_URL, api_as, owner_api  # noqa: F401
-from jobs.services.creation import personal_project_for
+from console.tests.api_fixtures import JOBS_URL
 from jobs.models import TrainingJob
+from jobs.services.creation import personal_project_for
 
 pytestmark = pytest.mark.django_db
 

@@ -7,12 +7,11 @@ import time
 import pytest
 from django.contrib.auth import get_user_model
 
+from console.testing import job_output
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, plan_round
 from jobs.models import JobAttempt, JobEvent, Project
 from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
-from logs.models import LogLine
-from console.testing import job_output
 
 TRAINING = "python -m jobs.examples.train_ckpt --steps 100000 --save-every 10 --sleep 0.05"
 COMMIT = re.compile(r"\[Concurrent Checkpoint\] committed step=(\d+)")

@@ -6,10 +6,10 @@ import json
 import pytest
 from django.utils import timezone
 
+from console.testing import job_output
 from jobs.statuses import JobStatus
 from logs.models import LogLine, LogVolume
 from logs.services import RawLine, ingest_lines
-from console.testing import job_output
 
 pytestmark = pytest.mark.django_db
 

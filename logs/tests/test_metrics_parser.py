@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ckptlib import CheckpointResult, CommitEvent
-from logs.metrics import Progress, fold_lines, parse_line
+from logs.progress_parser import Progress, fold_lines, parse_line
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -88,7 +88,7 @@ def test_a_batch_without_progress_changes_nothing():
 
 
 def test_a_batch_finds_the_same_lines_as_one_by_one():
-    from logs.metrics import parse_lines
+    from logs.progress_parser import parse_lines
 
     corpus = [
         "{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.5}", " 12%|█▏        | 12/100 [00:03<00:20,  4.31it/s]",

@@ -19,9 +19,9 @@ from django.core.management.base import BaseCommand, CommandError
 from agent.inventory import NodeSpec, discover_nodes, register_nodes, simulated_nodes
 from agent.loop import EmbeddedControlLoop
 from agent.node_agent import NodeAgent, beat_now
+from console.prometheus import serve_process_metrics
 from jobs.models import Node
-from jobs.services.dispatch import node_queue
-from console.metrics import serve_process_metrics
+from jobs.services.messages import node_queue
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from failover.models import SimulatedFault
 from failover.management.nodes import node_named
+from failover.models import SimulatedFault
 from failover.services.faults import FaultError, inject_fault
 
 

@@ -1,12 +1,12 @@
-"""The checkpoints in flight (``Job``) and how each one ends: committed or failed, reported once.
+"""The checkpoints in flight (``InFlightCheckpoint``) and how each one ends: committed or failed, reported once.
 
-A job enters ``JobBook.add`` from ``save``; it leaves through ``JobBook.complete`` (after the
-commit, see ``ckptlib._commit``) or ``JobBook.fail`` (it could not start). Completing records the
+A job enters ``InFlightBook.add`` from ``save``; it leaves through ``InFlightBook.complete`` (after the
+commit, see ``ckptlib._commit``) or ``InFlightBook.fail`` (it could not start). Completing records the
 result, logs the commit line (rank 0) or the error, runs the after-commit callbacks, queues the
 result for the next ``wait(persist=True)``, removes the job from the list and then sets its
 ``done`` event, so a waiter that wakes sees the list without it.
 
-Locks: ``JobBook``'s lock guards the list and the unreported results; ``Job.lock`` guards one job's
+Locks: ``InFlightBook``'s lock guards the list and the unreported results; ``InFlightCheckpoint.lock`` guards one checkpoint's
 byte count, files left and first error, which writer threads and the stager update concurrently.
 """
 
@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
-class Job:
+class InFlightCheckpoint:
     """One checkpoint (or, ``external``, one file) of this rank, from ``save`` until it ends."""
 
     step: int
@@ -59,7 +59,7 @@ class Job:
                 self.error = message
 
 
-class JobBook:
+class InFlightBook:
     """The jobs in flight of one engine, and the results of those that ended.
 
     Args:
@@ -72,21 +72,21 @@ class JobBook:
     def __init__(self, *, rank: int, on_commit: list[Callable[[CheckpointResult], None]]) -> None:
         self._rank = rank
         self._on_commit = on_commit
-        self._jobs: list[Job] = []
+        self._jobs: list[InFlightCheckpoint] = []
         self._lock = threading.Lock()
         self.results: list[CheckpointResult] = []
         self._unreported: list[CheckpointResult] = []
 
-    def add(self, job: Job) -> None:
+    def add(self, job: InFlightCheckpoint) -> None:
         with self._lock:
             self._jobs.append(job)
 
-    def in_flight(self) -> list[Job]:
+    def in_flight(self) -> list[InFlightCheckpoint]:
         """The jobs not yet ended, oldest first (a copy)."""
         with self._lock:
             return list(self._jobs)
 
-    def unstaged(self) -> list[Job]:
+    def unstaged(self) -> list[InFlightCheckpoint]:
         """The jobs whose state is not yet all staged, oldest first."""
         with self._lock:
             return [job for job in self._jobs if not job.staged.is_set()]
@@ -105,7 +105,7 @@ class JobBook:
             reported, self._unreported = self._unreported, []
         return reported
 
-    def fail(self, job: Job, message: str) -> None:
+    def fail(self, job: InFlightCheckpoint, message: str) -> None:
         """Ends a job that could not start."""
         job.error = message
         job.staged.set()
@@ -113,7 +113,7 @@ class JobBook:
             _format.remove_tree(job.directory)
         self.complete(job)
 
-    def complete(self, job: Job) -> None:
+    def complete(self, job: InFlightCheckpoint) -> None:
         """Ends a job: committed when it has no error, else failed."""
         result = CheckpointResult(
             step=job.step,

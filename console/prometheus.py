@@ -20,9 +20,9 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from drf_spectacular.utils import extend_schema
 from rest_framework import permissions, renderers
 from rest_framework.request import Request
 from rest_framework.response import Response

@@ -18,9 +18,9 @@ import math
 import re
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import accumulate
 from dataclasses import dataclass, field
 from datetime import datetime
+from itertools import accumulate
 
 from ckptlib import CommitEvent, parse_commit_line
 
@@ -31,7 +31,7 @@ INTERESTING = re.compile(r"step|loss|epoch|learning_rate|\blr\b|\d/\d+ ?\[|Concu
 KEYWORDS = ("step", "loss", "epoch", "learning_rate", "lr ", "lr=", "lr:", "it/s", "s/it", "%|", "[concurrent checkpoint]")
 TRAINER_DICT = re.compile(r"\{'[a-z_]+': [^{}]*\}")
 TQDM = re.compile(r"(?<![\d/.])(\d+)/(\d+) ?\[(?:\d+:)?\d+:\d+")
-STEP = re.compile(rf"\b(?:global_)?step[ =:]+(\d+)(?:\s*/\s*(\d+))?\b", re.IGNORECASE)
+STEP = re.compile(r"\b(?:global_)?step[ =:]+(\d+)(?:\s*/\s*(\d+))?\b", re.IGNORECASE)
 EPOCH = re.compile(rf"\bepoch[ =:]+({NUMBER})(?:\s*/\s*(\d+))?", re.IGNORECASE)
 LOSS = re.compile(rf"\b(?:train_)?loss[ =:]+({NUMBER}|nan|inf)\b", re.IGNORECASE)
 LR = re.compile(rf"\b(?:lr|learning_rate)[ =:]+({NUMBER})", re.IGNORECASE)

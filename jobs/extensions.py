@@ -51,36 +51,36 @@ class AgentWaker(Protocol):
 
 
 @dataclass
-class Registry:
+class Extensions:
     failed_run_handler: FailedRunHandler | None = None
     control_round_hooks: list[ControlRoundHook] = field(default_factory=list)
     status_change_hooks: list[StatusChangeHook] = field(default_factory=list)
     agent_wakers: list[AgentWaker] = field(default_factory=list)
 
 
-registry = Registry()
+extensions = Extensions()
 
 
 def handle_failed_runs_with(handler: FailedRunHandler) -> None:
     """Set the one judge of failed runs (a second registration replaces the first)."""
-    registry.failed_run_handler = handler
+    extensions.failed_run_handler = handler
 
 
 def on_control_round(hook: ControlRoundHook) -> None:
     """Run ``hook`` on every control round, before placement; registering twice runs it once."""
-    if hook not in registry.control_round_hooks:
-        registry.control_round_hooks.append(hook)
+    if hook not in extensions.control_round_hooks:
+        extensions.control_round_hooks.append(hook)
 
 
 def on_status_change(hook: StatusChangeHook) -> None:
     """Call ``hook`` after each committed status change; registering twice calls it once."""
-    if hook not in registry.status_change_hooks:
-        registry.status_change_hooks.append(hook)
+    if hook not in extensions.status_change_hooks:
+        extensions.status_change_hooks.append(hook)
 
 
 def status_changed(change: StatusChange) -> None:
     """Tell every registered hook (the lifecycle calls this after commit); a hook's error is logged."""
-    for hook in registry.status_change_hooks:
+    for hook in extensions.status_change_hooks:
         try:
             hook(change)
         except Exception:
@@ -90,12 +90,12 @@ def status_changed(change: StatusChange) -> None:
 def wake_agents_with(waker: AgentWaker) -> None:
     """Call ``waker`` when runs on some nodes must be looked at now (the agent app registers the
     in-process agents' wake); registering twice calls it once."""
-    if waker not in registry.agent_wakers:
-        registry.agent_wakers.append(waker)
+    if waker not in extensions.agent_wakers:
+        extensions.agent_wakers.append(waker)
 
 
 def agents_woken(node_names: list[str]) -> None:
-    for waker in registry.agent_wakers:
+    for waker in extensions.agent_wakers:
         try:
             waker(node_names)
         except Exception:

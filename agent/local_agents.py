@@ -40,8 +40,8 @@ def serves_node(node_name: str) -> bool:
 
 
 def wake(node_names: Iterable[str]) -> None:
-    """Wake the agents of this process serving any of ``node_names`` (``jobs.hooks`` calls this
-    after a stop is committed: ``jobs.services.dispatch.wake_agents``)."""
+    """Wake the agents of this process serving any of ``node_names`` (``jobs.extensions`` calls this
+    after a stop is committed: ``jobs.services.messages.wake_agents``)."""
     wanted = set(node_names)
     for agent in list(_agents):
         if wanted.intersection(agent.node_names):

@@ -94,9 +94,9 @@ def wake_agents(node_names=(), *, jobs=(), attempts=()) -> None:
     """After commit, wake the agents of ``node_names`` (and of the nodes where the given jobs' or
     attempts' runs live) so they re-read their runs now: a stop reaches the run in about a second
     without agents polling. In-process agents (the embedded default, a node agent's own calls) are
-    woken through ``jobs.hooks``; in scale-out each node's agent also gets ``agent.reconcile`` on
+    woken through ``jobs.extensions``; in scale-out each node's agent also gets ``agent.reconcile`` on
     its queue."""
-    from jobs.hooks import agents_woken
+    from jobs.extensions import agents_woken
     from jobs.models import AttemptNode
 
     names = set(node_names)

@@ -9,7 +9,7 @@ import logging
 from django.conf import settings
 from django.db import transaction
 
-from jobs.hooks import StatusChange
+from jobs.extensions import StatusChange
 from notify import verification
 from notify.models import Subscription
 from notify.services import kinds_of
