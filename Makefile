@@ -3,11 +3,13 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+RUN_STAMP := $(VENV)/.run-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 
-.PHONY: run test clean-venv
+.PHONY: run test test-fast lint clean-venv
 
-$(STAMP): pyproject.toml client/pyproject.toml
+# What the console needs to run, and the examples' training libraries.
+$(RUN_STAMP): pyproject.toml client/pyproject.toml
 	@# Jobs run in Podman containers, images come from a local registry and the default image is
 	@# built from Debian packages: install the tools where we may (root with apt), else say so.
 	@missing=""; for t in podman runc skopeo mmdebstrap docker-registry catatonit; do \
@@ -22,18 +24,36 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first, pinned, so nothing pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[ckpt]'
 	# The command-line client (its own package, no Django): `satrain` on the venv's PATH.
 	$(PY) -m pip install --quiet -e ./client
-	@touch $(STAMP)
+	@touch $(RUN_STAMP)
 
-run: $(STAMP)
+# ... and the test and benchmark tools (pytest, Playwright, DeepSpeed, schemathesis, ruff, mypy).
+$(TEST_STAMP): $(RUN_STAMP)
+	$(PY) -m pip install --quiet -e '.[ckpt,dev]'
+	@touch $(TEST_STAMP)
+
+run: $(RUN_STAMP)
 	$(PY) manage.py runconsole
 
-# The whole suite on SQLite, then its database tests again on PostgreSQL where one answers.
-test: $(STAMP)
+# The gate: pyflakes' rules and import order (ruff), then the types (mypy: the apps, and
+# ckptlib and the client strictly). A new warning fails it.
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --config-file mypy.ini
+	$(VENV)/bin/mypy --config-file .mypy/strict.ini
+
+# The gate, the whole suite on SQLite, then its database tests again on PostgreSQL where one answers.
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
+
+# The fast lane: the gate, then every test not marked slow, on every core (pytest-xdist).
+test-fast: lint
+	@start=$$(date +%s); \
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n auto $(PYTEST_ARGS); rc=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s on $$(nproc) cores"; exit $$rc
 
 
 clean-venv:

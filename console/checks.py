@@ -11,7 +11,7 @@ from django.core import checks
 def services_need_credentials(app_configs, **kwargs) -> list[checks.CheckMessage]:
     """A multi-node job uses its nodes' network: a database or a broker that takes no password
     answers it. The deployment's PostgreSQL and Redis must require credentials."""
-    found = []
+    found: list[checks.CheckMessage] = []
     database = settings.DATABASES.get("default", {})
     if database.get("ENGINE", "").endswith("postgresql") and not database.get("PASSWORD"):
         found.append(checks.Warning(

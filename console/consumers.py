@@ -15,7 +15,7 @@ access revoked (access is asked again every ``SOCKET_ACCESS_RECHECK`` seconds).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
@@ -53,10 +53,11 @@ class TrainingJobsConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
         self.visible: dict[int, bool] = {}
         self.hidden_since: dict[int, float] = {}
         await self.accept()
-        self.user = self.scope.get("user")
-        if self.user is None or not self.user.is_authenticated:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
             await self.close(code=4401, reason="authentication required")
             return
+        self.user = user
         try:
             self.job_id = parse_job_param(self.scope.get("query_string", b""))
         except BadParameters as exc:
@@ -131,7 +132,7 @@ class TrainingJobsConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
         )
 
     # --- access ------------------------------------------------------------------------------
-    def wants(self, job_id: Any) -> bool:
+    def wants(self, job_id: object) -> TypeGuard[int]:
         return isinstance(job_id, int) and (self.job_id is None or job_id == self.job_id)
 
     def known_hidden(self, job_id: int) -> bool:

@@ -1,7 +1,7 @@
 """Forms of the console pages: the Training Job form and the list's filters."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -40,7 +40,7 @@ class TextField(forms.CharField):
     API's ``TextField`` refuses the same)."""
 
     def to_python(self, value: Any) -> str:
-        text = super().to_python(value)
+        text = super().to_python(value) or ""
         why = text_refusal(text)
         if why:
             raise forms.ValidationError(f"This field {why}.", code="text")
@@ -137,8 +137,9 @@ class TrainingJobForm(forms.Form):
         self.owner = owner
         if self.is_bound:
             self.data = normalized_form_data(self.data)
-        self.fields["project"].queryset = Project.objects.filter(members=owner).order_by("name")
-        self.fields["output_dir"].help_text += " " + visible_volumes_text(self.fields["project"].queryset)
+        self.projects = Project.objects.filter(members=owner).order_by("name")
+        cast(forms.ModelChoiceField, self.fields["project"]).queryset = self.projects
+        self.fields["output_dir"].help_text += " " + visible_volumes_text(self.projects)
         if "command" not in self.initial:
             self.fields["command"].initial = EXAMPLE_COMMAND
         if "image" not in self.initial:
@@ -182,7 +183,7 @@ class TrainingJobForm(forms.Form):
             raise forms.ValidationError(str(exc), code="memory") from None
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        data = super().clean() or {}
         for name in ("cpu_limit", "memory_limit_mb"):
             if data.get(name) is not None:
                 try:
@@ -304,7 +305,7 @@ class JobListFilterForm(forms.Form):
         label="Per page",
         required=False,
         coerce=int,
-        empty_value=PAGE_SIZES[0],
+        empty_value=PAGE_SIZES[0],  # type: ignore[arg-type]  # an int: the coerced value (the stubs say str)
         choices=[(n, str(n)) for n in PAGE_SIZES],
         widget=AUTOSUBMIT,
     )

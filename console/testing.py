@@ -137,7 +137,8 @@ def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., b
     arguments."""
     from django.db import OperationalError
 
-    real, refused = getattr(owner, name), []
+    real = getattr(owner, name)
+    refused: list = []
 
     def refusing(*args, **kwargs):
         if not refused and when(*args, **kwargs):

@@ -21,7 +21,7 @@ Precedence:
 4. otherwise non-hardware, with the most specific reason found (:data:`NON_HARDWARE_SIGNATURES`,
    then the exit signal, then the exit code).
 
-The tables are data and are mirrored for users in ``failover/CLASSIFY.md``.
+The tables are data and are mirrored for users in ``docs/failover.md`` ("How a failure is judged" and the tables after it).
 """
 from __future__ import annotations
 
@@ -331,7 +331,7 @@ def classify_failure(
                 application_xids.append((finding, source))
             elif judged == "unconfirmed":
                 unconfirmed_xids.append((finding, source))
-            elif judged is not None:
+            elif isinstance(judged, _Candidate):
                 candidates.append(judged)
         else:
             judged = _judge_finding(finding, source)
@@ -345,7 +345,7 @@ def classify_failure(
     log_hit = _first_log_hardware_signature(log_lines)
     if log_hit is not None:
         name, reason, line = log_hit
-        evidence = {"source": "log", "signature": name, "matched": line}
+        evidence: dict[str, object] = {"source": "log", "signature": name, "matched": line}
         return _hardware(_Candidate(f"log:{name}", f"run log: {reason}", evidence), exit_facts, supporting)
 
     # 3. Ambiguous failures with supporting node evidence.
@@ -354,7 +354,7 @@ def classify_failure(
         support_text = _describe_support(supporting)
         if application_xids:
             finding, source = application_xids[0]
-            xid_reason = XID_BY_CODE[finding.xid][1]
+            xid_reason = _xid_reason(finding)
             evidence = {"source": source, "xid": finding.xid, "matched": finding.detail or None, "gpu": finding.gpu}
             reason = f"{_xid_label(finding)}: {xid_reason}, with node evidence: {support_text}"
             return _hardware(_Candidate(f"xid:{finding.xid}", reason, evidence), exit_facts, supporting)
@@ -365,7 +365,7 @@ def classify_failure(
                              exit_facts, supporting)
 
     # 4. Non-hardware, with the most specific reason found.
-    evidence: dict = {}
+    evidence = {}
     if non_hw is not None:
         name, reason, line, ambiguous = non_hw
         if ambiguous:
@@ -373,11 +373,11 @@ def classify_failure(
         evidence = {"source": "log", "signature": name, "matched": line}
     elif application_xids:
         finding, source = application_xids[0]
-        reason = f"{_xid_label(finding)}: {XID_BY_CODE[finding.xid][1]} (application-class, no ECC or remap evidence)"
+        reason = f"{_xid_label(finding)}: {_xid_reason(finding)} (application-class, no ECC or remap evidence)"
         evidence = {"source": source, "xid": finding.xid, "gpu": finding.gpu, "matched": finding.detail or None}
     elif unconfirmed_xids:
         finding, source = unconfirmed_xids[0]
-        reason = f"{_xid_label(finding)}: {XID_BY_CODE[finding.xid][1]} (no failed remap reading)"
+        reason = f"{_xid_label(finding)}: {_xid_reason(finding)} (no failed remap reading)"
         evidence = {"source": source, "xid": finding.xid, "gpu": finding.gpu, "matched": finding.detail or None}
     elif exit_facts.get("reason"):
         reason = exit_facts["reason"]
@@ -390,10 +390,15 @@ def classify_failure(
 
 # --- judging node-side findings ------------------------------------------------------------------
 
+def _xid_reason(finding: Finding) -> str:
+    """The catalogue's reason for the finding's Xid (one the catalogue knows: it was judged)."""
+    return XID_BY_CODE.get(finding.xid, ("", ""))[1] if finding.xid is not None else ""
+
+
 def _judge_xid(finding: Finding, source: str, has_remap_failure: bool) -> _Candidate | str | None:
     """A hardware candidate; "application" for an application-class Xid; "unconfirmed" for Xid 63
     without a failed remap; None for an Xid that is no evidence at all."""
-    rule = XID_BY_CODE.get(finding.xid)
+    rule = XID_BY_CODE.get(finding.xid) if finding.xid is not None else None
     if rule is None:
         return None
     cls, reason = rule
@@ -507,7 +512,8 @@ def _most_specific_internal_error(
             continue
         line = hits[-1]  # the last occurrence is closest to the failure
         if reason is None:
-            tail = line[regex.search(line).start():]
+            match = regex.search(line)
+            tail = line[match.start():] if match else line
             reason = _trim(tail if _EXCEPTION_LINE.match(tail) else line, 200)
         return name, reason, _trim(line), ambiguous
     return None

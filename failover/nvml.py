@@ -15,6 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import pynvml
+
 from failover.evidence import Finding, FindingKind, HealthReport
 
 logger = logging.getLogger(__name__)
@@ -107,9 +109,7 @@ class NvmlProbe:
     """
 
     def __init__(self, node_name: str, *, expected_gpus: int, nvml=None, timeout: float = NVML_CALL_TIMEOUT) -> None:
-        if nvml is None:
-            import pynvml as nvml
-        self.nv = nvml
+        self.nv = pynvml if nvml is None else nvml
         self.node_name = node_name
         self.expected_gpus = expected_gpus
         self.call = Watchdog(timeout, name=f"nvml-{node_name}")
@@ -183,7 +183,8 @@ class NvmlProbe:
         try:
             handle = self.call(nv.nvmlDeviceGetHandleByIndex, index)
         except nv.NVMLError as exc:
-            return [self.error_finding(exc, index)]
+            found = self.error_finding(exc, index)
+            return [found] if found is not None else []
 
         def read(fn, *args):
             try:

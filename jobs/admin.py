@@ -31,7 +31,7 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ("state", "healthy", "cordoned", "simulated")
     search_fields = ("name", "gpu_model", "agent")
     readonly_fields = ("last_heartbeat", "created_at")
-    actions = ("cordon", "uncordon")
+    actions: tuple[str, ...] = ("cordon", "uncordon")
     inlines = (GPUInline,)
 
     @admin.display(description="GPU model", ordering="gpu_model")

@@ -32,14 +32,14 @@ def lone_surrogate_at(data: Any, path: tuple[str, ...] = ()) -> tuple[tuple[str,
     if isinstance(data, dict):
         for key, value in data.items():
             label = _label(key) if isinstance(key, str) else str(key)
-            if isinstance(key, str) and (found := lone_surrogate_at(key, path + (label,))):
-                return found
-            if found := lone_surrogate_at(value, path + (label,)):
-                return found
+            if isinstance(key, str) and (in_key := lone_surrogate_at(key, path + (label,))):
+                return in_key
+            if in_value := lone_surrogate_at(value, path + (label,)):
+                return in_value
     elif isinstance(data, list):
         for index, item in enumerate(data):
-            if found := lone_surrogate_at(item, path + (f"[{index}]",)):
-                return found
+            if in_item := lone_surrogate_at(item, path + (f"[{index}]",)):
+                return in_item
     return None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING, Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -20,7 +21,13 @@ ACCESS_REVOKED = 4403
 
 
 class AccessRechecks:
+    """A mixin of a Channels consumer (which gives ``scope`` and ``close``)."""
+
     access_task: asyncio.Task | None = None
+    scope: dict[str, Any]
+
+    if TYPE_CHECKING:
+        async def close(self, code: int | bool | None = None, reason: str | None = None) -> None: ...
 
     def start_access_rechecks(self) -> None:
         self.access_task = asyncio.ensure_future(self.recheck_access())

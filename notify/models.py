@@ -64,7 +64,7 @@ class Subscription(models.Model):
     def scope(self) -> str:
         if self.job_id:
             return f"job {self.job_id}"
-        if self.project_id:
+        if self.project is not None:
             return f"project {self.project.name}"
         return "all my jobs"
 

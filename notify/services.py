@@ -267,7 +267,7 @@ def pinned_connection(url: str, addresses: list[str]) -> http.client.HTTPConnect
     the certificate against the host name."""
     parts = urlsplit(url)
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = kind(parts.hostname, parts.port, timeout=settings.NOTIFY_TIMEOUT)
+    connection = kind(parts.hostname or "", parts.port, timeout=settings.NOTIFY_TIMEOUT)
     port = parts.port or connection.default_port
 
     def connect_checked(_address, timeout=None, source_address=None):  # socket.create_connection's signature

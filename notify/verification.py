@@ -36,7 +36,7 @@ def already_verified(user_id: int, email: str, *, besides: int | None = None) ->
     """Another subscription of the user already reaches this address with its holder's consent."""
     return Subscription.objects.filter(
         user_id=user_id, channel=Subscription.Channel.EMAIL, email__iexact=email, email_verified_at__isnull=False
-    ).exclude(pk=besides).exists()
+    ).exclude(pk=besides or 0).exists()
 
 
 def refusal(user_id: int, subscription: Subscription | None = None) -> str | None:

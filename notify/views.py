@@ -33,7 +33,7 @@ def form_data(post) -> dict:
 
 @login_required
 def subscriptions(request: HttpRequest) -> HttpResponse:
-    mine = Subscription.objects.filter(user=request.user).select_related("project")
+    mine = Subscription.objects.filter(user_id=request.user.pk or 0).select_related("project")
     errors: dict = {}
     values: dict = {}
     if request.method == "POST":
@@ -66,7 +66,7 @@ def resend_confirmation(request: HttpRequest, mine) -> None:
     if subscription is None or not subscription.awaiting_verification:
         messages.error(request, "No subscription of yours waits for a confirmation.")
         return
-    refused = verification.refusal(request.user.pk, subscription)
+    refused = verification.refusal(int(request.user.pk or 0), subscription)
     if refused:
         messages.error(request, refused)
         return

@@ -48,6 +48,7 @@ class Worker:
                     self.wake.wait(timeout=None if not self.queue else self.queue[0][0] - time.monotonic())
                 _, _, what, ident = heapq.heappop(self.queue)
                 self.busy += 1
+            assert self.pool is not None  # made before the thread starts
             self.pool.submit(self.work, what, ident)
 
     def work(self, what: str, ident: int) -> None:

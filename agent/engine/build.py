@@ -224,15 +224,15 @@ def image_size(root: Path, reference: str) -> dict[str, int]:
     )
     if proc.returncode == 0 and proc.stdout.strip().isdigit():
         size["uncompressed"] = int(proc.stdout.strip())
-    proc = subprocess.run(
+    raw = subprocess.run(
         ["skopeo", "inspect", "--raw", *_tls_args(root, reference),
          "--authfile", str(EngineConfig(root).no_auth_file), f"docker://{reference}"],
         env=env,
         capture_output=True,
     )
-    if proc.returncode == 0:
+    if raw.returncode == 0:
         with contextlib.suppress(ValueError, KeyError, TypeError):
-            size["compressed"] = sum(layer["size"] for layer in json.loads(proc.stdout)["layers"])
+            size["compressed"] = sum(layer["size"] for layer in json.loads(raw.stdout)["layers"])
     return size
 
 
@@ -243,6 +243,7 @@ def _import_directory(
         ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", "-", "."],
         env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
+    assert tar.stdout is not None and tar.stderr is not None  # both are pipes
     try:
         importer = subprocess.run(
             ["podman", "import", "--quiet", *(arg for change in changes for arg in ("--change", change)), "-", reference],

@@ -69,7 +69,7 @@ def pull(
     if rc != 0:
         message = registry_message(stderr) or f"podman pull exited with status {rc}"
         return PullResult(False, None, message, classify(message), None, elapsed)
-    image_id = (stdout.strip().splitlines() or [None])[-1]
+    image_id = stdout.strip().splitlines()[-1] if stdout.strip() else None
     digest = _local_digest(root, reference, env)
     if digest is None:  # several manifests of one image in the store: ask the registry which is the tag's
         looked_up = resolve_digest(root, reference, auth_file)
@@ -227,14 +227,16 @@ def _run_streaming(
     proc = subprocess.Popen(
         argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )
+    stdout, stderr = proc.stdout, proc.stderr
+    assert stdout is not None and stderr is not None  # both are pipes
     out_chunks: list[bytes] = []
     err_lines: list[str] = []
 
     def read_out() -> None:
-        out_chunks.append(proc.stdout.read())
+        out_chunks.append(stdout.read())
 
     def read_err() -> None:
-        for raw in proc.stderr:
+        for raw in stderr:
             line = raw.decode(errors="replace").rstrip("\n")
             if len(err_lines) < 10_000:
                 err_lines.append(line)

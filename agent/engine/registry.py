@@ -218,7 +218,7 @@ def _port_taken(port: int) -> bool:
 
 def _bcrypt(password: str) -> str:
     try:
-        import bcrypt  # type: ignore[import-not-found]
+        import bcrypt
 
         return bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
     except ImportError:

@@ -166,8 +166,8 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
             messages.success(request, format_html('Training Job {} created. It is <span data-field="status_text">{}</span>.', job.name, job.status))
             return redirect("jobs:detail", pk=job.pk)
     images = Image.objects.order_by("reference").values_list("reference", "description")
-    context = {"form": form, "source": source, "images": images, "nav": "jobs",
-               "volumes_text": visible_volumes_text(form.fields["project"].queryset)}
+    context: dict[str, object] = {"form": form, "source": source, "images": images, "nav": "jobs",
+               "volumes_text": visible_volumes_text(form.projects)}
     if source is not None and request.GET.get("fix") and source.status in FIXABLE:
         # "Clone and fix": quote the line the failed run ended on above the prefilled form.
         last = source.attempts.order_by("-number").first()
@@ -185,7 +185,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def job_clone(request: HttpRequest, pk: int) -> HttpResponse:
     source = get_object_or_404(visible_jobs(request), pk=pk)
-    member = Project.objects.filter(pk=source.project_id, members=request.user).exists()
+    member = Project.objects.filter(pk=source.project_id, members__pk=request.user.pk or 0).exists()
     project = source.project if member else personal_project_for(request.user)
     initial = TrainingJobForm.initial_from(source, name=clone_name(source, request.user), project=project)
     return job_form_page(request, initial=initial, source=source)

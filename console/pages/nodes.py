@@ -113,7 +113,7 @@ def sandbox_state() -> dict:
 def inject(request: HttpRequest, node: Node) -> None:
     form = FaultForm(request.POST)
     if not form.is_valid():
-        problems = "; ".join(f"{form.fields[name].label}: {' '.join(errors)}" for name, errors in form.errors.items())
+        problems = "; ".join(f"{form.fields[name].label}: {' '.join(map(str, errors))}" for name, errors in form.errors.items())
         messages.error(request, f"No fault injected into {node.name}. {problems}")
         return
     data = form.cleaned_data

@@ -111,21 +111,22 @@ def test_a_gpu_without_nvlink_still_gets_its_other_checks(gpus, probe):
     assert kinds(probe.check()) == [(FindingKind.RECOVERY_ACTION, 0)]
 
 
-def test_a_hung_call_gives_a_finding_within_the_timeout(gpus, probe):
+def test_a_hung_call_gives_a_finding_while_it_is_still_hung(gpus, probe):
+    """The check returns a finding while the driver call is still blocked (its gate never opened
+    until the end), and later checks fail fast: the hung call is not made again. How long the
+    watchdog waits is ``bench.failover``'s ``hung`` figure, not a test's."""
     probe.check()
     gpus.xid(0, 79)
     gate = gpus.hang("nvmlDeviceGetTotalEccErrors")
 
-    started = time.monotonic()
     report = probe.check()
-    took = time.monotonic() - started
 
-    assert took < 2
+    assert not gate.is_set()
     assert [f.kind for f in report.findings] == [FindingKind.XID, FindingKind.DRIVER_ERROR]
     assert "driver call hung" in report.findings[-1].detail
-    started = time.monotonic()
+    calls = gpus.calls.count("nvmlDeviceGetTotalEccErrors")
     assert [f.kind for f in probe.check().findings] == [FindingKind.DRIVER_ERROR]  # fails fast
-    assert time.monotonic() - started < 0.5
+    assert gpus.calls.count("nvmlDeviceGetTotalEccErrors") == calls
     gate.set()
     time.sleep(0.05)
     assert probe.check().nominal  # the call returned: checks go through again

@@ -6,7 +6,7 @@ SQLite and PostgreSQL both run; every value is a bound parameter.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, models
 
@@ -19,8 +19,8 @@ def update_each(model: type[models.Model], field: str, values: dict[int, Any], *
         return 0
     meta = model._meta
     quote = connection.ops.quote_name
-    pk = quote(meta.pk.column)
-    target = meta.get_field(field)
+    pk = quote(column_of(meta.pk))
+    target = cast(models.Field, meta.get_field(field))
     cases = " ".join("WHEN %s THEN %s" for _ in values)
     params: list[Any] = []
     for key, value in values.items():
@@ -28,13 +28,19 @@ def update_each(model: type[models.Model], field: str, values: dict[int, Any], *
     conditions = [f"{pk} IN ({', '.join(['%s'] * len(values))})"]
     params += list(values)
     for name, expected in (where or {}).items():
-        column = quote(meta.get_field(name).column)
+        column = quote(column_of(meta.get_field(name)))
         if expected is None:
             conditions.append(f"{column} IS NULL")
         else:
             conditions.append(f"{column} = %s")
             params.append(expected)
-    sql = f"UPDATE {quote(meta.db_table)} SET {quote(target.column)} = CASE {pk} {cases} END WHERE {' AND '.join(conditions)}"
+    sql = f"UPDATE {quote(meta.db_table)} SET {quote(column_of(target))} = CASE {pk} {cases} END WHERE {' AND '.join(conditions)}"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def column_of(field: object) -> str:
+    """The database column of a concrete model field."""
+    assert isinstance(field, models.Field) and field.column, field
+    return field.column

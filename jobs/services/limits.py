@@ -89,7 +89,7 @@ def largest_node() -> tuple[int, int]:
     """The CPU count and memory (MiB) of the largest registered node (this machine's where no node
     has said yet): no request may exceed it."""
     known = Node.objects.filter(cpu_count__isnull=False, memory_mb__isnull=False)
-    sizes = list(known.values_list("cpu_count", "memory_mb"))
+    sizes = [(cpus, mb) for cpus, mb in known.values_list("cpu_count", "memory_mb") if cpus is not None and mb is not None]
     if sizes:
         return max(s[0] for s in sizes), max(s[1] for s in sizes)
     return machine_size()

@@ -107,12 +107,12 @@ def wake_agents(node_names=(), *, jobs=(), attempts=()) -> None:
     names.discard("")
     if not names:
         return
-    names = sorted(names)
+    ordered = sorted(names)
 
     def send() -> None:
-        agents_woken(names)
+        agents_woken(ordered)
         if settings.SCALE_OUT:
-            for name in names:
+            for name in ordered:
                 try:
                     send_task(RECONCILE_TASK, args=[name], queue=node_queue(name))
                 except Exception:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -82,7 +83,7 @@ class Command(BaseCommand):
             "finished": job.finished_at.isoformat() if job.finished_at else None,
             "last_checkpoint_step": last_checkpoint_step(job.pk),
         }
-        history = [
+        history: list[dict[str, Any]] = [
             {"at": e.created_at.isoformat(), "from": e.from_status, "to": e.to_status, "reason": e.reason, "attempt": e.attempt, "actor": e.actor}
             for e in latest
         ]
