@@ -1,11 +1,13 @@
-"""Reading log lines: every query on ``LogLine`` outside ingestion lives here (pages, the REST
-API, the log socket, the failover policy)."""
+"""Reading log lines: every query that reads ``LogLine`` lives here (pages, the REST API, the log
+socket, the failover policy, and ingestion's own reads: the last line and ``seq`` stored)."""
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from django.db import connection
 
 from jobs.models import JobEvent
 from logs.models import Checkpoint, LogLine
@@ -19,6 +21,30 @@ def is_stream_name(name: str) -> bool:
 CHUNK = 5000
 
 
+# --- ingestion's reads (``logs.services.ingest_lines``, inside its transaction) ------------------
+# Plain SQL on the caller's connection, as ingestion's insert is: one statement each, no ORM work.
+def _scalar(sql: str, params: list) -> Any:
+    table = connection.ops.quote_name(LogLine._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(table=table), params)
+        return cursor.fetchone()[0]
+
+
+def last_line_no(job_id: int, stream: str, attempt: int) -> int | None:
+    """The highest ``line_no`` stored for the attempt's stream (None: none yet)."""
+    return _scalar("SELECT MAX(line_no) FROM {table} WHERE job_id = %s AND stream = %s AND attempt = %s", [job_id, stream, attempt])
+
+
+def last_seq(job_id: int, stream: str) -> int:
+    """The stream's highest ``seq`` across attempts (0: no line yet)."""
+    return _scalar("SELECT MAX(seq) FROM {table} WHERE job_id = %s AND stream = %s", [job_id, stream]) or 0
+
+
+def stored_line_count(job_id: int) -> int:
+    """How many lines the job has stored (counted once, for a job whose lines predate its ``LogVolume``)."""
+    return LogLine.objects.filter(job_id=job_id).count()
+
+
 def line_payload(line: LogLine) -> dict:
     return {"seq": line.seq, "attempt": line.attempt, "ts": line.ts.isoformat(), "text": line.text}
 
@@ -29,7 +55,8 @@ def attempt_banners(job_id: int) -> dict[int, str]:
     banners: dict[int, str] = {}
     rows = JobEvent.objects.filter(job_id=job_id, to_status="Running", attempt__gt=1).order_by("id").values_list("attempt", "reason")
     for attempt, reason in rows:
-        banners[attempt] = reason
+        if attempt is not None:  # never, past the filter; the column is nullable
+            banners[attempt] = reason
     return banners
 
 

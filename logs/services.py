@@ -1,5 +1,5 @@
 """Writing log lines: ingestion of the lines node agents send, and the purge of old ones.
-Everything that reads them is in ``logs.queries``."""
+Everything that reads them (ingestion's own reads too) is in ``logs.queries``."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +16,7 @@ from prometheus_client import Counter
 from jobs.realtime import log_group, publish
 from logs.models import LogLine, LogVolume
 from logs.progress import publish_progress, record_metrics
+from logs.queries import last_line_no, last_seq, stored_line_count
 
 logger = logging.getLogger(__name__)
 
@@ -51,27 +52,23 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
     lines = [ln._replace(text=UNSTORABLE.sub("\ufffd", ln.text)) if UNSTORABLE.search(ln.text) else ln for ln in lines]
     table = connection.ops.quote_name(LogLine._meta.db_table)
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT MAX(line_no) FROM {table} WHERE job_id = %s AND stream = %s AND attempt = %s", [job_id, stream, attempt]
-            )
-            last_line_no = cursor.fetchone()[0]
-            fresh = sorted(lines, key=lambda ln: ln.line_no)
-            if last_line_no is not None:
-                fresh = [ln for ln in fresh if ln.line_no > last_line_no]
-            if not fresh:
-                return []
-            cursor.execute(f"SELECT MAX(seq) FROM {table} WHERE job_id = %s AND stream = %s", [job_id, stream])
-            last_seq = cursor.fetchone()[0] or 0
-            fresh, every = apply_log_cap(job_id, stream, attempt, fresh, next_seq=last_seq + 1)
-            adapt = connection.ops.adapt_datetimefield_value
-            if fresh:
+        stored_up_to = last_line_no(job_id, stream, attempt)
+        fresh = sorted(lines, key=lambda ln: ln.line_no)
+        if stored_up_to is not None:
+            fresh = [ln for ln in fresh if ln.line_no > stored_up_to]
+        if not fresh:
+            return []
+        seq = last_seq(job_id, stream)
+        fresh, every = apply_log_cap(job_id, stream, attempt, fresh, next_seq=seq + 1)
+        adapt = connection.ops.adapt_datetimefield_value
+        if fresh:
+            with connection.cursor() as cursor:
                 cursor.executemany(
                     f"INSERT INTO {table} (job_id, stream, attempt, seq, line_no, ts, text) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                    [(job_id, stream, attempt, last_seq + i, ln.line_no, adapt(ln.ts), ln.text) for i, ln in enumerate(fresh, start=1)],
+                    [(job_id, stream, attempt, seq + i, ln.line_no, adapt(ln.ts), ln.text) for i, ln in enumerate(fresh, start=1)],
                 )
         stored = [
-            {"seq": last_seq + i, "attempt": attempt, "ts": ln.ts.isoformat(), "text": ln.text} for i, ln in enumerate(fresh, start=1)
+            {"seq": seq + i, "attempt": attempt, "ts": ln.ts.isoformat(), "text": ln.text} for i, ln in enumerate(fresh, start=1)
         ]
         payload = {"type": "log.lines", "lines": stored}
         if stored:
@@ -105,7 +102,7 @@ def apply_log_cap(
     volume = LogVolume.objects.select_for_update().filter(job_id=job_id).first()
     if volume is None:
         # Jobs whose lines predate the counter: counted once.
-        volume, _ = LogVolume.objects.get_or_create(job_id=job_id, defaults={"lines": LogLine.objects.filter(job_id=job_id).count()})
+        volume, _ = LogVolume.objects.get_or_create(job_id=job_id, defaults={"lines": stored_line_count(job_id)})
     key = f"{stream}/{attempt}"
     counted = [ln for ln in fresh if ln.line_no > volume.seen.get(key, 0)]
     if not counted:
