@@ -179,3 +179,103 @@ def test_every_socket_of_the_browser_code_goes_through_the_one_reconnect_helper(
     static = ROOT / "console" / "static" / "console"
     opening = sorted(str(p.relative_to(static)) for p in static.rglob("*.js") if "new WebSocket(" in p.read_text())
     assert opening == ["socket.js"]
+
+
+# --- the test suite's own house rules ----------------------------------------------------------
+
+HOUSE = ["console", "jobs", "logs", "agent", "failover", "notify", "ckptlib", "bench", "client"]
+
+
+def python_files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py") if "migrations" not in p.parts)
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    return ".".join(path.relative_to(root).with_suffix("").parts)
+
+
+def hooks_defined_twice(source: str) -> list[str]:
+    """Top-level functions named ``pytest_*`` defined more than once in one module: Python keeps
+    the last, so the first never runs."""
+    seen: set[str] = set()
+    twice = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("pytest_"):
+            if node.name in seen:
+                twice.append(node.name)
+            seen.add(node.name)
+    return twice
+
+
+def test_no_pytest_hook_is_defined_twice_in_a_module():
+    found = {module_name(p): hooks_defined_twice(p.read_text()) for p in [ROOT / "conftest.py", *python_files(*HOUSE)]}
+    assert {m: names for m, names in found.items() if names} == {}
+
+
+def test_the_hook_check_sees_a_second_definition():
+    assert hooks_defined_twice("def pytest_runtest_teardown(item):\n    pass\n\ndef pytest_runtest_teardown(item):\n    pass\n") == [
+        "pytest_runtest_teardown"
+    ]
+
+
+def fixture_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if isinstance(target, ast.Attribute) and target.attr == "fixture":
+                    names.add(node.name)
+    return names
+
+
+def fixtures_imported_by_name(files: list[Path], root: Path = ROOT) -> list[str]:
+    """``from module import a_fixture`` anywhere (a fixture reaches a test through a conftest or
+    the root conftest's plugins, never by import: an imported fixture shadows, or is shadowed by,
+    a test's parameter of the same name, and pyflakes reports it as redefined)."""
+    fixtures: dict[str, set[str]] = {}
+    for path in files:
+        if names := fixture_names(path):
+            fixtures[module_name(path, root)] = names
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in fixtures:
+                for alias in node.names:
+                    if alias.name in fixtures[node.module]:
+                        found.append(f"{module_name(path, root)}:{node.lineno} imports the fixture {node.module}.{alias.name}")
+    return found
+
+
+def test_no_fixture_is_imported_by_name():
+    assert fixtures_imported_by_name([ROOT / "conftest.py", *python_files(*HOUSE)]) == []
+
+
+def test_the_fixture_check_sees_an_imported_fixture(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "fixtures.py").write_text("import pytest\n\n@pytest.fixture\ndef owner():\n    return 1\n")
+    (tmp_path / "pkg" / "test_x.py").write_text("from pkg.fixtures import owner\n\ndef test_a(owner):\n    pass\n")
+    found = fixtures_imported_by_name(sorted((tmp_path / "pkg").glob("*.py")), root=tmp_path)
+    assert found == ["pkg.test_x:1 imports the fixture pkg.fixtures.owner"]
+
+
+RUN_FILE_NAMES = ("spec.json", "pid.json", "output.jsonl", "exit.json")
+RUN_FILES_CONTRACT = "agent/runfiles.py"
+
+
+def run_file_literals(path: Path) -> list[str]:
+    """Where a module names a run file (the files a job's runner writes and its agent reads) as a
+    string of its own."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RUN_FILE_NAMES:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_the_run_files_are_named_only_by_their_contract_module():
+    """``agent.runfiles`` defines every file the runner writes and the agent reads (names, types,
+    limits); everyone else, tests and benchmarks included, goes through it."""
+    assert (ROOT / RUN_FILES_CONTRACT).exists()
+    found = [hit for p in python_files(*HOUSE) if p != ROOT / RUN_FILES_CONTRACT for hit in run_file_literals(p)]
+    assert found == []
