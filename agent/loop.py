@@ -1,7 +1,8 @@
 """The loop a node agent runs in: one background thread that sleeps on the agent's ``wakeup``
 until something is due (a beat, a reconcile, live runs' output) or a message arrives, and, in the
-embedded console, the control plane's rounds (sweeps, placement) in the same thread, handing
-what they place straight to the agent."""
+embedded console, the control plane's rounds (sweeps, placement) in the same thread, when
+something changed their answer (``jobs.services.wakeups``), handing what they place straight to
+the agent."""
 from __future__ import annotations
 
 import logging
@@ -13,10 +14,14 @@ from django.db import close_old_connections
 
 from agent.inventory import discover_nodes, register_nodes
 from agent.node_agent import NodeAgent
+from jobs.services import wakeups
 from jobs.services.control import control_round
 from jobs.services.placement import place_waiting_jobs
 
 logger = logging.getLogger(__name__)
+
+# A timed round runs this long after its moment (seconds), so the round finds the work due.
+TIMED_MARGIN = 0.05
 
 
 def start_local_agent(*, name: str = "embedded") -> NodeAgent:
@@ -39,54 +44,92 @@ def place_and_launch(agent: NodeAgent) -> None:
 
 
 class EmbeddedControlLoop(threading.Thread):
-    """Serves one agent until stopped. In the embedded console (``control=True``) a control round
-    runs every ``AGENT_POLL_INTERVAL`` seconds, its placements are launched at once and the agent
-    reconciles after it (other processes cannot wake it there); a
-    scale-out node agent (``control=False``) only steps its agent. Between those the thread sleeps
-    until the agent has something due: ``OUTPUT_POLL_INTERVAL`` while runs are live (files only),
-    else its next heartbeat or reconcile, or a wake (a launch or a stop message)."""
+    """Serves one agent until stopped.
+
+    In the embedded console (``control=True``) a control round runs when something changed its
+    answer and at nothing else but its own timed work and a safety sweep:
+
+    * a wake-up from this process (``jobs.services.wakeups.round_wanted``: a job created, stopped,
+      deleted or resumed, a status change — an attempt ended, a verdict, a back-off —, a node
+      cleared or reclaimed), at once;
+    * a wake-up from another process (``manage.py inject_fault``, ``reclaim_spot``, ``job stop``):
+      the wake file, checked every ``CONTROL_WAKE_FILE_CHECK`` seconds; the agent reconciles too,
+      since a stop or a fault made there is in no message;
+    * the round's next timed work (``Round.next_due``: a retry time, a heartbeat going stale, a
+      hold running out);
+    * every ``interval`` seconds (``CONTROL_SWEEP_INTERVAL``): the safety sweep.
+
+    Its placements are launched at once. A round the database refused is tried again after a
+    pause of a second. A scale-out node agent (``control=False``) only steps its agent (and,
+    without a broker, watches the wake file). Between those the thread sleeps until the agent has
+    something due: ``OUTPUT_POLL_INTERVAL`` while runs are live (files only), else its next
+    heartbeat or reconcile, or a wake (a launch or a stop message).
+
+    ``CONTROL_WAKEUPS=0`` brings back the fixed schedule this replaced, for comparison: a round
+    every ``AGENT_POLL_INTERVAL`` and an agent reconcile after each."""
 
     def __init__(self, agent: NodeAgent, *, interval: float | None = None, control: bool = True) -> None:
         super().__init__(name="embedded-control-loop" if control else f"agent-{agent.name}", daemon=True)
         self.agent = agent
         self.control = control
-        self.interval = settings.AGENT_POLL_INTERVAL if interval is None else interval
+        self.polling = not settings.CONTROL_WAKEUPS
+        default = settings.AGENT_POLL_INTERVAL if self.polling else settings.CONTROL_SWEEP_INTERVAL
+        self.interval = default if interval is None else interval
         self.stopped = threading.Event()
 
     def run(self) -> None:
         logger.info("agent loop started for nodes %s", ", ".join(self.agent.node_names))
         self.agent.start()
+        wanted = wakeups.subscribe(self.agent.wakeup.set) if self.control and not self.polling else None
+        watch = None if settings.SCALE_OUT or self.polling else wakeups.FileWatch()
         try:
-            self.serve()
+            self.serve(wanted, watch)
         finally:
+            if wanted is not None:
+                wakeups.unsubscribe(wanted)
             self.agent.shutdown()
             close_old_connections()
 
-    def serve(self) -> None:
-        next_round = 0.0
+    def serve(self, wanted: wakeups.Subscription | None = None, watch: wakeups.FileWatch | None = None) -> None:
+        next_round = 0.0  # monotonic; the first round at once
+        agent_due = 0.0
         while not self.stopped.is_set():
             try:
-                if self.control and time.monotonic() >= next_round:
-                    started = time.monotonic()
-                    self.agent.launch_attempts(control_round())
-                    # Only a round that completed waits the whole interval: one the database
-                    # refused (SQLite: "database table is locked") is tried again after the pause
-                    # below, not an interval later with every Pending job left waiting.
-                    next_round = started + self.interval
-                    # Without a broker, a stop or a fault made by another process (manage.py
-                    # inject_fault, reclaim_spot) cannot wake us: re-read with every control round.
+                if watch is not None and watch.changed():
                     self.agent.wake()
-                if self.agent.step() and self.control:
-                    place_and_launch(self.agent)
+                    if wanted is not None:
+                        wanted.wanted.set()
+                now = time.monotonic()
+                woken = wanted.take() if wanted is not None else False
+                ran = False
+                if self.control and (woken or now >= next_round):
+                    # Due until it completes: one the database refused (SQLite: "database table
+                    # is locked") is tried again after the pause below, not a sweep later.
+                    next_round = now
+                    placed = control_round()
+                    self.agent.launch_attempts(placed)
+                    next_round = now + self.interval
+                    due = getattr(placed, "next_due", None)
+                    if due is not None and not self.polling:
+                        next_round = min(next_round, time.monotonic() + max(0.0, due - time.time()) + TIMED_MARGIN)
+                    if self.polling:
+                        self.agent.wake()  # the old schedule: re-read the runs after every round
+                    ran = True
+                if ran or self.agent.wakeup.is_set() or time.monotonic() >= agent_due:
+                    if self.agent.step() and self.control:
+                        place_and_launch(self.agent)
+                    agent_due = time.monotonic() + self.agent.delay()
             except Exception:
                 # One bad round must not end supervision of every other job.
                 logger.exception("agent round failed; retrying")
                 time.sleep(min(1.0, self.interval))
             finally:
                 close_old_connections()
-            wait = self.agent.delay()
+            wait = max(0.0, agent_due - time.monotonic())
             if self.control:
-                wait = min(wait, max(0.0, next_round - time.monotonic()))
+                wait = 0.0 if wanted is not None and wanted.pending() else min(wait, max(0.0, next_round - time.monotonic()))
+            if watch is not None:
+                wait = min(wait, watch.due_in())
             if wait > 0:
                 self.agent.wakeup.wait(wait)
 

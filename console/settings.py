@@ -258,6 +258,16 @@ OUTPUT_POLL_INTERVAL = env_float("OUTPUT_POLL_INTERVAL", 0.1)
 # How often a node agent re-reads its runs from the database in one read-only transaction (seconds);
 # launches and stops reach it at once by message, this only catches what a message missed.
 AGENT_RECONCILE_INTERVAL = env_float("AGENT_RECONCILE_INTERVAL", 30.0)
+# The embedded control round runs when something changes its answer (jobs.services.wakeups) and at
+# its next timed work (a retry time, a heartbeat going stale); this safety sweep catches the rest
+# (seconds). CONTROL_WAKEUPS=0 brings back a round every AGENT_POLL_INTERVAL with an agent
+# reconcile after each (what bench.idle compares against).
+CONTROL_SWEEP_INTERVAL = env_float("CONTROL_SWEEP_INTERVAL", 30.0)
+CONTROL_WAKEUPS = env_bool("CONTROL_WAKEUPS", True)
+# Other processes (manage.py inject_fault, reclaim_spot, job stop) append to this file after a
+# change; the embedded loop stats it this often (seconds; a stat, not a query).
+CONTROL_WAKE_FILE = Path(env_str("CONTROL_WAKE_FILE", str(VAR_DIR / "control-wanted")))
+CONTROL_WAKE_FILE_CHECK = env_float("CONTROL_WAKE_FILE_CHECK", 0.25)
 # SIGTERM → SIGKILL grace period when a job is stopped (seconds).
 STOP_GRACE_PERIOD = env_float("STOP_GRACE_PERIOD", 30.0)
 # Image pull retry backoff: base and cap (seconds).

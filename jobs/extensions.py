@@ -3,14 +3,17 @@
 
 ``jobs`` imports none of the apps above it; they register here through typed interfaces instead:
 failover judges failed runs (``FailedRunHandler``) and sweeps lost nodes on every control round,
-logs purges old lines on it (``ControlRoundHook``), notify hears of every status change
-(``StatusChangeHook``, called after commit with the event row's facts).
+logs purges old lines on it (``ControlRoundHook``; a hook may return when it next has timed work,
+so an idle round sleeps until then), notify hears of every status change (``StatusChangeHook``,
+called after commit with the event row's facts).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
+
+from jobs.services import wakeups
 
 if TYPE_CHECKING:
     from jobs.models import JobAttempt, TrainingJob
@@ -22,8 +25,10 @@ class FailedRunHandler(Protocol):
 
 
 class ControlRoundHook(Protocol):
-    def __call__(self) -> None:
-        """One control round's share of work (sweeps, judgements left undone, purges)."""
+    def __call__(self) -> float | None:
+        """One control round's share of work (sweeps, judgements left undone, purges). Returns
+        the unix time of its next timed work (a heartbeat going stale, a wait running out) when
+        no event would announce it, else None: the embedded loop runs the next round by then."""
 
 
 @dataclass(frozen=True)
@@ -100,3 +105,7 @@ def agents_woken(node_names: list[str]) -> None:
             waker(node_names)
         except Exception:
             logging.getLogger(__name__).exception("agent waker %r failed", waker)
+    if not wakeups.has_control_loop():
+        # The nodes' agent may live in the console's process (the embedded default, no broker):
+        # its loop watches the wake file, and reconciles when another process wrote it.
+        wakeups.signal_other_processes()

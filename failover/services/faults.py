@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from failover.models import NodeHealth, SimulatedFault
 from jobs.models import GPU, JobAttempt, JobExclusion, Node, TrainingJob
+from jobs.services import wakeups
 from jobs.services.messages import wake_agents
 from jobs.statuses import JobStatus
 
@@ -40,7 +41,8 @@ def inject_fault(node: Node, *, kind: str = "xid", gpu: int | None = None, xid: 
         raise FaultError("Xid numbers run from 1 to 1000.")
     fault = SimulatedFault.objects.create(node=node, gpu=gpu, kind=kind, xid=xid if kind == "xid" else None, created_by=actor[:150])
     logger.warning("fault injected by %s: %s", actor, fault)
-    wake_agents([node.name])  # the node's health monitor applies it now
+    # The node's health monitor applies it now (from another process: through the wake file).
+    wake_agents([node.name])
     return fault
 
 
@@ -60,6 +62,7 @@ def clear_node(node: Node, *, actor: str = "operator") -> None:
         wake_agents([node.name])  # its health checker reads the cleared state now
         # Repaired: jobs excluded from it after a fault there may be placed on it again.
         lifted = JobExclusion.objects.filter(node=node).delete()[0]
+        wakeups.round_wanted()
     logger.info("node %s cleared by %s; %s job exclusion(s) lifted", node.name, actor, lifted)
 
 
@@ -83,5 +86,6 @@ def reclaim_spot(node: Node, *, actor: str = "operator") -> list[int]:
         JobAttempt.objects.filter(pk__in=attempts.values("pk")).update(reclaimed=True, stop_requested_at=now)
         wake_agents([node.name])
         Node.objects.filter(pk=node.pk).update(spot_reclaimed_until=now + hold)
+        wakeups.round_wanted()  # the hold's end is the round's timed work from now on
     logger.warning("spot capacity on %s reclaimed by %s: jobs %s", node.name, actor, job_ids)
     return job_ids

@@ -24,17 +24,18 @@ from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import F, Q, Value
+from django.db.models import F, Min, Q, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
-from agent.local_agents import serves_node
+from agent.local_agents import local_agents, serves_node
 from agent.processes import signal_run
 from failover.classify import Verdict, classify_failure
 from failover.services.health import ScopedEvidence, local_probe, record_health, scoped_evidence
 from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
+from jobs.services.control import earliest, read_together, timed_rounds, unix
 from jobs.services.lifecycle import record_reason, transition
 from jobs.services.messages import wake_agents
 from jobs.services.placement import release_part_gpus
@@ -211,7 +212,8 @@ def apply_verdict(
         return JobStatus.MAX_RETRIES_EXCEEDED
     with transaction.atomic():
         for node_id, gpus in exclude.items():
-            for gpu in gpus or [None]:
+            targets: list[int | None] = [*gpus] or [None]  # no GPU named: the whole node
+            for gpu in targets:
                 JobExclusion.objects.get_or_create(job=job, node_id=node_id, gpu=gpu, defaults={"reason": verdict.reason[:500]})
         for node_id, gpus in unhealthy.items():
             if gpus:
@@ -394,7 +396,38 @@ def terminate_orphan(part: AttemptNode) -> None:
     signal_run(part, signal.SIGKILL)
 
 
-def control_round() -> None:
+def control_round() -> float | None:
+    """The failover share of a control round; returns when it next has timed work (embedded)."""
     sweep_lost_nodes()
     redecide()
     end_stranded_failovers()
+    return next_timed_work() if timed_rounds() else None
+
+
+def next_timed_work() -> float | None:
+    """The earliest moment one of this round's sweeps has work no event announces: a Ready node's
+    heartbeat going stale (nodes this process serves are never swept), a mass heartbeat loss's
+    hold ending, a stranded failover's ``FAILOVER_REPAIR_WAIT`` or a silent judge's
+    ``CLAIM_TIMEOUT`` running out. Only moments still ahead. Two reads, one transaction on
+    PostgreSQL."""
+    now = timezone.now()
+    timeout = timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT)
+    repair = timedelta(seconds=settings.FAILOVER_REPAIR_WAIT)
+    here = sorted({name for agent in local_agents() for name in agent.node_names})
+    with read_together():
+        beat = (
+            Node.objects.filter(state=Node.State.READY, last_heartbeat__gt=now - timeout)
+            .exclude(name__in=here)
+            .aggregate(oldest=Min("last_heartbeat"))
+        )
+        judged = JobAttempt.objects.filter(job__status=JobStatus.FAILOVER_IN_PROGRESS, judged_at__gt=now - max(repair, CLAIM_TIMEOUT)).aggregate(
+            stranded=Min("judged_at", filter=Q(verdict="hardware", judged_at__gt=now - repair)),
+            claimed=Min("judged_at", filter=Q(verdict=JUDGING, judged_at__gt=now - CLAIM_TIMEOUT)),
+        )
+    outage_over = _last_outage + timeout.total_seconds() if _last_outage else None
+    return earliest([
+        unix(beat["oldest"], timeout),
+        outage_over if outage_over and outage_over > now.timestamp() else None,
+        unix(judged["stranded"], repair),
+        unix(judged["claimed"], CLAIM_TIMEOUT),
+    ])

@@ -7,6 +7,7 @@ from django.db import transaction
 
 from jobs.models import TrainingJob
 from jobs.realtime import job_group, jobs_group, publish
+from jobs.services import wakeups
 from jobs.services.lifecycle import transition
 from jobs.services.messages import request_placement, wake_agents
 from jobs.services.paths import remove_job_files_of
@@ -37,6 +38,7 @@ def request_stop(job: TrainingJob, *, actor: str, reason: str = "stopped by user
         elif transition(job.pk, JobStatus.STOPPED, reason=reason, actor=actor, expected={job.status}):
             # Release whatever a placement still holds now that the job has left the queue.
             abandon_open_attempts(job.pk, cause=reason)
+            wakeups.round_wanted()  # its GPUs are free for the next job now
             return JobStatus.STOPPED
     raise JobActionRefused("The job changed status while stopping it; try again.")
 
@@ -65,8 +67,14 @@ def delete_job(job: TrainingJob) -> None:
         raise JobActionRefused(f"A job that is {job.status} cannot be deleted; stop it first.")
     job_id, owner_id, project_id = job.pk, job.owner_id, job.project_id
     job.delete()
+    wakeups.round_wanted()  # its project's share and the queue's places change
     message = {"type": "job.deleted", "job": job_id, "owner": owner_id, "project": project_id}
-    transaction.on_commit(lambda: (publish(jobs_group(), message), publish(job_group(job_id), message)))
+
+    def announce() -> None:
+        publish(jobs_group(), message)
+        publish(job_group(job_id), message)
+
+    transaction.on_commit(announce)
     # After the row: a failed delete keeps the files; the files go with the job, checkpoints included.
     remove_job_files_of(job_id)
     logger.info("job %s: deleted with its files", job_id)

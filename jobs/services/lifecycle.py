@@ -4,7 +4,8 @@ Every change of those fields goes through ``transition`` (a new status), ``recor
 (the same status, a new reason or count) or its bulk forms (``record_reasons``,
 ``record_queue_reasons``, ``record_placements``: many jobs at once): a compare-and-swap on the
 job row, its event row in the same transaction, and a live publish after commit. A test keeps every other module from writing
-them.
+them. Every change but placement's own wakes the embedded control round after commit
+(``jobs.services.wakeups``): an attempt ended, a verdict, a back-off, a stop change what it decides.
 """
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from django.utils import timezone
 from jobs import extensions
 from jobs.models import JobEvent, TrainingJob
 from jobs.realtime import job_group, jobs_group, publish_many
+from jobs.services import wakeups
 from jobs.services.bulk import update_each
 from jobs.statuses import TERMINAL, sources_of
 
 logger = logging.getLogger(__name__)
 
 REASON_CHARS = 500
+# Placement's own records ("placed on …") wake no round: the round that wrote them knows.
+PLACEMENT = "placement"
 
 
 def transition(
@@ -95,7 +99,7 @@ def record_reasons(job_ids: Iterable[int], *, status: str, reason: str, actor: s
 QUEUE_CHUNK = 300
 
 
-def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = "placement") -> list[int]:
+def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = PLACEMENT) -> list[int]:
     """A placement round's waiting reasons: job → (its status, the reason with its place in line).
 
     Written with one ``UPDATE … CASE`` per chunk of jobs, each row only while its status is still
@@ -134,7 +138,7 @@ def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = "p
     return changed
 
 
-def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str = "placement") -> list[int]:
+def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str = PLACEMENT) -> list[int]:
     """``record_reason`` for a placement round's jobs at once: job → (the status it was placed
     in, "placed on …", the attempt's number).
 
@@ -209,6 +213,8 @@ def write(
         change = extensions.StatusChange(event.pk, job_id, from_status, new_status, reason, attempt)
         transaction.on_commit(lambda: publish_status(job_id, message))
         transaction.on_commit(lambda: extensions.status_changed(change))
+        if actor != PLACEMENT:
+            wakeups.round_wanted()
     logger.info("job %s: %s → %s (%s)", job_id, from_status, new_status, reason or "no reason given")
     return True
 
@@ -231,4 +237,5 @@ def record_creation(job: TrainingJob, *, actor: str) -> None:
     # Open lists show the new job: the same message as a status change, from no status.
     message = status_message(job.pk, "", job.status, "job created")
     transaction.on_commit(lambda: publish_status(job.pk, message))
+    wakeups.round_wanted()  # placed within the second, not at the safety sweep
     logger.info("job %s: created as %s", job.pk, job.status)

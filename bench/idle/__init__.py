@@ -1,0 +1,1 @@
+"""python -m bench.idle: an idle embedded console's database transactions per second, and its placement latency."""
