@@ -1,5 +1,10 @@
 """Starting this agent's ranks of a placed attempt: claim each rank, pull the image, make the
-run's directories, build its environment and start its detached supervisor (``agent.runner``)."""
+run's directories, build its environment and start its detached supervisor (``agent.runner``).
+
+What the agent finds on the way (the ranks it claimed, the image's digest, the newest checkpoint,
+the supervisor's pid) it reports to the control plane (``jobs.services.runs``), which decides what
+it means for the attempt and the job; the agent writes no job, attempt or rank itself. The image
+is checked here, once, by pulling it: placement does not look at it."""
 from __future__ import annotations
 
 import json
@@ -10,13 +15,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Q
 
-from agent import engine, sandbox, uids, workdirs
+from agent import engine, runfiles, sandbox, uids, workdirs
 from agent.processes import RUNNER_MODULE, is_runner, signal_run
+from agent.runfiles import ContainerPolicy, RunLimits, RunSpec
+from ckptlib import CHECKPOINT_SUBDIR, read_latest
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
 from jobs.services import images, runs
 from jobs.services.limits import limits_of
@@ -37,8 +44,6 @@ def vendor_dir() -> str:
 def latest_checkpoint_step(location: tuple[Path, list[str]]) -> int | None:
     """The step of the newest committed ckptlib checkpoint in a job's output directory, read
     without following anything the job made (``agent.workdirs.read_beneath``)."""
-    from ckptlib import CHECKPOINT_SUBDIR, read_latest
-
     root, parts = location
     opened = workdirs.read_beneath(root, parts)
     if opened is None:
@@ -89,7 +94,7 @@ def mountable(path: str) -> str:
     return path
 
 
-def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, image_ref: str, dirs: dict, uid: int | None) -> dict:
+def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, image_ref: str, dirs: dict, uid: int | None) -> ContainerPolicy:
     """What the run's container is: its image by digest, its mounts (an allow-list), devices,
     user, network and limits (``agent.sandbox.container_argv``)."""
     node = part.node
@@ -126,7 +131,7 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
     }
 
 
-def run_limits(job: TrainingJob) -> dict:
+def run_limits(job: TrainingJob) -> RunLimits:
     """The run's CPU, memory and PID limits (``agent.cgroups``; None: unlimited, still its own cgroup)."""
     limits = limits_of(job)
     pids = settings.JOB_PIDS_LIMIT + 256 if settings.JOB_SANDBOX != "off" else None  # Podman's own threads too
@@ -137,10 +142,12 @@ def run_limits(job: TrainingJob) -> dict:
     }
 
 
-def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir: str, *, contained: bool) -> dict[str, str]:
+def run_env(
+    job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir: str, *, contained: bool, resume_step: int | None = None
+) -> dict[str, str]:
     """The run's whole environment: the platform's defaults, the job's own variables, then what
-    the platform sets for every run (its GPUs, ranks, checkpoint vendor, …), which a job cannot
-    override. In a container the image's own ``PATH`` stays."""
+    the platform sets for every run (its GPUs, ranks, checkpoint vendor, the checkpoint step it
+    resumes from, …), which a job cannot override. In a container the image's own ``PATH`` stays."""
     workdir = job_dir(job.pk) / "work"
     env = {
         "LANG": "C.UTF-8",
@@ -169,8 +176,8 @@ def run_env(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir
             "OUTPUT_DIR": output_dir,
         }
     )
-    if attempt.resume_step is not None:
-        env["CKPT_LAST_STEP"] = str(attempt.resume_step)
+    if resume_step is not None:
+        env["CKPT_LAST_STEP"] = str(resume_step)
     return env
 
 
@@ -199,7 +206,7 @@ def pull_image(job: TrainingJob, attempt: JobAttempt, progress=None) -> tuple[en
     return result, reference
 
 
-def preamble(job: TrainingJob, part: AttemptNode, image_ref: str, pull_lines: list[str] = ()) -> list[str]:
+def preamble(job: TrainingJob, part: AttemptNode, image_ref: str, pull_lines: Sequence[str] = ()) -> list[str]:
     """The lines the log shows while the run's environment is prepared, as the service's guide
     shows them ("환경 준비 상태"): the pull's progress, the image by digest, ckptlib, ready."""
     digest = image_ref.rpartition("@")[2]
@@ -221,26 +228,23 @@ class Launcher:
     """Per agent: starts ranks on its nodes and keeps their supervisors as children, reaped so no
     zombie lingers."""
 
-    def __init__(self, node_names: list[str]) -> None:
+    def __init__(self, node_names: Sequence[str]) -> None:
         self.node_names = node_names
         self.children: dict[int, subprocess.Popen] = {}
         self.pull_lines: dict[int, list[str]] = {}  # the last pull's progress, by attempt
 
     def launch(self, attempt: JobAttempt) -> list[AttemptNode]:
-        """Start this agent's parts of a placed attempt; the last part started makes it Running.
-        Returns the parts started here.
+        """Start this agent's parts of a placed attempt; the control plane makes it Running when
+        its last part has started (``runs.part_started``). Returns the parts started here.
 
-        Each part is claimed by compare-and-swap first, so a duplicate dispatch or two agents
-        never start it twice.
+        Each part is claimed by compare-and-swap first (``runs.claim_parts``), so a duplicate
+        launch or two agents never start it twice.
         """
         if not runs.abandon_unless_waiting(attempt):
             return []
         job = attempt.job
         contained = settings.JOB_SANDBOX != "off"
-        mine = list(
-            attempt.placements.filter(node__name__in=self.node_names, runner_pid__isnull=True).select_related("node").order_by("rank")
-        )
-        claimed = [p for p in mine if AttemptNode.objects.filter(pk=p.pk, runner_pid__isnull=True).update(runner_pid=0)]
+        claimed = runs.claim_parts(attempt, self.node_names)
         if not claimed:
             return []
         image_ref = ""
@@ -254,8 +258,7 @@ class Launcher:
             if not pulled.ok:
                 runs.image_unavailable(job, f"image {job.image} could not be pulled: {pulled.message}")
                 return []
-            if claimed[0].rank == 0:
-                JobAttempt.objects.filter(pk=attempt.pk).update(image_digest=image_ref)
+            runs.image_pulled(attempt, claimed[0], image_ref)
         try:
             location = output_location(job)
             uid = run_uid(job) if contained else None
@@ -263,14 +266,14 @@ class Launcher:
         except (PathRefused, workdirs.DirectoryRefused, uids.NoFreeUid, ValueError) as exc:
             runs.launch_failed(attempt, f"output directory refused: {exc}")
             return []
-        if attempt.number > 1:
-            attempt.resume_step = latest_checkpoint_step((location.root, list(location.parts)))
-            if claimed[0].rank == 0:
-                JobAttempt.objects.filter(pk=attempt.pk).update(resume_step=attempt.resume_step)
+        resume_step = latest_checkpoint_step((location.root, list(location.parts))) if attempt.number > 1 else None
+        started = True
         try:
             for part in claimed:
                 part.attempt = attempt
-                part.runner_pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid)
+                pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
+                logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, pid)
+                started = runs.part_started(part, runner_pid=pid, workdir=str(dirs["work"]), resume_step=resume_step) and started
         except PathRefused as exc:
             logger.error("job %s: %s", job.pk, exc)
             runs.launch_failed(attempt, str(exc))
@@ -279,15 +282,12 @@ class Launcher:
             logger.exception("job %s: launch failed", job.pk)
             runs.launch_failed(attempt, str(exc))
             return []
-        if attempt.placements.filter(Q(runner_pid__isnull=True) | Q(runner_pid=0)).exists():
-            return claimed  # other agents still start their ranks
-        attempt.refresh_from_db(fields=["resume_step"])
-        if not runs.run_started(attempt):
+        if not started:
             # The job was stopped while we launched: the agent's stop round terminates what we
             # started. Ranks the control plane already ended (their node was taken as lost) are
             # no live run of ours: end them now.
             logger.info("job %s: stopped during launch; terminating attempt %s", job.pk, attempt.number)
-            for part in AttemptNode.objects.filter(pk__in=[p.pk for p in claimed], ended_at__isnull=False):
+            for part in AttemptNode.objects.filter(pk__in=[p.pk for p in claimed], ended_at__isnull=False).select_related("attempt"):
                 self.signal(part, signal.SIGKILL)
         return claimed
 
@@ -304,34 +304,31 @@ class Launcher:
         output = workdirs.make_leaf(location.root, list(location.parts), uid=uid)
         return {"work": work, "output": output, "output_mount": contained, "output_in_run": sandbox.OUTPUT_DIR if contained else str(output)}
 
-    def start_runner(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, dirs: dict, *, image_ref: str, uid: int | None) -> int:
-        """Start the rank's detached supervisor; returns its pid (recorded on the part)."""
+    def start_runner(
+        self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, dirs: dict, *, image_ref: str, uid: int | None,
+        resume_step: int | None = None,
+    ) -> int:
+        """Start the rank's detached supervisor on its spec (``agent.runfiles``); returns its pid."""
         work_root = Path(settings.JOB_WORK_ROOT)
-        directory = workdirs.make_private(work_root, [str(job.pk), f"attempt-{attempt.number}", f"rank-{part.rank}"])
-        # Files of an earlier install reusing JOB_WORK_ROOT must not pass for this run's.
-        for stale in ("pid.json", "exit.json", "output.jsonl", "env", "container.pid"):
-            (directory / stale).unlink(missing_ok=True)
+        directory = workdirs.make_private(work_root, runfiles.run_dir_parts(job.pk, attempt.number, part.rank))
+        runfiles.clear_stale(directory)
         contained = bool(image_ref)
         command = job.command
         if contained and not dirs["output_mount"]:
             # An output directory in a writable volume: made by the run itself, as its own user.
             command = 'mkdir -p -- "$OUTPUT_DIR" 2>/dev/null\n' + command
-        spec = {
-            "command": command,
-            "cwd": str(dirs["work"]),
-            "env": run_env(job, attempt, part, dirs["output_in_run"], contained=contained),
-            "max_line_chars": settings.LOG_MAX_LINE_CHARS,
-            "max_lines": settings.LOG_MAX_LINES_PER_JOB,
-            "container": container_policy(job, attempt, part, image_ref, dirs, uid) if contained else None,
-            "limits": run_limits(job),
-            "preamble": preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
-        }
-        spec_path = directory / "spec.json"
-        # The spec holds the job's environment (its secrets): the agent's eyes only.
-        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(spec))
-        with open(directory / "runner.log", "ab") as err:
+        spec = RunSpec(
+            command=command,
+            cwd=str(dirs["work"]),
+            env=run_env(job, attempt, part, dirs["output_in_run"], contained=contained, resume_step=resume_step),
+            max_line_chars=settings.LOG_MAX_LINE_CHARS,
+            max_lines=settings.LOG_MAX_LINES_PER_JOB,
+            container=container_policy(job, attempt, part, image_ref, dirs, uid) if contained else None,
+            limits=run_limits(job),
+            preamble=preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
+        )
+        spec_path = runfiles.write_spec(directory, spec)
+        with runfiles.open_runner_log(directory) as err:
             child = subprocess.Popen(
                 [sys.executable, "-m", RUNNER_MODULE, str(spec_path)],
                 cwd=str(settings.BASE_DIR),
@@ -342,8 +339,6 @@ class Launcher:
                 start_new_session=True,
             )
         self.children[child.pid] = child
-        AttemptNode.objects.filter(pk=part.pk).update(runner_pid=child.pid, workdir=str(dirs["work"]))
-        logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, child.pid)
         return child.pid
 
     # --- the process layer (a simulated fleet replaces these: ``bench.scale.fleet``) ------------

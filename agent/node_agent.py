@@ -3,11 +3,16 @@ delivers stops, and collects every live run's output and exit.
 
 It waits instead of polling. Its live runs are kept in memory — from its own launches and from
 one read-only reconcile (at start, after a wake, and every ``AGENT_RECONCILE_INTERVAL``).
-Collecting output and exits reads only the runs' files; the database is touched when there is
-news (new lines, an exit, a launch) and for the heartbeat. Launches arrive as messages
-(``agent.launch_attempt``; in the embedded console, straight from the control round in the same
-thread), stops as wakes (``jobs.services.messages.wake_agents``); the grace period's SIGKILL and a
-job's max run time are timed from memory. An idle agent sleeps on ``wakeup`` until its next beat.
+Collecting output and exits reads only the runs' files (``agent.runfiles``); the database is
+touched when there is news (new lines, an exit, a launch) and for the heartbeat. Stops arrive as
+wakes (``jobs.services.messages.wake_agents``); the grace period's SIGKILL and a job's max run time
+are timed from memory. An idle agent sleeps on ``wakeup`` until its next beat.
+
+A launch arrives one way: an attempt id in the agent's inbox (``request_launch``), launched by
+``step`` in the agent's own thread. What puts ids there: a launch message (``agent.launch_attempt``,
+scale-out), the embedded control round in the same thread (``launch_attempts``), and the reconcile,
+which finds placed ranks of its nodes not started yet (the recovery after a restart or a lost
+message). Each rank is claimed by compare-and-swap, so an id delivered twice starts nothing twice.
 
 Each run is supervised by ``agent.runner`` in its own session, so the agent (and the console it
 may live in) can restart at any time: its first reconcile finds every run of its nodes again from
@@ -23,9 +28,9 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -33,11 +38,11 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agent import local_agents
+from agent import local_agents, runfiles
 from agent.launch import Launcher
 from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
-from agent.processes import read_json, run_dir
+from agent.processes import run_dir
 from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
@@ -46,7 +51,7 @@ from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
 
-# A launched runner that has not written pid.json by then is taken as lost.
+# A launched runner that has not written its pid record by then is taken as lost.
 LAUNCH_TIMEOUT = timedelta(seconds=60)
 KILL_REPEAT = 1.0  # seconds between SIGKILLs to a run that has not exited yet
 
@@ -79,7 +84,7 @@ class NodeAgent:
     ``tick()`` is a full round (a reconcile first), for tools and tests."""
 
     def __init__(self, node_names: list[str], *, name: str = "embedded", launcher: Launcher | None = None) -> None:
-        self.node_names = list(node_names)
+        self.node_names: Sequence[str] = list(node_names)
         self.name = name
         self.launcher = launcher or Launcher(self.node_names)
         self.output = OutputReader()
@@ -90,12 +95,12 @@ class NodeAgent:
         self.wakeup = threading.Event()
         self.notify: Callable[[], None] | None = None  # a scheduler serving many agents (bench.scale.fleet)
         self.lock = threading.Lock()
-        self.launches: list[int] = []  # attempt ids handed over by messages, launched on the next step
+        self.inbox: dict[int, None] = {}  # attempt ids to launch on the next step, in arrival order (once each)
         self.reconcile_due = True
         self.next_reconcile = 0.0
         self.next_beat = 0.0
         self.next_db_beat = 0.0
-        self.last_heartbeat = None
+        self.last_heartbeat: datetime | None = None
         self.plugins = plugins_for(self)
         local_agents.add(self)
 
@@ -109,16 +114,22 @@ class NodeAgent:
 
     # --- messages (any thread) -----------------------------------------------------------------
     def wake(self) -> None:
-        """Re-read the runs now (a stop to deliver, a launch a message missed)."""
+        """Re-read the runs now (a stop to deliver, a fault, a launch a message missed)."""
         with self.lock:
             self.reconcile_due = True
         self._notify()
 
     def request_launch(self, attempt_id: int) -> None:
-        """A launch message: the attempt is launched by the agent's own loop at once."""
+        """The one way a launch arrives: the attempt is launched by the agent's own loop at once
+        (its ranks on this agent's nodes; the others are left to their agents)."""
         with self.lock:
-            self.launches.append(attempt_id)
+            self.inbox[attempt_id] = None
         self._notify()
+
+    def launch_attempts(self, attempts: list[JobAttempt]) -> None:
+        """The embedded control round placed these: into the inbox, launched by the next step."""
+        for attempt in attempts:
+            self.request_launch(attempt.pk)
 
     def _notify(self) -> None:
         self.wakeup.set()
@@ -136,9 +147,9 @@ class NodeAgent:
         ).select_related("attempt")
         for part in parts:
             directory = run_dir(part)
-            if not (directory / "exit.json").exists() and self.launcher.signal(part, signal.SIGKILL):
+            if not runfiles.exit_written(directory) and self.launcher.signal(part, signal.SIGKILL):
                 logger.warning("job %s: killed stray run of attempt %s", part.attempt.job_id, part.attempt.number)
-            while not self.drain(part, directory):
+            while not self.drain(part, directory, complete=True):
                 pass
             self.output.forget(part.pk)
             self.live.pop(part.pk, None)
@@ -150,18 +161,15 @@ class NodeAgent:
         return self.step()
 
     def step(self) -> int:
-        """Do what is due: beat, launch what messages handed over, reconcile when asked or due,
+        """Do what is due: beat, reconcile when asked or due, launch what the inbox holds,
         plug-ins, stops, output and exits. Returns how many runs were seen to end."""
         self.wakeup.clear()
         self.heartbeat()
         with self.lock:
-            launches, self.launches = self.launches, []
             reconcile = self.reconcile_due or time.monotonic() >= self.next_reconcile
-        if launches:
-            for attempt in JobAttempt.objects.filter(pk__in=launches, state=JobAttempt.State.PLACED).select_related("job").order_by("created_at"):
-                self.launch(attempt)
         if reconcile:
             self.reconcile()
+        self.launch_inbox()
         for plugin in self.plugins:
             try:
                 plugin.on_round()
@@ -183,7 +191,7 @@ class NodeAgent:
             if hint is not None:
                 due.append(now + hint())
         with self.lock:
-            if self.reconcile_due or self.launches:
+            if self.reconcile_due or self.inbox:
                 return 0.0
         return max(0.0, min(due) - now)
 
@@ -221,7 +229,7 @@ class NodeAgent:
 
     def reconcile(self) -> None:
         """One read-only transaction: this agent's started runs and the placed ranks not started
-        yet (launched right after), with its nodes for the plug-ins."""
+        yet (their attempts go to the inbox), with its nodes for the plug-ins."""
         with self.lock:
             self.reconcile_due = False
         # Jittered, so a fleet started (or restarted) at once does not reconcile in one burst.
@@ -238,26 +246,35 @@ class NodeAgent:
         for gone in set(self.live) - set(live):
             self.forget(gone)
         self.live = live
-        placed = {p.attempt_id: p.attempt for p in parts if p.runner_pid is None}
-        for attempt in sorted(placed.values(), key=lambda a: a.created_at):
-            self.launch(attempt)
+        placed = sorted({p.attempt for p in parts if p.runner_pid is None}, key=lambda a: a.created_at)
+        with self.lock:
+            for attempt in placed:
+                self.inbox[attempt.pk] = None
 
     def live_parts(self) -> list[AttemptNode]:
         """The parts of runs on our nodes that were started and have not been seen to end."""
         return list(self.live.values())
 
     # --- launch ----------------------------------------------------------------------------
-    def launch_attempts(self, attempts: list[JobAttempt]) -> None:
-        """The embedded control round placed these: start our ranks of each (a rank of another
-        agent's node is left to it)."""
-        for attempt in attempts:
+    def launch_inbox(self) -> None:
+        """Launch the attempts in the inbox that are still placed, oldest first."""
+        with self.lock:
+            ids, self.inbox = list(self.inbox), {}
+        if not ids:
+            return
+        for attempt in JobAttempt.objects.filter(pk__in=ids, state=JobAttempt.State.PLACED).select_related("job").order_by("created_at"):
             self.launch(attempt)
 
     def launch(self, attempt: JobAttempt) -> None:
-        for part in self.launcher.launch(attempt):
+        parts = self.launcher.launch(attempt)
+        if not parts:
+            return
+        # The attempt and its job as they are now, read once: a stop that raced the launch is
+        # seen by this step's stop round (and the job Running, by the max-run-time check).
+        fresh = JobAttempt.objects.select_related("job").get(pk=attempt.pk)
+        for part in parts:
+            part.attempt = fresh
             self.live[part.pk] = part
-        with self.lock:
-            self.reconcile_due = True  # the job's status now (a stop may have raced the launch)
 
     # --- stop ------------------------------------------------------------------------------
     def enforce_stops(self) -> None:
@@ -277,12 +294,10 @@ class NodeAgent:
                 continue
             if attempt.state == JobAttempt.State.PLACED and attempt.stop_requested_at is None and job.status in WAITING:
                 continue  # still being launched (here or, for other ranks, by other agents): not Running yet
-            if attempt.stop_requested_at is None:
-                JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
-                attempt.stop_requested_at = now
+            stopped_at = runs.stop_begun(attempt)
             if part.pk not in self.terminated and self.launcher.signal(part, signal.SIGTERM):
                 self.terminated.add(part.pk)
-            if now - attempt.stop_requested_at >= grace and time.monotonic() - self.killed.get(part.pk, -math.inf) >= KILL_REPEAT:
+            if now - stopped_at >= grace and time.monotonic() - self.killed.get(part.pk, -math.inf) >= KILL_REPEAT:
                 self.killed[part.pk] = time.monotonic()
                 self.launcher.signal(part, signal.SIGKILL)
 
@@ -301,29 +316,26 @@ class NodeAgent:
 
     def collect_part(self, part: AttemptNode) -> int:
         directory = run_dir(part)
-        exit_info = read_json(directory / "exit.json")  # read first: once it exists, output is whole
-        drained = self.drain(part, directory)
-        if exit_info is not None:
+        record = runfiles.read_exit(directory)  # read first: once it exists, the output is whole
+        drained = self.drain(part, directory, complete=record is not None)
+        if record is not None:
             if not drained:
                 return 0
-            code, sig = exit_info.get("exit_code"), exit_info.get("signal")
-            code = int_in(code, -(2**31), 2**31)
-            sig = int_in(sig, 1, 128)
-            cause = "" if code is not None or sig else "the run's exit record was unreadable"
-            if (sig or code) and out_of_memory(exit_info):
-                cause = runs.memory_limit_cause(whole_number(exit_info.get("memory_limit_mb")))
-            elif whole_number(exit_info.get("pids_limit_hit")) is not None:
-                cause = runs.pids_limit_cause(whole_number(exit_info.get("pids_limit_hit")))
-            self.part_ended(part, code, sig, cause)
+            cause = "" if record.readable else "the run's exit record was unreadable"
+            if (record.signal or record.exit_code) and record.out_of_memory:
+                cause = runs.memory_limit_cause(record.memory_limit_mb)
+            elif record.pids_limit_hit is not None:
+                cause = runs.pids_limit_cause(record.pids_limit_hit)
+            self.part_ended(part, record.exit_code, record.signal, cause)
             return 1
         if not self.runner_alive(part, directory):
             self.part_ended(part, None, None, "the run's supervisor process was lost")
             return 1
         return 0
 
-    def drain(self, part: AttemptNode, directory: Path) -> bool:
+    def drain(self, part: AttemptNode, directory: Path, *, complete: bool = False) -> bool:
         """Ingest the run's next output lines; True once everything written so far is stored."""
-        return self.output.drain(part, directory)
+        return self.output.drain(part, directory, complete=complete)
 
     def runner_alive(self, part: AttemptNode, directory: Path) -> bool:
         pid = part.runner_pid
@@ -331,11 +343,11 @@ class NodeAgent:
             return False
         if self.launcher.alive(pid):
             return True
-        # The runner may have finished between our reads: trust exit.json if it is there now.
-        if (directory / "exit.json").exists():
+        # The runner may have finished between our reads: trust its exit record if it is there now.
+        if runfiles.exit_written(directory):
             return True
         started = part.attempt.started_at or part.attempt.created_at
-        return not (directory / "pid.json").exists() and timezone.now() - started < LAUNCH_TIMEOUT and pid in self.launcher.children
+        return not runfiles.pid_written(directory) and timezone.now() - started < LAUNCH_TIMEOUT and pid in self.launcher.children
 
     def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
         # Forgotten only once reported: a report the database refused (a lock, a restart) is made
@@ -351,19 +363,3 @@ class NodeAgent:
         self.output.forget(part_id)
         self.terminated.discard(part_id)
         self.killed.pop(part_id, None)
-
-
-def int_in(value: object, low: int, high: int) -> int | None:
-    """An integer from a run's record when ``low <= value < high``, else None: what a job could
-    have written there is never trusted (a bool, a float, a huge number)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and low <= value < high else None
-
-
-def whole_number(value: object) -> int | None:
-    """A positive count from a record, or None."""
-    return int_in(value, 1, 2**53)
-
-
-def out_of_memory(exit_info: dict) -> bool:
-    """The kernel killed a process of the run for exceeding the run's memory limit."""
-    return whole_number(exit_info.get("oom_kills")) is not None

@@ -1,22 +1,20 @@
 """Where a run lives on its node and how to reach its processes.
 
-Each rank of an attempt has a run directory, ``<JOB_WORK_ROOT>/<job>/attempt-<n>/rank-<r>/``, in
-which ``agent.runner`` keeps ``spec.json`` (what to run), ``pid.json`` (its process group),
-``output.jsonl`` (the output, one record a line) and ``exit.json`` (how it ended).
+Each rank of an attempt has a run directory in which ``agent.runner`` keeps the run files
+(``agent.runfiles``: what to run, its processes, its output, how it ended).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 from pathlib import Path
 
 import psutil
+from django.conf import settings
 
-from agent import cgroups
+from agent import cgroups, runfiles
 from jobs.models import AttemptNode
-from jobs.services.paths import job_dir
 
 logger = logging.getLogger(__name__)
 
@@ -24,14 +22,7 @@ RUNNER_MODULE = "agent.runner"
 
 
 def run_dir(part: AttemptNode) -> Path:
-    return job_dir(part.attempt.job_id) / f"attempt-{part.attempt.number}" / f"rank-{part.rank}"
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return Path(settings.JOB_WORK_ROOT).joinpath(*runfiles.run_dir_parts(part.attempt.job_id, part.attempt.number, part.rank))
 
 
 def signal_run(part: AttemptNode, sig: int) -> bool:
@@ -44,20 +35,18 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
     leader and to everything in the run's cgroup (where the node gives it one). Works from any
     process of the machine the run is on (the agent, or the control plane for a simulated node).
     """
-    pid_info = read_json(run_dir(part) / "pid.json")
-    if not pid_info:
+    record = runfiles.read_pid(run_dir(part))
+    if record is None:
         return False
-    try:
-        pgid = int(pid_info["pgid"])
-    except (KeyError, TypeError, ValueError):
-        logger.warning("job %s: unreadable pid.json of attempt %s rank %s", part.attempt.job_id, part.attempt.number, part.rank)
+    pgid, container_pid = record.pgid, record.container_pid
+    if pgid is None:
+        logger.warning("job %s: no process group in the pid record of attempt %s rank %s", part.attempt.job_id, part.attempt.number, part.rank)
         return False
-    container_pid = pid_info.get("container_pid")
-    in_container = isinstance(container_pid, int) and not isinstance(container_pid, bool) and container_pid > 1
-    if in_container:
+    in_container = container_pid is not None
+    if container_pid is not None:
         # The container's init (its first process) and what it started; Podman's own processes
         # outside it are the leader's group, ended with a SIGKILL only.
-        processes = run_processes(container_pid) if is_container_init(container_pid, pid_info) else []
+        processes = run_processes(container_pid) if is_container_init(container_pid, record.started_at) else []
     else:
         processes = run_processes(pgid)
     in_sandbox = in_container or (bool(processes) and is_sandbox(processes[-1]))  # the group leader comes last
@@ -72,9 +61,9 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
             logger.warning("job %s: not allowed to signal process %s", part.attempt.job_id, process.pid)
     if sig == signal.SIGKILL:
         # The run's cgroup holds every process of it, whatever it forked or where it moved.
-        own = [Path(d) for d in pid_info.get("cgroup") or () if isinstance(d, str) and cgroups.is_run_cgroup(d)]
+        own = [Path(d) for d in record.cgroup if cgroups.is_run_cgroup(d)]
         cgroups.kill_all(own)
-        if in_container and processes:
+        if container_pid is not None and processes:
             try:
                 os.kill(container_pid, signal.SIGKILL)  # the namespace's init: every process in it ends
             except (ProcessLookupError, PermissionError):
@@ -99,14 +88,13 @@ def run_processes(pgid: int) -> list[psutil.Process]:
         return []
 
 
-def is_container_init(pid: int, pid_info: dict) -> bool:
+def is_container_init(pid: int, started_at: float) -> bool:
     """Whether ``pid`` is still the run's container init (not a pid the system reused): it runs
-    catatonit and started after the runner."""
+    catatonit and started after the runner started the run (``started_at``)."""
     try:
         process = psutil.Process(pid)
-        started = float(pid_info.get("started_at") or 0)
-        return is_sandbox(process) and process.create_time() >= started - 1
-    except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError, ValueError):
+        return is_sandbox(process) and process.create_time() >= started_at - 1
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 

@@ -5,16 +5,18 @@ restart of the console or the agent does not touch the training run. It
 
 1. starts the command with ``bash -c`` in a container (``podman run``, ``agent.sandbox``; on
    the host only where an operator turned containers off), in a new process group, and records
-   that group and the container's first process in ``pid.json`` (the agent signals the run's
+   that group and the container's first process in its pid record (the agent signals the run's
    processes through them);
-2. captures stdout and stderr merged, line by line and in order, as JSON lines
-   ``{"n": line number, "t": unix time, "s": text}`` in ``output.jsonl``: invalid UTF-8 is
-   replaced, carriage-return progress bars collapse to their last state, a line longer than the
-   limit is cut with a visible marker *while it is read* (the runner's memory stays bounded
-   whatever a job prints), and the file stops growing at the job's log cap;
-3. writes ``exit.json`` (exit code or signal, and whether the kernel killed a process of the
-   run for exceeding its memory limit, or the run was ended at its PID limit) atomically once
-   the output is complete.
+2. captures stdout and stderr merged, line by line and in order, as output records (line
+   number, time, text): invalid UTF-8 is replaced, carriage-return progress bars collapse to
+   their last state, a line longer than the limit is cut with a visible marker *while it is
+   read* (the runner's memory stays bounded whatever a job prints), and the output stops growing
+   at the job's log cap;
+3. writes its exit record (exit code or signal, and whether the kernel killed a process of the
+   run for exceeding its memory limit, or the run was ended at its PID limit) once the output is
+   complete.
+
+The files, their fields and the order they are written in are ``agent.runfiles``'.
 
 Where the spec asks for ``limits``, the whole run (the container and everything in it) starts
 in a cgroup of its own with the run's CPU, memory and PID limits (``agent.cgroups``), removed
@@ -24,7 +26,7 @@ fixed environment and reads the job's from a file only the agent can read.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import signal
 import subprocess
@@ -33,7 +35,8 @@ import threading
 import time
 from pathlib import Path
 
-from agent import cgroups
+from agent import cgroups, runfiles
+from agent.runfiles import ExitRecord, OutputWriter, PidRecord, RunLimits
 from agent.sandbox import container_argv, env_file_text, root_tool_env
 from logs.progress_parser import INTERESTING
 
@@ -89,45 +92,25 @@ def read_lines(fd: int, limit: int):
         yield bytes(line), cut
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(payload, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def write_private(path: Path, text: str) -> None:
-    """A file only the agent's user can read (the job's environment holds its secrets)."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
-        fh.write(text)
-
-
 class Watch(threading.Thread):
-    """While the run lives: records the container's first process in ``pid.json`` once Podman
+    """While the run lives: records the container's first process in the pid record once Podman
     has written it, and ends the run if it sits at its PID limit (a fork loop)."""
 
-    def __init__(self, run_dir: Path, pid_info: dict, pidfile: Path | None, cgroup: list[str], proc: subprocess.Popen) -> None:
+    def __init__(self, run_dir: Path, record: PidRecord, container: bool, cgroup: list[str], proc: subprocess.Popen) -> None:
         super().__init__(daemon=True)
-        self.run_dir, self.pid_info, self.pidfile, self.cgroup, self.proc = run_dir, pid_info, pidfile, cgroup, proc
+        self.run_dir, self.record, self.container, self.cgroup, self.proc = run_dir, record, container, cgroup, proc
         self.pids_limit_hit: int | None = None
         self.done = threading.Event()
 
     def run(self) -> None:
         at_limit_since = None
-        while not self.done.wait(0.1 if self.pidfile else 0.5):
-            if self.pidfile is not None:
-                try:
-                    pid = int(self.pidfile.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid > 0:
-                    self.pid_info["container_pid"] = pid
-                    write_json_atomic(self.run_dir / "pid.json", self.pid_info)
-                    self.pidfile = None
+        while not self.done.wait(0.1 if self.container else 0.5):
+            if self.container:
+                pid = runfiles.read_container_pid(self.run_dir)
+                if pid is not None:
+                    self.record = dataclasses.replace(self.record, container_pid=pid)
+                    runfiles.write_pid(self.run_dir, self.record)
+                    self.container = False
             if not self.cgroup:
                 continue
             limit = cgroups.pids_at_limit([Path(d) for d in self.cgroup])
@@ -146,32 +129,29 @@ class Watch(threading.Thread):
 
 
 def run(spec_path: Path) -> int:
-    spec = json.loads(spec_path.read_text())
+    spec = runfiles.read_spec(spec_path)
     run_dir = spec_path.parent
-    limit = int(spec.get("max_line_chars", 16384))
-    max_lines = int(spec.get("max_lines") or 0)
-    policy = spec.get("container")
-    limits = spec.get("limits")
+    limit, max_lines, policy, limits = spec.max_line_chars, spec.max_lines, spec.container, spec.limits
     cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
     notes: list[str] = []
-    pidfile = parent = None
+    parent = None
+    popen: dict = {}
     if policy:
-        env_text, skipped = env_file_text(spec["env"])
-        if skipped:
-            notes.append(f"[console] not passed to the run (a newline in the value): {', '.join(sorted(skipped))}")
-        write_private(run_dir / "env", env_text)
-        pidfile = run_dir / "container.pid"
-        pidfile.unlink(missing_ok=True)
+        env_text, left_out = env_file_text(spec.env)
+        if left_out:
+            notes.append(f"[console] not passed to the run (a newline in the value): {', '.join(sorted(left_out))}")
+        env_file = runfiles.write_env(run_dir, env_text)
+        pidfile = runfiles.container_pidfile(run_dir)
         parent = cgroups.relative(Path(cgroup[0])) if cgroup else None
-        argv = container_argv(spec["command"], policy=policy, env_file=str(run_dir / "env"), cgroup_parent=parent, pidfile=str(pidfile))
+        argv = container_argv(spec.command, policy=policy, env_file=str(env_file), cgroup_parent=parent, pidfile=str(pidfile))
         engine_env = root_tool_env(policy.get("engine_env"))
         # A container of this name left by a runner killed outright would refuse the name.
-        subprocess.run([policy["podman"], "rm", "--force", "--ignore", policy["name"]], env=engine_env, capture_output=True, timeout=120)
+        subprocess.run([str(policy["podman"]), "rm", "--force", "--ignore", policy["name"]], env=engine_env, capture_output=True, timeout=120)
         popen = dict(cwd=str(run_dir), env=engine_env)
     else:
-        Path(spec["cwd"]).mkdir(parents=True, exist_ok=True)
-        argv = ["bash", "-c", spec["command"]]
-        popen = dict(cwd=spec["cwd"], env=spec["env"])
+        Path(spec.cwd).mkdir(parents=True, exist_ok=True)
+        argv = ["bash", "-c", spec.command]
+        popen = dict(cwd=spec.cwd, env=spec.env)
     popen.update(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # The child joins the cgroup before it runs anything: the whole run starts inside.
@@ -181,25 +161,19 @@ def run(spec_path: Path) -> int:
         cgroup, unlimited = [], f"could not join the run's cgroup ({exc})"
         argv = [a for a in argv if a != "--cgroup-parent" and a != parent] if policy else argv
         proc = subprocess.Popen(argv, **popen)
-    pid_info = {"runner_pid": os.getpid(), "pgid": proc.pid, "started_at": time.time(), "cgroup": cgroup}
-    if policy:
-        pid_info["container"] = policy["name"]
-    write_json_atomic(run_dir / "pid.json", pid_info)
-    watch = Watch(run_dir, pid_info, pidfile, cgroup, proc)
+    record = PidRecord(
+        runner_pid=os.getpid(), pgid=proc.pid, started_at=time.time(), cgroup=tuple(cgroup), container=policy["name"] if policy else None
+    )
+    runfiles.write_pid(run_dir, record)
+    watch = Watch(run_dir, record, bool(policy), cgroup, proc)
     watch.start()
-    count = kept = skipped = 0
+    kept = skipped = 0
     assert proc.stdout is not None
-    with open(run_dir / "output.jsonl", "ab", buffering=0) as out:
-
-        def emit(text: str) -> None:
-            nonlocal count
-            count += 1
-            out.write(json.dumps({"n": count, "t": time.time(), "s": text}, ensure_ascii=False).encode("utf-8") + b"\n")
-
-        if unlimited and (limits.get("cpus") or limits.get("memory_mb")):
-            emit(f"[console] the job's CPU and memory limits are not enforced on this node: {unlimited}")
-        for note in [*spec.get("preamble", ()), *notes]:
-            emit(note)
+    with OutputWriter(run_dir) as out:
+        if unlimited and limits and (limits.get("cpus") or limits.get("memory_mb")):
+            out.emit(f"[console] the job's CPU and memory limits are not enforced on this node: {unlimited}", time.time())
+        for note in [*spec.preamble, *notes]:
+            out.emit(note, time.time())
         for raw, cut in read_lines(proc.stdout.fileno(), limit):
             text = clean_line(raw, limit, cut=cut)
             if max_lines and kept >= max_lines:
@@ -207,15 +181,14 @@ def run(spec_path: Path) -> int:
                 # number skipped), but for those progress and checkpoints are read from, up to
                 # the cap again.
                 if kept >= 2 * max_lines or not INTERESTING.search(text):
-                    count += 1
+                    out.skip()
                     skipped += 1
                     continue
             kept += 1
-            emit(text)
+            out.emit(text, time.time())
         if skipped:
-            # Numbered as the last line read, so whoever reads the file counts the lines skipped.
-            note = f"[console] {skipped:,} lines of this run past the log cap of {max_lines:,} were counted, not kept"
-            out.write(json.dumps({"n": count, "t": time.time(), "s": note}).encode("utf-8") + b"\n")
+            out.note(f"[console] {skipped:,} lines of this run past the log cap of {max_lines:,} were counted, not kept", time.time())
+        count = out.count
     code = proc.wait()
     watch.done.set()
     watch.join(timeout=5)
@@ -225,30 +198,31 @@ def run(spec_path: Path) -> int:
         code = -(code - 128)
     directories = [Path(d) for d in cgroup]
     oom_kills = cgroups.oom_kills(directories) if cgroup else 0
-    if cgroup and not oom_kills and code == -signal.SIGKILL and watch.pids_limit_hit is None and limits.get("memory_mb"):
+    memory_mb = limits.get("memory_mb") if limits else None
+    if cgroup and not oom_kills and code == -signal.SIGKILL and watch.pids_limit_hit is None and memory_mb:
         oom_kills = 1 if cgroups.memory_limit_reached(directories) else 0
     if cgroup:
         cgroups.remove(directories)
         if policy and parent:
             cgroups.remove_everywhere(parent)
     if policy:
-        (run_dir / "env").unlink(missing_ok=True)
-    write_json_atomic(
-        run_dir / "exit.json",
-        {
-            "exit_code": code if code >= 0 else None,
-            "signal": -code if code < 0 else None,
-            "ended_at": time.time(),
-            "lines": count,
-            "oom_kills": oom_kills,
-            "memory_limit_mb": limits.get("memory_mb") if limits else None,
-            "pids_limit_hit": watch.pids_limit_hit,
-        },
+        runfiles.remove_env(run_dir)
+    runfiles.write_exit(
+        run_dir,
+        ExitRecord(
+            exit_code=code if code >= 0 else None,
+            signal=-code if code < 0 else None,
+            ended_at=time.time(),
+            lines=count,
+            oom_kills=oom_kills,
+            memory_limit_mb=memory_mb,
+            pids_limit_hit=watch.pids_limit_hit,
+        ),
     )
     return 0
 
 
-def make_cgroup(limits: dict) -> tuple[list[str], str]:
+def make_cgroup(limits: RunLimits) -> tuple[list[str], str]:
     """The run's own cgroup with its limits (its directories), or none and why."""
     found, why = cgroups.hierarchy(limits.get("cgroup_parent") or "", same_path=bool(limits.get("same_path")))
     if found is None:
@@ -270,9 +244,6 @@ def main() -> int:
     return run(Path(sys.argv[1]))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def kill_unfinished_runs(work_root: Path) -> int:
     """SIGKILL every run under ``work_root`` whose supervisor still lives (tests and benchmarks
@@ -283,26 +254,25 @@ def kill_unfinished_runs(work_root: Path) -> int:
     were killed.
     """
     killed = 0
-    for pid_file in Path(work_root).glob("**/rank-*/pid.json"):
-        if (pid_file.parent / "exit.json").exists():
+    for directory in runfiles.unfinished_run_dirs(work_root):
+        record = runfiles.read_pid(directory)
+        if record is None or record.runner_pid is None or record.pgid is None:
             continue
         try:
-            info = json.loads(pid_file.read_text())
-            runner_pid, pgid = int(info["runner_pid"]), int(info["pgid"])
-            cmdline = Path(f"/proc/{runner_pid}/cmdline").read_bytes()
-        except (OSError, ValueError, KeyError, TypeError):
+            cmdline = Path(f"/proc/{record.runner_pid}/cmdline").read_bytes()
+        except OSError:
             continue
         if b"agent.runner" not in cmdline:
             continue
-        for kill, target in ((os.killpg, pgid), (os.kill, runner_pid)):
+        for kill, target in ((os.killpg, record.pgid), (os.kill, record.runner_pid)):
             try:
                 kill(target, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        own = [Path(d) for d in info.get("cgroup") or () if isinstance(d, str) and cgroups.is_run_cgroup(d)]
+        own = [Path(d) for d in record.cgroup if cgroups.is_run_cgroup(d)]
         if own:
             cgroups.remove(own)  # its runner died before it could
-        remove_container(pid_file.parent)
+        remove_container(directory)
         killed += 1
     return killed
 
@@ -310,12 +280,15 @@ def kill_unfinished_runs(work_root: Path) -> int:
 def remove_container(run_dir: Path) -> None:
     """Remove a killed run's container (its runner could not: Podman keeps a container whose
     monitor was killed)."""
-    try:
-        policy = json.loads((run_dir / "spec.json").read_text()).get("container") or {}
-        podman, name = policy["podman"], policy["name"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    policy = runfiles.spec_container(run_dir) or {}
+    podman, name = policy.get("podman"), policy.get("name")
+    if not podman or not name:
         return
     try:
         subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=root_tool_env(policy.get("engine_env")), capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,8 @@
 """The node agent's Celery tasks (scale-out), on queue ``node.<name>``: ``agent.launch_attempt``
 (a placed attempt to start) and ``agent.reconcile`` (re-read the runs now: a stop to deliver).
 
-Both only hand the message to the agent's own loop and return, so the message is acknowledged on
+Both only hand the message to the agent's own loop and return (a launch into its inbox,
+``NodeAgent.request_launch``, the one way a launch arrives), so the message is acknowledged on
 receipt (not late) and cannot be redelivered by the broker's visibility timeout; each part is
 claimed by compare-and-swap when launched, so a duplicate delivery starts nothing.
 """

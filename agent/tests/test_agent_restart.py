@@ -1,13 +1,13 @@
 """Restarting the console (and its agent) while jobs run loses nothing."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 
 import pytest
 
+from agent import runfiles
 from agent.loop import embedded_round
 from agent.node_agent import NodeAgent, run_dir
 from console.testing import job_output
@@ -45,10 +45,10 @@ def test_a_run_whose_supervisor_died_ends_failed_with_the_reason(make_job, drive
     job = drive(job, JobStatus.RUNNING)
     part = JobAttempt.objects.get(job=job).placements.get()
     deadline = time.monotonic() + 10
-    while not (run_dir(part) / "pid.json").exists():
+    while not runfiles.pid_written(run_dir(part)):
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    pgid = json.loads((run_dir(part) / "pid.json").read_text())["pgid"]
+    pgid = runfiles.read_pid(run_dir(part)).pgid
     # The supervisor dies first (so it never records the exit), then its run.
     part.refresh_from_db()
     os.kill(part.runner_pid, signal.SIGKILL)
@@ -67,7 +67,7 @@ def test_an_unreadable_output_record_is_skipped_and_the_rest_is_stored(make_job,
     part = AttemptNode.objects.get(attempt__job=job)
     directory = run_dir(part)
     directory.mkdir(parents=True)
-    (directory / "output.jsonl").write_bytes(
+    (directory / runfiles.OUTPUT_FILE).write_bytes(
         b'{"n": 1, "t": 1764500000.0, "s": "first"}\n{"n": 2, "t": broken\n{"n": 3, "t": 1764500001.0, "s": "third"}\n'
     )
     assert agent.drain(part, directory)

@@ -5,7 +5,6 @@ Real jobs on the embedded agent, in the sandbox; the tests need a node that can 
 """
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from agent import cgroups
+from agent import cgroups, runfiles
 from agent.processes import run_dir
 from console.testing import job_output
 from jobs.models import AttemptNode, JobAttempt, Node
@@ -82,16 +81,16 @@ def test_a_job_with_half_a_cpu_gets_about_half_a_core(make_job, drive):
     job = drive(make_job(command="python -c " + shlex.quote(BURN), cpu_limit=0.5), JobStatus.RUNNING, timeout=60)
     part = AttemptNode.objects.select_related("attempt").get(attempt__job=job)
     for _ in range(100):  # the runner records its process group and cgroup as it starts
-        if (run_dir(part) / "pid.json").exists():
+        if runfiles.pid_written(run_dir(part)):
             break
         time.sleep(0.05)
-    cpu_dir = next(Path(d) for d in json.loads((run_dir(part) / "pid.json").read_text())["cgroup"] if "/cpu" in d)
+    cpu_dir = next(Path(d) for d in runfiles.read_pid(run_dir(part)).cgroup if "/cpu" in d)
     quota = (cpu_dir / "cpu.max").read_text().split() if (cpu_dir / "cpu.max").exists() else [
         (cpu_dir / "cpu.cfs_quota_us").read_text().strip(), (cpu_dir / "cpu.cfs_period_us").read_text().strip()
     ]
     assert int(quota[0]) / int(quota[1]) == 0.5
     throttled = 0
-    while not throttled and not (run_dir(part) / "exit.json").exists():
+    while not throttled and not runfiles.exit_written(run_dir(part)):
         # The kernel's own count of periods in which the run spent its quota.
         try:
             stat = dict(line.split() for line in (cpu_dir / "cpu.stat").read_text().splitlines())
@@ -113,7 +112,7 @@ def test_a_job_with_half_a_cpu_gets_about_half_a_core(make_job, drive):
 def test_a_runs_cgroup_is_removed_when_it_ends(make_job, drive):
     job = drive(make_job(command="python -c 'print(1)'", cpu_limit=1, memory_limit_mb=128), JobStatus.COMPLETED, timeout=60)
     part = AttemptNode.objects.select_related("attempt").get(attempt__job=job)
-    made = json.loads((run_dir(part) / "pid.json").read_text())["cgroup"]
+    made = runfiles.read_pid(run_dir(part)).cgroup
     assert made and all(cgroups.RUN_NAME.match(Path(d).name) for d in made)
     assert not any(Path(d).exists() for d in made)
 

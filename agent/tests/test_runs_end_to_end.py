@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from agent import runfiles
 from console.testing import job_output
 from jobs.models import JobAttempt, JobEvent
 from jobs.services.paths import default_output_dir
@@ -104,9 +105,7 @@ def test_output_is_cleaned_progress_bars_collapse_bad_utf8_is_replaced_long_line
 
 
 def test_a_chatty_run_is_drained_in_slices_and_still_ends_with_every_line(make_job, drive, monkeypatch):
-    from agent import output
-
-    monkeypatch.setattr(output, "DRAIN_MAX_BYTES", 2000)
+    monkeypatch.setattr(runfiles, "OUTPUT_READ_MAX_BYTES", 2000)
     job = make_job(command="python -c \"[print('line', i) for i in range(500)]\"")
     job = drive(job, JobStatus.COMPLETED)
     assert log_texts(job) == [f"line {i}" for i in range(500)]

@@ -12,6 +12,7 @@ import shlex
 import pytest
 from django.conf import settings
 
+from agent import runfiles
 from agent.processes import run_dir
 from console.testing import job_output, needs_sandbox
 from jobs.models import AttemptNode
@@ -51,10 +52,10 @@ def test_a_job_reads_nothing_of_the_console_the_runner_or_other_jobs(make_job, d
     victim = drive(make_job(name="victim", command="python -c 'import time; print(\"up\", flush=True); time.sleep(60)'"), JobStatus.RUNNING)
     victim_part = AttemptNode.objects.select_related("attempt").get(attempt__job=victim)
     default_output_dir(victim.pk).joinpath("weights.bin").write_bytes(b"victim's weights")
-    victim_spec = run_dir(victim_part) / "spec.json"
+    victim_spec = run_dir(victim_part) / runfiles.SPEC_FILE
     assert victim_spec.exists()
     attacker = make_job(name="attacker", command="PLACEHOLDER")
-    own_records = job_dir(attacker.pk) / "attempt-1" / "rank-0" / "output.jsonl"
+    own_records = settings.JOB_WORK_ROOT.joinpath(*runfiles.run_dir_parts(attacker.pk, 1, 0), runfiles.OUTPUT_FILE)
     attacker.command = probe_command(
         secret,
         settings.DATABASES["default"]["NAME"] if str(settings.DATABASES["default"]["NAME"]).startswith("/") else settings.VAR_DIR / "console.sqlite3",

@@ -8,6 +8,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from agent import runfiles
+from agent.processes import run_dir
 from jobs.models import JobAttempt, JobEvent, TrainingJob
 from jobs.services.actions import JobActionRefused, request_stop
 from jobs.statuses import JobStatus
@@ -89,11 +91,7 @@ def test_the_process_is_gone_after_stop(make_job, drive, one_round):
     job = drive(make_job(command=SLEEPER), JobStatus.RUNNING)
     wait_for_line(job, "started", one_round)
     part = JobAttempt.objects.get(job=job).placements.get()
-    import json
-
-    from agent.node_agent import run_dir
-
-    pgid = json.loads((run_dir(part) / "pid.json").read_text())["pgid"]
+    pgid = runfiles.read_pid(run_dir(part)).pgid
     request_stop(job, actor="owner")
     drive(job, JobStatus.STOPPED)
     with pytest.raises(ProcessLookupError):

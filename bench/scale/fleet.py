@@ -8,9 +8,9 @@ its own queue ``node.<name>`` (one kombu consumer over all N queues decodes the 
 messages and hands each to its node's agent: ``agent.launch_attempt``, ``agent.reconcile``),
 reconciles, launches, collects output and exits, and runs its plug-ins (health checks, usage
 samples). Only the OS process of a run is simulated (``SimLauncher``, the agent's pluggable
-process layer): a run starts at once (the agent's real ``run_started`` path), writes one output
-line to its ``output.jsonl`` (ingested by the real path), and after S seconds writes
-``exit.json`` with code 0 (the real exit path); a stop signal ends it at once.
+process layer): a run starts at once (the agent's real ``runs.part_started`` path), writes its
+pid record and one output line (``agent.runfiles``; ingested by the real path), and after S
+seconds its exit record with code 0 (the real exit path); a stop signal ends it at once.
 
 A few worker threads step the agents when each is due (``NodeAgent.delay``) or woken, so 1,000
 nodes need a handful of database connections, not 1,000 threads.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import itertools
-import json
 import logging
 import os
 import signal
@@ -34,6 +33,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from agent import runfiles
 
 logger = logging.getLogger("bench.scale.fleet")
 
@@ -55,9 +56,9 @@ class SimRuns:
             pid = next(self.pids)
             self.runs[pid] = directory
             heapq.heappush(self.ends, (time.monotonic() + self.seconds, pid))
-        write_atomic(directory / "pid.json", {"pid": pid, "pgid": pid})
-        with open(directory / "output.jsonl", "a") as fh:
-            fh.write(json.dumps({"n": 1, "t": time.time(), "s": text}) + "\n")
+        runfiles.write_pid(directory, runfiles.PidRecord(runner_pid=pid, pgid=pid, started_at=time.time()))
+        with runfiles.OutputWriter(directory) as out:
+            out.emit(text, time.time())
         return pid
 
     def alive(self, pid: int) -> bool:
@@ -68,7 +69,7 @@ class SimRuns:
             directory = self.runs.pop(pid, None)
         if directory is None:
             return False
-        write_atomic(directory / "exit.json", {"exit_code": code, "signal": sig})
+        runfiles.write_exit(directory, runfiles.ExitRecord(exit_code=code, signal=sig, ended_at=time.time(), lines=1))
         return True
 
     def serve(self, stopped: threading.Event) -> None:
@@ -82,18 +83,11 @@ class SimRuns:
                 self.end(pid)
 
 
-def write_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 def make_classes():
     """The agent classes, made after ``django.setup()``."""
     from agent.launch import Launcher
     from agent.node_agent import NodeAgent
     from agent.processes import run_dir
-    from jobs.models import AttemptNode
 
     class SimLauncher(Launcher):
         """The agent's process layer with the OS process simulated; everything else is real."""
@@ -114,11 +108,8 @@ def make_classes():
         def start_runner(self, job, attempt, part, dirs, **_) -> int:
             directory = run_dir(part)
             directory.mkdir(parents=True, exist_ok=True)
-            for stale in ("pid.json", "exit.json", "output.jsonl"):
-                (directory / stale).unlink(missing_ok=True)
-            pid = self.runs.start(directory, f"simulated run of job {job.pk} on {part.node.name}")
-            AttemptNode.objects.filter(pk=part.pk).update(runner_pid=pid, workdir=str(directory))
-            return pid
+            runfiles.clear_stale(directory)
+            return self.runs.start(directory, f"simulated run of job {job.pk} on {part.node.name}")
 
         def alive(self, pid: int) -> bool:
             return self.runs.alive(pid)

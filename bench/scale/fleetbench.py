@@ -106,11 +106,16 @@ def baseline_tree(tmp: Path, commit: str) -> Path:
 
 
 def harness_into(tree: Path) -> None:
-    """The current harness pieces into another tree (a fleet that tree has of its own stays)."""
+    """The current harness pieces into another tree (a fleet that tree has of its own stays),
+    and the run-file contract the simulated runners write through where that tree has none (the
+    files it defines had the same names and fields before it)."""
     for source in (ROOT / "bench" / "scale").glob("*.py"):
         target = tree / "bench" / "scale" / source.name
         if source.name != "fleet.py" or not target.exists():
             shutil.copy2(source, target)
+    contract = tree / "agent" / "runfiles.py"
+    if not contract.exists():
+        shutil.copy2(ROOT / "agent" / "runfiles.py", contract)
 
 
 def new_fleet_module(choice: str, root: Path = ROOT) -> tuple[str, str]:

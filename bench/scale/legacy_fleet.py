@@ -23,8 +23,9 @@ ticks per agent per second, and how late steps ran) say by how much.
 
 Only the OS process of a run is simulated: ``agent.launch`` starts its supervisor with
 ``subprocess.Popen``; here that name, in that module only, makes a simulated runner which writes
-what ``agent.runner`` writes — ``pid.json`` (without a process group, so nothing is ever
-signalled), one line of output, and after S seconds ``exit.json`` with exit code 0. Its pid lies
+what ``agent.runner`` writes (``agent.runfiles``, copied into that tree by the benchmark, where
+the files have the same names and fields) — its pid record (without a process group, so nothing
+is ever signalled), one line of output, and after S seconds its exit record with exit code 0. Its pid lies
 above Linux's pid_max, so it can never be mistaken for a real process. Everything else — the
 claim, the spec, the run files, ``run_started``, the output ingest, ``part_exited`` — is that
 code's own.
@@ -52,6 +53,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from agent import runfiles
 
 logger = logging.getLogger("bench.scale.legacy_fleet")
 
@@ -125,9 +128,6 @@ class SimRunners:
     STDOUT = -2
 
     def __init__(self, seconds: float) -> None:
-        from agent.runner import write_json_atomic
-
-        self.write_json_atomic = write_json_atomic
         self.seconds = seconds
         self.lock = threading.Lock()
         self.next_pid = SIM_PID_BASE
@@ -139,7 +139,8 @@ class SimRunners:
         self.started = 0
 
     def Popen(self, argv: list[str], **_: object) -> SimRun:  # noqa: N802 (subprocess's name)
-        """``python -m agent.runner SPEC``: pid.json and the run's one line now, exit.json later."""
+        """``python -m agent.runner SPEC``: the pid record and the run's one line now, the exit
+        record later."""
         directory = Path(argv[-1]).parent
         with self.lock:
             self.next_pid += 1
@@ -147,9 +148,9 @@ class SimRunners:
             self.live[run.pid] = run
             self.started += 1
         now = time.time()
-        self.write_json_atomic(directory / "pid.json", {"runner_pid": run.pid, "started_at": now, "cgroup": [], "simulated": True})
-        with open(directory / "output.jsonl", "ab", buffering=0) as out:
-            out.write(json.dumps({"n": 1, "t": now, "s": "simulated run"}).encode() + b"\n")
+        runfiles.write_pid(directory, runfiles.PidRecord(runner_pid=run.pid, pgid=None, started_at=now))
+        with runfiles.OutputWriter(directory) as out:
+            out.emit("simulated run", now)
         with self.lock:
             heapq.heappush(self.due, (time.monotonic() + self.seconds, run.pid, directory))
         self.wake.set()
@@ -166,10 +167,7 @@ class SimRunners:
                     ready.append(heapq.heappop(self.due))
                 wait = (self.due[0][0] - time.monotonic()) if self.due else 1.0
             for _, pid, directory in ready:
-                self.write_json_atomic(
-                    directory / "exit.json",
-                    {"exit_code": 0, "signal": None, "ended_at": time.time(), "lines": 1, "oom_kills": 0, "memory_limit_mb": None},
-                )
+                runfiles.write_exit(directory, runfiles.ExitRecord(exit_code=0, signal=None, ended_at=time.time(), lines=1))
                 with self.lock:
                     run = self.live.pop(pid)
                 run.returncode = 0

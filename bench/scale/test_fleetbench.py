@@ -6,6 +6,7 @@ import json
 import math
 import time
 
+from agent import runfiles
 from bench.scale.fleet_figures import batch_figures, figures, fit, spread
 from bench.scale.legacy_fleet import SIM_PID_BASE, Silence, SimRunners
 
@@ -80,19 +81,21 @@ def test_a_simulated_runner_writes_the_run_files_and_never_names_a_real_process(
     runners = SimRunners(0.05)
     runners.thread.start()
     try:
-        spec = tmp_path / "rank-0" / "spec.json"
-        spec.parent.mkdir()
-        spec.write_text("{}")
+        directory = tmp_path / "rank-0"
+        directory.mkdir()
+        spec = runfiles.write_spec(directory, runfiles.RunSpec(command="true", cwd=str(tmp_path), env={}))
         run = runners.Popen(["python", "-m", "agent.runner", str(spec)], stdout=runners.STDOUT)
         assert run.pid > SIM_PID_BASE and runners.alive(run.pid) and run.poll() is None
-        pid = json.loads((spec.parent / "pid.json").read_text())
-        assert "pgid" not in pid  # nothing for signal_run or kill_unfinished_runs to signal
-        assert json.loads((spec.parent / "output.jsonl").read_text())["n"] == 1
+        pid = runfiles.read_pid(directory)
+        assert pid is not None and pid.runner_pid == run.pid
+        assert pid.pgid is None  # nothing for signal_run or kill_unfinished_runs to signal
+        assert [line.number for line in runfiles.read_output(directory, 0).lines] == [1]
         deadline = time.monotonic() + 10
         while run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
         assert run.poll() == 0 and not runners.alive(run.pid)
-        assert json.loads((spec.parent / "exit.json").read_text())["exit_code"] == 0
+        ended = runfiles.read_exit(directory)
+        assert ended is not None and ended.exit_code == 0
     finally:
         runners.stopped.set()
         runners.wake.set()

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from agent import runfiles
 from jobs.models import AttemptNode
 
 
@@ -18,7 +19,7 @@ def no_run_outlives_its_test(nodes):
     from agent.processes import signal_run as _signal_run
 
     for part in AttemptNode.objects.filter(runner_pid__gt=0).select_related("attempt"):
-        deadline = time.monotonic() + 5  # a runner just started writes pid.json within moments
-        while not (run_dir(part) / "pid.json").exists() and is_runner(part.runner_pid) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 5  # a runner just started writes its pid record within moments
+        while not runfiles.pid_written(run_dir(part)) and is_runner(part.runner_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         _signal_run(part, _signal.SIGKILL)

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import psutil
 import pytest
 
+from agent import runfiles
 from agent.loop import embedded_round
-from agent.processes import read_json, run_dir, run_processes
+from agent.processes import run_dir, run_processes
 from failover.models import HealthEvent, NodeHealth
 from failover.services import faults, health
 from failover.services.monitor import HealthMonitor, prune_events
@@ -67,9 +68,9 @@ def gpus(monkeypatch, nodes, settings, tmp_path):
 def first_attempt_processes(attempt: JobAttempt) -> list[psutil.Process]:
     out = []
     for part in AttemptNode.objects.filter(attempt=attempt).select_related("attempt"):
-        info = read_json(run_dir(part) / "pid.json") or {}
-        if info.get("pgid"):
-            out += [p for p in run_processes(int(info["pgid"])) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        record = runfiles.read_pid(run_dir(part))
+        if record is not None and record.pgid is not None:
+            out += [p for p in run_processes(record.pgid) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     return out
 
 
@@ -325,7 +326,7 @@ def test_a_run_whose_supervisor_never_reports_after_the_kill_is_ended_by_the_mon
     job = drive(make_job(command=HUNG), JobStatus.RUNNING)
     first = job.attempts.get()
     part = AttemptNode.objects.select_related("node").get(attempt=first)
-    rounds_until(agent, lambda: (run_dir(part) / "pid.json").exists() and LogLine.objects.filter(job=job).exists(), timeout=20)
+    rounds_until(agent, lambda: runfiles.pid_written(run_dir(part)) and LogLine.objects.filter(job=job).exists(), timeout=20)
     os.kill(part.runner_pid, signal.SIGSTOP)
     try:
         faults.inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0])

@@ -1,18 +1,21 @@
 """The facts a node agent reports about a job's run, and the decision each one leads to.
 
-The agent touches the outside world (processes, files, images) and reports what it saw: a run
-started, a rank exited with X, the image is not on the node, the launch failed, the max run
-time is reached. The functions here decide what that means for the job and make the change
-through the one writer (``jobs.services.lifecycle``).
+The agent touches the outside world (processes, files, images) and reports what it saw: it
+claims a rank to start, the image was pulled (by digest), a rank's supervisor started (its pid,
+the checkpoint step the node found), a rank exited with X, the image is not on the node, the
+launch failed, the max run time is reached, it began stopping a run. The functions here decide
+what that means for the job and make the change (a job's status through the one writer,
+``jobs.services.lifecycle``); the agent writes no job, attempt or rank itself.
 """
 from __future__ import annotations
 
 import logging
 import signal as signals
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from jobs.extensions import extensions
@@ -29,6 +32,8 @@ AGENT = "node-agent"
 # The cause of a run the kernel killed at the job's own memory limit (see ``memory_limit_cause``).
 OUT_OF_MEMORY = "out of memory"
 PIDS_LIMIT = "PID limit reached"
+# A rank's ``runner_pid`` while an agent starts it (claimed, no supervisor yet).
+CLAIMED = 0
 
 
 def memory_limit_cause(limit_mb: int | None) -> str:
@@ -73,6 +78,48 @@ def abandon_unless_waiting(attempt: JobAttempt) -> bool:
         return True
     abandon_open_attempts(job.pk, cause=f"job is {job.status}")
     return False
+
+
+def claim_parts(attempt: JobAttempt, node_names: Sequence[str]) -> list[AttemptNode]:
+    """The attempt's ranks on ``node_names`` that an agent may start now, each claimed by
+    compare-and-swap (``CLAIMED``), so a duplicate launch or two agents never start one twice."""
+    mine = attempt.placements.filter(node__name__in=node_names, runner_pid__isnull=True).select_related("node").order_by("rank")
+    return [p for p in mine if AttemptNode.objects.filter(pk=p.pk, runner_pid__isnull=True).update(runner_pid=CLAIMED)]
+
+
+def image_pulled(attempt: JobAttempt, part: AttemptNode, reference: str) -> None:
+    """The node pulled the attempt's image as ``reference`` (by digest): rank 0's is the one the
+    attempt ran, and a failover runs the same."""
+    if part.rank == 0:
+        JobAttempt.objects.filter(pk=attempt.pk).update(image_digest=reference)
+        attempt.image_digest = reference
+
+
+def part_started(part: AttemptNode, *, runner_pid: int, workdir: str, resume_step: int | None = None) -> bool:
+    """A rank's supervisor runs as ``runner_pid`` in ``workdir``; ``resume_step`` is the newest
+    checkpoint the node found in the job's output (None: none, or a first attempt), rank 0's
+    being the attempt's. The last rank to start makes the attempt Running (``run_started``).
+    Returns False if the job moved on meanwhile (stopped, or the attempt ended): its agent ends
+    the runs."""
+    AttemptNode.objects.filter(pk=part.pk).update(runner_pid=runner_pid, workdir=workdir)
+    part.runner_pid, part.workdir = runner_pid, workdir
+    attempt = part.attempt
+    if part.rank == 0 and resume_step is not None:
+        JobAttempt.objects.filter(pk=attempt.pk).update(resume_step=resume_step)
+    if attempt.placements.filter(Q(runner_pid__isnull=True) | Q(runner_pid=CLAIMED)).exists():
+        return True  # other ranks are still being started (here, or by other agents)
+    attempt.refresh_from_db(fields=["resume_step"])
+    return run_started(attempt)
+
+
+def stop_begun(attempt: JobAttempt) -> datetime:
+    """The agent begins stopping the attempt's runs (its job is being stopped, or the attempt
+    must end): the time its grace period runs from, recorded once and returned."""
+    if attempt.stop_requested_at is None:
+        now = timezone.now()
+        JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
+        attempt.stop_requested_at = now
+    return attempt.stop_requested_at
 
 
 def image_unavailable(job: TrainingJob, why: str) -> None:

@@ -1,0 +1,141 @@
+"""The run-file contract (``agent.runfiles``): what the runner writes is what the agent reads, and
+whatever else a job-controlled process could have left in a run directory comes back typed, in
+range, or not at all — never a crash, a hang or a link followed."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from agent import runfiles
+from agent.runfiles import ExitRecord, PidRecord, RunSpec
+
+
+def test_what_the_runner_writes_the_agent_reads_back(tmp_path):
+    spec_path = runfiles.write_spec(tmp_path, RunSpec(command="echo hi", cwd="/w", env={"A": "1"}, max_lines=10, preamble=["first"]))
+    assert oct(os.stat(spec_path).st_mode & 0o777) == "0o600"  # the job's environment: the agent's eyes only
+    assert runfiles.read_spec(spec_path) == RunSpec(command="echo hi", cwd="/w", env={"A": "1"}, max_lines=10, preamble=["first"])
+
+    assert runfiles.read_pid(tmp_path) is None and not runfiles.pid_written(tmp_path)
+    runfiles.write_pid(tmp_path, PidRecord(runner_pid=10, pgid=11, started_at=5.0, cgroup=("/sys/fs/cgroup/x",), container="c"))
+    assert runfiles.read_pid(tmp_path) == PidRecord(runner_pid=10, pgid=11, started_at=5.0, cgroup=("/sys/fs/cgroup/x",), container="c")
+
+    with runfiles.OutputWriter(tmp_path) as out:
+        out.emit("one", 1.0)
+        out.skip()
+        out.emit("three ✓", 3.0)
+        out.note("a note", 4.0)
+    chunk = runfiles.read_output(tmp_path, 0)
+    assert [(line.number, line.text) for line in chunk.lines] == [(1, "one"), (3, "three ✓"), (3, "a note")]
+    assert chunk.at_end and chunk.unreadable == 0
+    assert runfiles.read_output(tmp_path, chunk.offset).lines == []
+
+    assert runfiles.read_exit(tmp_path) is None
+    runfiles.write_exit(tmp_path, ExitRecord(exit_code=None, signal=9, ended_at=6.0, lines=3, oom_kills=1, memory_limit_mb=128))
+    ended = runfiles.read_exit(tmp_path)
+    assert ended == ExitRecord(exit_code=None, signal=9, ended_at=6.0, lines=3, oom_kills=1, memory_limit_mb=128)
+    assert ended.readable and ended.out_of_memory
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([runfiles.SPEC_FILE, runfiles.PID_FILE, runfiles.OUTPUT_FILE, runfiles.EXIT_FILE])
+
+
+def test_a_pid_record_without_a_process_group_says_there_is_nothing_to_signal(tmp_path):
+    runfiles.write_pid(tmp_path, PidRecord(runner_pid=2**23, pgid=None))
+    assert "pgid" not in json.loads((tmp_path / runfiles.PID_FILE).read_text())
+    assert runfiles.read_pid(tmp_path).pgid is None
+
+
+@pytest.mark.parametrize(
+    "payload, expected",
+    [
+        ({"runner_pid": True, "pgid": 2**40, "started_at": float("inf"), "cgroup": ["/ok", 7, None], "container_pid": 1},
+         PidRecord(runner_pid=None, pgid=None, started_at=0.0, cgroup=("/ok",))),
+        ({"runner_pid": "12", "pgid": -5, "cgroup": "/not-a-list", "container": ["x"]}, PidRecord(runner_pid=None, pgid=None)),
+    ],
+)
+def test_a_forged_pid_record_yields_no_field_out_of_range(tmp_path, payload, expected):
+    (tmp_path / runfiles.PID_FILE).write_text(json.dumps(payload))
+    assert runfiles.read_pid(tmp_path) == expected
+
+
+def test_an_exit_record_that_cannot_be_read_is_an_end_of_unknown_status(tmp_path):
+    (tmp_path / runfiles.EXIT_FILE).write_text("not json")
+    ended = runfiles.read_exit(tmp_path)
+    assert ended is not None and not ended.readable  # the agent reports it ended, cause unknown
+    (tmp_path / runfiles.EXIT_FILE).write_text(json.dumps({"exit_code": 2**40, "signal": 0, "oom_kills": True, "pids_limit_hit": 1.5}))
+    assert runfiles.read_exit(tmp_path) == ExitRecord(exit_code=None, signal=None)
+
+
+def test_run_files_are_never_read_through_a_link_or_a_fifo(tmp_path):
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"runner_pid": 1234, "pgid": 1234}))
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(secret, run / runfiles.PID_FILE)
+    os.symlink(secret, run / runfiles.EXIT_FILE)
+    os.mkfifo(run / runfiles.OUTPUT_FILE)  # opening it to read would block for good
+    assert runfiles.read_pid(run) is None
+    assert runfiles.read_exit(run) == ExitRecord(exit_code=None, signal=None)
+    assert runfiles.read_output(run, 0) == runfiles.OutputChunk([], 0, 0, True)
+
+
+def test_a_record_file_past_its_limit_is_refused(tmp_path):
+    (tmp_path / runfiles.PID_FILE).write_text(json.dumps({"runner_pid": 5, "pad": "x" * runfiles.RECORD_MAX_BYTES}))
+    assert runfiles.read_pid(tmp_path) is None
+    with pytest.raises(runfiles.Refused):
+        runfiles.read_bounded(tmp_path / runfiles.PID_FILE, runfiles.RECORD_MAX_BYTES)
+
+
+def test_a_last_line_without_its_newline_waits_unless_the_output_is_complete(tmp_path):
+    (tmp_path / runfiles.OUTPUT_FILE).write_bytes(runfiles.output_record(1, 1.0, "whole") + b'{"n": 2, "t": 2.0, "s": "half')
+    first = runfiles.read_output(tmp_path, 0)
+    assert [line.text for line in first.lines] == ["whole"] and not first.at_end
+    assert runfiles.read_output(tmp_path, first.offset).lines == []
+    (tmp_path / runfiles.OUTPUT_FILE).open("ab").write(b'"}')
+    last = runfiles.read_output(tmp_path, first.offset, complete=True)  # the exit record is written
+    assert [line.text for line in last.lines] == ["half"] and last.at_end
+    assert last.offset == (tmp_path / runfiles.OUTPUT_FILE).stat().st_size
+
+
+def test_one_line_longer_than_a_read_is_skipped_and_the_next_is_read(tmp_path):
+    (tmp_path / runfiles.OUTPUT_FILE).write_bytes(b"x" * 5000 + b"\n" + runfiles.output_record(1, 1.0, "after"))
+    texts, unreadable, offset = [], 0, 0
+    for _ in range(10):
+        chunk = runfiles.read_output(tmp_path, offset, max_bytes=2000)
+        texts += [line.text for line in chunk.lines]
+        unreadable += chunk.unreadable
+        offset = chunk.offset
+        if chunk.at_end:
+            break
+    assert texts == ["after"] and unreadable >= 1
+
+
+@pytest.mark.parametrize(
+    "record",
+    [{"n": 1, "t": 1.0, "s": "x" * (runfiles.OUTPUT_TEXT_MAX_CHARS + 1)}, {"n": 2**62, "t": 1.0, "s": "x"}, {"n": 1, "t": -1, "s": "x"}],
+)
+def test_an_output_record_out_of_range_is_counted_and_skipped(tmp_path, record):
+    (tmp_path / runfiles.OUTPUT_FILE).write_bytes(json.dumps(record).encode() + b"\n" + runfiles.output_record(2, 2.0, "ok"))
+    chunk = runfiles.read_output(tmp_path, 0, max_bytes=4 << 20)
+    assert [line.text for line in chunk.lines] == ["ok"] and chunk.unreadable == 1
+
+
+def test_a_spec_that_is_not_one_is_refused(tmp_path):
+    path = tmp_path / runfiles.SPEC_FILE
+    for bad in ("[]", json.dumps({"command": "x", "cwd": "/", "env": {"A": 1}}), json.dumps({"cwd": "/", "env": {}}), "{"):
+        path.write_text(bad)
+        with pytest.raises(runfiles.SpecRefused):
+            runfiles.read_spec(path)
+    assert runfiles.spec_container(tmp_path) is None
+
+
+def test_stale_files_of_an_earlier_run_are_cleared_and_unfinished_runs_found(tmp_path):
+    run = tmp_path.joinpath(*runfiles.run_dir_parts(7, 2, 0))
+    run.mkdir(parents=True)
+    runfiles.write_pid(run, PidRecord(runner_pid=1, pgid=1))
+    assert list(runfiles.unfinished_run_dirs(tmp_path)) == [run]
+    runfiles.write_exit(run, ExitRecord(exit_code=0, signal=None))
+    assert list(runfiles.unfinished_run_dirs(tmp_path)) == []
+    runfiles.write_env(run, "A=1\n")
+    runfiles.clear_stale(run)
+    assert list(run.iterdir()) == []
