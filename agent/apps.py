@@ -7,6 +7,7 @@ class AgentConfig(AppConfig):
     verbose_name = "Node agent"
 
     def ready(self) -> None:
+        # Imported here, not at the top: the app registry is ready only now (Django's rule for ready()).
         from agent import local_agents
         from agent.plugins import register
         from agent.sampling import ResourceSampler

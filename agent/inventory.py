@@ -36,7 +36,7 @@ class NodeSpec:
 def nvml_nodes() -> list[NodeSpec] | None:
     """This machine as one node with its real GPUs; None where NVML (a driver) is unavailable."""
     try:
-        import pynvml
+        import pynvml  # at call time: a test may have put the simulated driver in sys.modules
 
         pynvml.nvmlInit()
     except Exception as exc:  # no driver, no library: the simulated backend takes over

@@ -3,6 +3,7 @@ health checks), and at the agent loop's start and end (failover's health monitor
 plug-in is made once per agent, from the agent's public view of itself."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -49,7 +50,6 @@ def plugins_for(agent: AgentView) -> list[AgentPlugin]:
 def call_optional(plugins: list[AgentPlugin], hook: str, *args) -> None:
     """Call ``hook`` (``on_start``, ``on_shutdown``, ``on_reconcile``) on every plug-in that has
     it; one failing is logged and the others still run."""
-    import logging
 
     for plugin in plugins:
         method = getattr(plugin, hook, None)

@@ -12,6 +12,7 @@ Two kinds of metric, so every deployment reports the same numbers:
 """
 from __future__ import annotations
 
+import hmac
 import os
 import time
 from collections import Counter as Tally
@@ -21,7 +22,7 @@ from django.conf import settings
 from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from rest_framework import permissions, renderers
 from rest_framework.request import Request
@@ -195,7 +196,6 @@ DATABASE_REGISTRY.register(DatabaseCollector())
 def process_registry():
     """The in-process metrics: all web processes' together in multiprocess mode."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
@@ -228,7 +228,6 @@ class StaffOrMetricsToken(permissions.BasePermission):
 
 
 def _same(given: str, expected: str) -> bool:
-    import hmac
 
     return hmac.compare_digest(given.encode(), expected.encode())
 
@@ -254,6 +253,5 @@ def serve_process_metrics(role: str) -> None:
     scale-out). The database metrics are not repeated there: the console's /metrics has them."""
     if not settings.METRICS_PORT:
         return
-    from prometheus_client import start_http_server
 
     start_http_server(settings.METRICS_PORT, addr=settings.METRICS_ADDR)

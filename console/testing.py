@@ -1,8 +1,8 @@
 """Test fixtures shared by every app (loaded by the root conftest as a pytest plugin).
 
 The three users of every access test (owner, teammate, outsider), staff, a job factory, and a
-node agent on simulated GPUs that runs real processes. Django is imported lazily so that
-ckptlib's tests run without it.
+node agent on simulated GPUs that runs real processes. pytest-django has set Django up before
+the root conftest loads this plugin, so models import at the top.
 """
 from __future__ import annotations
 
@@ -13,8 +13,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.db import OperationalError
 
 from agent import engine, local_agents
+from agent.default_image import ensure as ensure_default_image
+from agent.inventory import register_nodes, simulated_nodes
+from agent.loop import embedded_round
+from agent.node_agent import NodeAgent
+from jobs.models import Image
+from jobs.services.creation import create_job, personal_project_for
+from jobs.services.images import qualify
+from logs.models import LogLine
 
 REPO = Path(__file__).resolve().parent.parent
 # The suite shares the checkout's container storage and local registry: the default image is
@@ -46,13 +58,9 @@ DEFAULT_IMAGE_FIGURES: dict = {}
 def default_image_ready() -> dict:
     """The local registry and the default image in it (built on the suite's first use)."""
     if not DEFAULT_IMAGE_FIGURES and SANDBOX_READY:
-        from django.conf import settings
-
-        from agent import default_image
-        from jobs.services.images import qualify
 
         name = qualify(settings.DEFAULT_IMAGE).split("/", 1)[1]
-        DEFAULT_IMAGE_FIGURES.update(default_image.ensure(ENGINE_ROOT, settings.LOCAL_REGISTRY_PORT, name, log=lambda line: None))
+        DEFAULT_IMAGE_FIGURES.update(ensure_default_image(ENGINE_ROOT, settings.LOCAL_REGISTRY_PORT, name, log=lambda line: None))
     return DEFAULT_IMAGE_FIGURES
 
 
@@ -64,7 +72,6 @@ def job_work_root(request, tmp_path):
         yield None
         return
     settings = request.getfixturevalue("settings")
-    from django.core.cache import cache
 
     cache.clear()  # sign-in failure counts and request throttles start afresh in every test
     settings.JOB_WORK_ROOT = tmp_path / "jobs"
@@ -78,6 +85,21 @@ def job_work_root(request, tmp_path):
     from agent.runner import kill_unfinished_runs
 
     kill_unfinished_runs(tmp_path / "jobs")
+
+
+# A test that asks for one of these starts real processes (a live console server, Chromium, a
+# node agent whose runs are real processes): it is slow, whether or not its module says so.
+REAL_PROCESS_FIXTURES = frozenset({"live_console", "browser", "page", "agent", "drive"})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark ``slow`` what ``make test-fast`` (``-m "not slow"``) leaves out: tests that start real
+    processes (``REAL_PROCESS_FIXTURES``) and the scale-out cluster's (``scaleout``)."""
+    for item in items:
+        if "slow" in item.keywords:
+            continue
+        if REAL_PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("scaleout"):
+            item.add_marker(pytest.mark.slow)
 
 
 AGENTS_BEFORE = pytest.StashKey[set]()  # the agents of this process before a test
@@ -125,7 +147,6 @@ PLATFORM_LINE_PREFIXES = (
 def job_output(job, **filters) -> list[str]:
     """What the job's command printed, in order: its log without the lines the platform writes
     while preparing the run's container."""
-    from logs.models import LogLine
 
     lines = LogLine.objects.filter(job=job, **filters).order_by("seq").values_list("text", flat=True)
     return [line for line in lines if not line.startswith(PLATFORM_LINE_PREFIXES)]
@@ -135,7 +156,6 @@ def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., b
     """Make ``owner.name`` fail once, where ``when(*args)`` says, as SQLite's shared cache does
     while another thread writes ("database table is locked"); returns the refused calls' first
     arguments."""
-    from django.db import OperationalError
 
     real = getattr(owner, name)
     refused: list = []
@@ -152,16 +172,12 @@ def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., b
 
 @pytest.fixture
 def owner(db):
-    from django.contrib.auth.models import User
 
     return User.objects.create_user("owner", password="owner-pass-1")
 
 
 @pytest.fixture
 def teammate(db, owner):
-    from django.contrib.auth.models import User
-
-    from jobs.services.creation import personal_project_for
 
     user = User.objects.create_user("teammate", password="teammate-pass-1")
     personal_project_for(owner).members.add(user)
@@ -170,28 +186,30 @@ def teammate(db, owner):
 
 @pytest.fixture
 def outsider(db):
-    from django.contrib.auth.models import User
 
     return User.objects.create_user("outsider", password="outsider-pass-1")
 
 
 @pytest.fixture
 def staff(db):
-    from django.contrib.auth.models import User
 
     return User.objects.create_user("operator", password="operator-pass-1", is_staff=True, is_superuser=True)
 
 
 @pytest.fixture
+def data_volume(settings):
+    """/data is a writable volume of every project: output directories may lie in it."""
+    settings.JOB_VOLUMES = "/data:rw"
+
+
+@pytest.fixture
 def project(owner):
-    from jobs.services.creation import personal_project_for
 
     return personal_project_for(owner)
 
 
 @pytest.fixture
 def default_image(db, settings):
-    from jobs.models import Image
 
     default_image_ready()
     image, _ = Image.objects.get_or_create(
@@ -202,7 +220,6 @@ def default_image(db, settings):
 
 @pytest.fixture
 def make_job(owner, default_image) -> Callable:
-    from jobs.services.creation import create_job
 
     counter = {"n": 0}
 
@@ -220,7 +237,6 @@ def make_job(owner, default_image) -> Callable:
 @pytest.fixture
 def nodes(db, settings):
     """Three simulated nodes with four GPUs each, registered as the embedded agent does."""
-    from agent.inventory import register_nodes, simulated_nodes
 
     settings.SIMULATED_NODES = 3
     settings.SIMULATED_GPUS_PER_NODE = 4
@@ -229,7 +245,6 @@ def nodes(db, settings):
 
 @pytest.fixture
 def agent(nodes, settings):
-    from agent.node_agent import NodeAgent
 
     settings.STOP_GRACE_PERIOD = 5.0
     return NodeAgent([n.name for n in nodes])
@@ -238,7 +253,6 @@ def agent(nodes, settings):
 @pytest.fixture
 def drive(agent) -> Callable:
     """Run placement and the agent until the job reaches one of ``statuses`` (or time runs out)."""
-    from agent.loop import embedded_round
 
     def run(job, statuses: set[str] | str, *, timeout: float = 60.0):
         wanted = {statuses} if isinstance(statuses, str) else set(statuses)

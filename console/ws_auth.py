@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from channels.db import database_sync_to_async
 from channels.middleware import BaseMiddleware
+from channels.security.websocket import AllowedHostsOriginValidator
 from knox.auth import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
@@ -36,7 +37,6 @@ class BrowserOriginValidator:
     clients, which send no Origin and authenticate by token, through."""
 
     def __init__(self, application) -> None:
-        from channels.security.websocket import AllowedHostsOriginValidator
 
         self.checked = AllowedHostsOriginValidator(application)
         self.application = application

@@ -15,8 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import pynvml
-
+from failover.classify import pci_key
 from failover.evidence import Finding, FindingKind, HealthReport
 
 logger = logging.getLogger(__name__)
@@ -109,7 +108,13 @@ class NvmlProbe:
     """
 
     def __init__(self, node_name: str, *, expected_gpus: int, nvml=None, timeout: float = NVML_CALL_TIMEOUT) -> None:
-        self.nv = pynvml if nvml is None else nvml
+        if nvml is None:
+            # Looked up when a probe is made, not at import: a test puts the simulated driver
+            # (failover.tests.fake_pynvml, the same signatures) in sys.modules first.
+            import pynvml
+
+            nvml = pynvml
+        self.nv = nvml
         self.node_name = node_name
         self.expected_gpus = expected_gpus
         self.call = Watchdog(timeout, name=f"nvml-{node_name}")
@@ -352,7 +357,6 @@ class NvmlProbe:
         return lost
 
     def gpu_by_pci(self) -> dict[str, int]:
-        from failover.classify import pci_key
 
         nv = self.nv
         found: dict[str, int] = {}

@@ -9,7 +9,9 @@ import logging
 from typing import Protocol
 
 from failover.evidence import Finding, FindingKind, HealthReport
+from failover.models import SimulatedFault
 from failover.nvml import NvmlProbe
+from jobs.models import GPU
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,6 @@ class SimulatedProbe:
         self.node_name = node_name
 
     def check(self) -> HealthReport:
-        from failover.models import SimulatedFault
 
         findings: list[Finding] = []
         faults = SimulatedFault.objects.filter(node__name=self.node_name, cleared_at__isnull=True).order_by("created_at")
@@ -59,7 +60,6 @@ class SimulatedProbe:
         return HealthReport(node=self.node_name, findings=tuple(findings), source="simulated")
 
     def kernel_log(self) -> str:
-        from failover.models import SimulatedFault
 
         lines = []
         for fault in SimulatedFault.objects.filter(node__name=self.node_name, cleared_at__isnull=True).order_by("created_at"):
@@ -71,7 +71,6 @@ class SimulatedProbe:
 
 
     def gpu_by_pci(self) -> dict[str, int]:
-        from jobs.models import GPU
 
         indices = GPU.objects.filter(node__name=self.node_name).values_list("index", flat=True)
         return {simulated_bus(index)[5:]: index for index in indices}

@@ -10,6 +10,7 @@ class LogsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Imported here, not at the top: the app registry is ready only now (Django's rule for ready()).
         from jobs import extensions
 
         extensions.on_control_round(purge_when_due)

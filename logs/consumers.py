@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from jobs.models import TrainingJob
 from jobs.realtime import job_group, log_group
 from jobs.sockets import AccessRechecks
 from jobs.statuses import TERMINAL
@@ -184,7 +185,6 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
 
     @database_sync_to_async
     def read_status(self, user) -> str | None:
-        from jobs.models import TrainingJob
 
         return TrainingJob.objects.visible_to(user).filter(pk=self.job_id).values_list("status", flat=True).first()
 

@@ -13,6 +13,8 @@ from jobs.extensions import StatusChange
 from notify import verification
 from notify.models import Subscription
 from notify.services import kinds_of
+from notify.tasks import fan_out, send_verification
+from notify.worker import worker
 
 logger = logging.getLogger(__name__)
 
@@ -23,14 +25,12 @@ def status_changed(change: StatusChange) -> None:
     if not Subscription.objects.exists():
         return  # nobody listens: no message, no thread (one indexed query on the caller's connection)
     if settings.SCALE_OUT:
-        from notify.tasks import fan_out
 
         try:
             fan_out.delay(change.event_id)
         except Exception:  # the broker is down: the event row stays; nothing else may fail
             logger.exception("could not queue notifications for event %s", change.event_id)
         return
-    from notify.worker import worker
 
     worker.submit("fan_out", change.event_id)
 
@@ -45,13 +45,11 @@ def confirmation_requested(subscription: Subscription) -> None:
 
 def send_confirmation(subscription_id: int) -> None:
     if settings.SCALE_OUT:
-        from notify.tasks import send_verification
 
         try:
             send_verification.delay(subscription_id)
         except Exception:  # the broker is down: the user can ask for the link again
             logger.exception("could not queue the confirmation e-mail of subscription %s", subscription_id)
         return
-    from notify.worker import worker
 
     worker.submit("verify", subscription_id)

@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from notify import services, verification
+
 logger = logging.getLogger(__name__)
 
 
@@ -52,7 +54,6 @@ class Worker:
             self.pool.submit(self.work, what, ident)
 
     def work(self, what: str, ident: int) -> None:
-        from notify import services, verification
 
         close_old_connections()
         try:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -50,7 +51,6 @@ DPKG_EXCLUDES = (
 def default_packages(pyproject: Path = REPO_DIR / "pyproject.toml") -> list[str]:
     """What pip installs into the default image: pyproject.toml's ``ckpt`` extra (the pinned CPU
     torch first) and numpy, pyyaml."""
-    import tomllib
 
     extras = tomllib.loads(Path(pyproject).read_text())["project"]["optional-dependencies"]["ckpt"]
     wanted = [*extras, *(name for name in EXTRA_PIP if not any(_pip_name(e) == name for e in extras))]

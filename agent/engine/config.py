@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -93,7 +94,6 @@ class EngineConfig:
         shortnames.conf there maps ``python``, ``ubuntu``, … to docker.io. The per-user drop-in
         directory under our HOME is read after it, so every such alias is pointed there at a name
         that cannot resolve (RFC 2606 ``.invalid``): a short name never reaches a public registry."""
-        import tomllib
 
         aliases: set[str] = set()
         for conf in sorted(SYSTEM_REGISTRIES_D.glob("*.conf")) if SYSTEM_REGISTRIES_D.is_dir() else []:

@@ -10,10 +10,12 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -209,7 +211,6 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _port_taken(port: int) -> bool:
-    import socket
 
     with socket.socket() as sock:
         sock.settimeout(1)
@@ -218,12 +219,11 @@ def _port_taken(port: int) -> bool:
 
 def _bcrypt(password: str) -> str:
     try:
-        import bcrypt
+        import bcrypt  # optional: python3-bcrypt where it is installed, else htpasswd's own hash below
 
         return bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
     except ImportError:
         pass
-    import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -296,6 +296,22 @@ def live_console() -> Iterator[LiveConsole]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+# The module constants ``users`` creates, and whether each is staff.
+USER_ROLES = (("OWNER", False), ("OUTSIDER", False), ("OPERATOR", True), ("ADMIN", True))
+
+
+@pytest.fixture(scope="module")
+def users(request, live_console):
+    """The module's users in the shared live console, from its ``OWNER``, ``OUTSIDER`` (plain
+    users), ``OPERATOR`` and ``ADMIN`` (staff) pairs of (username, password), where it has them:
+    every module names its own, since the console's database is shared by all of them."""
+    for constant, staff in USER_ROLES:
+        pair = getattr(request.module, constant, None)
+        if pair is not None:
+            live_console.create_user(*pair, staff=staff)
+    return live_console
+
+
 @pytest.fixture(scope="session")
 def browser():
     executable = chromium_path()

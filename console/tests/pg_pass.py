@@ -3,8 +3,9 @@
 Runs every database test again with ``DATABASE_URL`` pointing at ``TEST_POSTGRES_URL`` (default
 the local server's ``postgres`` database; pytest-django creates its own test database beside it).
 Where no PostgreSQL answers it says so and skips, unless ``REQUIRE_SCALEOUT=1`` (CI), where that
-is a failure. ckptlib (no database) and the tests in console/tests run in the first pass only
-(the process-level ones, browser and scale-out cluster, set up their own databases), except those
+is a failure. ckptlib, the client and the benchmarks' tests (no database), the tests in
+console/tests and the process-level ones of other apps (``PROCESS_LEVEL``: browser, live console
+and scale-out cluster tests set up their own databases) run in the first pass only, except those
 named in ``ON_POSTGRES_TOO``: the schemathesis fuzz of every API endpoint runs on both.
 """
 from __future__ import annotations
@@ -17,13 +18,21 @@ from pathlib import Path
 from console.tests.scaleout import reachable
 
 CONSOLE_TESTS = Path(__file__).resolve().parent
+ROOT = CONSOLE_TESTS.parent.parent
 ON_POSTGRES_TOO = ("test_api_schema_fuzz.py",)
+NO_DATABASE = ("ckptlib", "client", "bench")
+PROCESS_LEVEL = (
+    "notify/tests/test_webhooks_end_to_end.py",
+    "jobs/tests/test_live_across_processes.py",
+    "jobs/tests/test_scaleout_live_status.py",
+)
 
 
 def pytest_command(argv: list[str]) -> list[str]:
     """The pytest command line of the PostgreSQL pass."""
-    first_pass_only = [f"--ignore={path}" for path in sorted(CONSOLE_TESTS.glob("test_*.py")) if path.name not in ON_POSTGRES_TOO]
-    return [sys.executable, "-m", "pytest", *argv, "--ignore=ckptlib", *first_pass_only]
+    first_pass_only = [path for path in sorted(CONSOLE_TESTS.glob("test_*.py")) if path.name not in ON_POSTGRES_TOO]
+    first_pass_only += [ROOT / path for path in (*NO_DATABASE, *PROCESS_LEVEL)]
+    return [sys.executable, "-m", "pytest", *argv, *(f"--ignore={path}" for path in first_pass_only)]
 
 
 def main(argv: list[str]) -> int:

@@ -14,14 +14,14 @@ READS = ["", "events", "attempts", "logs"]
 
 
 @pytest.fixture
-def users(owner, teammate, outsider, staff) -> dict:
+def everyone(owner, teammate, outsider, staff) -> dict:
     return {"owner": owner, "teammate": teammate, "outsider": outsider, "staff": staff}
 
 
 @pytest.mark.parametrize("who", ["owner", "teammate", "staff"])
 @pytest.mark.parametrize("endpoint", READS)
-def test_the_owner_a_teammate_and_staff_may_read_a_job(api_as, users, job, who, endpoint):
-    response = api_as(users[who]).get(job_url(job, endpoint))
+def test_the_owner_a_teammate_and_staff_may_read_a_job(api_as, everyone, job, who, endpoint):
+    response = api_as(everyone[who]).get(job_url(job, endpoint))
 
     assert response.status_code == 200
 
@@ -53,27 +53,27 @@ def test_an_outsider_may_not_delete_a_job(api_as, outsider, job):
 
 
 @pytest.mark.parametrize("who", ["owner", "teammate", "staff"])
-def test_the_owner_a_teammate_and_staff_may_stop_a_job(api_as, users, job, who):
-    response = api_as(users[who]).post(job_url(job, "stop"))
+def test_the_owner_a_teammate_and_staff_may_stop_a_job(api_as, everyone, job, who):
+    response = api_as(everyone[who]).post(job_url(job, "stop"))
 
     assert response.status_code == 200
     assert response.json()["status"] == "Stopped"
 
 
 @pytest.mark.parametrize("who", ["owner", "teammate", "staff"])
-def test_the_owner_a_teammate_and_staff_may_delete_a_finished_job(api_as, users, job, who):
+def test_the_owner_a_teammate_and_staff_may_delete_a_finished_job(api_as, everyone, job, who):
     move_to(job, JobStatus.FAILED)
 
-    assert api_as(users[who]).delete(job_url(job)).status_code == 204
+    assert api_as(everyone[who]).delete(job_url(job)).status_code == 204
     assert not TrainingJob.objects.filter(pk=job.pk).exists()
 
 
 @pytest.mark.parametrize("who", ["owner", "teammate", "staff"])
-def test_the_owner_a_teammate_and_staff_may_clone_a_job(api_as, users, job, who):
-    response = api_as(users[who]).post(job_url(job, "clone"), {}, format="json")
+def test_the_owner_a_teammate_and_staff_may_clone_a_job(api_as, everyone, job, who):
+    response = api_as(everyone[who]).post(job_url(job, "clone"), {}, format="json")
 
     assert response.status_code == 201
-    assert response.json()["owner"] == users[who].username
+    assert response.json()["owner"] == everyone[who].username
 
 
 def test_the_list_shows_a_user_only_the_jobs_of_their_projects(api_as, owner, teammate, outsider, make_job):

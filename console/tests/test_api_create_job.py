@@ -7,13 +7,8 @@ from django.conf import settings
 from console.tests.api_fixtures import JOBS_URL
 from jobs.models import JobEvent, Project, TrainingJob
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_volume")]
 
-
-@pytest.fixture(autouse=True)
-def data_volume(settings):
-    """/data is a writable volume of every project here: the output directories below lie in it."""
-    settings.JOB_VOLUMES = "/data:rw"
 
 COMMAND = 'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" python train.py'
 

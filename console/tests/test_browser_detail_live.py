@@ -12,12 +12,6 @@ pytestmark = pytest.mark.slow
 OWNER = ("detail-live-owner", "owner-pass-1")
 
 
-@pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    return live_console
-
-
 def short_run(steps: int, pause: float) -> str:
     return (
         "python -c \"import time\n"

@@ -12,12 +12,6 @@ pytestmark = pytest.mark.slow
 OWNER = ("form-cmd-owner", "owner-pass-1")
 
 
-@pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    return live_console
-
-
 def log_text(console, job_id: int) -> str:
     status, page = console.api("GET", f"/api/v1/training-jobs/{job_id}/logs/?limit=500", user=OWNER[0])
     assert status == 200, (status, page)

@@ -42,13 +42,6 @@ def set_cordoned(console, cordoned: bool) -> None:
     console.shell(f"from jobs.models import Node; Node.objects.update(cordoned={cordoned!r})")
 
 
-@pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    live_console.create_user(*OPERATOR, staff=True)
-    return live_console
-
-
 def progress_command(steps: int, pause: float) -> str:
     return (
         "python -c \"import time\n"

@@ -12,12 +12,6 @@ OWNER = ("list-live-owner", "owner-pass-1")
 WATCH_RELOAD = "() => { window.__noReload = 'same page'; }"
 
 
-@pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    return live_console
-
-
 def row_ids(page) -> list[int]:
     return [int(x) for x in page.eval_on_selector_all("tr[data-job-id]", "rows => rows.map(r => r.dataset.jobId)")]
 

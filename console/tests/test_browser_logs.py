@@ -26,13 +26,6 @@ def counter(lines: int | None, pause: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    live_console.create_user(*OUTSIDER)
-    return live_console
-
-
-@pytest.fixture(scope="module")
 def big_log(users):
     """A finished job with a 100,000-line log (one line of its own, then lines inserted directly)."""
     job = users.create_job(OWNER[0], "big-log", "python -c \"print('done', flush=True)\"")

@@ -12,12 +12,6 @@ OWNER = ("metrics-owner", "owner-pass-1")
 TRAINING = "python -m jobs.examples.train_ckpt --steps 2000 --save-every 50 --sleep 0.01"
 
 
-@pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    return live_console
-
-
 def test_the_gpu_metrics_chart_shows_points_for_a_running_job(users, page):
     console = users
     job = console.create_job(OWNER[0], "metrics-run", TRAINING, gpus_per_node=2)

@@ -11,12 +11,6 @@ pytestmark = pytest.mark.slow
 OPERATOR = ("nodes-live-operator", "operator-pass-1")
 
 
-@pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OPERATOR, staff=True)
-    return live_console
-
-
 def test_an_injected_fault_shows_on_the_nodes_page_without_a_reload(users, page):
     console = users
     login(page, console, *OPERATOR)

@@ -14,12 +14,6 @@ OWNER = ("resume-owner", "owner-pass-1")
 TRAINING = "python -m jobs.examples.train_ckpt --steps 600 --save-every 10 --sleep 0.03"
 
 
-@pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    return live_console
-
-
 def log_text(console, job_id: int) -> str:
     status, page = console.api("GET", f"/api/v1/training-jobs/{job_id}/logs/?limit=2000", user=OWNER[0])
     assert status == 200, (status, page)

@@ -9,13 +9,7 @@ from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.statuses import JobStatus
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def data_volume(settings):
-    """/data is a writable volume of every project here: the output directories below lie in it."""
-    settings.JOB_VOLUMES = "/data:rw"
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_volume")]
 
 
 @pytest.fixture

@@ -10,5 +10,5 @@ def test_the_postgresql_pass_reruns_the_api_fuzz_and_leaves_out_the_process_leve
     command = pytest_command(["-q"])
     ignored = {Path(arg.split("=", 1)[1]).name for arg in command if arg.startswith("--ignore=")}
     assert "test_api_schema_fuzz.py" not in ignored
-    assert {"ckptlib", "test_browser_live.py", "test_scaleout_integration.py"} <= ignored
+    assert {"ckptlib", "client", "bench", "test_browser_live.py", "test_scaleout_integration.py", "test_webhooks_end_to_end.py"} <= ignored
     assert command[command.index("pytest") + 1] == "-q"

@@ -33,7 +33,7 @@ def main() -> int:
 
     if args.datastates:
         try:
-            from datastates.llm import DecoratedCheckpointing
+            from datastates.llm import DecoratedCheckpointing  # only with --datastates: on CHECKPOINT_VENDOR's path then
         except ImportError as exc:
             print(f"cannot import datastates.llm ({exc}); is PYTHONPATH=$CHECKPOINT_VENDOR set?", flush=True)
             return 2

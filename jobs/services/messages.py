@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import logging
 
+import redis
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
+
+from jobs.extensions import agents_woken
+from jobs.models import AttemptNode
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +25,6 @@ def node_queue(node_name: str) -> str:
 
 
 def send_task(name: str, *, args: list | None = None, queue: str) -> None:
-    from celery import current_app
 
     current_app.send_task(name, args=args or [], queue=queue)
 
@@ -81,7 +85,6 @@ _redis = None
 def redis_client():
     global _redis
     if _redis is None:
-        import redis
 
         _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
     return _redis
@@ -96,8 +99,6 @@ def wake_agents(node_names=(), *, jobs=(), attempts=()) -> None:
     without agents polling. In-process agents (the embedded default, a node agent's own calls) are
     woken through ``jobs.extensions``; in scale-out each node's agent also gets ``agent.reconcile`` on
     its queue."""
-    from jobs.extensions import agents_woken
-    from jobs.models import AttemptNode
 
     names = set(node_names)
     if jobs or attempts:

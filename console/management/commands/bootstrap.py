@@ -12,10 +12,12 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from agent import default_image
 from agent.inventory import discover_nodes, register_nodes
 from agent.launch import containers_ready
 from console.env import env_str
 from jobs.models import Image
+from jobs.services.images import qualify
 
 
 def ensure_default_image() -> Image:
@@ -47,8 +49,6 @@ class Command(BaseCommand):
 
     def build_default_image(self) -> None:
         """The local registry on loopback and the default image in it (built on first use)."""
-        from agent import default_image
-        from jobs.services.images import qualify
 
         name = qualify(settings.DEFAULT_IMAGE).split("/", 1)[1]
         try:

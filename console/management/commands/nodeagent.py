@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from agent.inventory import NodeSpec, discover_nodes, register_nodes, simulated_nodes
 from agent.loop import EmbeddedControlLoop
 from agent.node_agent import NodeAgent, beat_now
+from console.celery import app
 from console.prometheus import serve_process_metrics
 from jobs.models import Node
 from jobs.services.messages import node_queue
@@ -48,7 +49,6 @@ class Command(BaseCommand):
         self.stdout.write(f"node agent for {node.name} ({len(spec.gpus)} GPUs{', simulated' if spec.simulated else ''}) started")
         try:
             if settings.SCALE_OUT:
-                from console.celery import app
 
                 app.worker_main(
                     [

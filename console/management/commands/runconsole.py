@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import logging
 
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from agent.loop import EmbeddedControlLoop, start_local_agent
+from console.asgi import application, when_server_ready
 from console.env import env_int, env_str
 
 logger = logging.getLogger(__name__)
@@ -23,14 +27,9 @@ class Command(BaseCommand):
         call_command("bootstrap")
         loop = None
         if settings.EMBEDDED_AGENT:
-            from agent.loop import EmbeddedControlLoop, start_local_agent
 
             loop = EmbeddedControlLoop(start_local_agent())
             loop.start()
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
-
-        from console.asgi import application, when_server_ready
 
         self.stdout.write(f"Simple AI Training console on http://{host}:{port}/  (Ctrl-C to stop; running jobs keep running)")
         try:

@@ -104,13 +104,6 @@ class Cli:
 
 
 @pytest.fixture(scope="module")
-def users(live_console):
-    live_console.create_user(*OWNER)
-    live_console.create_user(*ADMIN, staff=True)
-    return live_console
-
-
-@pytest.fixture(scope="module")
 def proxy(users):
     relay = Proxy(users.port)
     yield relay
