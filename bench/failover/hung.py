@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+from agent import runfiles
 from bench.failover.console import EmbeddedConsole
 from bench.failover.stats import table
 from bench.failover.timeline import wait_for, watch_failover
@@ -28,7 +29,7 @@ def one_run(console: EmbeddedConsole, index: int, *, timeout: float) -> dict[str
     job = console.create_job(f"hung-{index:03d}", HUNG)
     wait_for(lambda: LogLine.objects.filter(job_id=job.pk, attempt=1).exists(), timeout=timeout, what=f"job {job.pk} to start")
     part = AttemptNode.objects.select_related("node").get(attempt__job_id=job.pk, attempt__number=1)
-    pgid = int(json.loads((settings.JOB_WORK_ROOT / str(job.pk) / "attempt-1" / "rank-0" / "pid.json").read_text())["pgid"])
+    pgid = int(json.loads((settings.JOB_WORK_ROOT / str(job.pk) / "attempt-1" / "rank-0" / runfiles.PID_FILE).read_text())["pgid"])
     time.sleep(0.5)  # hung: no more output, no exit
     started = time.time()
     inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0], actor="bench")

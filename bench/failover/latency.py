@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from agent import runfiles
 from bench.failover.console import REPO, EmbeddedConsole
 from bench.failover.timeline import Failover, read_back, wait_for, watch_failover
 
@@ -44,7 +45,7 @@ def one_run(console: EmbeddedConsole, index: int, *, workload: str, every: float
     if die_first:
         # The process dies on its own (as a CUDA process does when its GPU falls off the bus),
         # then the fault is visible to the probe: detection is measured from this kill.
-        pid_info = json.loads((settings.JOB_WORK_ROOT / str(job.pk) / "attempt-1" / "rank-0" / "pid.json").read_text())
+        pid_info = json.loads((settings.JOB_WORK_ROOT / str(job.pk) / "attempt-1" / "rank-0" / runfiles.PID_FILE).read_text())
         os.killpg(int(pid_info["pgid"]), signal.SIGKILL)
         fo.extra["killed_at"] = time.time()
     fault = inject_fault(node, gpu=gpu, xid=79, actor="bench")

@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
+from agent import runfiles
+
 STEP_RE = re.compile(r"^step (\d+)/\d+")
 
 
@@ -95,7 +97,7 @@ def read_back(fo: Failover, fault_id: int) -> Failover:
     part = new.placements.select_related("node").first()
     if part is not None:
         fo.node_to = part.node.name
-        pid_file = settings.JOB_WORK_ROOT / str(fo.job_id) / f"attempt-{new.number}" / f"rank-{part.rank}" / "pid.json"
+        pid_file = settings.JOB_WORK_ROOT / str(fo.job_id) / f"attempt-{new.number}" / f"rank-{part.rank}" / runfiles.PID_FILE
         try:
             fo.runner_up = float(json.loads(pid_file.read_text())["started_at"])
         except (OSError, ValueError, KeyError):

@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
+from agent import runfiles
+
 
 def make_texts(n: int, seed: int = 7) -> list[str]:
     """Training-like lines of 80-120 characters."""
@@ -90,7 +92,7 @@ def bench_drain(job_id: int, texts: list[str], t0: float, work: Path, chunk: int
     from agent.output import INGEST_BATCH
 
     work.mkdir(parents=True, exist_ok=True)
-    path = work / "output.jsonl"
+    path = work / runfiles.OUTPUT_FILE
     encoded = [
         json.dumps({"n": i + 1, "t": t0 + i * 0.001, "s": t}, ensure_ascii=False).encode() + b"\n" for i, t in enumerate(texts)
     ]

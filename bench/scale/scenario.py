@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent import runfiles
 from bench.scale import cpu
 from bench.scale.cluster import Cluster
 from bench.scale.stats import summary
@@ -130,11 +131,11 @@ def collect(cluster: Cluster, result: Result, ids: list[int], t_submit: float, t
         c, s, e = ts(a["created_at"]), ts(a["started_at"]), ts(a["ended_at"])
         rank0 = work / str(a["job_id"]) / f"attempt-{a['number']}" / "rank-0"
         try:
-            spec = (rank0 / "spec.json").stat().st_mtime
+            spec = (rank0 / runfiles.SPEC_FILE).stat().st_mtime
         except OSError:
             spec = None
-        pid = (read_json(rank0 / "pid.json") or {}).get("started_at")
-        ended = (read_json(rank0 / "exit.json") or {}).get("ended_at")
+        pid = (read_json(rank0 / runfiles.PID_FILE) or {}).get("started_at")
+        ended = (read_json(rank0 / runfiles.EXIT_FILE) or {}).get("ended_at")
         if s is not None:
             dispatch.append(s - c)
         if spec is not None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import grimp
 import pytest
 
+from agent import runfiles
+
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["jobs", "logs", "agent", "failover", "notify", "console"]
 PACKAGES = [*LAYERS, "ckptlib"]
@@ -259,7 +261,7 @@ def test_the_fixture_check_sees_an_imported_fixture(tmp_path):
     assert found == ["pkg.test_x:1 imports the fixture pkg.fixtures.owner"]
 
 
-RUN_FILE_NAMES = ("spec.json", "pid.json", "output.jsonl", "exit.json")
+RUN_FILE_NAMES = (runfiles.SPEC_FILE, runfiles.PID_FILE, runfiles.OUTPUT_FILE, runfiles.EXIT_FILE)
 RUN_FILES_CONTRACT = "agent/runfiles.py"
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import runfiles
 from console.tests.scaleout import Cluster, running_cluster
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.slow]
@@ -115,7 +116,7 @@ def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_d
     def printed() -> dict[int, list[str]]:
         out = {}
         for n in (1, 2, 3):
-            path = Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / f"attempt-{n}" / "rank-0" / "output.jsonl"
+            path = Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / f"attempt-{n}" / "rank-0" / runfiles.OUTPUT_FILE
             out[n] = [json.loads(line)["s"] for line in path.read_text().splitlines()]
         return out
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from agent import engine
+from agent import engine, runfiles
 from console.testing import ENGINE_ROOT, default_image_ready, job_output, needs_sandbox
 from jobs.models import GPU, JobAttempt, JobEvent, Registry, RegistryCredential, TrainingJob
 from jobs.statuses import JobStatus
@@ -114,7 +114,7 @@ def test_a_private_repository_wants_its_credentials(make_job, drive, settings, p
         from jobs.models import AttemptNode
 
         part = AttemptNode.objects.filter(attempt__job=job).order_by("-attempt__number").first()
-        assert "correct horse" not in (run_dir(part) / "spec.json").read_text()
+        assert "correct horse" not in (run_dir(part) / runfiles.SPEC_FILE).read_text()
         assert not any("correct horse" in line for line in job_output(job))
     finally:
         engine.stop_registry(ENGINE_ROOT, name="private-test")

@@ -6,6 +6,7 @@ import json
 import pytest
 from django.utils import timezone
 
+from agent import runfiles
 from console.testing import job_output
 from jobs.statuses import JobStatus
 from logs.models import LogLine, LogVolume
@@ -37,7 +38,7 @@ def test_a_job_past_its_log_cap_keeps_running_and_its_log_ends_with_the_marker(m
     from agent.processes import run_dir
     from jobs.models import AttemptNode
 
-    records = (run_dir(AttemptNode.objects.get(attempt__job=job)) / "output.jsonl").read_text().splitlines()
+    records = (run_dir(AttemptNode.objects.get(attempt__job=job)) / runfiles.OUTPUT_FILE).read_text().splitlines()
     assert len(records) == 1000 + preamble + 1
     assert json.loads(records[-1]) | {"t": 0} == {
         "n": 3000 + preamble, "t": 0, "s": "[console] 2,000 lines of this run past the log cap of 1,000 were counted, not kept"
