@@ -12,6 +12,9 @@ second, then creates jobs and prints the time to placement (the job's first atte
 * through the service layer from this process (``jobs.services.creation.create_job``): another
   process, so the console learns of it through the wake file (``jobs.services.wakeups``).
 
+and, last, injects a fault into an idle simulated node from this process (``inject_fault``, as
+``manage.py inject_fault`` does) and prints the time until the console's health monitor applied it.
+
 The readings are made from a connection to the ``postgres`` database, so none of them is counted
 in the bench's database (nothing to subtract). PostgreSQL flushes a backend's counters when it
 goes idle (at most once a second, else within 10 s), so a window's figure may carry a few of the
@@ -155,6 +158,25 @@ def place_from_this_process(user, label: str) -> float:
     return wait_placed(job.pk, started)
 
 
+def fault_applied_from_this_process() -> float:
+    """Inject a fault into an idle simulated node from this process (as ``manage.py inject_fault``
+    does) and time it until the console's health monitor has applied it; the node is cleared after."""
+    from failover.models import SimulatedFault
+    from failover.services.faults import clear_node, inject_fault
+    from jobs.models import Node
+
+    node = Node.objects.order_by("name").last()
+    started = time.monotonic()
+    fault = inject_fault(node, kind="xid", gpu=0, actor="bench.idle")
+    while not SimulatedFault.objects.filter(pk=fault.pk, applied_at__isnull=False).exists():
+        if time.monotonic() - started > 30:
+            break
+        time.sleep(0.005)
+    took = time.monotonic() - started
+    clear_node(node, actor="bench.idle")
+    return took
+
+
 def settle_jobs(timeout: float = 60.0) -> None:
     """Wait for the bench's jobs to end (they print one line), so the next console starts empty."""
     from jobs.models import TrainingJob
@@ -189,12 +211,16 @@ def run_console(mode: str, args, base_env: dict[str, str], var_dir: Path) -> dic
             here.append(place_from_this_process(user, f"idle-cli-{n}"))
             time.sleep(1.0)
         settle_jobs()
+        faults = []
+        for _ in range(args.placements):
+            faults.append(fault_applied_from_this_process())
+            time.sleep(1.0)
     finally:
         console.stop()
         connections.close_all()
         if os.environ.get("IDLE_BENCH_DEBUG"):
             print("\n".join(console.lines[-60:]))
-    return {"rates": rates, "api": api, "here": here}
+    return {"rates": rates, "api": api, "here": here, "faults": faults}
 
 
 def spread(values: list[float], unit: str, digits: int = 2) -> str:
@@ -247,6 +273,7 @@ def main() -> None:
             print(f"[{mode}] idle: {spread(r['rates'], 'tx/s')} over {args.seconds:.0f} s in {args.windows} windows", flush=True)
             print(f"[{mode}] placement through the API:      {spread(r['api'], 's', 3)}", flush=True)
             print(f"[{mode}] placement from another process: {spread(r['here'], 's', 3)}", flush=True)
+            print(f"[{mode}] fault injected from another process, applied by the console: {spread(r['faults'], 's', 3)}", flush=True)
     finally:
         shutil.rmtree(var_dir, ignore_errors=True)
 
