@@ -19,6 +19,9 @@ Prints ``ready N`` once every node is registered and its queue consumed. SIGTERM
 SIGUSR1: every agent restarts at once (new agent objects, a first beat, registration, stray
 runs: a process restart, the heartbeat storm); simulated runs survive, as runner processes do.
 ``--silence-file F``: while F exists, the node names it lists (one a line) stop beating.
+
+The console's models and the agent are imported inside the functions that use them: this module
+is a process's entry point, and ``main`` calls ``django.setup()`` before any of them may load.
 """
 from __future__ import annotations
 
@@ -34,7 +37,12 @@ import threading
 import time
 from pathlib import Path
 
-from agent import runfiles
+from django.conf import settings
+from django.db import close_old_connections
+from kombu import Connection, Exchange, Queue
+
+from agent import local_agents, runfiles
+from jobs import heartbeats
 
 logger = logging.getLogger("bench.scale.fleet")
 
@@ -185,8 +193,6 @@ class Scheduler:
             self.schedule(agent, delay)
 
     def work(self) -> None:
-        from django.db import close_old_connections
-
         while (agent := self.take()) is not None:
             delay = 0.5
             if agent.retired:  # replaced by a restart
@@ -211,8 +217,6 @@ class Scheduler:
 
 class Fleet:
     def __init__(self, args) -> None:
-        from django.conf import settings
-
         self.args = args
         self.names = [f"{args.prefix}{i:04d}" for i in range(1, args.nodes + 1)]
         self.runs = SimRuns(args.run_seconds)
@@ -227,8 +231,6 @@ class Fleet:
 
     # --- nodes ---------------------------------------------------------------------------------
     def specs(self):
-        from django.conf import settings
-
         from agent.inventory import GpuSpec, NodeSpec
 
         model = settings.SIMULATED_GPU_MODEL
@@ -242,7 +244,6 @@ class Fleet:
     def register(self) -> None:
         """What each agent's start does before its loop: a first beat, then registration."""
         from agent.inventory import register_nodes
-        from jobs import heartbeats
         from jobs.models import Node
 
         heartbeats.beat(self.names, time.time())  # first, before anything slow
@@ -253,8 +254,6 @@ class Fleet:
             Node.objects.filter(name__in=[s.name for s in batch]).update(address="127.0.0.1")
 
     def make_agents(self) -> None:
-        from agent import local_agents
-
         fleet = self
         for name in self.names:
             old = self.agents.get(name)
@@ -277,11 +276,7 @@ class Fleet:
 
     def restart(self) -> None:
         """Every agent restarts at once: new agent objects, their first beats, registration."""
-        from django.db import close_old_connections
-
         started = time.monotonic()
-        from jobs import heartbeats
-
         heartbeats.beat(self.names, time.time())
         self.make_agents()
         self.register()
@@ -290,9 +285,6 @@ class Fleet:
 
     # --- the broker ----------------------------------------------------------------------------
     def consume(self, consuming: threading.Event) -> None:
-        from django.conf import settings
-        from kombu import Connection, Exchange, Queue
-
         from jobs.services.messages import LAUNCH_TASK, RECONCILE_TASK, node_queue
 
         by_queue = {node_queue(n): n for n in self.names}

@@ -38,6 +38,9 @@ Signals and files: ``ready N`` is printed once the nodes are registered and the 
 SIGTERM stops cleanly; SIGUSR1 restarts every agent at once (each is registered again and made
 anew, as a restarted ``manage.py nodeagent`` would be); the nodes named in the silence file (one a
 line) stop heartbeating while it lists them.
+
+The console's models and the agent are imported inside the functions that use them: this module
+is a process's entry point, and ``main`` calls ``django.setup()`` before any of them may load.
 """
 from __future__ import annotations
 
@@ -49,10 +52,14 @@ import os
 import random
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from django.conf import settings
+from django.db import close_old_connections
 
 from agent import runfiles
 
@@ -176,8 +183,6 @@ class SimRunners:
                 self.wake.clear()
 
     def __getattr__(self, name: str):
-        import subprocess
-
         return getattr(subprocess, name)
 
 
@@ -211,8 +216,6 @@ class Slot:
 
 class Fleet:
     def __init__(self, args: argparse.Namespace) -> None:
-        from django.conf import settings
-
         import agent.launch
 
         self.args = args
@@ -246,8 +249,6 @@ class Fleet:
         Node.objects.filter(pk__in=[n.pk for n in nodes]).update(address="127.0.0.1")
 
     def start(self) -> None:
-        from django.db import close_old_connections
-
         for i in range(0, len(self.names), 100):
             self.register(self.names[i : i + 100])
         for slot in self.slots:
@@ -279,8 +280,6 @@ class Fleet:
     # --- the schedule ----------------------------------------------------------------------
     def serve(self, slots: list[Slot]) -> None:
         """``EmbeddedControlLoop.serve`` for each of ``slots`` in turn: a step when it is due."""
-        from django.db import close_old_connections
-
         start = time.monotonic()
         due = [(start + random.random() * self.output_interval, i) for i in range(len(slots))]
         heapq.heapify(due)
@@ -350,8 +349,6 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from django.conf import settings
-
     from jobs.services.messages import node_queue
 
     fleet = Fleet(args)
