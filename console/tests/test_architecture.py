@@ -188,6 +188,11 @@ def test_every_socket_of_the_browser_code_goes_through_the_one_reconnect_helper(
 HOUSE = ["console", "jobs", "logs", "agent", "failover", "notify", "ckptlib", "bench", "client"]
 
 
+@cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def python_files(*folders: str) -> list[Path]:
     return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py") if "migrations" not in p.parts)
 
@@ -196,12 +201,12 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(path.relative_to(root).with_suffix("").parts)
 
 
-def hooks_defined_twice(source: str) -> list[str]:
+def hooks_defined_twice(module: ast.Module) -> list[str]:
     """Top-level functions named ``pytest_*`` defined more than once in one module: Python keeps
     the last, so the first never runs."""
     seen: set[str] = set()
     twice = []
-    for node in ast.parse(source).body:
+    for node in module.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("pytest_"):
             if node.name in seen:
                 twice.append(node.name)
@@ -210,19 +215,19 @@ def hooks_defined_twice(source: str) -> list[str]:
 
 
 def test_no_pytest_hook_is_defined_twice_in_a_module():
-    found = {module_name(p): hooks_defined_twice(p.read_text()) for p in [ROOT / "conftest.py", *python_files(*HOUSE)]}
+    found = {module_name(p): hooks_defined_twice(parsed(p)) for p in [ROOT / "conftest.py", *python_files(*HOUSE)]}
     assert {m: names for m, names in found.items() if names} == {}
 
 
 def test_the_hook_check_sees_a_second_definition():
-    assert hooks_defined_twice("def pytest_runtest_teardown(item):\n    pass\n\ndef pytest_runtest_teardown(item):\n    pass\n") == [
+    assert hooks_defined_twice(ast.parse("def pytest_runtest_teardown(item):\n    pass\n\ndef pytest_runtest_teardown(item):\n    pass\n")) == [
         "pytest_runtest_teardown"
     ]
 
 
 def fixture_names(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for decorator in node.decorator_list:
                 target = decorator.func if isinstance(decorator, ast.Call) else decorator
@@ -241,7 +246,7 @@ def fixtures_imported_by_name(files: list[Path], root: Path = ROOT) -> list[str]
             fixtures[module_name(path, root)] = names
     found = []
     for path in files:
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.ImportFrom) and node.module in fixtures:
                 for alias in node.names:
                     if alias.name in fixtures[node.module]:
@@ -269,7 +274,7 @@ def run_file_literals(path: Path) -> list[str]:
     """Where a module names a run file (the files a job's runner writes and its agent reads) as a
     string of its own."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RUN_FILE_NAMES:
             found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     return found

@@ -126,6 +126,13 @@ def job_statuses() -> set[str]:
     return set(JobStatus.values)
 
 
+@cache
+def tracked_file_names() -> set[str]:
+    """The names of the checkout's files (git's list: not var/'s container storage or .venv)."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {Path(line).name for line in listed.splitlines()}
+
+
 def management_commands() -> set[str]:
     return {p.stem for p in ROOT.glob("*/management/commands/*.py") if not p.stem.startswith("_")}
 
@@ -205,7 +212,7 @@ def why_unresolved(span: str) -> str | None:
     if "/" in text:
         return None if (ROOT / text).exists() else f"path {text}"
     if re.fullmatch(r"[\w-]+\.(py|md|js|json|jsonl|css|html)", text):
-        known = text in string_literals() or any(ROOT.glob(f"*/**/{text}")) or (ROOT / text).exists()
+        known = text in string_literals() or text in tracked_file_names() or (ROOT / text).exists()
         return None if known else f"a file or a string {text!r} in the code"
     if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", text):
         if "." not in text:
