@@ -258,6 +258,7 @@ def test_a_missing_tag_is_manifest_unknown(root, tiny):
     assert engine.resolve_digest(root, f"{repository}:no-such-tag").kind == "not-found"
 
 
+@pytest.mark.slow  # real registries and pulls
 def test_a_private_repository_wants_credentials(root, private, tmp_path):
     reference, auth_file = private
     result = engine.pull(root, reference)
@@ -281,6 +282,7 @@ def test_a_plain_http_registry_not_marked_insecure_is_the_wrong_scheme(root, tin
         engine.stop_registry(root, name="plain-http")
 
 
+@pytest.mark.slow  # real registries and pulls
 def test_a_stopped_registry_is_connection_refused_then_back(root, tiny):
     port = _free_port()
     address = engine.ensure_registry(root, port, name="flaky")
@@ -299,6 +301,7 @@ def test_a_stopped_registry_is_connection_refused_then_back(root, tiny):
         engine.stop_registry(root, name="flaky")
 
 
+@pytest.mark.slow  # real registries and pulls
 def test_a_registry_that_never_answers_is_cut_by_the_timeout(root):
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))

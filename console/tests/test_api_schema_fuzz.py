@@ -83,6 +83,7 @@ def aim_at_real_objects(case, world: dict) -> None:
             case.body["name"] = f"fuzzed-{next(FRESH_NAMES)}"
 
 
+@pytest.mark.slow  # hypothesis cases against every endpoint (minutes)
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_request_makes_the_api_fail_or_break_its_schema(case, world):

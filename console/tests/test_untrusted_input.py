@@ -106,6 +106,7 @@ def test_nul_and_lone_surrogates_are_stored_as_replacement_characters(make_job):
     assert job_output(job) == ["a\ufffdb", "c\ufffdd"]
 
 
+@pytest.mark.slow  # manage.py check --deploy processes
 def test_the_deploy_checks_are_clean_behind_an_https_public_url():
     import subprocess
     import sys
@@ -117,6 +118,7 @@ def test_the_deploy_checks_are_clean_behind_an_https_public_url():
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+@pytest.mark.slow  # manage.py check --deploy processes
 def test_the_deploy_checks_ask_for_database_and_broker_passwords():
     """A multi-node job runs on its nodes' network: a PostgreSQL or Redis without a password
     would answer it."""

@@ -94,6 +94,7 @@ def _manage(stdin_text: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a manage.py process
 def test_from_the_shell_it_prints_one_json_line():
     result = _manage(json.dumps({"exit_code": 137}))
 
@@ -103,6 +104,7 @@ def test_from_the_shell_it_prints_one_json_line():
         "evidence": {"source": "exit", "exit_code": 137}}
 
 
+@pytest.mark.slow  # a manage.py process
 def test_from_the_shell_bad_json_exits_2_with_a_message_and_no_traceback():
     result = _manage("{oops")
 
