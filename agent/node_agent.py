@@ -46,7 +46,7 @@ from agent.processes import run_dir
 from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
-from jobs.services import runs
+from jobs.services import runs, wakeups
 from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -226,6 +226,7 @@ class NodeAgent:
             Node.objects.filter(name__in=self.node_names, health_reason__startswith="lost:").update(health_reason="")
             logger.warning("agent %s: heartbeat resumed; nodes Ready again", self.name)
             self.stop_strays()
+            wakeups.round_wanted()  # the nodes can take waiting jobs again
 
     def reconcile(self) -> None:
         """One read-only transaction: this agent's started runs and the placed ranks not started

@@ -58,7 +58,11 @@ class EmbeddedConsole:
 
     @property
     def interval(self) -> float:
-        return self.loop.interval
+        """The embedded loop's round interval without wake-ups (its rounds now run on events,
+        with a slow safety sweep): the waits that allow for a round a fault may just miss."""
+        from django.conf import settings  # here: this module is imported before django.setup()
+
+        return settings.AGENT_POLL_INTERVAL
 
     def create_job(self, name: str, command: str, **fields):
         from django.conf import settings

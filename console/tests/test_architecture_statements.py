@@ -508,8 +508,9 @@ def test_the_floors_inside_jobs_services():
 
 def test_the_services_that_stand_on_the_models_alone():
     assert imports_of("jobs.services.bulk") == set()  # Django alone
-    for name in ("capacity", "samples", "images", "nodes"):
+    for name in ("capacity", "samples", "images"):
         assert imports_of(f"jobs.services.{name}") <= {"jobs.models"}, name
+    assert imports_of("jobs.services.nodes") <= {"jobs.models", "jobs.services.wakeups"}
     assert imports_of("jobs.fairshare") == set()  # database-free
     assert manager_writes(tree("jobs.services.quotas")) == set()  # reads only
 

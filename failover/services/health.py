@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agent.plugins import AgentView
@@ -313,7 +314,6 @@ def scoped_evidence(node: Node, *, gpus: Sequence[int], since: datetime) -> Scop
 def attempt_events(attempt, *, limit: int = 5) -> list[HealthEvent]:
     """The health events on an attempt's GPUs (or node-wide) while it was placed, latest first:
     what the Failover tab shows beside the verdict."""
-    from django.db.models import Q
 
     until = (attempt.ended_at or timezone.now()) + timedelta(seconds=5)
     where = Q()

@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 
 from jobs.models import Node
+from jobs.services import wakeups
 
 logger = logging.getLogger(__name__)
 
 
 def set_cordoned(node: Node, cordoned: bool, *, actor: str) -> None:
     Node.objects.filter(pk=node.pk).update(cordoned=cordoned)
+    wakeups.round_wanted()  # waiting jobs may fit (or no longer fit) now
     logger.info("node %s: %s by %s", node.name, "cordoned" if cordoned else "uncordoned", actor)
