@@ -1,8 +1,8 @@
 """The one writer of a Training Job's status, status reason and failover count.
 
 Every change of those fields goes through ``transition`` (a new status), ``record_reason``
-(the same status, a new reason or count) or its bulk forms (``record_reasons``,
-``record_queue_reasons``, ``record_placements``: many jobs at once): a compare-and-swap on the
+(the same status, a new reason or count) or its bulk forms (``record_queue_reasons``,
+``record_placements``: many jobs at once): a compare-and-swap on the
 job row, its event row in the same transaction, and a live publish after commit. A test keeps every other module from writing
 them. Every change but placement's own wakes the embedded control round after commit
 (``jobs.services.wakeups``): an attempt ended, a verdict, a back-off, a stop change what it decides.
@@ -68,32 +68,6 @@ def record_reason(
     """Keep the job's status (one of ``expected``) and record why it is there now: a waiting
     reason, a placement, a retry, a failover counted (``failover_count=F(...) + 1``)."""
     return write(job_id, frozenset(expected), None, reason=reason, actor=actor, attempt=attempt, evidence=evidence, fields=fields)
-
-
-def record_reasons(job_ids: Iterable[int], *, status: str, reason: str, actor: str = "system") -> list[int]:
-    """``record_reason`` for many jobs in ``status`` at once (a placement round's waiting
-    reasons): one update, one read and one insert of events whatever their number. Pass only jobs
-    whose reason differs. Returns the jobs changed."""
-    reason = reason[:REASON_CHARS]
-    ids = list(job_ids)
-    if not ids:
-        return []
-    now = timezone.now()
-    with transaction.atomic():
-        TrainingJob.objects.filter(pk__in=ids, status=status).update(status_reason=reason)
-        # The update holds these rows (PostgreSQL) or the database (SQLite) until commit, so the
-        # jobs read back are exactly those it changed.
-        changed = list(TrainingJob.objects.filter(pk__in=ids, status=status, status_reason=reason).values_list("pk", flat=True))
-        JobEvent.objects.bulk_create(
-            JobEvent(job_id=pk, from_status=status, to_status=status, reason=reason, actor=actor[:150], created_at=now) for pk in changed
-        )
-
-        def publish_all() -> None:
-            publish_statuses([(pk, status_message(pk, status, status, reason)) for pk in changed])
-
-        transaction.on_commit(publish_all)
-    logger.info("jobs %s: %s (%s)", ", ".join(map(str, changed)), status, reason)
-    return changed
 
 
 QUEUE_CHUNK = 300
