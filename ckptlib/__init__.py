@@ -15,7 +15,9 @@ Hugging Face Trainer (the service's documentation)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ckptlib._config import RuntimeConfig, parse_runtime_config
 from ckptlib._events import COMMIT_LINE_RE, CommitEvent, parse_commit_line
@@ -36,10 +38,8 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
@@ -67,6 +67,4 @@ __all__ = [
 
 def vendor_path() -> str:
     """The directory to put on ``PYTHONPATH`` (``$CHECKPOINT_VENDOR``) for ``import datastates.llm``."""
-    from pathlib import Path
-
     return str(Path(__file__).resolve().parent / "vendor")

@@ -100,12 +100,6 @@ class HostCache:
         with self._cond:
             return self._in_use
 
-    @property
-    def held_bytes(self) -> int:
-        """Bytes of chunks in use or kept for reuse."""
-        with self._cond:
-            return self._in_use + len(self._free) * self.chunk_bytes
-
     def acquire(self, *, timeout: float | None = None) -> Chunk | None:
         """A chunk, waiting while the chunks in use fill the bound; None on timeout.
 
@@ -135,11 +129,6 @@ class HostCache:
             self._cond.notify_all()
         if chunk is not None:
             chunk.close()
-
-    def wait_for_release(self, timeout: float) -> None:
-        """Sleeps until some chunk comes back, or ``timeout`` seconds."""
-        with self._cond:
-            self._cond.wait(timeout)
 
     def trim(self, keep_bytes: int) -> None:
         """Drops kept chunks until at most ``keep_bytes`` are kept."""

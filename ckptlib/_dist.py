@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch.distributed as dist
+
 
 @dataclass(frozen=True)
 class ProcessPlace:
@@ -38,10 +40,7 @@ def current_place(*, local_rank: int | None = None) -> ProcessPlace:
 
 
 def _from_process_group() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover - torch built without distributed
-        return 0, 1
+    # A torch built without distributed still has the module: is_available() says so.
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1

@@ -103,7 +103,13 @@ class PathCheckpointing:
         self._closed = False
         # Upstream registers its shutdown at exit too; a weak reference lets the object go.
         self_ref = weakref.ref(self)
-        atexit.register(lambda: (obj := self_ref()) is not None and obj.shutdown())
+
+        def shutdown_at_exit() -> None:
+            obj = self_ref()
+            if obj is not None:
+                obj.shutdown()
+
+        atexit.register(shutdown_at_exit)
 
     def save(self, state_dict: Mapping[str, Any], path: str | os.PathLike[str]) -> bool:
         """Starts writing ``state_dict`` to ``path``; returns True once its tensors are copied.

@@ -26,10 +26,11 @@ import os
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ckptlib._layout import (  # noqa: F401  (re-exported: the layout is part of the format)
+from ckptlib._layout import (
     CHECKPOINT_PREFIX,
     CHECKPOINT_SUBDIR,
     LATEST_NAME,
@@ -41,6 +42,35 @@ from ckptlib._layout import (  # noqa: F401  (re-exported: the layout is part of
     read_latest,
     tmp_dir,
 )
+
+# The layout's names are re-exported: the layout is part of the format.
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "CHECKPOINT_SUBDIR",
+    "FORMAT_VERSION",
+    "LATEST_NAME",
+    "MANIFEST_NAME",
+    "MODEL_FILE",
+    "TMP_SUFFIX",
+    "TRAINER_STATE_FILE",
+    "checkpoint_root",
+    "commit",
+    "committed_dir",
+    "committed_steps",
+    "fsync_path",
+    "rank_marker",
+    "read_latest",
+    "read_manifest",
+    "remove_stale_tmp_dirs",
+    "remove_tree",
+    "rng_file_name",
+    "rotate",
+    "safetensors_header",
+    "tmp_dir",
+    "write_at",
+    "write_bytes_durably",
+    "write_manifest",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -154,8 +184,10 @@ def write_manifest(directory: Path, manifest: dict[str, object]) -> None:
     write_bytes_durably(directory / MANIFEST_NAME, json.dumps(manifest, indent=1, sort_keys=True).encode())
 
 
-def read_manifest(directory: Path) -> dict[str, object]:
-    return json.loads((directory / MANIFEST_NAME).read_text())
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest's JSON object (its values as JSON gives them: the reader checks them)."""
+    manifest: dict[str, Any] = json.loads((directory / MANIFEST_NAME).read_text())
+    return manifest
 
 
 def commit(root: Path, step: int) -> Path:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 import ckptlib._format as _format
@@ -65,10 +66,6 @@ class FilePlan:
     def size(self) -> int:
         return sum(len(piece) if isinstance(piece, bytes) else piece[2] for piece in self.pieces)
 
-    @property
-    def background_bytes(self) -> int:
-        return sum(piece[2] for piece in self.pieces if not isinstance(piece, bytes))
-
 
 @dataclass
 class StatePlan:
@@ -92,8 +89,6 @@ def unwrap_optimizer(candidate: Any) -> torch.optim.Optimizer | None:
 
 def capture_rng_state() -> dict[str, Any]:
     """The RNG states the Trainer saves in ``rng_state*.pth``."""
-    import numpy as np
-
     states: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -105,8 +100,6 @@ def capture_rng_state() -> dict[str, Any]:
 
 
 def restore_rng_state(states: Mapping[str, Any]) -> None:
-    import numpy as np
-
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.random.set_rng_state(states["cpu"])

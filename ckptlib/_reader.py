@@ -29,9 +29,9 @@ def read_checkpoint(directory: Path, *, place: ProcessPlace, map_location: str |
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{directory} is not a committed checkpoint: {error}") from error
     state: dict[str, Any] = {}
-    for key, name in dict(manifest["keys"]).items():  # type: ignore[arg-type]
+    for key, name in dict(manifest["keys"]).items():
         if key == "rng_state":
-            name = _format.rng_file_name(place.rank, int(manifest["world_size"]))  # type: ignore[arg-type]
+            name = _format.rng_file_name(place.rank, int(manifest["world_size"]))
         path = directory / name
         if not path.is_file():
             continue
@@ -40,7 +40,7 @@ def read_checkpoint(directory: Path, *, place: ProcessPlace, map_location: str |
         else:
             # Our own files, written by this library: they hold numpy RNG arrays and plain objects.
             state[key] = torch.load(path, map_location=map_location, weights_only=False)
-    return LoadedCheckpoint(step=int(manifest["step"]), path=directory, state=state)  # type: ignore[arg-type]
+    return LoadedCheckpoint(step=int(manifest["step"]), path=directory, state=state)
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -49,6 +49,7 @@ import sys
 import threading
 import time
 import weakref
+from types import FrameType
 from typing import Any, Protocol
 
 from ckptlib._config import RuntimeConfig
@@ -177,7 +178,7 @@ def _module_calls_on_stack() -> int:
     """Module calls (``torch.nn.Module._call_impl``) on the main thread's stack; walked only when
     a request is pending, so the hooks cost nothing otherwise."""
     calls = 0
-    frame = sys._getframe()
+    frame: FrameType | None = sys._getframe()
     while frame is not None:
         code = frame.f_code
         if code.co_name == "_call_impl" and code.co_filename.endswith(os.path.join("nn", "modules", "module.py")):

@@ -73,7 +73,7 @@ class _Cursor:
     piece_offset: int = 0
     file_pos: int = 0
     sink: FileSink | None = None
-    chunk: Chunk | None = None
+    chunk: Chunk | _Gather | None = None  # a gathered item while ``gather``
     chunk_offset: int = 0
     used: int = 0
     sources: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -242,25 +242,28 @@ class Stager:
                 )
             while job.error is None and cursor.piece_index < len(plan.pieces):
                 piece = plan.pieces[cursor.piece_index]
+                source: bytes | torch.Tensor
                 if isinstance(piece, bytes):
                     source, start, length = piece, 0, len(piece)
                     live_ok = False
                 else:
                     slot_index, start, length = piece
-                    source = cursor.sources.get(slot_index)
-                    if source is None:
+                    tensor = cursor.sources.get(slot_index)
+                    if tensor is None:
                         slot = plan.slots[slot_index]
                         if slot.source is not None and is_device(slot.source):
-                            source = self._device.byte_view(cursor, slot.source)
+                            tensor = self._device.byte_view(cursor, slot.source)
                         else:
-                            source = _byte_view(slot)
-                        cursor.sources[slot_index] = source
+                            tensor = _byte_view(slot)
+                        cursor.sources[slot_index] = tensor
+                    source = tensor
                     live_ok = cursor.allow_live and _can_write_live(
                         source, start + cursor.piece_offset, cursor.file_pos, length - cursor.piece_offset, job.mem_align
                     )
                 while job.error is None and cursor.piece_offset < length:
                     left = length - cursor.piece_offset
                     if live_ok and cursor.file_pos % PAGE == 0:
+                        assert isinstance(source, torch.Tensor)  # only a tensor's bytes are written live
                         self._send_live(cursor, source, start + cursor.piece_offset, left // PAGE * PAGE)
                         live_ok = False
                         continue

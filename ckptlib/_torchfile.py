@@ -63,7 +63,9 @@ def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece]] | None:
 
     buffer = io.BytesIO()
     pickler = _MetadataPickler(buffer, protocol=DEFAULT_PROTOCOL)
-    pickler.persistent_id = persistent_id  # an attribute, not a method: one Python call per object
+    # An attribute, not a method: one Python call per object (pickle documents both; typeshed
+    # declares only the method).
+    pickler.persistent_id = persistent_id  # type: ignore[method-assign]
     try:
         pickler.dump(obj)
     except Exception:  # noqa: BLE001 - anything unusual goes through torch.save instead
@@ -177,7 +179,8 @@ def _record_zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:
     placeholder_map = mmap.mmap(-1, (largest + _PAGE - 1) // _PAGE * _PAGE)
     placeholder = torch.frombuffer(placeholder_map, dtype=torch.uint8)
     recorder = _Recorder(placeholder.data_ptr())
-    writer = torch._C.PyTorchFileWriter(recorder, False, _PAGE)
+    # torch's stub names IO[bytes]; its writer only calls ``write`` on the object it is given.
+    writer = torch._C.PyTorchFileWriter(recorder, False, _PAGE)  # type: ignore[call-overload]
     writer.write_record("data.pkl", pickled, len(pickled))
     writer.write_record(".format_version", "1", len("1"))
     alignment = str(_PAGE)

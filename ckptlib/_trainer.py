@@ -18,7 +18,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from ckptlib._config import parse_runtime_config
 from ckptlib._engine import CheckpointEngine
 from ckptlib._events import LOG_PREFIX
 from ckptlib._types import CheckpointResult
+from ckptlib.deepspeed import commit_pending, use_ckptlib
 
 logger = logging.getLogger(__name__)
 # The service's guide shows ``ERROR:datastates.llm.decorator:[Concurrent Checkpoint] No Checkpoint
@@ -114,6 +115,7 @@ class DecoratedCheckpointing:
         if resume_from_checkpoint is not True:
             return resume_from_checkpoint
         requested = _requested_step()
+        directory: Callable[[int], Path]
         if self._deepspeed:
             # DeepSpeed runs keep the Trainer's layout: <output_dir>/checkpoint-<step>/, committed
             # once DeepSpeed has written its `latest` file there (after ckptlib's commit).
@@ -141,6 +143,8 @@ class DecoratedCheckpointing:
     # ---- decoration -------------------------------------------------------------------------
 
     def _decorate(self, trainer: Any) -> None:
+        # Lazy: transformers is optional (the plain API and ``datastates.llm`` import this module
+        # without it); a trainer to decorate means it is installed.
         from transformers import TrainerCallback
 
         self.engine.defer_final_checkpoint = True
@@ -156,8 +160,6 @@ class DecoratedCheckpointing:
         if self._deepspeed:
             # DeepSpeed's optimizer state is partitioned and only DeepSpeed can save it: the
             # Trainer's own save stays, and DeepSpeed writes its files through ckptlib.
-            from ckptlib.deepspeed import commit_pending, use_ckptlib
-
             class DeepSpeedThroughCkptlib(TrainerCallback):
                 def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                     use_ckptlib(trainer.model_wrapped, engine=decorator.engine)
@@ -274,7 +276,7 @@ class DecoratedCheckpointing:
         trainer = self.trainer
         if not trainer.args.should_save:
             return None
-        from transformers.trainer_callback import ExportableState
+        from transformers.trainer_callback import ExportableState  # lazy: transformers is optional
 
         # As Trainer._save_checkpoint does: callbacks' and control's state go into trainer_state.json.
         for callback in [*trainer.callback_handler.callbacks, trainer.control]:
@@ -318,8 +320,6 @@ class DecoratedCheckpointing:
                 return  # already saved: rewriting a committed DeepSpeed checkpoint in place is not safe
             trainer._save_checkpoint(trainer.model, None)
             if self._deepspeed:
-                from ckptlib.deepspeed import commit_pending
-
                 commit_pending(trainer.model_wrapped)
 
     @property

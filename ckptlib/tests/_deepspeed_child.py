@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import sys
+from typing import Any
 
 os.environ.update(
     RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("DS_TEST_PORT", "29533"),
@@ -19,12 +20,15 @@ os.environ.update(
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
 
+from ckptlib.deepspeed import use_ckptlib  # noqa: E402
+
 # One process on gloo needs no shared-memory collective (its JIT build needs a compiler).
-importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+comm_torch: Any = importlib.import_module("deepspeed.comm.torch")  # DeepSpeed ships no types
+comm_torch.build_shm_op = lambda: None
 deepspeed.init_distributed(dist_backend="gloo")
 
 
-def build(seed: int, config: dict) -> object:
+def build(seed: int, config: dict[str, Any]) -> Any:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 8))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -32,7 +36,7 @@ def build(seed: int, config: dict) -> object:
     return engine
 
 
-def step(engine: object) -> None:
+def step(engine: Any) -> None:
     loss = engine(torch.randn(4, 512)).pow(2).mean()
     engine.backward(loss)
     engine.step()
@@ -40,15 +44,14 @@ def step(engine: object) -> None:
 
 def main() -> None:
     out, stage, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    config = {"train_batch_size": 4, "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
+    config: dict[str, Any] = {"train_batch_size": 4, "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
     if mode == "datastates":
         config["datastates_ckpt"] = {"enabled": True, "host_cache_size": 1}
     engine = build(0, config)
     if mode == "adapter":
-        from ckptlib.deepspeed import use_ckptlib
-
         use_ckptlib(engine)
-    step(engine), step(engine)
+    step(engine)
+    step(engine)
     expected = {k: v.clone() for k, v in engine.module.state_dict().items()}
     engine.save_checkpoint(out, tag="step2")
     latest = os.path.join(out, "latest")

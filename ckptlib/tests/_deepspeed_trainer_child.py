@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 os.environ.update(
     RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("DS_TEST_PORT", "29561"),
@@ -14,12 +15,14 @@ os.environ.update(
 
 import torch  # noqa: E402
 
-importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+# One process on gloo needs no shared-memory collective (its JIT build needs a compiler).
+comm_torch: Any = importlib.import_module("deepspeed.comm.torch")  # DeepSpeed ships no types
+comm_torch.build_shm_op = lambda: None
 from datastates.llm import DecoratedCheckpointing  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
 
 
-class Tokens(torch.utils.data.Dataset):
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     def __len__(self) -> int:
         return 64
 

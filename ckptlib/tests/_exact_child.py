@@ -20,6 +20,7 @@ handler interrupted; otherwise the parent signals (or kills) it.
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import random
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 
 import ckptlib
+from ckptlib.deepspeed import commit_pending, use_ckptlib
 from ckptlib.tests import helpers
 from ckptlib.tests.helpers import clone_state
 
@@ -51,7 +53,8 @@ class Net(torch.nn.Module):
         self.extra = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(8, 8)) for _ in range(200)])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.body(inputs).pow(2).mean() + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3
+        loss: torch.Tensor = self.body(inputs).pow(2).mean() + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3
+        return loss
 
 
 
@@ -66,8 +69,8 @@ def after_save(ema: torch.nn.Module, live: torch.nn.Module, lr: torch.Tensor) ->
     with torch.no_grad():
         for averaged, current in zip(ema.parameters(), live.parameters(), strict=True):
             averaged.mul_(0.9).add_(current, alpha=0.1)
-        for averaged, current in zip(ema.buffers(), live.buffers(), strict=True):
-            averaged.copy_(current)
+        for kept, current_buffer in zip(ema.buffers(), live.buffers(), strict=True):
+            kept.copy_(current_buffer)
         lr.mul_(0.99)
     if RNG.random() < 0.5:
         time.sleep(RNG.uniform(0.0, 0.02))
@@ -92,10 +95,11 @@ def run_plain(accelerate: bool) -> None:
     torch.manual_seed(0)
     model = Net()
     ema = copy.deepcopy(model).requires_grad_(False)
+    optimizer: Any  # accelerate's AcceleratedOptimizer once prepared (accelerate ships no types)
     optimizer, scheduler = optimizer_for(model)
     lr = optimizer.param_groups[0]["lr"]
     if accelerate:
-        from accelerate import Accelerator
+        from accelerate import Accelerator  # lazy: this path only (optional)
 
         accelerator = Accelerator(cpu=True)
         model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
@@ -123,6 +127,7 @@ def run_plain(accelerate: bool) -> None:
 
 
 def run_trainer() -> None:
+    # Lazy: this path only (transformers is optional).
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
     class Model(torch.nn.Module):
@@ -147,7 +152,7 @@ def run_trainer() -> None:
             loss = self.llama(inputs_embeds=embeds, labels=labels).loss
             return {"loss": loss + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3}
 
-    class Tokens(torch.utils.data.Dataset):
+    class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         def __len__(self) -> int:
             return 4096
 
@@ -170,7 +175,7 @@ def run_trainer() -> None:
         def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.global_step:  # the previous step's save is done: change state in place
                 with torch.no_grad():
-                    model.ema.head.mul_(0.9).add_(model.llama.lm_head.weight, alpha=0.1)
+                    model.ema.get_buffer("head").mul_(0.9).add_(model.llama.lm_head.weight, alpha=0.1)
                     lr.mul_(0.99)
                 if RNG.random() < 0.5:
                     time.sleep(RNG.uniform(0.0, 0.02))
@@ -179,6 +184,7 @@ def run_trainer() -> None:
             ready(state.global_step)
 
     trainer.add_callback(AfterSave())
+    # The documentation's import, from the vendor directory on PYTHONPATH (this path only).
     from datastates.llm import DecoratedCheckpointing
 
     DecoratedCheckpointing(runtime_config={"host_cache_size": RNG.choice([0.002, 0.05]), "trainer": trainer}, rank=-1)
@@ -189,24 +195,24 @@ def run_trainer() -> None:
         record(trainer.state.global_step, {key: value.state_dict() for key, value in state.items()})
         decorated(model_, trial)
 
-    trainer._save_checkpoint = save_checkpoint
+    # This instance's save replaced, as DecoratedCheckpointing replaces it.
+    trainer._save_checkpoint = save_checkpoint  # type: ignore[method-assign, assignment]
     arm_self_signal(optimizer, lambda: trainer.state.global_step)
     trainer.train(resume_from_checkpoint=os.getenv("CKPT_LAST_STEP") is not None)
     print("trained", trainer.state.global_step, flush=True)
 
 
 def run_deepspeed() -> None:
-    import importlib
-
     os.environ.update(
         RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", DS_ACCELERATOR="cpu",
         MASTER_PORT=os.environ.get("DS_TEST_PORT", "29571"),
     )  # fmt: skip
-    import deepspeed
+    import deepspeed  # lazy: this path only (optional), and after its environment above
 
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    # One process on gloo needs no shared-memory collective (its JIT build needs a compiler).
+    comm_torch: Any = importlib.import_module("deepspeed.comm.torch")  # DeepSpeed ships no types
+    comm_torch.build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
-    from ckptlib.deepspeed import commit_pending, use_ckptlib
 
     torch.manual_seed(0)
     model = Net()

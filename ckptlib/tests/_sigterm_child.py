@@ -33,7 +33,8 @@ class Net(torch.nn.Module):
         self.extra = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(8, 8)) for _ in range(600)])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.body(inputs).pow(2).mean() + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3
+        loss: torch.Tensor = self.body(inputs).pow(2).mean() + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3
+        return loss
 
 
 
@@ -44,7 +45,7 @@ def main() -> None:
     model = Net()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
-    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     step = 0
     engine = ckptlib.CheckpointEngine(
         output_dir=output_dir, host_cache_size=0.05, final_state=lambda: (state, step), grace_period_s=20

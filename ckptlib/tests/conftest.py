@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import ckptlib
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
 
@@ -17,11 +19,11 @@ def offline_assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The Spot example's local model, tokenizer and text, built once per session."""
     sys.path.insert(0, str(EXAMPLES))
     try:
-        import offline_assets as assets
+        import offline_assets as assets  # from the examples directory, put on the path just for it
     finally:
         sys.path.remove(str(EXAMPLES))
     directory = tmp_path_factory.mktemp("offline-assets")
-    paths = assets.prepare(directory)
+    paths: dict[str, str] = assets.prepare(directory)
     paths["root"] = str(directory)
     return paths
 
@@ -29,8 +31,6 @@ def offline_assets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture
 def job_env(tmp_path: Path) -> dict[str, str]:
     """The environment a platform job gets: the vendor dir on PYTHONPATH, offline hub."""
-    import ckptlib
-
     env = {k: v for k, v in os.environ.items() if k not in {"CKPT_LAST_STEP", "RANK", "WORLD_SIZE", "LOCAL_RANK"}}
     env.update(
         CHECKPOINT_VENDOR=ckptlib.vendor_path(),

@@ -58,7 +58,7 @@ def main() -> int:
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3, device=device))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
-    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "ema": ema}
+    state: dict[str, Any] = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "ema": ema}
     out = args.out or tempfile.mkdtemp(prefix="ckptlib-gpu-check-")
     engine = ckptlib.CheckpointEngine(output_dir=out, host_cache_size=0.5, handle_signals=False)
     side = torch.cuda.Stream()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import random
@@ -65,8 +66,6 @@ def clone_state(value: Any) -> Any:
     """A deep copy of a state dict with its tensors cloned (on their own device, in stream order
     on a GPU), several times faster than ``copy.deepcopy``: a child's loop should spend its time
     in ``optimizer.step()``, where the signals are meant to land."""
-    import copy
-
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, dict):
@@ -78,8 +77,6 @@ def clone_state(value: Any) -> Any:
 
 def snapshot(state: dict[str, Any]) -> dict[str, Any]:
     """Deep copies of the state dicts, as they are now."""
-    import copy
-
     return {key: copy.deepcopy(value.state_dict()) for key, value in state.items()}
 
 
@@ -122,6 +119,7 @@ def arm_self_signal(optimizer: torch.optim.Optimizer, current_step: Any, *, at: 
 
     signal.signal(signal.SIGTERM, landed)
     main = threading.main_thread().ident
+    assert main is not None  # the main thread is running
 
     def signal_inside() -> None:
         time.sleep(rng.uniform(0.0, 0.002))

@@ -16,6 +16,7 @@ import torch
 import ckptlib
 import ckptlib._device as _device
 import ckptlib._stage as _stage
+from ckptlib.tests import gpu_check
 from ckptlib.tests.helpers import assert_same, snapshot
 
 
@@ -78,7 +79,7 @@ def test_device_copies_wait_for_save_record_their_sources_and_finish_before_the_
 ) -> None:
     cuda = _Cuda()
     on_device: set[int] = set()  # storages standing for device memory
-    def on_a_device(tensor):
+    def on_a_device(tensor: torch.Tensor) -> bool:
         return tensor.untyped_storage().data_ptr() in on_device
 
     monkeypatch.setattr(_stage, "is_device", on_a_device)
@@ -160,7 +161,5 @@ def test_the_cpu_path_makes_no_cuda_call(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_the_gpu_check_script_runs_here(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``gpu_check`` is importable here; without a GPU it checks nothing and says so (status 2)."""
-    from ckptlib.tests import gpu_check
-
     monkeypatch.setattr("sys.argv", ["gpu_check", "--steps", "3", "--out", str(tmp_path)])
     assert gpu_check.main() == (0 if torch.cuda.is_available() else 2)

@@ -9,6 +9,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ import ckptlib
 
 @pytest.fixture(autouse=True)
 def vendor_on_path() -> Iterator[None]:
-    """``PYTHONPATH=$CHECKPOINT_VENDOR``, as a job gets it."""
+    """``PYTHONPATH=$CHECKPOINT_VENDOR``, as a job gets it (the tests import ``datastates`` inside
+    themselves: it is importable only once this has put the vendor directory on the path)."""
     sys.path.insert(0, ckptlib.vendor_path())
     try:
         yield
@@ -39,7 +41,7 @@ class DeepSpeedConfig:
             self.config = {"host_cache_size": 1, "parser_threads": 2, "pin_host_cache": True}
 
 
-def _upstream_object() -> dict[str, object]:
+def _upstream_object() -> dict[str, Any]:
     tensor = torch.randn(256, 256)
     return {
         "tensor1": tensor,
@@ -53,7 +55,7 @@ def _upstream_object() -> dict[str, object]:
     }
 
 
-def _assert_same(recovered: dict[str, object], saved: dict[str, object]) -> None:
+def _assert_same(recovered: dict[str, Any], saved: dict[str, Any]) -> None:
     assert torch.equal(recovered["tensor1"], saved["tensor1"])
     assert torch.equal(recovered["tensor2"], saved["tensor2"])
     assert torch.equal(recovered["nested"]["layers"][0], saved["nested"]["layers"][0])

@@ -7,15 +7,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import ckptlib
+from ckptlib._trainer import deepspeed_committed_steps
 
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path: Path, stage: int, mode: str, port: int) -> dict:
+def _run(tmp_path: Path, stage: int, mode: str, port: int) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": str(port), "THP_MEM_ALLOC_ENABLE": "1"}
     if mode == "datastates":
         env["PYTHONPATH"] = ckptlib.vendor_path()
@@ -24,7 +26,8 @@ def _run(tmp_path: Path, stage: int, mode: str, port: int) -> dict:
         capture_output=True, text=True, env=env, timeout=300, check=False, cwd=Path(ckptlib.__file__).parents[1],
     )  # fmt: skip
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-6000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return report
 
 
 @pytest.mark.parametrize("stage", [0, 1])
@@ -62,8 +65,6 @@ def test_the_documentations_trainer_under_deepspeed_saves_through_ckptlib_and_re
     assert "ENGINE DeepSpeedCheckpointEngine STEP 6" in first.stdout
     events = [e for line in first.stderr.splitlines() if (e := ckptlib.parse_commit_line(line))]
     assert sorted({e.step for e in events}) == [3, 6]
-    from ckptlib._trainer import deepspeed_committed_steps
-
     assert deepspeed_committed_steps(out) == [3, 6]
     assert sorted(p.name for p in (out / "checkpoint-3" / "global_step3").iterdir()) == [
         "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",

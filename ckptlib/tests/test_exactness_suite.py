@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import ckptlib
+from ckptlib.tests.conftest import REPO_ROOT
 from ckptlib.tests.helpers import assert_same
 
 pytestmark = pytest.mark.slow
@@ -46,8 +47,6 @@ def _start(
 ) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "ckptlib.tests._exact_child", path, str(directory / "out"), str(directory / "refs")]
     command += [str(ready_at), str(self_signal_at), str(max_steps)] + ([str(limit)] if limit else [])
-    from ckptlib.tests.conftest import REPO_ROOT
-
     env = {**env, "DS_TEST_PORT": str(next(_PORTS))}
     return subprocess.Popen(
         command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -118,8 +117,6 @@ def _finish_sigterm(path: str, directory: Path, process: subprocess.Popen[str]) 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_every_committed_checkpoint_is_exactly_its_step(path: str, job_env: dict[str, str], tmp_path: Path) -> None:
-    from ckptlib.tests.conftest import REPO_ROOT
-
     if path == "deepspeed":
         pytest.importorskip("deepspeed")
     env = {**job_env, "PYTHONPATH": f"{ckptlib.vendor_path()}{os.pathsep}{REPO_ROOT}"}

@@ -6,6 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
+import ckptlib._format as _format
 from ckptlib._trainer import DecoratedCheckpointing, deepspeed_committed_steps
 
 
@@ -20,7 +23,7 @@ def _decorator(output_dir: Path) -> DecoratedCheckpointing:
 
 def _trainers_own_save(output_dir: Path, step: int, args: SimpleNamespace) -> None:
     """What Trainer._save_checkpoint does under DeepSpeed: write, then rotate at once."""
-    from transformers.trainer import rotate_checkpoints
+    from transformers.trainer_utils import rotate_checkpoints  # lazy: transformers is optional
 
     (output_dir / f"checkpoint-{step}" / f"global_step{step}").mkdir(parents=True)
     rotate_checkpoints(output_dir=str(output_dir), save_total_limit=args.save_total_limit, use_mtime=False)
@@ -44,11 +47,7 @@ def test_a_crash_between_save_and_commit_still_resumes_the_last_committed_checkp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4", "checkpoint-6"]
 
 
-def test_a_commit_that_fails_after_the_rename_leaves_nothing_selectable(tmp_path: Path, monkeypatch) -> None:
-    import pytest
-
-    import ckptlib._format as _format
-
+def test_a_commit_that_fails_after_the_rename_leaves_nothing_selectable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "concurrent_checkpoint"
     source = _format.tmp_dir(root, 5)
     source.mkdir(parents=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from ckptlib.tests.helpers import assert_same, small_training_state, snapshot, t
 
 
 @pytest.fixture
-def engine(tmp_path: Path):
+def engine(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
     yield engine
     engine.shutdown()
@@ -71,7 +72,7 @@ def test_the_optimizer_step_right_after_save_does_not_leak_into_the_checkpoint(
 
 
 def test_stock_loaders_read_the_files_under_trainer_names(engine: ckptlib.CheckpointEngine, tmp_path: Path) -> None:
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # optional (ckptlib reads its files without it): only this test needs it
 
     state = small_training_state()
     train_steps(state, 1)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ckptlib
+from ckptlib.tests.conftest import REPO_ROOT
 from ckptlib.tests.helpers import assert_same
 
 CHILD = str(Path(__file__).with_name("_sigterm_child.py"))
@@ -55,8 +56,6 @@ def _check(directory: Path, process: subprocess.Popen[str]) -> tuple[str, int, i
 def test_a_sigterm_anywhere_yields_a_final_checkpoint_of_exactly_its_step(
     mode: str, job_env: dict[str, str], tmp_path: Path
 ) -> None:
-    from ckptlib.tests.conftest import REPO_ROOT
-
     env = {**job_env, "PYTHONPATH": str(REPO_ROOT)}
     rng = random.Random(15)
     landed, compared = [], 0

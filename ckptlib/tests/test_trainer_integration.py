@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -12,10 +13,14 @@ import torch
 import ckptlib
 from ckptlib.tests.helpers import RecordingHandler
 
+if TYPE_CHECKING:
+    from transformers import Trainer
+
 pytest.importorskip("transformers")
 
 
-def _trainer(assets: dict[str, str], output_dir: Path, *, max_steps: int, save_steps: int, **extra: Any):  # noqa: ANN202
+def _trainer(assets: dict[str, str], output_dir: Path, *, max_steps: int, save_steps: int, **extra: Any) -> Trainer:
+    # Lazy, after the importorskip above: transformers is optional.
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, set_seed
 
     set_seed(42)
@@ -55,7 +60,7 @@ def _decorate(trainer: Any) -> ckptlib.DecoratedCheckpointing:
 
 
 @pytest.fixture
-def records() -> RecordingHandler:
+def records() -> Iterator[RecordingHandler]:
     handler = RecordingHandler()
     logging.getLogger("ckptlib").addHandler(handler)
     yield handler
@@ -137,6 +142,7 @@ def test_the_optimizer_waits_for_staging_not_for_disk(offline_assets: dict[str, 
     engine.shutdown()
     loaded = engine.load(2)
     saved = loaded.state["model"]
+    assert trainer.model is not None
     assert set(saved) >= {name for name, _ in trainer.model.named_parameters()}
     final = engine.load(4).state["model"]
     assert not all(torch.equal(saved[k], final[k]) for k in saved)

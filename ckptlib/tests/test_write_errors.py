@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,12 @@ import torch
 
 import ckptlib
 from ckptlib import _format
+from ckptlib._stage import Stager
 from ckptlib.tests.helpers import RecordingHandler, small_training_state, train_steps
 
 
 @pytest.fixture
-def errors() -> RecordingHandler:
+def errors() -> Iterator[RecordingHandler]:
     handler = RecordingHandler()
     logger = logging.getLogger("ckptlib")
     logger.addHandler(handler)
@@ -72,8 +74,6 @@ def test_a_full_disk_fails_that_checkpoint_only(
 def test_a_failure_while_staging_fails_that_checkpoint_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
 ) -> None:
-    from ckptlib._stage import Stager
-
     def broken_copy(*args: object, **kwargs: object) -> None:
         raise RuntimeError("copy failed")
 

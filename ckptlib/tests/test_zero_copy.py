@@ -9,12 +9,21 @@ at the offset most of its tensors have in memory, so they are written from memor
 
 from __future__ import annotations
 
+import errno
 import json
+import mmap
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import torch
+
+import ckptlib
+from ckptlib._writer import _PROBE_OFFSETS, _probe_alignment
+from ckptlib.tests.helpers import assert_same
 
 CHILD = r"""
 import json, sys, time
@@ -84,13 +93,14 @@ print(json.dumps(report))
 """
 
 
-def _run(tmp_path: Path, env_extra: dict[str, str]) -> dict:
+def _run(tmp_path: Path, env_extra: dict[str, str]) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **env_extra}
     completed = subprocess.run(
         [sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
+    return report
 
 
 def test_aligned_tensors_are_written_from_memory_and_the_next_step_never_leaks_in(tmp_path: Path) -> None:
@@ -117,16 +127,13 @@ def test_without_aligned_allocations_the_model_file_is_laid_out_for_its_tensors(
 
 
 def test_tensors_at_odd_offsets_are_written_from_memory_into_a_valid_safetensors_file(tmp_path: Path) -> None:
-    import torch
-    from safetensors.torch import load_file
-
-    import ckptlib
-    from ckptlib.tests.helpers import assert_same
+    from safetensors.torch import load_file  # optional (ckptlib reads its files without it): only this test needs it
 
     # As from_pretrained leaves a model (transformers 5.24): each weight 8 bytes past a page.
-    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024, bias=False) for _ in range(3)])
+    layers = [torch.nn.Linear(1024, 1024, bias=False) for _ in range(3)]
+    model = torch.nn.Sequential(*layers)
     backing = []
-    for layer in model:
+    for layer in layers:
         buffer = torch.empty(4 << 20 | 8192, dtype=torch.uint8)
         start = -buffer.data_ptr() % 4096 + 8
         weight = buffer[start : start + (4 << 20)].view(torch.float32).view(1024, 1024)
@@ -161,11 +168,6 @@ def test_tensors_at_odd_offsets_are_written_from_memory_into_a_valid_safetensors
 
 
 def test_the_probed_memory_alignment_is_what_direct_writes_accept_and_leaves_nothing_behind(tmp_path: Path) -> None:
-    import errno
-    import mmap
-
-    from ckptlib._writer import _PROBE_OFFSETS, _probe_alignment
-
     alignment = _probe_alignment(tmp_path)
 
     assert alignment in (1, 4, 16, 64, 512, 4096)

@@ -9,6 +9,9 @@ from satrain.config import Settings
 
 JOBS = "/api/v1/training-jobs/"
 
+JsonObject = dict[str, Any]
+"""A JSON object the console answered (a job, a node, a page of lines): its fields as JSON gives them."""
+
 
 class ApiError(Exception):
     """An answer the user must read: the HTTP status and the console's own message."""
@@ -80,15 +83,17 @@ class Client:
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body)
 
-    def job(self, job_id: int) -> dict:
-        return self.get(f"{JOBS}{job_id}/")
+    def job(self, job_id: int) -> JsonObject:
+        job: JsonObject = self.get(f"{JOBS}{job_id}/")
+        return job
 
-    def token(self, username: str, password: str) -> dict:
-        return self.request("POST", "/api/v1/auth/token/", json={"username": username, "password": password})
+    def token(self, username: str, password: str) -> JsonObject:
+        answer: JsonObject = self.request("POST", "/api/v1/auth/token/", json={"username": username, "password": password})
+        return answer
 
-    def list_jobs(self, **filters: Any) -> list[dict]:
+    def list_jobs(self, **filters: Any) -> list[JsonObject]:
         """Every job matching the filters (the API pages; this follows the pages)."""
-        jobs: list[dict] = []
+        jobs: list[JsonObject] = []
         offset = 0
         while True:
             page = self.get(JOBS, limit=500, offset=offset, **filters)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional, ParamSpec, TypeVar
 
 import typer
 import yaml
@@ -18,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from satrain import config
-from satrain.api import JOBS, ApiError, Client
+from satrain.api import JOBS, ApiError, Client, JsonObject
 from satrain.logs import follow, read_lines
 
 app = typer.Typer(help="The Simple AI Training console from a terminal.", no_args_is_help=True)
@@ -39,7 +40,11 @@ WAIT_EXIT = {"Completed": 0, "Failed": 3, "Pending - internalerror": 3, "Pending
 RESUME_MISSING = "this console has no resume endpoint (POST /api/v1/training-jobs/<id>/resume/); update the console"
 
 
-def fail(message: str, code: int = 1) -> None:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
     err.print(f"[bold red]Error:[/] {message}", highlight=False, markup=True)
     raise typer.Exit(code)
 
@@ -48,7 +53,7 @@ def client() -> Client:
     return Client(config.load())
 
 
-def call(fn, *args: Any, **kwargs: Any) -> Any:
+def call(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     try:
         return fn(*args, **kwargs)
     except ApiError as exc:
@@ -87,7 +92,7 @@ def logout() -> None:
 
 
 # --- jobs ---------------------------------------------------------------------------------------
-def read_spec(path: str) -> dict:
+def read_spec(path: str) -> JsonObject:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except OSError as exc:
@@ -115,7 +120,7 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def show_job(job: dict) -> None:
+def show_job(job: JsonObject) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
     for key in ("id", "name", "owner", "project_name", "status", "status_reason", "job_type", "image", "command", "env",
                 "gpus_per_node", "node_count", "failover_enabled", "failover_attempts", "output_dir",
@@ -197,7 +202,7 @@ def jobs_logs(
     timestamps: bool = typer.Option(False, "--timestamps", "-t"),
 ) -> None:
     """A job's log; with -f, follow it over the WebSocket until the job ends."""
-    def emit(line: dict) -> None:
+    def emit(line: JsonObject) -> None:
         if attempt is None or line["attempt"] == attempt:
             sys.stdout.write((f"{line['ts']} " if timestamps else "") + line["text"] + "\n")
             sys.stdout.flush()
@@ -222,8 +227,9 @@ def jobs_logs(
     err.print(f"[bold]job {job_id}: {status}[/]", highlight=False)
 
 
-def act(job_id: int, action: str) -> dict:
-    return call(client().post, f"{JOBS}{job_id}/{action}/")
+def act(job_id: int, action: str) -> JsonObject:
+    job: JsonObject = call(client().post, f"{JOBS}{job_id}/{action}/")
+    return job
 
 
 @jobs_app.command("stop")

@@ -13,7 +13,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import connect
 
-from satrain.api import JOBS, ApiError, Client
+from satrain.api import JOBS, ApiError, Client, JsonObject
 
 MAX_DB_INT = 2**63 - 1
 PAGE = 5000
@@ -21,11 +21,11 @@ PAGE = 5000
 FATAL_CLOSE = {4400: "bad parameters", 4401: "not authenticated", 4403: "access revoked", 4404: "no such job, or you may not see it"}
 
 
-def read_lines(client: Client, job_id: int, *, stream: str, tail: int | None = None) -> Iterator[dict]:
+def read_lines(client: Client, job_id: int, *, stream: str, tail: int | None = None) -> Iterator[JsonObject]:
     """The stream's lines in seq order: all of them, or the last ``tail``."""
     path = f"{JOBS}{job_id}/logs/"
     if tail is not None:
-        pages: list[list[dict]] = []
+        pages: list[list[JsonObject]] = []
         before, wanted = MAX_DB_INT, tail
         while wanted > 0:
             page = client.get(path, stream=stream, before=before, limit=min(wanted, PAGE))
@@ -60,7 +60,7 @@ def follow(
     job_id: int,
     *,
     stream: str,
-    on_line: Callable[[dict], None],
+    on_line: Callable[[JsonObject], None],
     tail: int | None = None,
     on_banner: Callable[[str, str], None] | None = None,
     on_reconnect: Callable[[int, str], None] | None = None,
@@ -104,12 +104,14 @@ def follow(
                                 banners_seen.add(attempt)
                                 on_banner(attempt, text)
                     elif kind == "end":
-                        return message["status"]
+                        final_status: str = message["status"]
+                        return final_status
             reason = "the console closed the connection"
         except ConnectionClosed as exc:
-            code = exc.rcvd.code if exc.rcvd is not None else None
-            if code in FATAL_CLOSE:
-                raise ApiError(code, f"log socket closed: {FATAL_CLOSE[code]} ({exc.rcvd.reason})") from None
+            close = exc.rcvd
+            code = close.code if close is not None else None
+            if close is not None and close.code in FATAL_CLOSE:
+                raise ApiError(close.code, f"log socket closed: {FATAL_CLOSE[close.code]} ({close.reason})") from None
             reason = f"connection lost ({code or 'no close frame'})"
         except InvalidStatus as exc:
             status = exc.response.status_code

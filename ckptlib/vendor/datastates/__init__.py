@@ -9,6 +9,8 @@ path)``, ``load(path, map_location)``, ``wait(persist)``, ``commit(tag)``, ``shu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 try:
     import ckptlib  # noqa: F401  # installed in the job's environment
 except ImportError:
@@ -19,9 +21,13 @@ except ImportError:
     sys.path.append(str(Path(__file__).resolve().parents[3]))
     import ckptlib  # noqa: F401
 
+if TYPE_CHECKING:
+    from ckptlib._dropin import PathCheckpointing
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy: torch is imported only when used
+
+def __getattr__(name: str) -> type[PathCheckpointing]:
     if name in ("CheckpointEngine", "BaseCheckpointEngine"):
+        # Lazy: ``import datastates`` stays light; torch is imported only when the engine is used.
         from ckptlib._dropin import PathCheckpointing
 
         return PathCheckpointing
