@@ -10,6 +10,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import ckptlib
@@ -48,6 +49,7 @@ def _expected(state: dict[str, Any]) -> dict[str, Any]:
     return {key: copy.deepcopy(value.state_dict()) for key, value in state.items()}
 
 
+@pytest.mark.slow  # a training process of its own
 def test_state_changed_after_save_is_captured_at_its_save_time_value(tmp_path: Path) -> None:
     state = _training_state()
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.002, handle_signals=False)

@@ -135,6 +135,7 @@ def test_the_module_names_people_import() -> None:
     assert get_logger("datastates.test").level == logging.INFO
 
 
+@pytest.mark.slow  # a training process of its own
 def test_the_guides_log_lines(tmp_path: Path) -> None:
     # As DecoratedCheckpointing does when it starts its engine, then resumes with nothing saved.
     script = (

@@ -31,6 +31,7 @@ def _spot_env(job_env: dict[str, str], assets: dict[str, str], **extra: str) -> 
     return {**job_env, "SPOT_ASSETS_DIR": assets["root"], "SPOT_MAX_LENGTH": "32", **extra}
 
 
+@pytest.mark.slow  # a training process of its own
 def test_vendor_path_is_printed_and_imports_datastates(job_env: dict[str, str], tmp_path: Path) -> None:
     printed = _run([sys.executable, "-m", "ckptlib", "vendor-path"], cwd=tmp_path, env=job_env).stdout.strip()
     assert printed == ckptlib.vendor_path() and Path(printed, "datastates", "llm", "__init__.py").is_file()
@@ -113,6 +114,7 @@ def test_sigterm_takes_a_final_checkpoint_and_exits(
     assert ckptlib.read_latest(tmp_path / "results" / "concurrent_checkpoint") == final
 
 
+@pytest.mark.slow  # a training process of its own
 def test_the_plain_example_resumes_where_it_stopped(job_env: dict[str, str], tmp_path: Path) -> None:
     command = [sys.executable, str(EXAMPLES / "plain_pytorch.py"), "--output-dir", str(tmp_path / "out")]
     env = {**job_env, "PYTHONPATH": str(REPO_ROOT)}

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import ckptlib
@@ -63,6 +64,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # a training process of its own
 def test_a_plain_script_keeps_the_forward_hook_as_its_safe_point_for_sigterm(tmp_path: Path) -> None:
     # A child process: handle_signals=True installs a process-wide SIGTERM handler and thread.
     completed = subprocess.run(

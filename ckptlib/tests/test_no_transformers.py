@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = """
 import sys
 sys.modules["transformers"] = None  # import transformers now raises ImportError
@@ -20,6 +22,7 @@ print("ok", engine.latest_step())
 """
 
 
+@pytest.mark.slow  # a training process of its own
 def test_the_plain_api_runs_without_transformers(tmp_path: Path) -> None:
     completed = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=120

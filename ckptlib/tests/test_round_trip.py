@@ -23,6 +23,7 @@ def engine(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
     engine.shutdown()
 
 
+@pytest.mark.slow  # a training process of its own
 def test_it_reads_back_model_optimizer_scheduler_exactly(engine: ckptlib.CheckpointEngine) -> None:
     state = small_training_state()
     train_steps(state, 3)

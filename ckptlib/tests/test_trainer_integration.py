@@ -94,6 +94,7 @@ def test_a_resumed_run_continues_the_same_loss_curve(
     assert _losses(stock) == expected
 
 
+@pytest.mark.slow  # a training process of its own
 def test_with_no_checkpoint_it_logs_and_starts_from_scratch(
     offline_assets: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: RecordingHandler
 ) -> None:
@@ -106,6 +107,7 @@ def test_with_no_checkpoint_it_logs_and_starts_from_scratch(
     assert trainer.state.global_step == 2
 
 
+@pytest.mark.slow  # a training process of its own
 def test_ckpt_last_step_picks_that_checkpoint_else_the_latest(
     offline_assets: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: RecordingHandler
 ) -> None:
@@ -135,6 +137,7 @@ def test_ckpt_last_step_picks_that_checkpoint_else_the_latest(
     assert all(e.bytes > 0 and e.persist_s >= e.blocking_s >= 0 for e in commits)
 
 
+@pytest.mark.slow  # a training process of its own
 def test_the_optimizer_waits_for_staging_not_for_disk(offline_assets: dict[str, str], tmp_path: Path) -> None:
     trainer = _trainer(offline_assets, tmp_path, max_steps=4, save_steps=2)
     engine = _decorate(trainer)

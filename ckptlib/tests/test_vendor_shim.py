@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import ckptlib
 
 SCRIPT = """
@@ -24,6 +26,7 @@ print(DecoratedCheckpointing.__module__)
 """
 
 
+@pytest.mark.slow  # a training process of its own
 def test_the_vendor_dir_alone_is_enough(tmp_path: Path) -> None:
     env = {"PYTHONPATH": ckptlib.vendor_path(), "PATH": "/usr/bin:/bin"}
     completed = subprocess.run(

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import ckptlib
@@ -103,6 +104,7 @@ def _run(tmp_path: Path, env_extra: dict[str, str]) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.slow  # a training process of its own
 def test_aligned_tensors_are_written_from_memory_and_the_next_step_never_leaks_in(tmp_path: Path) -> None:
     report = _run(tmp_path, {"THP_MEM_ALLOC_ENABLE": "1"})
 
@@ -113,6 +115,7 @@ def test_aligned_tensors_are_written_from_memory_and_the_next_step_never_leaks_i
     assert second["copied"] < second["big"] / 10, second
 
 
+@pytest.mark.slow  # a training process of its own
 def test_without_aligned_allocations_the_model_file_is_laid_out_for_its_tensors(tmp_path: Path) -> None:
     env = {"THP_MEM_ALLOC_ENABLE": "0"}
     report = _run(tmp_path, env)
