@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from agent.node_agent import NodeAgent
 from failover.models import NodeHealth
@@ -36,8 +36,16 @@ def serve_idle(agent: NodeAgent, seconds: float) -> list[str]:
 
 
 def wait_for(condition, what: str, seconds: float = 60.0) -> None:
+    """Until ``condition()``; a read the suite's shared-cache SQLite refuses while the loop's
+    thread writes ("database table is locked") is read again."""
     deadline = time.monotonic() + seconds
-    while not condition():
+    while True:
+        try:
+            if condition():
+                return
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
         assert time.monotonic() < deadline, what
         time.sleep(0.2)
 
