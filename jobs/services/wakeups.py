@@ -21,6 +21,7 @@ Scale-out uses none of the file: Celery beat runs the round every second and
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -112,16 +113,27 @@ def signal_other_processes() -> None:
             fresh = False
         if fresh:
             spare = path.with_name(f".{path.name}.{os.getpid()}")
-            spare.write_bytes(b".")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(spare)
+            append_byte(spare, os.O_EXCL)
             os.replace(spare, path)
         else:
-            with open(path, "ab") as file:
-                file.write(b".")
+            append_byte(path)
         _own_state = file_state(path)
     except FileNotFoundError:
         logger.debug("no %s: no console has run here yet", path.parent)
     except OSError as exc:
         logger.warning("could not signal the control loop through %s (%s); its safety sweep will see the change", path, exc)
+
+
+def append_byte(path: Path, extra_flags: int = 0) -> None:
+    """One byte at the end of ``path`` (made 0600 if missing), never through a symbolic link: a
+    process of root's must not write where a link someone planted points."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | extra_flags, 0o600)
+    try:
+        os.write(descriptor, b".")
+    finally:
+        os.close(descriptor)
 
 
 def file_state(path: Path) -> tuple[int, int, int] | None:
