@@ -56,3 +56,6 @@ test-fast: $(TEST_STAMP)
 	$(VENV)/bin/ruff check . && \
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n auto $(PYTEST_ARGS); rc=$$?; \
 	echo "make test-fast: $$(( $$(date +%s) - start )) s on $$(nproc) cores"; exit $$rc
+
+clean-venv:
+	rm -rf $(VENV)
