@@ -152,6 +152,19 @@ def job_output(job, **filters) -> list[str]:
     return [line for line in lines if not line.startswith(PLATFORM_LINE_PREFIXES)]
 
 
+def unlocked(read: Callable):
+    """``read()``, tried again while another thread holds a write open: the suite's in-memory
+    SQLite (shared cache) answers "database table is locked" at once instead of waiting."""
+    for _ in range(50):
+        try:
+            return read()
+        except OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+            time.sleep(0.1)
+    return read()
+
+
 def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., bool] = lambda *args, **kwargs: True) -> list:
     """Make ``owner.name`` fail once, where ``when(*args)`` says, as SQLite's shared cache does
     while another thread writes ("database table is locked"); returns the refused calls' first

@@ -7,9 +7,10 @@ import os
 import time
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import connection
 
 from agent.node_agent import NodeAgent
+from console.testing import unlocked
 from failover.models import NodeHealth
 from jobs.models import JobAttempt, TrainingJob
 from jobs.services.actions import request_stop
@@ -36,16 +37,9 @@ def serve_idle(agent: NodeAgent, seconds: float) -> list[str]:
 
 
 def wait_for(condition, what: str, seconds: float = 60.0) -> None:
-    """Until ``condition()``; a read the suite's shared-cache SQLite refuses while the loop's
-    thread writes ("database table is locked") is read again."""
+    """Until ``condition()``, read through ``unlocked`` (the loop's thread may be writing)."""
     deadline = time.monotonic() + seconds
-    while True:
-        try:
-            if condition():
-                return
-        except OperationalError as exc:
-            if "locked" not in str(exc):
-                raise
+    while not unlocked(condition):
         assert time.monotonic() < deadline, what
         time.sleep(0.2)
 

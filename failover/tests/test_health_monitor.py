@@ -14,6 +14,7 @@ import pytest
 from agent import runfiles
 from agent.loop import embedded_round
 from agent.processes import run_dir, run_processes
+from console.testing import unlocked
 from failover.models import HealthEvent, NodeHealth
 from failover.services import faults, health
 from failover.services.monitor import HealthMonitor, prune_events
@@ -23,21 +24,6 @@ from jobs.statuses import JobStatus
 from logs.models import LogLine
 
 pytestmark = pytest.mark.usefixtures("no_run_outlives_its_test")
-
-
-def unlocked(read):
-    """``read()``, tried again while the agent's thread holds a write open: the test suite's
-    in-memory SQLite (shared cache) answers "database table is locked" at once instead of waiting."""
-    from django.db import OperationalError
-
-    for _ in range(50):
-        try:
-            return read()
-        except OperationalError as exc:
-            if "locked" not in str(exc):
-                raise
-            time.sleep(0.1)
-    return read()
 
 
 HUNG = "python -c 'import time; print(\"step 1\", flush=True); time.sleep(600)'"
