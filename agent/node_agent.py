@@ -29,12 +29,10 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -47,6 +45,7 @@ from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services import runs, wakeups
+from jobs.services.control import postgres_transaction
 from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -69,14 +68,6 @@ def beat_now(node_names: list[str]) -> None:
             heartbeats.beat(node_names, time.time())
         except Exception as exc:
             logger.warning("first heartbeat of %s failed: %s", ", ".join(node_names), exc)
-
-
-def postgres_transaction():
-    """One transaction for a few short statements (PostgreSQL: one transaction, not one per
-    statement). On SQLite each stays on its own: there an open transaction would make a writer
-    in another thread fail at once ("database table is locked") under the test suite's shared
-    cache, and the embedded default's cost is not per transaction."""
-    return nullcontext() if connection.vendor == "sqlite" else transaction.atomic()
 
 
 class NodeAgent:

@@ -35,7 +35,7 @@ from failover.services.health import ScopedEvidence, local_probe, record_health,
 from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
-from jobs.services.control import earliest, read_together, timed_rounds, unix
+from jobs.services.control import earliest, postgres_transaction, timed_rounds, unix
 from jobs.services.lifecycle import record_reason, transition
 from jobs.services.messages import wake_agents
 from jobs.services.placement import release_part_gpus
@@ -414,7 +414,7 @@ def next_timed_work() -> float | None:
     timeout = timedelta(seconds=settings.NODE_HEARTBEAT_TIMEOUT)
     repair = timedelta(seconds=settings.FAILOVER_REPAIR_WAIT)
     here = sorted({name for agent in local_agents() for name in agent.node_names})
-    with read_together():
+    with postgres_transaction():
         beat = (
             Node.objects.filter(state=Node.State.READY, last_heartbeat__gt=now - timeout)
             .exclude(name__in=here)

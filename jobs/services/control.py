@@ -69,9 +69,11 @@ def earliest(times: list[float | None]) -> float | None:
     return min((t for t in times if t is not None), default=None)
 
 
-def read_together():
-    """One transaction for a few reads on PostgreSQL (one commit, not one per statement). On
-    SQLite each stays on its own: a transaction there takes the write lock at BEGIN (IMMEDIATE)."""
+def postgres_transaction():
+    """One transaction for a few short statements (PostgreSQL: one transaction, not one per
+    statement). On SQLite each stays on its own: a transaction there takes the write lock at BEGIN
+    (IMMEDIATE), so a writer in another thread would fail at once ("database table is locked")
+    under the test suite's shared cache, and the embedded default's cost is not per transaction."""
     return nullcontext() if connection.vendor == "sqlite" else transaction.atomic()
 
 
@@ -88,7 +90,7 @@ def next_timed_work() -> float | None:
     now = timezone.now()
     reserve = timedelta(seconds=settings.QUEUE_RESERVE_AFTER)
     yield_hold = timedelta(seconds=settings.QUEUE_YIELD_HOLD)
-    with read_together():
+    with postgres_transaction():
         jobs = TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]).aggregate(
             retry=Min("next_retry_at", filter=Q(status=JobStatus.IMAGE_PULL_BACKOFF, next_retry_at__gt=now)),
             bound=Min("created_at", filter=Q(created_at__gt=now - reserve, gpus_per_node__gt=0)),
