@@ -98,7 +98,7 @@ class EmbeddedControlLoop(threading.Thread):
                 if watch is not None and watch.changed():
                     self.agent.wake()
                     if wanted is not None:
-                        wanted.wanted.set()
+                        wanted.raise_flag()
                 now = time.monotonic()
                 woken = wanted.take() if wanted is not None else False
                 ran = False
