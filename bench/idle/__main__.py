@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,16 +42,12 @@ from pathlib import Path
 
 import psycopg
 
+from bench.logs.harness import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 TARGET_TX_PER_S = 2.0
 TARGET_PLACEMENT_S = 1.0
 JOB_COMMAND = "python -c 'print(1)'"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def recreate_database(pg: str, name: str) -> None:
