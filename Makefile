@@ -46,6 +46,10 @@ lint: $(TEST_STAMP)
 
 # The gate, the whole suite on SQLite, then its database tests again on PostgreSQL where one answers.
 test: lint
+	@echo "make test: the tests create and drop PostgreSQL databases named satrain_test_* on the server of" \
+	  "TEST_POSTGRES_URL=$${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres} and FLUSHDB Redis" \
+	  "TEST_REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15} (that database number only); point both at servers" \
+	  "or a Redis database no deployment shares."
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
 

@@ -31,6 +31,12 @@ RUN_NAME = re.compile(r"^sac-run-\d+$")
 PERIOD_US = 100_000
 CONTROLLERS = ("cpu", "memory")
 OPTIONAL_CONTROLLERS = ("pids",)  # a PID limit where the node has the controller
+# A run's CPU weight against its siblings, a quarter of the default (v2 cpu.weight 100, v1
+# cpu.shares 1024): runs share the CPU among themselves as before, but a node agent beside them
+# (on v1 its own processes sit next to the runs' cgroups) gets the CPU it needs to read, store
+# and stream their lines however busy the runs keep it.
+RUN_CPU_WEIGHT_V2 = 25
+RUN_CPU_SHARES_V1 = 256
 
 
 @dataclass
@@ -167,6 +173,7 @@ def create(h: Hierarchy, name: str, *, cpus: float | None, memory_mb: int | None
             directory = directories[0]
             quota = "max" if cpus is None else str(max(1000, round(cpus * PERIOD_US)))
             _write(directory / "cpu.max", f"{quota} {PERIOD_US}")
+            _try_write(directory / "cpu.weight", str(RUN_CPU_WEIGHT_V2))
             _write(directory / "memory.max", "max" if memory_mb is None else str(memory_mb * 2**20))
             if memory_mb is not None:
                 _try_write(directory / "memory.swap.max", "0")
@@ -177,6 +184,7 @@ def create(h: Hierarchy, name: str, *, cpus: float | None, memory_mb: int | None
             cpu_dir, memory_dir = h.parents["cpu"] / name, h.parents["memory"] / name
             _write(cpu_dir / "cpu.cfs_period_us", str(PERIOD_US))
             _write(cpu_dir / "cpu.cfs_quota_us", "-1" if cpus is None else str(max(1000, round(cpus * PERIOD_US))))
+            _try_write(cpu_dir / "cpu.shares", str(RUN_CPU_SHARES_V1))
             if memory_mb is not None:
                 _write(memory_dir / "memory.limit_in_bytes", str(memory_mb * 2**20))
                 _try_write(memory_dir / "memory.memsw.limit_in_bytes", str(memory_mb * 2**20))

@@ -20,14 +20,14 @@ from pathlib import Path
 
 from django.conf import settings
 
-from agent import engine, runfiles, sandbox, uids, workdirs
+from agent import engine, resume, runfiles, sandbox, uids, workdirs
 from agent.processes import RUNNER_MODULE, is_runner, signal_run
 from agent.runfiles import ContainerPolicy, RunLimits, RunSpec
-from ckptlib import CHECKPOINT_SUBDIR, read_latest
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
+from jobs.secret_env import SecretUnreadable
 from jobs.services import images, runs
 from jobs.services.limits import limits_of
-from jobs.services.paths import PathRefused, job_dir, output_location, volumes_of
+from jobs.services.paths import OutputLocation, PathRefused, job_dir, output_location, volumes_of
 
 logger = logging.getLogger(__name__)
 
@@ -41,18 +41,10 @@ def vendor_dir() -> str:
     return str(Path(settings.BASE_DIR) / "ckptlib" / "vendor")
 
 
-def latest_checkpoint_step(location: tuple[Path, list[str]]) -> int | None:
-    """The step of the newest committed ckptlib checkpoint in a job's output directory, read
-    without following anything the job made (``agent.workdirs.read_beneath``)."""
-    root, parts = location
-    opened = workdirs.read_beneath(root, parts)
-    if opened is None:
-        return None
-    try:
-        # ckptlib opens the checkpoint root itself without following it (nor anything inside).
-        return read_latest(Path(opened) / CHECKPOINT_SUBDIR)
-    finally:
-        workdirs.close_beneath(opened)
+def resume_point(job: TrainingJob, location: OutputLocation, *, contained: bool) -> resume.ResumePoint | None:
+    """The checkpoint a re-placed run resumes from: the newest committed one on disk among those
+    its commit lines reported in its own storage and its output directory (``agent.resume``)."""
+    return resume.resume_point(job, location, contained=contained)
 
 
 def engine_root() -> Path:
@@ -160,6 +152,7 @@ def run_env(
         env["PATH"] = f"{Path(sys.prefix) / 'bin'}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
         env["HOME"] = os.environ.get("HOME", str(workdir))
     env.update(job.env)
+    env.update(job.secret_env.reveal())  # decrypted only here, for the run's own environment
     env.update(
         {
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.gpu_indices)),
@@ -266,7 +259,8 @@ class Launcher:
         except (PathRefused, workdirs.DirectoryRefused, uids.NoFreeUid, ValueError) as exc:
             runs.launch_failed(attempt, f"output directory refused: {exc}")
             return []
-        resume_step = latest_checkpoint_step((location.root, list(location.parts))) if attempt.number > 1 else None
+        point = resume_point(job, location, contained=contained) if attempt.number > 1 else None
+        resume_step = point.step if point is not None else None
         started = True
         try:
             for part in claimed:
@@ -274,7 +268,7 @@ class Launcher:
                 pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
                 logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, pid)
                 started = runs.part_started(part, runner_pid=pid, workdir=str(dirs["work"]), resume_step=resume_step) and started
-        except PathRefused as exc:
+        except (PathRefused, SecretUnreadable) as exc:
             logger.error("job %s: %s", job.pk, exc)
             runs.launch_failed(attempt, str(exc))
             return []
@@ -323,6 +317,7 @@ class Launcher:
             env=run_env(job, attempt, part, dirs["output_in_run"], contained=contained, resume_step=resume_step),
             max_line_chars=settings.LOG_MAX_LINE_CHARS,
             max_lines=settings.LOG_MAX_LINES_PER_JOB,
+            max_bytes=settings.LOG_MAX_BYTES_PER_JOB,
             container=container_policy(job, attempt, part, image_ref, dirs, uid) if contained else None,
             limits=run_limits(job),
             preamble=preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
@@ -337,6 +332,7 @@ class Launcher:
                 stdout=err,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=nicer_by(settings.RUN_NICENESS),
             )
         self.children[child.pid] = child
         return child.pid
@@ -364,3 +360,11 @@ class Launcher:
         for pid, child in list(self.children.items()):
             if child.poll() is not None:
                 del self.children[pid]
+
+
+def nicer_by(increment: int):
+    """A ``preexec_fn`` that makes the runner (and so its run: niceness is inherited) ``increment``
+    nicer than the agent; None for 0. A run cannot undo it: its container has no CAP_SYS_NICE."""
+    if increment <= 0:
+        return None
+    return lambda: os.nice(increment)

@@ -184,6 +184,8 @@ class NodeAgent:
         with self.lock:
             if self.reconcile_due or self.inbox:
                 return 0.0
+        if self.output.behind:
+            return 0.0  # a run printed more than its turn (agent.output): the next turn now
         return max(0.0, min(due) - now)
 
     def heartbeat(self) -> None:

@@ -1,11 +1,19 @@
 """Reading what runs print: the runner's output records (``agent.runfiles.read_output``, parsed
 with limits) handed to the log ingest in batches. The records are written by the job's own
-supervisor, so every one is untrusted; a bad one is skipped and costs only itself."""
+supervisor, so every one is untrusted; a bad one is skipped and costs only itself.
+
+Fair under floods: each round gives each run a turn of ``OUTPUT_TURN_SECONDS`` (read and stored
+in slices of ``READ_SLICE`` bytes), so a run printing a million lines waits its turn like the
+others and a quiet run's lines are stored within a round; the runs still behind after their turn
+are in ``behind`` (the agent then starts its next round at once)."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 from pathlib import Path
+
+from django.conf import settings
 
 from agent import runfiles
 from jobs.models import AttemptNode
@@ -14,6 +22,7 @@ from logs.services import RawLine, ingest_lines
 logger = logging.getLogger(__name__)
 
 INGEST_BATCH = 5000
+READ_SLICE = 128 << 10  # bytes of output records read and stored at a time: about 1,100 lines of 100 characters
 
 
 class OutputReader:
@@ -21,14 +30,34 @@ class OutputReader:
 
     def __init__(self) -> None:
         self.offsets: dict[int, int] = {}  # AttemptNode id → bytes of the run's output ingested
+        self.behind: set[int] = set()  # AttemptNode ids with output left after their turn
 
     def forget(self, part_id: int) -> None:
         self.offsets.pop(part_id, None)
+        self.behind.discard(part_id)
 
     def drain(self, part: AttemptNode, directory: Path, *, complete: bool = False) -> bool:
-        """Ingest the run's next output lines; True once everything written so far is stored.
-        ``complete``: the run has ended (its exit record is written), so its output is whole."""
-        chunk = runfiles.read_output(directory, self.offsets.get(part.pk, 0), complete=complete)
+        """Ingest the run's next output lines, one turn of them; True once everything written so
+        far is stored. ``complete``: the run has ended (its exit record is written), so its
+        output is whole."""
+        turn_ends = time.monotonic() + settings.OUTPUT_TURN_SECONDS
+        while True:
+            at_end = self.drain_slice(part, directory, complete=complete)
+            if at_end or time.monotonic() >= turn_ends:
+                break
+        if at_end:
+            self.behind.discard(part.pk)
+        else:
+            self.behind.add(part.pk)
+        return at_end
+
+    def drain_slice(self, part: AttemptNode, directory: Path, *, complete: bool) -> bool:
+        offset = self.offsets.get(part.pk, 0)
+        piece = min(READ_SLICE, runfiles.OUTPUT_READ_MAX_BYTES)
+        chunk = runfiles.read_output(directory, offset, complete=complete, max_bytes=piece)
+        if not chunk.lines and chunk.unreadable and piece < runfiles.OUTPUT_READ_MAX_BYTES:
+            # One record longer than a slice (a long line, escaped): read it whole.
+            chunk = runfiles.read_output(directory, offset, complete=complete)
         if chunk.unreadable:
             logger.warning("job %s: skipped %s unreadable output record(s)", part.attempt.job_id, chunk.unreadable)
         lines = [raw_line(line) for line in chunk.lines]

@@ -209,6 +209,7 @@ class RunSpec:
     env: dict[str, str]
     max_line_chars: int = DEFAULT_MAX_LINE_CHARS
     max_lines: int = 0  # 0: no cap
+    max_bytes: int = 0  # the output file's cap in bytes (LOG_MAX_BYTES_PER_JOB); 0: no cap
     container: ContainerPolicy | None = None
     limits: RunLimits | None = None
     preamble: list[str] = field(default_factory=list)
@@ -254,6 +255,7 @@ def read_spec(path: Path) -> RunSpec:
         env=env,
         max_line_chars=int_in(raw.get("max_line_chars"), 1, 2**31) or DEFAULT_MAX_LINE_CHARS,
         max_lines=int_in(raw.get("max_lines"), 0, 2**53) or 0,
+        max_bytes=int_in(raw.get("max_bytes"), 0, 2**62) or 0,
         container=container,  # type: ignore[arg-type]  # its fields are read by agent.sandbox
         limits=limits,  # type: ignore[arg-type]
         preamble=preamble,
@@ -345,17 +347,29 @@ def checked_record(record: object) -> OutputLine | None:
 
 class OutputWriter:
     """The runner's output file, appended one whole record per write. ``count`` is the number of
-    the last line read from the command, kept or not."""
+    the last line read from the command, kept or not; ``bytes`` what this writer has written (the
+    runner's caps are on it: a run on the host could append to the file itself, but never makes
+    the runner write more)."""
 
     def __init__(self, directory: Path) -> None:
         fd = os.open(directory / OUTPUT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         self.out: BinaryIO = os.fdopen(fd, "ab", buffering=0)
         self.count = 0
+        self.bytes = 0
+
+    def next_record(self, text: str, now: float) -> bytes:
+        """The record the next line would be, not written yet (its size decides whether it is)."""
+        return output_record(self.count + 1, now, text)
+
+    def append(self, record: bytes) -> None:
+        """Write the record ``next_record`` made: the next line."""
+        self.count += 1
+        self.out.write(record)
+        self.bytes += len(record)
 
     def emit(self, text: str, now: float) -> None:
         """The next line."""
-        self.count += 1
-        self.out.write(output_record(self.count, now, text))
+        self.append(self.next_record(text, now))
 
     def skip(self) -> None:
         """A line read and not kept (past the log cap): its number is skipped."""
@@ -363,7 +377,9 @@ class OutputWriter:
 
     def note(self, text: str, now: float) -> None:
         """A note numbered as the last line read, so a reader counts the lines skipped."""
-        self.out.write(output_record(self.count, now, text))
+        record = output_record(self.count, now, text)
+        self.out.write(record)
+        self.bytes += len(record)
 
     def close(self) -> None:
         self.out.close()

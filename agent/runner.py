@@ -11,7 +11,7 @@ restart of the console or the agent does not touch the training run. It
    number, time, text): invalid UTF-8 is replaced, carriage-return progress bars collapse to
    their last state, a line longer than the limit is cut with a visible marker *while it is
    read* (the runner's memory stays bounded whatever a job prints), and the output stops growing
-   at the job's log cap;
+   at the job's log cap, in lines and in bytes (``OutputCap``);
 3. writes its exit record (exit code or signal, and whether the kernel killed a process of the
    run for exceeding its memory limit, or the run was ended at its PID limit) once the output is
    complete.
@@ -38,11 +38,15 @@ from pathlib import Path
 from agent import cgroups, runfiles
 from agent.runfiles import ExitRecord, OutputWriter, PidRecord, RunLimits
 from agent.sandbox import container_argv, env_file_text, root_tool_env
-from logs.progress_parser import INTERESTING
+from logs.progress_parser import may_tell
 
 CUT_MARKER = " …[line cut at {limit} characters]"
 CHUNK = 65536
 PIDS_LIMIT_GRACE = 2.0  # seconds a run may sit at its PID limit before it is ended
+# Past the log cap only lines up to this long are read for progress and checkpoints (a commit
+# line with its path fits): longer ones are left out unread, so a flood past the cap costs the
+# runner little.
+PROGRESS_LINE_MAX_CHARS = 4096
 
 
 def clean_line(raw: bytes, limit: int, *, cut: bool = False) -> str:
@@ -92,6 +96,64 @@ def read_lines(fd: int, limit: int):
         yield bytes(line), cut
 
 
+def size_text(count: int) -> str:
+    """A byte count as the marker lines say it: whole MiB or KiB where it is one, else bytes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift and count % (1 << shift) == 0:
+            return f"{count >> shift:,} {unit}"
+    return f"{count:,} bytes"
+
+
+class OutputCap:
+    """Where a run's output file stops growing: at ``max_lines`` lines of the command's output
+    (LOG_MAX_LINES_PER_JOB; the platform's own lines are not counted) or ``max_bytes`` bytes of
+    the file (LOG_MAX_BYTES_PER_JOB: records whole, so a line that would cross the cap is the
+    first one left out), whichever comes first; 0: no such cap. Past it, lines are counted
+    (their numbers skipped: the database counts them as dropped), except lines progress and
+    checkpoints are read from (up to ``PROGRESS_LINE_MAX_CHARS`` long), kept up to twice each
+    cap. Once past, ordinary lines stay out whatever their size."""
+
+    def __init__(self, max_lines: int, max_bytes: int) -> None:
+        self.max_lines, self.max_bytes = max_lines, max_bytes
+        self.kept = 0
+        self.reached = ""  # which cap was reached, as the marker lines say it; "" not yet
+        self.setting = ""
+
+    def left_out(self, text: str) -> bool:
+        """Past the cap, whether ``text`` stays out whatever its size (known before its record
+        is made): not a line progress or checkpoints are read from, or past twice the line cap."""
+        if not self.reached:
+            return False
+        if self.max_lines and self.kept >= 2 * self.max_lines:
+            return True
+        return len(text) > PROGRESS_LINE_MAX_CHARS or not may_tell(text)
+
+    def keeps(self, text: str, size: int, written: int) -> bool:
+        """Whether the line ``text`` (a record of ``size`` bytes, after ``written``) goes in."""
+        if not self.reached:
+            if self.max_lines and self.kept >= self.max_lines:
+                self.reached, self.setting = f"the log cap of {self.max_lines:,}", "lines (LOG_MAX_LINES_PER_JOB)"
+            elif self.max_bytes and written + size > self.max_bytes:
+                self.reached, self.setting = f"the output cap of {size_text(self.max_bytes)}", "(LOG_MAX_BYTES_PER_JOB)"
+            else:
+                self.kept += 1
+                return True
+        if self.left_out(text) or (self.max_bytes and written + size > 2 * self.max_bytes):
+            return False
+        self.kept += 1
+        return True
+
+    def marker(self) -> str:
+        """The line that takes the place of the first line left out."""
+        return (
+            f"[console] this run's output reached {self.reached} {self.setting}: later lines are counted by their line "
+            "numbers, not kept (progress and checkpoint lines still are, up to twice the cap); the run goes on"
+        )
+
+    def summary(self, skipped: int) -> str:
+        return f"[console] {skipped:,} lines of this run past {self.reached} were counted, not kept"
+
+
 class Watch(threading.Thread):
     """While the run lives: records the container's first process in the pid record once Podman
     has written it, and ends the run if it sits at its PID limit (a fork loop)."""
@@ -131,7 +193,7 @@ class Watch(threading.Thread):
 def run(spec_path: Path) -> int:
     spec = runfiles.read_spec(spec_path)
     run_dir = spec_path.parent
-    limit, max_lines, policy, limits = spec.max_line_chars, spec.max_lines, spec.container, spec.limits
+    limit, policy, limits = spec.max_line_chars, spec.container, spec.limits
     cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
     notes: list[str] = []
     parent = None
@@ -167,7 +229,9 @@ def run(spec_path: Path) -> int:
     runfiles.write_pid(run_dir, record)
     watch = Watch(run_dir, record, bool(policy), cgroup, proc)
     watch.start()
-    kept = skipped = 0
+    skipped = 0
+    last_skipped = False
+    cap = OutputCap(spec.max_lines, spec.max_bytes)
     assert proc.stdout is not None
     with OutputWriter(run_dir) as out:
         if unlimited and limits and (limits.get("cpus") or limits.get("memory_mb")):
@@ -176,18 +240,23 @@ def run(spec_path: Path) -> int:
             out.emit(note, time.time())
         for raw, cut in read_lines(proc.stdout.fileno(), limit):
             text = clean_line(raw, limit, cut=cut)
-            if max_lines and kept >= max_lines:
-                # Past the job's log cap the file stops growing: a line is only counted (its
-                # number skipped), but for those progress and checkpoints are read from, up to
-                # the cap again.
-                if kept >= 2 * max_lines or not INTERESTING.search(text):
-                    out.skip()
-                    skipped += 1
-                    continue
-            kept += 1
-            out.emit(text, time.time())
-        if skipped:
-            out.note(f"[console] {skipped:,} lines of this run past the log cap of {max_lines:,} were counted, not kept", time.time())
+            now = time.time()
+            entry = b"" if cap.left_out(text) else out.next_record(text, now)
+            last_skipped = not entry or not cap.keeps(text, len(entry), out.bytes)
+            if not last_skipped:
+                out.append(entry)
+            elif skipped == 0:
+                # The first line left out: the marker takes its place (and its number), so the
+                # file says where and why it stops, and every line number still counts one line.
+                out.emit(cap.marker(), now)
+                skipped += 1
+            else:
+                out.skip()
+                skipped += 1
+        if skipped > 1:
+            # Numbered as the last line read when that one was left out, so a reader counts them.
+            summary = cap.summary(skipped)
+            out.note(summary, time.time()) if last_skipped else out.emit(summary, time.time())
         count = out.count
     code = proc.wait()
     watch.done.set()

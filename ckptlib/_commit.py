@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import ckptlib._format as _format
+import ckptlib._layout as _layout
 from ckptlib._dist import ProcessPlace
 from ckptlib._inflight import InFlightCheckpoint
 from ckptlib._types import CheckpointError
@@ -106,12 +107,21 @@ class MultiRankCommit:
             for path in sorted(job.directory.iterdir())
             if path.is_file() and not path.name.startswith(".")
         }
+        checksums = {}
+        for name, size in files.items():
+            fd = os.open(job.directory / name, os.O_RDONLY)
+            try:
+                checksums[name] = _layout.sampled_crc32(fd, size)
+            finally:
+                os.close(fd)
         manifest = {
             "format": _format.FORMAT_VERSION,
             "step": job.step,
             "world_size": self._place.world_size,
             "keys": job.plan.keys,
             "files": files,
+            "checksum": _layout.CHECKSUM_NAME,
+            "checksums": checksums,
             "bytes": sum(files.values()),
             "committed_at": time.time(),
         }

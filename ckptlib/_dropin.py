@@ -15,9 +15,10 @@ Not the same, and why:
 
 * The file format is ``torch.save``'s, not upstream's header + pickle layout: files written by
   upstream DataStates cannot be read here, nor the reverse.
-* A save to ``path`` writes ``<path>.ckptlib-tmp`` in the background and renames it onto
-  ``path`` once it is durable (fsynced, directory too): ``path`` is never seen half written.
-  Upstream writes ``path`` in place.
+* A save to ``path`` writes its own ``<path>.ckptlib-tmp-<pid>-<n>`` in the background and
+  renames it onto ``path`` once it is durable (fsynced, directory too): ``path`` is never seen
+  half written, and a save of a path still in flight replaces it (the newest save's content
+  stays; no error). Upstream writes ``path`` in place.
 * Errors raise (``CheckpointError``, ``TypeError``); upstream logs and calls ``sys.exit(-1)``.
 * CUDA is not required (upstream raises without it).
 * The tensors are copied before ``save`` returns (nothing here tells the engine when training
@@ -39,7 +40,6 @@ from typing import Any
 
 import torch
 
-import ckptlib._format as _format
 from ckptlib._config import parse_runtime_config
 from ckptlib._engine import CheckpointEngine as _Engine
 from ckptlib._inflight import InFlightCheckpoint
@@ -48,7 +48,6 @@ from ckptlib._types import CheckpointError
 # Upstream's logger names: ``get_logger(__name__)`` in ``datastates/llm/checkpointing.py``.
 logger = logging.getLogger("datastates.llm.checkpointing")
 
-TMP_SUFFIX = ".ckptlib-tmp"
 # DeepSpeed passes its own switch inside the same dict ("datastates_ckpt": {"enabled": true, …}).
 _DEEPSPEED_KEYS = {"enabled"}
 
@@ -95,7 +94,7 @@ class PathCheckpointing:
             handle_signals=False,
         )
         self._pending: dict[Path, InFlightCheckpoint] = {}
-        self._renames: queue.Queue[tuple[InFlightCheckpoint, Path, Path] | None] = queue.Queue()
+        self._renames: queue.Queue[tuple[InFlightCheckpoint, Path] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._failures: list[str] = []
         self._renamer = threading.Thread(target=self._rename_loop, name="ckptlib-dropin-rename", daemon=True)
@@ -122,11 +121,10 @@ class PathCheckpointing:
             raise TypeError(f"state_dict given to checkpoint must be a dictionary, got {type(state_dict).__name__}")
         target = Path(path).absolute()
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + TMP_SUFFIX)
-        job = self.engine.save_file(state_dict, tmp)
+        job = self.engine.save_file(state_dict, target)  # its own temporary name, renamed when durable
         with self._lock:
             self._pending[target] = job
-        self._renames.put((job, tmp, target))
+        self._renames.put((job, target))
         return True
 
     def load(self, path: str | os.PathLike[str], map_location: Any = None) -> Any:
@@ -178,23 +176,13 @@ class PathCheckpointing:
             try:
                 if entry is None:
                     return
-                job, tmp, target = entry
+                job, target = entry
                 job.done.wait()
                 error = job.error
-                if error is None:
-                    try:
-                        os.replace(tmp, target)
-                        _format.fsync_path(target.parent)
-                    except OSError as exc:
-                        error = f"cannot rename {tmp} to {target}: {exc}"
                 if error is not None:
                     logger.error("[DataStates.llm] Could not save %s: %s", target, error)
                     with self._lock:
                         self._failures.append(f"{target}: {error}")
-                    try:
-                        tmp.unlink()
-                    except OSError:
-                        pass
                 with self._lock:
                     if self._pending.get(target) is job:
                         del self._pending[target]

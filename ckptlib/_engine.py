@@ -26,6 +26,7 @@ This module holds the public API and wires the steps together; each step has its
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue
@@ -46,15 +47,19 @@ from ckptlib._commit import MultiRankCommit
 from ckptlib._config import RuntimeConfig
 from ckptlib._dist import ProcessPlace, current_place
 from ckptlib._events import LOG_PREFIX, install_console_handler
+from ckptlib._guard import VersionGuard, check_copy_mode, guard_object
 from ckptlib._hooks import StagingPoints
 from ckptlib._inflight import InFlightBook, InFlightCheckpoint
 from ckptlib._plan import StatePlan, plan_object, plan_state, protected_storages, restore_rng_state
-from ckptlib._reader import read_checkpoint
+from ckptlib._reader import check_fits, read_checkpoint
 from ckptlib._stage import Stager
 from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
 from ckptlib._writer import WriteItem, memory_alignment
 
 logger = logging.getLogger(__name__)
+
+# ``save_file`` writes ``<name><FILE_TMP_SUFFIX>-<pid>-<n>`` and renames it onto its path once durable.
+FILE_TMP_SUFFIX = ".ckptlib-tmp"
 
 # How long shutdown waits for each writer thread to return once everything in flight is done.
 _JOIN_TIMEOUT_S = 5.0
@@ -74,6 +79,11 @@ class CheckpointEngine:
         final_state: Returns ``(state, step)`` for the final checkpoint on SIGTERM and at exit;
             without it, those only wait for the checkpoints in flight.
         handle_signals: Install the SIGTERM handler and the exit hook.
+        copy_mode: ``"checked"`` (default): parameters and optimizer state are copied lazily,
+            and a checkpoint in which one of them changed before its copy was taken is not
+            committed (a warning names it; later saves copy before returning); ``"eager"``:
+            everything is copied before ``save`` returns; ``"lazy"``: upstream DataStates'
+            unchecked lazy copy (``ckptlib._guard``).
     """
 
     def __init__(
@@ -87,8 +97,12 @@ class CheckpointEngine:
         grace_period_s: float = 30.0,
         final_state: Callable[[], tuple[Mapping[str, Any], int]] | None = None,
         handle_signals: bool = True,
+        copy_mode: str = "checked",
     ) -> None:
         install_console_handler()
+        self.copy_mode = check_copy_mode(copy_mode)
+        # Set once a lazily copied tensor changed before its copy: every later save copies first.
+        self._copy_now = copy_mode == "eager"
         self.options = RuntimeConfig(
             host_cache_size=host_cache_size,
             parser_threads=parser_threads,
@@ -110,6 +124,10 @@ class CheckpointEngine:
         self.on_commit: list[Callable[[CheckpointResult], None]] = []
         self._stepped_modules: list[weakref.ref[torch.nn.Module]] = []
         self._mem_align: int | None = None
+        # save_file: each save's own temporary name; the newest save of a path installed wins.
+        self._file_seq = itertools.count()
+        self._file_lock = threading.Lock()
+        self._installed: dict[Path, int] = {}
 
         self._jobs = InFlightBook(rank=self.place.rank, on_commit=self.on_commit)
         self._closed = threading.Event()
@@ -119,7 +137,9 @@ class CheckpointEngine:
         window_bytes = min(self.cache.limit_bytes, max(4, 2 * parser_threads) * self.cache.chunk_bytes)
         self._stager = Stager(self.cache, window_bytes=window_bytes, hand_over=write_queue.put)
         self._handle_signals = handle_signals
-        self._points = StagingPoints(self._stager, self._jobs, keep_forward=self._signals_need_forward)
+        self._points = StagingPoints(
+            self._stager, self._jobs, keep_forward=self._signals_need_forward, after_stage=self._seal_at_hook
+        )
         self._writers = BackgroundWriters(
             write_queue,
             count=parser_threads,
@@ -191,12 +211,14 @@ class CheckpointEngine:
         if self._closed.is_set():
             raise CheckpointError("the checkpoint engine is shut down")
         began = time.perf_counter()
+        self._seal_jobs(all_read=False)
         if self._is_known_step(step):
             logger.debug("%s step %s is already saved or in flight; skipped", LOG_PREFIX, step)
             return False
         directory, target = _format.tmp_dir(self.root, step), _format.committed_dir(self.root, step)
         write_state = sharded or self.place.rank == 0
         mem_align = self._memory_alignment()
+        guard = VersionGuard() if self.copy_mode == "checked" and not self._copy_now else None
         try:
             plan = plan_state(
                 state,
@@ -206,6 +228,7 @@ class CheckpointEngine:
                 sharded=sharded,
                 capture_rng=capture_rng,
                 mem_align=mem_align,
+                guard=guard,
             )
         except Exception as error:  # noqa: BLE001 - reported, training goes on
             job = InFlightCheckpoint(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
@@ -214,6 +237,8 @@ class CheckpointEngine:
         job = InFlightCheckpoint(step=step, directory=directory, target=target, plan=plan, started=began, mem_align=mem_align)
         job.files_left = len(plan.files)
         job.write_files_later = write_files_later
+        live = bool(plan.optimizers) and not self._copy_now
+        job.guard = guard if live and guard else None
         try:
             directory.mkdir(parents=True, exist_ok=True)
             if write_extra_files is not None:
@@ -229,9 +254,9 @@ class CheckpointEngine:
             job.staged.set()
             threading.Thread(target=self._finish, args=(job,), name="ckptlib-commit", daemon=True).start()
         else:
-            self._stager.add(job, live=bool(plan.optimizers))
+            self._stager.add(job, live=live)
             # Without an optimizer nothing tells us when the tensors change: stage all now.
-            self._stager.run(force=not plan.optimizers)
+            self._stager.run(force=not live)
             self._points.follow_staging()
         job.blocking_s += time.perf_counter() - began
         return True
@@ -241,7 +266,11 @@ class CheckpointEngine:
 
         For callers that lay out and commit their checkpoints themselves (DeepSpeed's
         checkpoint-engine interface, ``ckptlib.deepspeed``): no ``concurrent_checkpoint/``
-        directory, no manifest, no ``latest``. The file is whole and durable (fsynced, and its
+        directory, no manifest, no ``latest``. Each call writes its own temporary file beside
+        ``path`` (``<name>.ckptlib-tmp-<pid>-<n>``), renamed onto ``path`` once durable, so a
+        reader never sees a half-written ``path``; when a path is saved again while an earlier
+        save of it is in flight, the newest save's file stays (last writer wins), an older one
+        that finishes later is dropped. The file is whole and durable (fsynced, and its
         directory too) once ``wait(persist=True)`` returns; a failure is reported there. Its
         tensors are staged before the next step of an optimizer given to ``watch``, or before
         this returns when none is watched.
@@ -254,14 +283,20 @@ class CheckpointEngine:
             raise CheckpointError("the checkpoint engine is shut down")
         began = time.perf_counter()
         target = Path(path)
-        watched = self._points.watches_an_optimizer()
+        self._seal_jobs(all_read=False)
+        watched = self._points.watches_an_optimizer() and not self._copy_now
         # Only what a watched optimizer's step alone changes stays live; buffers (BatchNorm
         # statistics) and anything else are copied now.
         protected = None
         if watched:
             modules = tuple(module for ref in self._stepped_modules if (module := ref()) is not None)
             protected = protected_storages(self._points.watched_optimizers(), modules)
-        plan = StatePlan(files=[plan_object(target.name, obj, background=True, protected=protected)])
+        seq = next(self._file_seq)
+        tmp_name = f"{target.name}{FILE_TMP_SUFFIX}-{os.getpid()}-{seq}"
+        plan = StatePlan(files=[plan_object(tmp_name, obj, background=True, protected=protected)])
+        guard = VersionGuard() if watched and self.copy_mode == "checked" else None
+        if guard is not None:
+            guard_object(guard, target.name, obj, protected)
         job = InFlightCheckpoint(
             step=-1,
             directory=target.parent,
@@ -272,6 +307,8 @@ class CheckpointEngine:
             mem_align=memory_alignment(target.parent),
         )
         job.files_left = 1
+        job.seq = seq
+        job.guard = guard if guard else None
         self._jobs.add(job)
         self._stager.add(job, live=watched)
         self._stager.run(force=not watched)
@@ -292,6 +329,7 @@ class CheckpointEngine:
         """
         self._stager.run(force=True)
         self._points.follow_staging()
+        self._seal_jobs(all_read=True)  # every copy is taken now
         jobs = self._jobs.in_flight()
         deadline = None if timeout is None else time.monotonic() + timeout
         for job in jobs:
@@ -341,7 +379,9 @@ class CheckpointEngine:
             The checkpoint.
 
         Raises:
-            CheckpointError: No such committed checkpoint.
+            CheckpointError: No such committed checkpoint, a damaged one (the message names the
+                file; the latest is chosen among undamaged ones only), or one that does not fit
+                ``into`` (keys, shapes: checked before anything is loaded).
         """
         if step is None or step == -1:
             step = self.latest_step()
@@ -349,6 +389,7 @@ class CheckpointEngine:
                 raise CheckpointError(f"no committed checkpoint under {self.root}")
         loaded = read_checkpoint(_format.committed_dir(self.root, step), place=self.place, map_location=map_location)
         if into:
+            check_fits(loaded.state, into, loaded.path)  # before anything changes
             for key, target in into.items():
                 if key in loaded.state and hasattr(target, "load_state_dict"):
                     target.load_state_dict(loaded.state[key])
@@ -420,7 +461,9 @@ class CheckpointEngine:
 
     def _finish(self, job: InFlightCheckpoint) -> None:
         """A job's last file is closed (on a writer thread): commit it, then end it."""
+        self._seal(job)  # unless the training thread did already
         if job.external:
+            self._install_file(job)
             self._committer.settle_file(job)
         else:
             if job.write_files_later is not None and job.error is None:
@@ -430,6 +473,51 @@ class CheckpointEngine:
                     job.fail_in_flight(f"cannot write the checkpoint's small files: {error!r}")
             self._committer.settle(job)
         self._jobs.complete(job)
+
+    def _install_file(self, job: InFlightCheckpoint) -> None:
+        """Renames a ``save_file`` file onto its path, unless a newer save of it is there."""
+        tmp = job.directory / job.plan.files[0].name
+        if job.error is None:
+            with self._file_lock:
+                if job.seq > self._installed.get(job.target, -1):
+                    try:
+                        os.replace(tmp, job.target)
+                        self._installed[job.target] = job.seq
+                    except OSError as error:
+                        job.error = f"cannot rename {tmp} to {job.target}: {error}"
+        try:
+            tmp.unlink(missing_ok=True)  # failed, or superseded by a newer save of the path
+        except OSError:
+            pass
+
+    # ---- seal (ckptlib._guard) ---------------------------------------------------------------
+
+    def _seal_at_hook(self, force: bool) -> None:
+        # After a forced run (the pre-step hook) every checkpoint's copies are taken; else only
+        # those of the checkpoints fully staged.
+        self._seal_jobs(all_read=force)
+
+    def _seal_jobs(self, *, all_read: bool) -> None:
+        for job in self._jobs.in_flight():
+            if job.guard is not None and (all_read or job.staged.is_set()):
+                self._seal(job)
+
+    def _seal(self, job: InFlightCheckpoint) -> None:
+        guard = job.guard
+        if guard is None:
+            return
+
+        def changed(label: str) -> None:
+            what = f"step {job.step}" if not job.external else str(job.target)
+            message = (
+                f"{label} was changed in place after save() returned and before its copy was taken: "
+                f"the checkpoint ({what}) is not committed; from now on save() copies every tensor before it returns"
+            )
+            job.fail_in_flight(message)
+            self._copy_now = True
+            logger.warning("%s %s", LOG_PREFIX, message)
+
+        guard.seal(on_change=changed)
 
     def _memory_alignment(self) -> int:
         """The direct-I/O memory alignment under ``root`` (probed once per filesystem)."""

@@ -71,10 +71,20 @@ class StagingPoints:
         stager: Stages the checkpoints in flight.
         jobs: The engine's jobs (the oldest unstaged one is charged the time a hook blocks).
         keep_forward: Whether the forward pre-hook must stay as a safe point for signals.
+        after_stage: Called with ``force`` after each hook point's staging, even with nothing
+            to stage.
     """
 
-    def __init__(self, stager: Stager, jobs: InFlightBook, *, keep_forward: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        stager: Stager,
+        jobs: InFlightBook,
+        *,
+        keep_forward: Callable[[], bool] = lambda: False,
+        after_stage: Callable[[bool], None] = lambda _force: None,
+    ) -> None:
         self._stager = stager
+        self._after_stage = after_stage
         self._jobs = jobs
         self._keep_forward = keep_forward
         self._hooked: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -133,15 +143,16 @@ class StagingPoints:
                         self._grad_handles.append(parameter.register_post_accumulate_grad_hook(hook))
 
     def stage(self, *, force: bool) -> None:
-        """Stages what it may now (``force``: everything left), at a hook point."""
-        if self._stager.idle:
-            return
-        pending = self._jobs.unstaged()
-        began = time.perf_counter()
-        if self._stager.run(force=force) and pending:
-            pending[0].blocking_s += time.perf_counter() - began
-        if force:
-            self.follow_staging()  # the pre-step hook: outside any forward or backward
+        """Stages what it may now (``force``: everything left), at a hook point; then
+        ``after_stage(force)`` (the engine seals the checkpoints whose copies are all taken)."""
+        if not self._stager.idle:
+            pending = self._jobs.unstaged()
+            began = time.perf_counter()
+            if self._stager.run(force=force) and pending:
+                pending[0].blocking_s += time.perf_counter() - began
+            if force:
+                self.follow_staging()  # the pre-step hook: outside any forward or backward
+        self._after_stage(force)
 
     def remove(self) -> None:
         handles = [*self._step_handles, *self._grad_handles]

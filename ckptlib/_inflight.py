@@ -22,6 +22,7 @@ from pathlib import Path
 import ckptlib._format as _format
 from ckptlib._cache import PAGE
 from ckptlib._events import LOG_PREFIX
+from ckptlib._guard import VersionGuard
 from ckptlib._plan import StatePlan
 from ckptlib._types import CheckpointResult
 
@@ -51,6 +52,10 @@ class InFlightCheckpoint:
     write_files_later: Callable[[Path], None] | None = None
     # The direct-I/O memory alignment where its files go (``ckptlib._writer.memory_alignment``).
     mem_align: int = PAGE
+    # The versions of the tensors it copies lazily (``ckptlib._guard``); None: copied in ``save``.
+    guard: VersionGuard | None = None
+    # ``save_file``: the save's number (the newest save of a path wins).
+    seq: int = -1
 
     def fail_in_flight(self, message: str) -> None:
         """Records why the job fails, while other threads still work on it (the first reason wins)."""

@@ -11,10 +11,12 @@ directory costs only the job that made it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import stat
+import zlib
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -26,6 +28,14 @@ LATEST_NAME = "latest"
 MANIFEST_NAME = "ckptlib.json"
 
 LATEST_MAX_BYTES = 64  # a step number and a newline
+MANIFEST_MAX_BYTES = 4 << 20
+MAX_MANIFEST_FILES = 1000
+# The manifest's cheap checksum of each file: CRC-32 of SAMPLE_BLOCKS blocks of SAMPLE_BYTES at
+# evenly spaced offsets (the first at 0, the last ending at the file's end; the whole file when
+# it is smaller), read back once at commit and again by every check.
+SAMPLE_BLOCKS = 16
+SAMPLE_BYTES = 64 << 10
+CHECKSUM_NAME = "sampled-crc32"
 MAX_LISTING_ENTRIES = 100_000  # rotation keeps a handful; a job that makes more only hides its own
 
 _COMMITTED_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -98,6 +108,82 @@ def _is_committed(root_fd: int, name: str) -> bool:
     return stat.S_ISREG(manifest.st_mode)
 
 
+def sampled_crc32(fd: int, size: int) -> int:
+    """The manifest's cheap checksum of an open file of ``size`` bytes (``SAMPLE_BLOCKS``)."""
+    if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+        offsets = [0]
+        length = size
+    else:
+        last = size - SAMPLE_BYTES
+        offsets = [k * last // (SAMPLE_BLOCKS - 1) for k in range(SAMPLE_BLOCKS)]
+        length = SAMPLE_BYTES
+    crc = 0
+    for offset in offsets:
+        block = os.pread(fd, length, offset)
+        if len(block) != length:
+            raise OSError(f"short read at {offset}")
+        crc = zlib.crc32(block, crc)
+    return crc
+
+
+def checkpoint_problem(root_fd: int, name: str) -> str | None:
+    """Why the checkpoint directory ``name`` must not be resumed, naming the file; None if its
+    files have the sizes (and the checksums) its manifest records."""
+    try:
+        directory = _open_dir(name, dir_fd=root_fd)
+    except OSError as error:
+        return f"{name}: {error.strerror or error}"
+    try:
+        try:
+            manifest = json.loads(read_small_file(MANIFEST_NAME, MANIFEST_MAX_BYTES, dir_fd=directory))
+        except (OSError, ValueError) as error:
+            return f"{name}/{MANIFEST_NAME}: cannot be read ({error})"
+        if not isinstance(manifest, dict):
+            return f"{name}/{MANIFEST_NAME}: not a JSON object"
+        files = manifest.get("files", {})  # a manifest without a file list has nothing to check
+        if not isinstance(files, dict):
+            return f"{name}/{MANIFEST_NAME}: its file list is not an object"
+        if len(files) > MAX_MANIFEST_FILES:  # the agent reads this as root: bounded work per checkpoint
+            return f"{name}/{MANIFEST_NAME}: lists {len(files)} files, more than {MAX_MANIFEST_FILES}"
+        checksums = manifest.get("checksums") if manifest.get("checksum") == CHECKSUM_NAME else None
+        for file_name, size in files.items():
+            where = f"{name}/{file_name}"
+            if not isinstance(file_name, str) or "/" in file_name or file_name in {"", ".", ".."} or not isinstance(size, int):
+                return f"{name}/{MANIFEST_NAME}: bad entry {file_name!r}"
+            try:
+                fd = os.open(file_name, _NO_FOLLOW, dir_fd=directory)
+            except OSError as error:
+                return f"{where}: {error.strerror or error}"
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    return f"{where}: not a regular file"
+                if info.st_size != size:
+                    return f"{where}: holds {info.st_size} bytes, the manifest records {size}"
+                expected = checksums.get(file_name) if isinstance(checksums, dict) else None
+                if expected is not None and sampled_crc32(fd, size) != expected:
+                    return f"{where}: its checksum ({CHECKSUM_NAME}) differs from the manifest's"
+            except OSError as error:
+                return f"{where}: cannot be read ({error})"
+            finally:
+                os.close(fd)
+    finally:
+        os.close(directory)
+    return None
+
+
+def damage_of(directory: Path) -> str | None:
+    """``checkpoint_problem`` for a checkpoint directory given by its path."""
+    try:
+        parent = _open_dir(directory.parent)
+    except OSError as error:
+        return f"{directory.parent}: {error.strerror or error}"
+    try:
+        return checkpoint_problem(parent, directory.name)
+    finally:
+        os.close(parent)
+
+
 def _committed_steps_at(root_fd: int) -> list[int]:
     steps = []
     # scandir reads a duplicate of the descriptor and closes only that: root_fd stays the caller's.
@@ -108,13 +194,19 @@ def _committed_steps_at(root_fd: int) -> list[int]:
                 break
             match = _COMMITTED_RE.match(entry.name)
             if match and entry.is_dir(follow_symlinks=False) and _is_committed(root_fd, entry.name):
+                problem = checkpoint_problem(root_fd, entry.name)
+                if problem is not None:
+                    logger.warning("[Concurrent Checkpoint] damaged checkpoint skipped: %s", problem)
+                    continue
                 steps.append(int(match.group(1)))
     return sorted(steps)
 
 
 def committed_steps(root: Path) -> list[int]:
     """Steps of the committed checkpoints under ``root``, ascending. Temporary dirs never count,
-    nor do symlinks (the root itself included) or checkpoints whose manifest is not a regular file."""
+    nor do symlinks (the root itself included), checkpoints whose manifest is not a regular file,
+    or damaged ones (a file whose size or checksum differs from the manifest's: a warning names
+    it, ``checkpoint_problem``)."""
     try:
         root_fd = _open_dir(root)
     except OSError:

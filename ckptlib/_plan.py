@@ -29,7 +29,9 @@ import torch
 
 import ckptlib._format as _format
 from ckptlib._cache import PAGE as _PAGE
+from ckptlib._guard import VersionGuard, guard_object
 from ckptlib._torchfile import Piece, streamed_pieces
+from ckptlib._zipcrc import EntryCrc
 
 
 @dataclass(eq=False)
@@ -56,11 +58,13 @@ class FilePlan:
         name: File name inside the checkpoint directory.
         slots: The tensors the pieces refer to (staged in the background).
         pieces: The file's bytes in order.
+        crcs: Zip entries whose CRC-32 the writers compute (``ckptlib._zipcrc``).
     """
 
     name: str
     slots: list[Slot]
     pieces: list[Piece]
+    crcs: list[EntryCrc] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -125,6 +129,7 @@ def plan_state(
     sharded: bool,
     capture_rng: bool,
     mem_align: int = _PAGE,
+    guard: VersionGuard | None = None,
 ) -> StatePlan:
     """Decides the files of one rank's part of a checkpoint.
 
@@ -138,6 +143,7 @@ def plan_state(
         capture_rng: Also write ``rng_state.pth`` / ``rng_state_<rank>.pth``.
         mem_align: The direct-I/O memory alignment where the files go
             (``ckptlib._writer.memory_alignment``): ``.safetensors`` files are laid out for it.
+        guard: Records the version of every tensor left live (``ckptlib._guard``).
 
     Returns:
         The files; only background tensors are left to copy.
@@ -154,7 +160,7 @@ def plan_state(
             name = file_name_for(key, value, rank=rank, sharded=sharded, state_dict=module_state)
             plan.keys[key] = name
             plan.files.append(
-                _plan_value(name, value, protected=protected, state_dict=module_state, mem_align=mem_align)
+                _plan_value(name, value, protected=protected, state_dict=module_state, mem_align=mem_align, guard=guard)
             )
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
@@ -199,6 +205,7 @@ def _plan_value(
     protected: set[int] | None,
     state_dict: Mapping[str, Any] | None = None,
     mem_align: int = _PAGE,
+    guard: VersionGuard | None = None,
 ) -> FilePlan:
     if name.endswith(".safetensors"):
         slots, names, live = [], [], []
@@ -206,6 +213,8 @@ def _plan_value(
             # Buffers and tensors no optimizer here steps (an EMA module) may change before the
             # next optimizer step: copy them now.
             background = protected is None or _storage_address(tensor) in protected
+            if background and guard is not None:
+                guard.add(f"{name}: {tensor_name}", tensor)
             slots.append(Slot(source=tensor.detach() if background else tensor.detach().clone()))
             names.append(tensor_name)
             live.append(background)
@@ -220,6 +229,8 @@ def _plan_value(
         if protected is not None and "param_groups" in state_dict:
             # Hyper-parameters may be tensors a scheduler changes in place (a tensor lr).
             state_dict = {**state_dict, "param_groups": copy.deepcopy(state_dict["param_groups"])}
+        if guard is not None:
+            guard_object(guard, name, state_dict, protected)
         return plan_object(name, state_dict, background=True, protected=protected)
     if state_dict is not None:
         return plan_object(name, state_dict, background=protected is None)
@@ -273,10 +284,10 @@ def plan_object(name: str, obj: Any, *, background: bool, protected: set[int] | 
     if background:
         streamed = streamed_pieces(obj)
         if streamed is not None:
-            sources, pieces = streamed
+            sources, pieces, crcs = streamed
             if protected is not None:
                 sources = [s if s.data_ptr() in protected else s.clone() for s in sources]
-            return FilePlan(name=name, slots=[Slot(source=s) for s in sources], pieces=pieces)
+            return FilePlan(name=name, slots=[Slot(source=s) for s in sources], pieces=pieces, crcs=crcs)
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return FilePlan(name=name, slots=[], pieces=[buffer.getvalue()])

@@ -234,7 +234,7 @@ class Stager:
         while cursor.file_index < len(files):
             plan = files[cursor.file_index]
             if cursor.sink is None:
-                cursor.sink = FileSink(job.directory / plan.name, size=plan.size)
+                cursor.sink = FileSink(job.directory / plan.name, size=plan.size, crcs=plan.crcs)
                 cursor.gather = (
                     cursor.allow_live
                     and not force

@@ -9,10 +9,11 @@ anonymous mapping, so no memory is used) and recorded as a reference to the live
 stager later copies those storages into the host cache in file order.
 
 Storage records start page-aligned in the file (torch's default is 64 bytes; ``torch.load``
-reads any), so a page-aligned storage can be written straight from memory. The zip records are
-written without CRC-32, as ``torch.save`` does after
-``torch.serialization.set_crc32_options(False)``; ``torch.load`` reads such files, and computing
-CRC-32 over gigabytes would cost the training loop's cores.
+reads any), so a page-aligned storage can be written straight from memory. torch's writer
+leaves the CRC-32 fields 0 here (it never sees the bytes); ``ckptlib._zipcrc`` has the writers
+compute every record's as they write it and fill the fields in before the file's fsync, so
+``zipfile.ZipFile.testzip`` accepts the file and ``torch.load`` reads it as before. The zip's
+structure (where each record and its CRC fields lie) is read once per layout, not at every save.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import numpy as np
 import torch
 from torch.serialization import DEFAULT_PROTOCOL, location_tag
 
+from ckptlib._zipcrc import EntryCrc, zip_entries
+
 _PAGE = 4096
 
 Piece = bytes | tuple[int, int, int]
@@ -36,13 +39,14 @@ Piece = bytes | tuple[int, int, int]
 (``ckptlib._plan.FilePlan.pieces``)."""
 
 
-def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece]] | None:
+def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece], list[EntryCrc]] | None:
     """Plans ``obj`` as the zip records of a ``torch.save`` file.
 
     Returns:
-        One ``uint8`` tensor over each storage (live, in storage-key order) and the file's pieces
-        referring to them by index; None when ``obj`` cannot be pickled this way (the caller then
-        serializes it with ``torch.save``).
+        One ``uint8`` tensor over each storage (live, in storage-key order), the file's pieces
+        referring to them by index (CRC-32 fields 0), and every zip record, whose CRC-32 the
+        writers compute (``ckptlib._zipcrc.CrcTracker``); None when ``obj`` cannot be pickled
+        this way (the caller then serializes it with ``torch.save``).
     """
     storages: list[torch.UntypedStorage] = []
     keys: dict[int, str] = {}
@@ -71,7 +75,8 @@ def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece]] | None:
     except Exception:  # noqa: BLE001 - anything unusual goes through torch.save instead
         return None
     sources = [torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages]
-    return sources, _zip_pieces(buffer.getvalue(), [s.nbytes() for s in storages])
+    pieces, entries = _zip_pieces(buffer.getvalue(), [s.nbytes() for s in storages])
+    return sources, pieces, entries
 
 
 # Each tensor's reduction (what ``Tensor.__reduce_ex__`` returns), kept with what it depends on:
@@ -140,14 +145,16 @@ class _Recorder:
 
 
 # Zip layouts by (length of data.pkl, storage sizes): without CRC-32 a file's zip structure
-# depends on nothing else, and a training run saves the same layout every time.
-_LAYOUTS: dict[tuple[int, tuple[int, ...]], tuple[list[Piece], int, int]] = {}
+# depends on nothing else, and a training run saves the same layout every time. Each with its
+# records (``zip_entries``), read once.
+_LAYOUTS: dict[tuple[int, tuple[int, ...]], tuple[list[Piece], int, int, list[EntryCrc]]] = {}
 _MAX_LAYOUTS = 64
 _MARKER_MIN = 16
 
 
-def _zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:
-    """The pieces of a zip holding ``data.pkl`` = ``pickled`` and one record per storage size.
+def _zip_pieces(pickled: bytes, sizes: list[int]) -> tuple[list[Piece], list[EntryCrc]]:
+    """The pieces of a zip holding ``data.pkl`` = ``pickled`` and one record per storage size,
+    and its records (``ckptlib._zipcrc.zip_entries``).
 
     The layout is made once per (``len(pickled)``, sizes) with a random stand-in for the pickle,
     and reused with this pickle put where the stand-in was.
@@ -156,22 +163,24 @@ def _zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:
     layout = _LAYOUTS.get(key)
     if layout is None:
         if len(pickled) < _MARKER_MIN:
-            return _record_zip_pieces(pickled, sizes)
+            pieces = _record_zip_pieces(pickled, sizes)
+            return pieces, zip_entries(pieces)
         marker = os.urandom(len(pickled))
         pieces = _record_zip_pieces(marker, sizes)
         where = [(index, piece.find(marker)) for index, piece in enumerate(pieces) if isinstance(piece, bytes)]
         found = [(index, position) for index, position in where if position >= 0]
         if len(found) != 1:  # not in one piece: no reusable layout
-            return _record_zip_pieces(pickled, sizes)
+            pieces = _record_zip_pieces(pickled, sizes)
+            return pieces, zip_entries(pieces)
         if len(_LAYOUTS) >= _MAX_LAYOUTS:
             _LAYOUTS.clear()
-        layout = _LAYOUTS[key] = (pieces, *found[0])
-    pieces, index, position = layout
+        layout = _LAYOUTS[key] = (pieces, *found[0], zip_entries(pieces))
+    pieces, index, position, entries = layout
     template = pieces[index]
     assert isinstance(template, bytes)
     filled = list(pieces)
     filled[index] = template[:position] + pickled + template[position + len(pickled) :]
-    return filled
+    return filled, entries
 
 
 def _record_zip_pieces(pickled: bytes, sizes: list[int]) -> list[Piece]:

@@ -184,6 +184,21 @@ class DecoratedCheckpointing:
 
         trainer.add_callback(FinalCheckpointOnStop())
 
+        class TrainerStepLine(TrainerCallback):
+            """Logs the Trainer's ``global_step/max_steps`` with each of its log dicts.
+
+            The Trainer prints its loss without a step, and its bar's redraws share a line with
+            that dict (the console keeps a line's last redraw): this line is how a console reads
+            the step a loss belongs to. First among the callbacks, so it precedes the dict.
+            """
+
+            def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+                if state.is_world_process_zero:
+                    epoch = state.epoch if state.epoch is not None else 0.0
+                    logger.info("%s trainer step=%d/%d epoch=%.4f", LOG_PREFIX, state.global_step, state.max_steps, epoch)
+
+        trainer.callback_handler.callbacks.insert(0, TrainerStepLine())
+
     def _save_checkpoint_rotating_after_commit(self, original: Any) -> Any:
         """The Trainer's own save (DeepSpeed), without its immediate rotation.
 

@@ -17,10 +17,12 @@ module (``DataStatesEngine``). DeepSpeed itself is not imported here.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -80,14 +82,24 @@ class DeepSpeedCheckpointEngine:
         """Waits until every file saved so far is durable, then logs ckptlib's commit line
         (the step is the number ending the tag, as in ``global_step<N>``).
 
+        A file that could not be written, or whose state changed in place before its copy was
+        taken (``ckptlib._guard``), fails the checkpoint: the error is logged, ``info.save_latest``
+        is cleared so DeepSpeed leaves ``latest`` on the previous tag, and False is returned
+        (training goes on; DeepSpeed ignores the value).
+
         Raises:
-            CheckpointError: A file could not be written; DeepSpeed then leaves ``latest`` alone.
+            CheckpointError: A checkpoint failed and ``info`` has no ``save_latest`` to clear.
         """
         results = self.engine.wait(persist=True)
         started, self._started = self._started, None
         failed = [result for result in results if not result.committed]
         if failed:
-            raise CheckpointError(f"{LOG_PREFIX} checkpoint {getattr(info, 'tag', '')!s} failed: {failed[0].error}")
+            message = f"{LOG_PREFIX} checkpoint {getattr(info, 'tag', '')!s} failed: {failed[0].error}"
+            if not hasattr(info, "save_latest"):
+                raise CheckpointError(message)
+            info.save_latest = False
+            logger.error("%s; latest is left on the previous checkpoint", message)
+            return False
         step = re.search(r"(\d+)$", str(getattr(info, "tag", "")))
         if results and step and self.engine.place.rank == 0:
             event = CheckpointResult(
@@ -130,7 +142,9 @@ def use_ckptlib(ds_engine: Any, **options: Any) -> DeepSpeedCheckpointEngine:
     """Makes ``ds_engine`` (from ``deepspeed.initialize``) checkpoint through ckptlib.
 
     Its optimizer is watched, so staging finishes before each optimizer step and
-    ``save_checkpoint`` returns without copying the state.
+    ``save_checkpoint`` returns without copying the state. The last save, which DeepSpeed would
+    commit only at a next ``step()``, is committed (``latest`` written) by ``ds_engine.destroy()``
+    and at interpreter exit.
 
     Args:
         ds_engine: The DeepSpeed engine.
@@ -149,7 +163,34 @@ def use_ckptlib(ds_engine: Any, **options: Any) -> DeepSpeedCheckpointEngine:
         stepped = (module,) if isinstance(module, torch.nn.Module) else ()
         adapter.engine.watch(optimizer, stepped_modules=stepped)
     ds_engine.checkpoint_engine = adapter
+    _commit_at_destroy_and_exit(ds_engine)
     return adapter
+
+
+def _commit_at_destroy_and_exit(ds_engine: Any) -> None:
+    """DeepSpeed commits a decoupled save only at its next ``step()``: the last save of a run
+    would never get ``latest``. ``destroy()`` and interpreter exit commit it first."""
+    engine_ref = weakref.ref(ds_engine)
+    destroy = getattr(ds_engine, "destroy", None)
+    if callable(destroy):
+
+        def destroy_after_commit(*args: Any, **kwargs: Any) -> Any:
+            engine = engine_ref()
+            if engine is not None:
+                commit_pending(engine)
+            return destroy(*args, **kwargs)
+
+        object.__setattr__(ds_engine, "destroy", destroy_after_commit)
+
+    def commit_at_exit() -> None:
+        engine = engine_ref()
+        if engine is not None:
+            try:
+                commit_pending(engine)
+            except Exception:  # noqa: BLE001 - at exit: reported, never raised
+                logger.exception("%s committing the last checkpoint at exit failed", LOG_PREFIX)
+
+    atexit.register(commit_at_exit)
 
 
 def commit_pending(ds_engine: Any) -> None:

@@ -6,6 +6,33 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
+
+def tidy_metrics_dir() -> None:
+    """Where ``PROMETHEUS_MULTIPROC_DIR`` is set (the web processes of a host share it): create it,
+    and remove the files of processes that no longer run, before this one writes its own.
+    prometheus_client names each file by its writer's pid (``counter_1234.db``); the web processes
+    start one by one, so none may clear the whole directory under a sibling that runs."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    for name in os.listdir(path):
+        stem, _, pid = name.removesuffix(".db").rpartition("_")
+        if not (stem and name.endswith(".db") and pid.isdigit()) or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)  # no signal: only asks whether that pid runs on this host
+        except ProcessLookupError:
+            try:
+                os.unlink(os.path.join(path, name))
+            except FileNotFoundError:
+                pass
+        except PermissionError:
+            pass  # it runs, as another user
+
+
+tidy_metrics_dir()
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()

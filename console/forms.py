@@ -10,13 +10,15 @@ from django.db.models import QuerySet
 from jobs.job_fields import (
     EXAMPLE_COMMAND,
     CommandError,
+    EnvRefused,
     format_env_text,
     normalize_newlines,
     parse_env_text,
     text_refusal,
     validate_command,
 )
-from jobs.models import DNS_LABEL, Project, TrainingJob
+from jobs.models import Project, TrainingJob, validate_job_name
+from jobs.secret_env import MASK, SecretEnv, SecretUnreadable, is_secret_name, seal, split_secrets, unseal
 from jobs.services.capacity import network_refusal, shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.images import validate_reference
@@ -50,9 +52,10 @@ class TextField(forms.CharField):
 class TrainingJobForm(forms.Form):
     """What a user sets on a new job; ``cleaned_job_fields`` feeds ``creation.create_job``."""
 
+    # No max_length: its maxlength attribute makes the browser cut a longer paste silently; the
+    # validator says how long it is and which characters are wrong instead.
     name = TextField(
-        max_length=63,
-        validators=[DNS_LABEL],
+        validators=[validate_job_name],
         help_text="Lowercase letters, digits and '-'; unique among your jobs.",
         widget=forms.TextInput(attrs={"autocomplete": "off", "spellcheck": "false", "autofocus": True}),
     )
@@ -84,8 +87,18 @@ class TrainingJobForm(forms.Form):
         label="Environment variables",
         required=False,
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono", "placeholder": "NAME=value"}),
-        help_text="One NAME=value per line.",
+        help_text="One NAME=value per line. Names ending in _TOKEN, _KEY, _PASSWORD or _SECRET are kept secret.",
     )
+    secret_env_text = TextField(
+        label="Secret environment variables",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "class": "mono", "placeholder": "HF_TOKEN=hf_…",
+                                     "autocomplete": "off"}),
+        help_text=f"One NAME=value per line: stored encrypted, given to the run, shown as {MASK} everywhere "
+        "(pages, API, clones), never logged.",
+    )
+    # The secrets typed into a form shown again with an error: sealed, not echoed (see resolve_secrets).
+    secret_env_kept = forms.CharField(required=False, widget=forms.HiddenInput)
     gpus_per_node = forms.IntegerField(
         label="GPUs per node", min_value=0, max_value=64, initial=1,
         help_text="0 makes a CPU job: it runs on a node without any GPU of its own (CUDA_VISIBLE_DEVICES is empty).",
@@ -131,10 +144,14 @@ class TrainingJobForm(forms.Form):
     )
     description = TextField(required=False, max_length=500, widget=forms.Textarea(attrs={"rows": 2}))
 
-    def __init__(self, *args: Any, owner, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, owner, kept_secrets: SecretEnv | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("label_suffix", "")
         super().__init__(*args, **kwargs)
         self.owner = owner
+        # A clone's source's secrets: a value written as •••• keeps the source's.
+        self.kept_secrets = kept_secrets or SecretEnv()
+        if self.kept_secrets:
+            self.fields["secret_env_text"].help_text += f" {MASK} keeps the value of the job you clone."
         if self.is_bound:
             self.data = normalized_form_data(self.data)
         self.projects = Project.objects.filter(members=owner).order_by("name")
@@ -151,8 +168,11 @@ class TrainingJobForm(forms.Form):
     @classmethod
     def initial_from(cls, source: TrainingJob, *, name: str, project: Project) -> dict[str, Any]:
         """The form's initial values that copy ``source`` (Clone)."""
-        initial: dict[str, Any] = {field: getattr(source, field) for field in JOB_SETTINGS if field != "env"}
-        initial.update(name=name, project=project, env_text=format_env_text(source.env or {}))
+        initial: dict[str, Any] = {field: getattr(source, field) for field in JOB_SETTINGS if field not in ("env", "secret_env")}
+        initial.update(
+            name=name, project=project, env_text=format_env_text(source.env or {}),
+            secret_env_text=format_env_text(source.secret_env.masked()),
+        )
         return initial
 
     def clean_name(self) -> str:
@@ -172,8 +192,58 @@ class TrainingJobForm(forms.Form):
     def clean_env_text(self) -> dict[str, str]:
         try:
             return parse_env_text(self.cleaned_data["env_text"])
-        except ValueError as exc:
-            raise forms.ValidationError(str(exc), code="env") from None
+        except EnvRefused as exc:
+            raise forms.ValidationError(exc.problems, code="env") from None
+
+    def clean_secret_env_text(self) -> dict[str, str]:
+        try:
+            return parse_env_text(self.cleaned_data["secret_env_text"])
+        except EnvRefused as exc:
+            raise forms.ValidationError(exc.problems, code="env") from None
+
+    def resolve_secrets(self, data: dict[str, Any]) -> None:
+        """Move secret-named plain variables to the secret ones; a •••• value keeps the clone
+        source's value, or the one typed before this form was shown again (else it is an error:
+        a value never shown must be given)."""
+        kept: dict[str, str] = {}
+        try:
+            kept.update(self.kept_secrets.reveal() if self.kept_secrets else {})
+        except SecretUnreadable:
+            pass
+        kept.update(unseal(data.get("secret_env_kept") or "", owner_pk=self.owner.pk))
+        if self.is_bound:
+            self.mask_typed_secrets(kept)
+        if "env_text" not in data or "secret_env_text" not in data:
+            return
+        plain, secrets = split_secrets(data["env_text"], data["secret_env_text"])
+        masked = [name for name, value in secrets.items() if value == MASK]
+        missing = [name for name in masked if name not in kept]
+        if missing:
+            self.add_error("secret_env_text", forms.ValidationError(
+                f"Enter the value of {', '.join(missing)}: {MASK} keeps a value only when cloning a job that has it.",
+                code="secret",
+            ))
+            return
+        secrets.update({name: kept[name] for name in masked})
+        data["env_text"], data["secret_env_text"] = plain, secrets
+
+    def mask_typed_secrets(self, kept: dict[str, str]) -> None:
+        """The submitted text as the form shows it again: every secret value as ••••, the values
+        sealed in a hidden field (so nothing typed is lost and none is echoed into the page)."""
+        sealed = dict(kept)
+        lines: dict[str, list[str]] = {"env_text": [], "secret_env_text": []}
+        for field in lines:
+            for raw in str(self.data.get(field) or "").splitlines():
+                name, sep, value = raw.partition("=")
+                secret = field == "secret_env_text" or is_secret_name(name.strip())
+                if sep and secret and value.strip() != MASK:
+                    sealed[name.strip()] = value.strip()
+                lines[field].append(f"{name.strip()}={MASK}" if sep and secret else raw)
+        shown = cast(Any, self.data).copy()
+        shown["env_text"] = "\n".join(lines["env_text"])
+        shown["secret_env_text"] = "\n".join(lines["secret_env_text"])
+        shown["secret_env_kept"] = seal(sealed, owner_pk=self.owner.pk) if sealed else ""
+        self.data = shown
 
     def clean_memory_limit_mb(self) -> int | None:
         text = self.cleaned_data["memory_limit_mb"].strip()
@@ -184,6 +254,7 @@ class TrainingJobForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        self.resolve_secrets(data)
         for name in ("cpu_limit", "memory_limit_mb"):
             if data.get(name) is not None:
                 try:
@@ -209,6 +280,8 @@ class TrainingJobForm(forms.Form):
     def cleaned_job_fields(self) -> dict[str, Any]:
         data = dict(self.cleaned_data)
         data["env"] = data.pop("env_text")
+        data["secret_env"] = SecretEnv.of(data.pop("secret_env_text"))
+        data.pop("secret_env_kept", None)
         return data
 
     def name_taken(self) -> None:

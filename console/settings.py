@@ -118,6 +118,9 @@ if DATABASE_URL:
     import dj_database_url
 
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # The test runner's database: a name no deployment uses (``satrain_test_…``, not Django's
+    # ``test_<name>``), created and dropped beside the one DATABASE_URL names.
+    DATABASES["default"]["TEST"] = {"NAME": f"satrain_test_{DATABASES['default'].get('NAME') or 'console'}"}
 else:
     DATABASES = {
         "default": {
@@ -255,6 +258,15 @@ RESOURCE_SAMPLE_INTERVAL = env_float("RESOURCE_SAMPLE_INTERVAL", 5.0)
 # How often an agent reads its live runs' output and exits (seconds; files only, no query; an idle
 # agent sleeps until a message wakes it).
 OUTPUT_POLL_INTERVAL = env_float("OUTPUT_POLL_INTERVAL", 0.1)
+# How long an agent reads and stores one run's output per round (seconds, in slices of about
+# 1,100 lines): a run that prints faster waits for the next round, so a flood never holds up the
+# other runs' lines for more than a turn each; while any run is behind, the next round starts at once.
+OUTPUT_TURN_SECONDS = env_float("OUTPUT_TURN_SECONDS", 0.05)
+# How much nicer than the agent every run starts (its supervisor and all it starts: niceness is
+# inherited): on a node whose CPUs the runs fill, the agent still reads, stores and streams every
+# run's lines at once (as Kubernetes reserves CPU for the kubelet). Runs share the CPU among
+# themselves as before; 0 turns it off.
+RUN_NICENESS = env_int("RUN_NICENESS", 5)
 # How often a node agent re-reads its runs from the database in one read-only transaction (seconds);
 # launches and stops reach it at once by message, this only catches what a message missed.
 AGENT_RECONCILE_INTERVAL = env_float("AGENT_RECONCILE_INTERVAL", 30.0)
@@ -379,6 +391,10 @@ QUEUE_CPU_JOBS_PER_PROJECT = env_int("QUEUE_CPU_JOBS_PER_PROJECT", 8)
 QUEUE_MAX_WAITING_PER_USER = env_int("QUEUE_MAX_WAITING_PER_USER", 200)
 # Log lines stored per job (every stream and attempt); past it lines are counted and dropped.
 LOG_MAX_LINES_PER_JOB = env_int("LOG_MAX_LINES_PER_JOB", 200000)
+# Bytes of a run's output file on its node (output.jsonl, one per rank and attempt) past which its
+# ordinary lines are counted, not kept (progress and checkpoint lines: up to twice it); see
+# docs/security.md. Default 128 MiB: 200,000 lines of about 670 bytes.
+LOG_MAX_BYTES_PER_JOB = env_int("LOG_MAX_BYTES_PER_JOB", 128 << 20)
 
 # How often an open socket asks again whether its user may still see what it follows (seconds).
 SOCKET_ACCESS_RECHECK = env_float("SOCKET_ACCESS_RECHECK", 5.0)

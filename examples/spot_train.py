@@ -2,7 +2,9 @@
 # Only the marked OFFLINE lines differ from the documentation: the model and WikiText-2 come from
 # local stand-ins (examples/offline_assets.py), bf16 and DeepSpeed are off on this CPU machine, and
 # a few sizes can be shrunk through SPOT_* environment variables for tests. The checkpoint part
-# (config, DecoratedCheckpointing, CKPT_LAST_STEP, trainer.train) is exactly as documented.
+# (config, DecoratedCheckpointing, CKPT_LAST_STEP, trainer.train) and output_dir="./results" are
+# exactly as documented: checkpoints land in ./results/concurrent_checkpoint/ of the run's work
+# directory, which survives a failover, and the platform resumes from the last one committed.
 #
 #   PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" python examples/spot_train.py
 #   PYTHONPATH=$CHECKPOINT_VENDOR accelerate launch --num_processes 2 examples/spot_train.py
@@ -74,7 +76,7 @@ if __name__ == "__main__":
     ds_config_path = os.path.join(script_directory, "ds_config.json")
 
     training_args = TrainingArguments(
-        output_dir=os.getenv("SPOT_OUTPUT_DIR", "./results"),  # OFFLINE: "./results" in the documentation
+        output_dir="./results",
         num_train_epochs=3,
         max_steps=int(os.getenv("SPOT_MAX_STEPS", "-1")),  # OFFLINE: -1 (epochs) unless a test shortens it
         per_device_train_batch_size=2,  # Adjust based on GPU memory

@@ -27,72 +27,39 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from failover.evidence import Finding, FindingKind
+from failover.logscan import (  # noqa: F401  (the tables are part of this module's interface)
+    _EXCEPTION_LINE,
+    LOG_HARDWARE_SIGNATURES,
+    NON_HARDWARE_SIGNATURES,
+    RUNTIME_PREFIX,
+    _first_log_hardware_signature,
+    _most_specific_internal_error,
+    _trim,
+)
+from failover.xids import KERNEL_SIGNATURES, SXIDS, XIDS, bus_id, parse_kernel_line
+
+KERNEL_REASONS = {name: reason for name, _pattern, reason in KERNEL_SIGNATURES}
+# NVRx's rule for NVLink counters: growing in this many of the last NVLINK_WINDOWS readings is a fault.
+NVLINK_GROWTH_WINDOWS = 16
+NVLINK_WINDOWS = 30
+# Xids that follow an application Xid on the same GPU as its consequence, not a fault of their own:
+# a context-switch timeout (109) after the application's kernel faulted (Xid 13 / 31 / 43).
+FOLLOWS_APPLICATION = frozenset({109})
 
 HARDWARE = "hardware"
 NON_HARDWARE = "non-hardware"
 
 # --- Table 1: Xid codes -------------------------------------------------------------------------
-# (xid, class, reason). Classes:
-#   "hardware"    — a hardware fault by itself;
-#   "remap"       — Xid 63: hardware only with evidence that the remap *failed* (a REMAP_FAILURE
-#                   finding, or Xid 64 alongside). A pending remap is the normal outcome of Xid 63
-#                   (the row is marked and waits for a reset) and is no fault of the run;
-#   "recovery"    — Xid 154: hardware when the driver's new recovery action is not "None";
-#   "application" — usually the application's own fault; hardware only with ECC or remap evidence
-#                   (ECC evidence is hardware by itself; remap evidence upgrades these).
-# Xids not listed are not evidence by themselves.
-#
-# Sources: NVIDIA's Xid catalogue (docs.nvidia.com/deploy/xid-errors, the "resolution" column:
-# RESET_GPU / RESTART_BM / WORKFLOW_XID_*), and the public rule sets built on it: NVIDIA
-# Resiliency Extension (NVRx, github.com/NVIDIA/nvidia-resiliency-ext, its health checks) and
-# gpud (github.com/leptonai/gpud, components/accelerator/nvidia/xid, which marks each Xid
-# "reset GPU" / "reboot"). Where the catalogue names an Xid only by its resolution, the reason
-# says that rather than guessing a name.
-XID_RULES: tuple[tuple[int, str, str], ...] = (
-    (79, "hardware", "GPU has fallen off the bus"),
-    (48, "hardware", "double-bit (uncorrectable) ECC error"),
-    (64, "hardware", "row-remapping / page-retirement failure"),
-    (95, "hardware", "uncontained ECC error"),
-    (94, "hardware", "contained ECC error"),
-    (140, "hardware", "unrecovered ECC error"),
-    (74, "hardware", "NVLink error"),
-    (144, "hardware", "NVLink error (SAW)"),
-    (145, "hardware", "NVLink error (RLW)"),
-    (146, "hardware", "NVLink error (TLW)"),
-    (147, "hardware", "NVLink error (TREX)"),
-    (148, "hardware", "NVLink error (NVLPW)"),
-    (149, "hardware", "NVLink error (NETIR)"),
-    (150, "hardware", "NVLink error (MSE)"),
-    (119, "hardware", "GSP RPC timeout"),
-    (120, "hardware", "GSP error"),
-    (143, "hardware", "GPU initialization failure"),
-    (46, "hardware", "GPU stopped processing"),
-    # Catalogued with the resolution "reset the GPU".
-    (62, "hardware", "internal micro-controller halt (GPU reset required)"),
-    (110, "hardware", "security fault error (GPU reset required)"),
-    (136, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
-    (155, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
-    (156, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
-    (158, "hardware", "GPU error whose catalogued resolution is a GPU reset"),
-    # Catalogued with the resolution "reboot the node".
-    (121, "hardware", "GPU error whose catalogued resolution is a node reboot"),
-    (167, "hardware", "GPU error whose catalogued resolution is a node reboot"),
-    (169, "hardware", "GPU error whose catalogued resolution is a node reboot"),
-    (154, "recovery", "GPU recovery action changed"),
-    (63, "remap", "ECC page retirement / row-remapping event"),
-    (13, "application", "graphics engine exception"),
-    (31, "application", "GPU memory page fault (MMU fault)"),
-    (43, "application", "GPU stopped processing the channel (reset channel)"),
-    (45, "application", "preemptive channel removal"),
-    # Disputed: a context-switch timeout follows a hung or faulting kernel (often after an
-    # application Xid 13) as often as a hardware fault; alone it is the application's.
-    (109, "application", "context-switch timeout"),
-)
-XID_BY_CODE: dict[int, tuple[str, str]] = {xid: (cls, reason) for xid, cls, reason in XID_RULES}
+# One table, ``failover.xids.XIDS``, derived from NVIDIA's Xid catalogue (with SXids: ``SXIDS``); the
+# health monitor, this classifier and docs/failover.md read it. Its classes: "hardware" (a fault by
+# itself), "application" (hardware only with ECC or remap evidence), "remap" (Xid 63: hardware only
+# with a failed remap), "recovery" (Xid 154: hardware unless the new action is None), "nvlink5"
+# (144-150: hardware when the driver printed "Fatal"; a Nonfatal line is no evidence; an NVML event,
+# without its text, supports an ambiguous failure) and "ignore".
 
 # --- Table 2: NVML finding kinds ----------------------------------------------------------------
 # (kind, class, reason). "hardware": a fault by itself (subject to the value checks in
@@ -126,6 +93,10 @@ RECOVERY_ACTIONS = {
     1: "GPU reset required", 2: "node reboot required", 3: "drain P2P", 4: "drain and reset",
     5: "recover the IMEX domain", 6: "bus reset required", 7: "system reboot required",
 }
+# Findings whose fault is the node's, not one GPU's (the fabric, the host's NIC, a GPU gone missing),
+# and the recovery actions that reboot the node or recover its IMEX domain.
+NODE_KINDS = frozenset({FindingKind.GPU_COUNT, FindingKind.NETWORK_LINK})
+NODE_RECOVERY = frozenset({2, 5, 7})
 # Kinds whose probe detail says something the reason does not (which port, which condition).
 DETAIL_IN_REASON = frozenset({FindingKind.THERMAL, FindingKind.NETWORK_LINK})
 REMAP_EVIDENCE_KINDS = frozenset(
@@ -134,94 +105,27 @@ REMAP_EVIDENCE_KINDS = frozenset(
 # What makes Xid 63 a fault: the remap failed (NVRx / gpud: a failed remap needs the GPU replaced).
 REMAP_FAILED_KINDS = frozenset({FindingKind.REMAP_FAILURE})
 
-# --- Table 3: kernel-log hardware messages (besides Xid lines) ----------------------------------
-# (name, pattern, reason). Corrected / non-fatal AER messages are deliberately not listed.
-KERNEL_SIGNATURES: tuple[tuple[str, str, str], ...] = (
-    ("fallen_off_bus", r"fallen off the bus", "GPU has fallen off the bus"),
-    ("gpu_lost", r"\bGPU is lost\b", "GPU is lost"),
-    ("pcie_fatal", r"Uncorrect(?:ed|able) \(Fatal\)", "PCIe fatal (uncorrected) error"),
-    ("network_link_down", r"mlx5_core\b.*\blink\s+down\b", "InfiniBand / RoCE link down"),
-    ("thermal_shutdown", r"critical temperature reached.*shutting down|\bthermal shutdown\b",
-     "thermal shutdown"),
-    # GSP firmware stopped answering (the driver's lines around Xid 119; NVRx and gpud reset the GPU).
-    ("gsp_timeout", r"Timeout waiting for RPC from GSP|\bGSP\b.*\bheartbeat\b.*(?:timeout|timed out|missed)|"
-     r"\bGSP (?:RPC )?Timeout\b", "GSP firmware not responding (RPC / heartbeat timeout)"),
-)
+# --- Table 3: kernel-log hardware messages (besides Xid lines): ``failover.xids.KERNEL_SIGNATURES``,
+# each matched only in the words its driver writes (``failover.xids.parse_kernel_line``).
 
-# --- Table 4: hardware signatures in the run's own output ---------------------------------------
-# (name, pattern, reason). On a Python exception line these count only when the line carries a
-# runtime error prefix (RUNTIME_PREFIX): "RuntimeError: CUDA error: uncorrectable ECC error
-# encountered" is hardware, a user's "ValueError: GPU has fallen off the bus?" is not.
-LOG_HARDWARE_SIGNATURES: tuple[tuple[str, str, str], ...] = (
-    ("ecc_uncorrectable", r"uncorrectable ECC error encountered|ECC_UNCORRECTABLE|cudaErrorECCUncorrectable",
-     "uncorrectable ECC error encountered"),
-    ("gpu_lost", r"\bGPU is lost\b|NVMLError_GPUIsLost|NVML_ERROR_GPU_IS_LOST", "GPU is lost"),
-    ("fallen_off_bus", r"fallen off the bus", "GPU has fallen off the bus"),
-    ("nvlink_uncorrectable", r"uncorrectable NVLink error|cudaErrorNvlinkUncorrectable|NVLINK_UNCORRECTABLE",
-     "uncorrectable NVLink error"),
-    ("ib_port_error", r"NET/IB\w* ?: Got async event ?: port error|IBV_EVENT_PORT_ERR",
-     "InfiniBand port error (link down or flapping)"),
-    # CUDA's "uncorrectable error contained": the GPU needs a reset (CUDA driver API docs).
-    ("cuda_contained", r"CUDA_ERROR_CONTAINED|cudaErrorContained", "uncorrectable GPU error contained (GPU reset needed)"),
-    # nvidia-smi's own words when the driver cannot reach a GPU any more.
-    ("device_handle_unknown", r"Unable to determine the device handle for (?:GPU|gpu)\S*.*Unknown Error",
-     "nvidia-smi cannot reach the GPU (Unknown Error)"),
-)
-RUNTIME_PREFIX = re.compile(r"CUDA error|CUDA_ERROR_|cudaError|cuda runtime error|NVMLError|NVML_ERROR|NCCL")
-
-# --- Table 5: internal (non-hardware) errors, most specific first --------------------------------
-# (name, pattern, reason, ambiguous). reason None: the matched line itself is the reason (Python
-# exceptions). Ambiguous ones become hardware when the node shows supporting evidence.
-NON_HARDWARE_SIGNATURES: tuple[tuple[str, str, str | None, bool], ...] = (
-    ("cuda_oom", r"CUDA out of memory|OutOfMemoryError|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation",
-     "CUDA out of memory", False),
-    ("device_assert", r"device-side assert(?:ion)? triggered|Assertion `.*` failed",
-     "device-side assert triggered", False),
-    ("state_dict_mismatch", r"size mismatch for |Error\(s\) in loading state_dict",
-     "shape mismatch loading a checkpoint (state_dict)", False),
-    ("nan_loss", r"(?i)loss became infinite or nan|\bloss\b[\w\s]{0,20}(?:is|=|:)\s*nan\b|\bnan loss\b",
-     "NaN / infinite loss", False),
-    ("import_error", r"\b(?:ModuleNotFoundError|ImportError): .*", None, False),
-    ("syntax_error", r"\b(?:SyntaxError|IndentationError|TabError): .*", None, False),
-    ("missing_file", r"\bFileNotFoundError: .*|No such file or directory", None, False),
-    ("permission_denied", r"\bPermissionError: .*|Permission denied", None, False),
-    ("bad_arguments", r"error: (?:unrecognized arguments|the following arguments are required|argument )",
-     None, False),
-    ("illegal_memory_access", r"illegal memory access was encountered|cudaErrorIllegalAddress|"
-     r"CUDA_ERROR_ILLEGAL_ADDRESS", "illegal memory access", True),
-    ("launch_failure", r"unspecified launch failure", "unspecified launch failure", True),
-    ("nccl_timeout", r"Watchdog caught collective operation timeout|NCCL[^\n]*timed out|"
-     r"collective operation timeout", "NCCL collective timeout", True),
-    ("nccl_ib_completion", r"NET/IB\w* ?: Got completion from peer", "NCCL network (IB) completion error", True),
-    ("host_oom_kill", r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|"
-     r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|killed by signal: Killed",
-     "killed by SIGKILL (host OOM kill?)", False),
-    # Launcher wrappers (torchrun's ChildFailedError, subprocess's CalledProcessError) only repeat
-    # that a child failed; the child's own exception is the more specific reason.
-    ("python_exception", r"^(?!.*(?:ChildFailedError|CalledProcessError))(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): .*",
-     None, False),
-)
-
-# The order in which hardware evidence is reported when several kinds apply (first wins).
-HARDWARE_PRIORITY: tuple[str, ...] = (
+# The order in which hardware evidence is reported when several kinds apply (first wins); the
+# table's other hardware Xids follow, then SXids (``sxid:N``).
+_HEAD: tuple[str, ...] = (
     "xid:79", "finding:gpu_lost", "kernel:fallen_off_bus", "kernel:gpu_lost", "xid:48", "xid:95",
     "xid:94", "xid:140", "finding:ecc_uncorrected", "xid:64", "finding:remap_failure", "xid:63",
     "kernel:pcie_fatal", "xid:74", "xid:144", "xid:145", "xid:146", "xid:147", "xid:148", "xid:149",
-    "xid:150", "finding:nvlink_down", "finding:network_link", "kernel:network_link_down",
-    "xid:62", "xid:110", "xid:136", "xid:155", "xid:156", "xid:158", "xid:121", "xid:167", "xid:169",
-    "xid:119", "xid:120", "kernel:gsp_timeout", "xid:143", "xid:46", "xid:154", "finding:recovery_action",
+    "xid:150", "finding:nvlink_down", "finding:nvlink_errors", "finding:network_link", "kernel:network_link_down",
+    "xid:62", "xid:110", "xid:136", "xid:155", "xid:156", "xid:158", "xid:167", "xid:169",
+    "xid:119", "xid:120", "kernel:gsp_timeout", "xid:143", "xid:46", "xid:109", "xid:154", "finding:recovery_action",
     "finding:reset_required", "finding:gpu_count", "finding:thermal", "kernel:thermal_shutdown",
-    "xid:13", "xid:31", "xid:43", "xid:45", "xid:109",
 )
+HARDWARE_PRIORITY: tuple[str, ...] = _HEAD + tuple(
+    f"xid:{code}" for code, rule in XIDS.items() if rule.cls != "ignore" and f"xid:{code}" not in _HEAD
+) + ("sxid",)
 _PRIORITY_RANK = {key: rank for rank, key in enumerate(HARDWARE_PRIORITY)}
 
-_XID_LINE = re.compile(r"(?:NVRM: )?\bXid \((?:PCI:)?(?P<pci>[0-9A-Fa-f:.]+)\): (?P<xid>\d+)(?:,\s*(?P<rest>.*))?")
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
 _RECOVERY_TARGET = re.compile(r"recovery action changed from .*? to (?:0x[0-9A-Fa-f]+ )?\(([^)]*)\)")
-_SOURCE_ECHO = re.compile(r'^\s*File "[^"]*", line \d+')
-_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception): ")
-_RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)\d*\]:?\s*|\[\d+\]\s*|stderr:\s*)+")
-_MAX_MATCHED = 300
 
 
 @dataclass(frozen=True)
@@ -244,43 +148,60 @@ class Verdict:
 class _Candidate:
     """One piece of hardware evidence, before the most important one is picked."""
 
-    key: str  # "xid:79", "finding:gpu_lost", "kernel:pcie_fatal"
+    key: str  # "xid:79", "finding:gpu_lost", "kernel:pcie_fatal", "sxid:20034"
     reason: str
     evidence: dict
+    scope: str = "node"  # what the fault takes out of placement: "gpu", "node" or "" (nothing)
 
     @property
     def rank(self) -> int:
-        return _PRIORITY_RANK.get(self.key, len(_PRIORITY_RANK))
+        return _PRIORITY_RANK.get(self.key.split(":")[0] if self.key.startswith("sxid:") else self.key, len(_PRIORITY_RANK))
 
 
-def pci_key(address: str) -> str:
-    """``bus:device`` of a PCI address, lower case: the kernel's ``0000:3b:00`` and NVML's
-    ``00000000:3B:00.0`` both become ``3b:00``."""
-    parts = address.split(".")[0].lower().split(":")
-    return ":".join(parts[-2:])
+@dataclass(frozen=True)
+class NodeFault:
+    """What a node's own evidence says is broken: the GPUs to mark, whether the whole node."""
+
+    reason: str
+    gpus: frozenset[int]
+    node: bool
+    reasons: Mapping[int | None, str] = field(default_factory=dict)  # each GPU's own first-ranked reason; None: the node's
+
+
+pci_key = bus_id  # the PCI address with its domain: "0008:01:00" (failover.xids.bus_id)
 
 
 def parse_kernel_xids(kernel_log: str, gpu_by_pci: Mapping[str, int] | None = None) -> list[Finding]:
-    """Xid findings from kernel-log text (``dmesg`` / ``journalctl -k``).
+    """Xid and SXid findings from kernel-log text (``dmesg`` / ``journalctl -k``), read by
+    ``failover.xids.parse_kernel_line``: only lines as the driver writes them.
 
     ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.`` becomes
-    ``Finding(kind="xid", xid=79, detail="NVRM: Xid (PCI:0000:3b:00): 79, ...")``. A line saying
-    "caused by previous Xid 149" also yields a finding for Xid 149, which the driver names as the
-    root cause. ``gpu`` is the index ``gpu_by_pci`` (keys from :func:`pci_key`) gives the line's
-    PCI address; None where it is not known.
+    ``Finding(kind="xid", xid=79, detail="NVRM: Xid (PCI:0000:3b:00): 79, ...")``; an NVSwitch
+    ``SXid (PCI:…): 20034, Fatal, …`` line a ``Finding(kind="sxid", xid=20034)`` (node-wide). A line
+    saying "caused by previous Xid 149" also yields a finding for Xid 149, which the driver names as
+    the root cause. ``gpu`` is the index ``gpu_by_pci`` (keys from :func:`bus_id`, domain kept) gives
+    the line's PCI address; None where it is not known.
     """
     findings: list[Finding] = []
     for line in (kernel_log or "").splitlines():
-        match = _XID_LINE.search(line)
-        if not match:
+        event = parse_kernel_line(line)
+        if event is None or event.kind not in ("xid", "sxid"):
             continue
-        detail = _trim(line[match.start():])
-        gpu = (gpu_by_pci or {}).get(pci_key(match["pci"]))
-        findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(match["xid"]), detail=detail))
-        cause = _CAUSED_BY.search(line)
-        if cause:
-            findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(cause[1]), detail=f"(named as cause) {detail}"))
+        detail = _trim(_without_prefix(line, event.kind))
+        if event.kind == "sxid":
+            findings.append(Finding(kind=FindingKind.SXID, xid=event.code, detail=detail))
+            continue
+        gpu = (gpu_by_pci or {}).get(event.pci)
+        findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=event.code, detail=detail))
+        if event.cause is not None:
+            findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=event.cause, detail=f"(named as cause) {detail}"))
     return findings
+
+
+def _without_prefix(line: str, kind: str) -> str:
+    marker = "NVRM: Xid" if kind == "xid" else "nvidia-nvswitch"
+    at = line.find(marker)
+    return line[at:] if at >= 0 else line
 
 
 def classify_failure(
@@ -316,28 +237,8 @@ def classify_failure(
     kernel_lines = (kernel_log or "").splitlines()
     node_findings = [(f, "nvml") for f in nvml_findings] + [(f, "kernel_log") for f in kernel_findings]
 
-    supporting = [(f, src) for f, src in node_findings if f.kind in SUPPORTING_KINDS]
-    xids_present = {f.xid for f, _ in node_findings if f.kind == FindingKind.XID and f.xid is not None}
-    has_remap_failure = any(f.kind in REMAP_FAILED_KINDS for f, _ in node_findings) or 64 in xids_present
-
     # 1. Node-side evidence.
-    candidates: list[_Candidate] = []
-    application_xids: list[tuple[Finding, str]] = []
-    unconfirmed_xids: list[tuple[Finding, str]] = []  # Xid 63 without remap evidence
-    for finding, source in node_findings:
-        if finding.kind == FindingKind.XID:
-            judged = _judge_xid(finding, source, has_remap_failure)
-            if judged == "application":
-                application_xids.append((finding, source))
-            elif judged == "unconfirmed":
-                unconfirmed_xids.append((finding, source))
-            elif isinstance(judged, _Candidate):
-                candidates.append(judged)
-        else:
-            judged = _judge_finding(finding, source)
-            if judged is not None:
-                candidates.append(judged)
-    candidates.extend(_kernel_signature_candidates(kernel_lines))
+    candidates, application_xids, unconfirmed_xids, supporting = _node_evidence(node_findings, kernel_lines)
     if candidates:
         return _hardware(min(candidates, key=lambda c: c.rank), exit_facts, supporting)
 
@@ -352,7 +253,9 @@ def classify_failure(
     non_hw = _most_specific_internal_error(log_lines, kernel_lines)
     if supporting:
         support_text = _describe_support(supporting)
-        if application_xids:
+        # An application Xid is the run's own unless the memory says otherwise (a remap pending or
+        # failed, a page retirement): a PCIe replay or NVLink counter beside Xid 13 proves nothing.
+        if application_xids and any(f.kind in REMAP_EVIDENCE_KINDS for f, _ in supporting):
             finding, source = application_xids[0]
             xid_reason = _xid_reason(finding)
             evidence = {"source": source, "xid": finding.xid, "matched": finding.detail or None, "gpu": finding.gpu}
@@ -388,34 +291,145 @@ def classify_failure(
     return Verdict(hardware=False, reason=reason, evidence=_clean(evidence, exit_facts, supporting))
 
 
+def _node_evidence(node_findings: Sequence[tuple[Finding, str]], kernel_lines: Sequence[str]):
+    """Step 1: the hardware candidates of the node's own evidence, the application-class Xids,
+    the Xid 63s without a failed remap, and the supporting readings."""
+    supporting = [(f, src) for f, src in node_findings if f.kind in SUPPORTING_KINDS]
+    xids_present = {f.xid for f, _ in node_findings if f.kind == FindingKind.XID and f.xid is not None}
+    has_remap_failure = any(f.kind in REMAP_FAILED_KINDS for f, _ in node_findings) or 64 in xids_present
+    candidates: list[_Candidate] = []
+    application_xids: list[tuple[Finding, str]] = []
+    unconfirmed_xids: list[tuple[Finding, str]] = []  # Xid 63 without remap evidence
+    app_gpus = {_xid_where(f) for f, _ in node_findings if f.kind == FindingKind.XID and f.xid in XIDS
+                and XIDS[f.xid].cls == "application"}
+    for finding, source in node_findings:
+        if finding.kind == FindingKind.XID:
+            judged = _judge_xid(finding, source, has_remap_failure)
+            if finding.xid in FOLLOWS_APPLICATION and _xid_where(finding) in app_gpus:
+                judged = "application"  # the timeout of the application's own faulting kernel
+            if judged == "application":
+                application_xids.append((finding, source))
+            elif judged == "unconfirmed":
+                unconfirmed_xids.append((finding, source))
+            elif judged == "supporting":
+                supporting.append((finding, source))
+            elif isinstance(judged, _Candidate):
+                candidates.append(judged)
+        elif finding.kind == FindingKind.SXID:
+            judged = _judge_sxid(finding, source)
+            if judged is not None:
+                candidates.append(judged)
+        else:
+            judged = _judge_finding(finding, source)
+            if judged is not None:
+                candidates.append(judged)
+    candidates.extend(_kernel_signature_candidates(kernel_lines))
+    candidates.extend(_nvlink_growth_candidates([f for f, _ in node_findings]))
+    return candidates, application_xids, unconfirmed_xids, supporting
+
+
+def _xid_where(finding: Finding) -> tuple:
+    """The GPU an Xid is on: its index, else the bus id its line names."""
+    event = parse_kernel_line(finding.detail) if finding.gpu is None and finding.detail else None
+    return (finding.gpu, event.pci if event is not None else "")
+
+
+def node_fault(findings: Sequence[Finding] = (), kernel_findings: Sequence[Finding] = (),
+               kernel_log: str = "") -> NodeFault | None:
+    """What the node's own evidence (no run, no log) says is broken, or None: the health writer's
+    judgement. Only evidence that is a fault by itself counts (never an ambiguous failure upgraded by
+    supporting readings); each fault marks its GPU where the table scopes it to one GPU, else the node."""
+    node_findings = [(f, "nvml") for f in findings] + [(f, "kernel_log") for f in kernel_findings]
+    node_findings += [(f, "kernel_log") for f in parse_kernel_xids(kernel_log)]
+    candidates = [c for c in _node_evidence(node_findings, (kernel_log or "").splitlines())[0] if c.scope]
+    if not candidates:
+        return None
+    gpus = frozenset(c.evidence["gpu"] for c in candidates if c.scope == "gpu" and c.evidence.get("gpu") is not None)
+    node = any(c.scope == "node" or c.evidence.get("gpu") is None for c in candidates)
+    reasons: dict[int | None, str] = {}
+    for c in sorted(candidates, key=lambda c: c.rank):
+        target = c.evidence.get("gpu") if c.scope == "gpu" else None
+        reasons.setdefault(target, c.reason)
+    return NodeFault(min(candidates, key=lambda c: c.rank).reason, gpus, node, reasons)
+
+
+def _nvlink_growth_candidates(findings: Sequence[Finding]) -> list[_Candidate]:
+    """NVLink error counters that grew in NVLINK_GROWTH_WINDOWS of the last NVLINK_WINDOWS readings
+    (NVRx's threshold): one finding per reading that grew, or one with ``value`` windows of ``expected``."""
+    grown: dict[int | None, int] = {}
+    for finding in findings:
+        if finding.kind != FindingKind.NVLINK_ERRORS:
+            continue
+        windows = finding.value if finding.expected is not None and finding.value is not None else 1
+        grown[finding.gpu] = grown.get(finding.gpu, 0) + windows
+    out = []
+    for gpu, windows in grown.items():
+        if windows >= NVLINK_GROWTH_WINDOWS:
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            reason = f"NVLink error counters grew in {windows} readings{where} (threshold {NVLINK_GROWTH_WINDOWS} of {NVLINK_WINDOWS})"
+            out.append(_Candidate("finding:nvlink_errors", reason, {"source": "nvml", "kind": FindingKind.NVLINK_ERRORS,
+                                                                  "gpu": gpu, "value": windows}, "gpu"))
+    return out
+
+
 # --- judging node-side findings ------------------------------------------------------------------
 
 def _xid_reason(finding: Finding) -> str:
-    """The catalogue's reason for the finding's Xid (one the catalogue knows: it was judged)."""
-    return XID_BY_CODE.get(finding.xid, ("", ""))[1] if finding.xid is not None else ""
+    """The table's reason for the finding's Xid (one the table knows: it was judged)."""
+    rule = XIDS.get(finding.xid) if finding.xid is not None else None
+    return rule.reason if rule is not None else ""
 
 
 def _judge_xid(finding: Finding, source: str, has_remap_failure: bool) -> _Candidate | str | None:
     """A hardware candidate; "application" for an application-class Xid; "unconfirmed" for Xid 63
-    without a failed remap; None for an Xid that is no evidence at all."""
-    rule = XID_BY_CODE.get(finding.xid) if finding.xid is not None else None
-    if rule is None:
+    without a failed remap; "supporting" for an NVLink5 Xid whose severity is not known (an NVML
+    event); None for an Xid that is no evidence at all."""
+    rule = XIDS.get(finding.xid) if finding.xid is not None else None
+    if rule is None or rule.cls == "ignore":
         return None
-    cls, reason = rule
+    cls, reason, scope = rule.cls, rule.reason, rule.scope
     if cls == "application":
         return "application"
     if cls == "remap" and not has_remap_failure:
         return "unconfirmed"
+    if cls == "nvlink5":
+        event = parse_kernel_line(finding.detail.removeprefix("(named as cause) ")) if finding.detail else None
+        severity = event.severity if event is not None and event.kind == "xid" else ""
+        if finding.detail.startswith("(named as cause) "):
+            severity = "Fatal"  # the driver tore a channel down for it: not a benign link event
+        if not severity:
+            return "supporting"
+        if severity != "Fatal":
+            return None  # the driver printed Nonfatal: the catalogue's decode says IGNORE
+        reason = f"{reason} (Fatal)"
     if cls == "recovery":
         target = _RECOVERY_TARGET.search(finding.detail or "")
         if target and target[1].strip().lower() == "none":
             return None
         if target:
             reason = f"{reason} to {target[1].strip()}"
+            if re.search(r"(?i)reboot|node", target[1]):
+                scope = "node"
     if cls == "remap":
         reason = f"{reason} with a failed remap"
     evidence = {"source": source, "xid": finding.xid, "gpu": finding.gpu, "matched": finding.detail or None}
-    return _Candidate(f"xid:{finding.xid}", f"{_xid_label(finding)}: {reason}", evidence)
+    return _Candidate(f"xid:{finding.xid}", f"{_xid_label(finding)}: {reason}", evidence, scope)
+
+
+def _judge_sxid(finding: Finding, source: str) -> _Candidate | None:
+    """An NVSwitch SXid: a fabric fault (node-wide) when the driver printed Fatal, or the Fabric
+    Manager guide's recovery for it is a reset / reboot."""
+    rule = SXIDS.get(finding.xid) if finding.xid is not None else None
+    event = parse_kernel_line(finding.detail) if finding.detail else None
+    fatal = event is not None and event.severity == "Fatal"
+    if not fatal and (rule is None or not rule.hardware):
+        return None
+    name = rule.reason if rule is not None else "NVSwitch error"
+    severity = event.severity if event is not None and event.severity else ("Fatal" if fatal else "")
+    reason = f"SXid {finding.xid} on NVSwitch{' PCI ' + event.pci if event is not None else ''}: {name}"
+    reason += f" ({severity})" if severity else ""
+    evidence = {"source": source, "sxid": finding.xid, "matched": finding.detail or None}
+    return _Candidate(f"sxid:{finding.xid}", reason, evidence, "node")
 
 
 def _judge_finding(finding: Finding, source: str) -> _Candidate | None:
@@ -455,68 +469,27 @@ def _judge_finding(finding: Finding, source: str) -> _Candidate | None:
         text = f"{text} ({_trim(detail, 120)})"
     evidence = {"source": source, "kind": kind, "gpu": finding.gpu, "value": finding.value,
                 "expected": finding.expected, "matched": detail or None}
-    return _Candidate(f"finding:{kind}", text[0].upper() + text[1:], evidence)
+    node_wide = kind in NODE_KINDS or finding.gpu is None or (kind == FindingKind.RECOVERY_ACTION and finding.value in NODE_RECOVERY)
+    return _Candidate(f"finding:{kind}", text[0].upper() + text[1:], evidence, "node" if node_wide else "gpu")
+
+
+# A kernel message names no GPU the classifier can map: its fault is node-wide.
 
 
 def _kernel_signature_candidates(kernel_lines: Sequence[str]) -> list[_Candidate]:
-    candidates = []
-    for name, pattern, reason in KERNEL_SIGNATURES:
-        regex = re.compile(pattern, re.IGNORECASE)
-        for line in kernel_lines:
-            if regex.search(line):
-                evidence = {"source": "kernel_log", "signature": name, "matched": _trim(line.strip())}
-                candidates.append(_Candidate(f"kernel:{name}", f"kernel log: {reason}", evidence))
-                break
-    return candidates
-
-
-# --- scanning the run's own output -----------------------------------------------------------------
-
-def _log_lines_to_scan(lines: Iterable[str]) -> list[str]:
-    """The lines worth matching: traceback source echoes (the user's own code) are skipped."""
-    scanned: list[str] = []
-    previous_was_file_line = False
-    for raw in lines:
-        line = _RANK_PREFIX.sub("", raw.rstrip("\n")).strip()
-        if previous_was_file_line:
-            previous_was_file_line = False
-            if not _SOURCE_ECHO.match(line) and not _EXCEPTION_LINE.match(line):
-                continue
-        if _SOURCE_ECHO.match(line):
-            previous_was_file_line = True
-        scanned.append(line)
-    return scanned
-
-
-def _first_log_hardware_signature(log_lines: Sequence[str]) -> tuple[str, str, str] | None:
-    lines = _log_lines_to_scan(log_lines)
-    for name, pattern, reason in LOG_HARDWARE_SIGNATURES:
-        regex = re.compile(pattern)
-        for line in lines:
-            if not regex.search(line):
-                continue
-            if _EXCEPTION_LINE.match(line) and not RUNTIME_PREFIX.search(line):
-                continue  # a user's exception quoting hardware words is not a runtime signature
-            return name, reason, _trim(line)
-    return None
-
-
-def _most_specific_internal_error(
-    log_lines: Sequence[str], kernel_lines: Sequence[str]
-) -> tuple[str, str, str, bool] | None:
-    lines = _log_lines_to_scan(log_lines) + [line.strip() for line in kernel_lines]
-    for name, pattern, reason, ambiguous in NON_HARDWARE_SIGNATURES:
-        regex = re.compile(pattern)
-        hits = [line for line in lines if regex.search(line)]
-        if not hits:
+    candidates: list[_Candidate] = []
+    seen: set[str] = set()
+    for line in kernel_lines:
+        event = parse_kernel_line(line)
+        if event is None or event.kind not in KERNEL_REASONS or event.kind in seen:
             continue
-        line = hits[-1]  # the last occurrence is closest to the failure
-        if reason is None:
-            match = regex.search(line)
-            tail = line[match.start():] if match else line
-            reason = _trim(tail if _EXCEPTION_LINE.match(tail) else line, 200)
-        return name, reason, _trim(line), ambiguous
-    return None
+        seen.add(event.kind)
+        evidence = {"source": "kernel_log", "signature": event.kind, "matched": _trim(line.strip())}
+        if event.nic:
+            evidence["nic"] = event.nic
+        candidates.append(_Candidate(f"kernel:{event.kind}", f"kernel log: {KERNEL_REASONS[event.kind]}", evidence,
+                                     "node"))
+    return candidates
 
 
 # --- exit status ---------------------------------------------------------------------------------
@@ -554,8 +527,8 @@ def _exit_facts(exit_code: int | None, exit_signal: int | None) -> dict:
 def _xid_label(finding: Finding) -> str:
     if finding.gpu is not None:
         return f"Xid {finding.xid} on GPU {finding.gpu}"
-    pci = _XID_LINE.search(finding.detail or "")
-    return f"Xid {finding.xid} on PCI {pci['pci']}" if pci else f"Xid {finding.xid}"
+    event = parse_kernel_line(finding.detail.removeprefix("(named as cause) ")) if finding.detail else None
+    return f"Xid {finding.xid} on PCI {event.pci}" if event is not None and event.pci else f"Xid {finding.xid}"
 
 
 def _describe_support(supporting: Sequence[tuple[Finding, str]]) -> str:
@@ -581,8 +554,3 @@ def _clean(evidence: dict, exit_facts: dict, supporting: Sequence[tuple[Finding,
     if supporting:
         merged["supporting"] = [dict(f.to_dict(), source=src) for f, src in supporting]
     return merged
-
-
-def _trim(text: str, limit: int = _MAX_MATCHED) -> str:
-    text = text.strip()
-    return text if len(text) <= limit else text[: limit - 1] + "…"

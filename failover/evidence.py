@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 class FindingKind:
     XID = "xid"  # an Xid critical-error event (NVML event or kernel-log NVRM line); ``xid`` set
+    SXID = "sxid"  # an NVSwitch SXid kernel-log line (node-wide: the fabric); ``xid`` holds the SXid
     ECC_UNCORRECTED = "ecc_uncorrected"  # volatile uncorrected ECC count > 0; ``value`` = count
     RETIRED_PAGES_PENDING = "retired_pages_pending"  # a page retirement waits for a reset
     REMAP_PENDING = "remap_pending"  # row remapping pending (needs a reset)
@@ -26,7 +27,7 @@ class FindingKind:
     DRIVER_ERROR = "driver_error"  # an NVML call hung past the watchdog, or failed unexpectedly
 
     ALL = (
-        XID, ECC_UNCORRECTED, RETIRED_PAGES_PENDING, REMAP_PENDING, REMAP_FAILURE, GPU_LOST,
+        XID, SXID, ECC_UNCORRECTED, RETIRED_PAGES_PENDING, REMAP_PENDING, REMAP_FAILURE, GPU_LOST,
         RESET_REQUIRED, GPU_COUNT, PCIE_REPLAY, PCIE_LINK_DEGRADED, NVLINK_DOWN, NVLINK_ERRORS,
         THERMAL, RECOVERY_ACTION, NETWORK_LINK, DRIVER_ERROR,
     )

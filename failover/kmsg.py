@@ -1,8 +1,10 @@
 """The node's kernel log, read from where the last read stopped (standard library only).
 
-``KernelLogReader.read()`` returns the lines written since the previous call that the classifier
-knows (:data:`KEPT`): NVRM Xid lines, "fallen off the bus", PCIe AER fatal / uncorrectable
-errors, mlx5 / InfiniBand link down, thermal shutdown, GSP timeouts and the OOM killer. Each
+``KernelLogReader.read()`` returns the lines written since the previous call that
+``failover.xids.parse_kernel_line`` knows: NVRM Xid and NVSwitch SXid lines, "fallen off the bus",
+PCIe AER fatal / uncorrectable errors, InfiniBand link down, thermal shutdown, GSP timeouts and the
+OOM killer. Only the kernel's own records count (facility 0: ``prio >> 3 == 0``); a record a process
+wrote (``/dev/kmsg`` gives every user-space writer a facility of its own, never 0) is dropped. Each
 source keeps a cursor, so a line is returned once: an old Xid still in the ring never re-flags a
 node an operator has cleared.
 
@@ -21,20 +23,20 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from failover.classify import KERNEL_SIGNATURES
+from failover.xids import parse_kernel_line
 
 KMSG_PATH = "/dev/kmsg"
-# Lines worth keeping: every kernel line a classifier table reads (Xid, Table 3's hardware
-# messages) and the lines that say what killed a run (the OOM killer), plus AER uncorrectable
-# (non-fatal too: it precedes a fatal one) and NIC link changes.
-KEPT = re.compile(
-    "|".join(
-        [r"\bXid \(", r"Uncorrect(?:ed|able)", r"AER:.*(?:Fatal|Uncorrect)", r"\bmlx5_\w+\b.*link\s*(?:down|state)",
-         r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:|oom_reaper"]
-        + [pattern for _name, pattern, _reason in KERNEL_SIGNATURES]
-    ),
-    re.IGNORECASE,
-)
+KERNEL_FACILITY = 0
+
+
+def kept(message: str) -> bool:
+    """Whether a kernel message is one the product reads (``failover.xids.parse_kernel_line``)."""
+    return parse_kernel_line(message) is not None
+
+
+def from_kernel(prio: int) -> bool:
+    """Whether a record's syslog priority (facility × 8 + level) is the kernel's facility."""
+    return prio >> 3 == KERNEL_FACILITY
 _DMESG_RAW = re.compile(r"^<(\d+)>\[\s*(\d+\.\d+)\]\s?(.*)$")
 
 
@@ -129,13 +131,13 @@ class KernelLogReader:
         if not sep or len(fields) < 3:
             return None
         try:
-            seq, usec = int(fields[1]), int(fields[2])
+            prio, seq, usec = int(fields[0]), int(fields[1]), int(fields[2])
         except ValueError:
             return None
         if self.seq is not None and seq <= self.seq:
             return None  # the cursor has passed it
         self.seq = seq
-        if not KEPT.search(message):
+        if not from_kernel(prio) or not kept(message):
             return None
         return KernelLine(seq=seq, at=self.booted + usec / 1e6, text=message, source="kmsg")
 
@@ -153,7 +155,9 @@ class KernelLogReader:
             message = entry.get("MESSAGE")
             if isinstance(message, list):  # journald stores non-UTF-8 text as bytes
                 message = bytes(message).decode("utf-8", "replace")
-            if isinstance(message, str) and KEPT.search(message):
+            facility = entry.get("SYSLOG_FACILITY", "0")
+            transport = entry.get("_TRANSPORT", "kernel")
+            if isinstance(message, str) and transport == "kernel" and str(facility) == "0" and kept(message):
                 at = int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6 or time.time()
                 out.append(KernelLine(seq=None, at=at, text=message, source="journalctl"))
         return out
@@ -171,6 +175,6 @@ class KernelLogReader:
             if self.dmesg_stamp is not None and stamp <= self.dmesg_stamp:
                 continue
             self.dmesg_stamp = stamp
-            if KEPT.search(match[3]):
+            if from_kernel(int(match[1])) and kept(match[3]):
                 out.append(KernelLine(seq=None, at=self.booted + stamp, text=match[3], source="dmesg"))
         return out

@@ -15,8 +15,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from failover.classify import pci_key
 from failover.evidence import Finding, FindingKind, HealthReport
+from failover.xids import bus_id
 
 logger = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class NvmlProbe:
                     bus = self.call(nv.nvmlDeviceGetPciInfo, self.call(nv.nvmlDeviceGetHandleByIndex, index)).busId
                 except nv.NVMLError:
                     continue
-                found[pci_key(bus.decode() if isinstance(bus, bytes) else bus)] = index
+                found[bus_id(bus.decode() if isinstance(bus, bytes) else bus)] = index
         except (nv.NVMLError, DriverHung):
             logger.warning("could not read the PCI addresses of %s's GPUs", self.node_name)
         return found

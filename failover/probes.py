@@ -11,6 +11,7 @@ from typing import Protocol
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import SimulatedFault
 from failover.nvml import NvmlProbe
+from failover.xids import bus_id
 from jobs.models import GPU
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class HealthProbe(Protocol):
         ...
 
     def gpu_by_pci(self) -> dict[str, int]:
-        """GPU index by PCI ``bus:device`` (``classify.pci_key``), to scope kernel-log Xid lines."""
+        """GPU index by PCI ``domain:bus:device`` (``xids.bus_id``), to scope kernel-log Xid lines."""
         ...
 
 
@@ -73,7 +74,7 @@ class SimulatedProbe:
     def gpu_by_pci(self) -> dict[str, int]:
 
         indices = GPU.objects.filter(node__name=self.node_name).values_list("index", flat=True)
-        return {simulated_bus(index)[5:]: index for index in indices}
+        return {bus_id(simulated_bus(index)): index for index in indices}
 
 
 def fault_xid(kind: str, xid: int | None) -> int | None:

@@ -11,10 +11,24 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from jobs.models import GPU, Image, JobAttempt, JobEvent, Node, Project, ProjectVolume, Registry, RegistryCredential, TrainingJob
 from jobs.services.actions import JobActionRefused, delete_job, request_stop
 from jobs.statuses import DELETABLE
+
+
+def console_url(job: TrainingJob) -> str:
+    return reverse("jobs:detail", args=[job.pk])
+
+
+def console_link(job: TrainingJob | None, text: str | None = None) -> SafeString | str:
+    """A link to the job's page in the console (where its logs, charts and actions are)."""
+    if job is None:
+        return "—"
+    return format_html('<a href="{}">{}</a>', console_url(job), text or job.name)
 
 
 class GPUInline(admin.TabularInline):
@@ -58,11 +72,11 @@ class GPUAdmin(admin.ModelAdmin):
     readonly_fields = ("allocated_to",)
 
     @admin.display(description="Held by")
-    def held_by(self, gpu: GPU) -> str:
+    def held_by(self, gpu: GPU) -> SafeString | str:
         if gpu.allocated_to is None:
             return "—"
         attempt = gpu.allocated_to.attempt
-        return f"{attempt.job.name} (attempt {attempt.number})"
+        return console_link(attempt.job, f"{attempt.job.name} (attempt {attempt.number})")
 
 
 @admin.register(Image)
@@ -147,7 +161,10 @@ class JobEventInline(ReadOnlyInline):
 
 @admin.register(TrainingJob)
 class TrainingJobAdmin(admin.ModelAdmin):
-    list_display = ("name", "status", "owner", "project", "job_type", "image", "gpus_per_node", "node_count", "failover_count", "created_at")
+    list_display = (
+        "name", "status", "owner", "project", "job_type", "image", "gpus_per_node", "node_count", "failover_count", "created_at",
+        "in_console",
+    )
     list_filter = ("status", "job_type", "failover_enabled", "project")
     search_fields = ("name", "owner__username", "project__name", "image")
     list_select_related = ("owner", "project")
@@ -161,6 +178,8 @@ class TrainingJobAdmin(admin.ModelAdmin):
         "pull_attempts",
         "next_retry_at",
         "created_at",
+        "in_console",
+        "secret_variables",
     )
     autocomplete_fields = ("project",)
     inlines = (JobAttemptInline, JobEventInline)
@@ -169,6 +188,18 @@ class TrainingJobAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         # New jobs come from the console or the API, which record the creation event.
         return False
+
+    def view_on_site(self, obj: TrainingJob) -> str:
+        return console_url(obj)
+
+    @admin.display(description="console")
+    def in_console(self, job: TrainingJob) -> SafeString | str:
+        return console_link(job, "open in the console")
+
+    @admin.display(description="secret environment variables")
+    def secret_variables(self, job: TrainingJob) -> str:
+        # Names only: the values are never shown, here either.
+        return ", ".join(f"{name}=••••" for name in job.secret_env.names) or "—"
 
     def save_model(self, request: HttpRequest, obj: TrainingJob, form, change: bool) -> None:
         # Only what the operator edited: a full save would write the status, its reason and the
@@ -218,10 +249,17 @@ class TrainingJobAdmin(admin.ModelAdmin):
 
 @admin.register(JobAttempt)
 class JobAttemptAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "job", "number", "state", "started_at", "ended_at", "exit_code", "exit_signal", "cause")
+    list_display = ("__str__", "job_in_console", "number", "state", "started_at", "ended_at", "exit_code", "exit_signal", "cause")
     list_filter = ("state",)
     search_fields = ("job__name", "cause")
     list_select_related = ("job",)
+
+    @admin.display(description="job", ordering="job__name")
+    def job_in_console(self, attempt: JobAttempt) -> SafeString | str:
+        return console_link(attempt.job)
+
+    def view_on_site(self, obj: JobAttempt) -> str:
+        return console_url(obj.job) + "?tab=failover"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -232,14 +270,25 @@ class JobAttemptAdmin(admin.ModelAdmin):
 
 @admin.register(JobEvent)
 class JobEventAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "job", "from_status", "to_status", "reason", "attempt", "actor")
+    list_display = ("created_at", "job_in_console", "from_status", "to_status", "reason", "attempt", "actor")
     list_filter = ("to_status", "actor")
     search_fields = ("job__name", "reason", "actor")
     list_select_related = ("job",)
     date_hierarchy = "created_at"
 
+    @admin.display(description="job", ordering="job__name")
+    def job_in_console(self, event: JobEvent) -> SafeString | str:
+        return console_link(event.job)
+
+    def view_on_site(self, obj: JobEvent) -> str:
+        return console_url(obj.job) + "?tab=events"
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        # The events are the audit log: they go only with their job.
         return False

@@ -79,6 +79,26 @@ def decayed(usage: float, *, held_gpus: int, seconds: float, half_life: float) -
     return usage * factor + held_gpus * seconds
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """Free GPUs of a Ready, uncordoned node that health keeps out of placement until an operator
+    marks them healthy: the GPUs a GPU-scoped fault marked, or every GPU of a node a node-wide
+    fault marked (``whole_node``)."""
+
+    node: int
+    name: str
+    gpus: tuple[int, ...]  # its free GPUs held out
+    whole_node: bool
+    cause: str  # "Xid 79"
+    since: str  # "18:20" ("": not known)
+
+    @property
+    def label(self) -> str:
+        if self.whole_node or not self.gpus:
+            return self.name
+        return f"{self.name} GPU{'s' if len(self.gpus) > 1 else ''} {', '.join(map(str, self.gpus))}"
+
+
 @dataclass
 class Capacity:
     """Free GPU indices per schedulable node, in node-name order; updated as jobs are placed.
@@ -91,6 +111,8 @@ class Capacity:
     free: dict[int, list[int]] = field(default_factory=dict)
     spot_held: frozenset[int] = frozenset()  # nodes whose spot capacity was just reclaimed
     addresses: dict[int, str] = field(default_factory=dict)  # where ranks reach each node
+    held_out: tuple[HeldOut, ...] = ()  # unhealthy capacity, for the waiting jobs' reasons
+    names: dict[int, str] = field(default_factory=dict)  # every node's name (excluded ones too)
     _position: dict[int, int] = field(init=False, repr=False, compare=False)
     _by_count: dict[int, list[int]] = field(init=False, repr=False, compare=False)
 
@@ -149,7 +171,37 @@ class Capacity:
             heapq.heappush(self._by_count[len(indices)], position)
 
     def copy(self) -> Capacity:
-        return Capacity(list(self.nodes), {n: list(f) for n, f in self.free.items()}, self.spot_held)
+        return Capacity(list(self.nodes), {n: list(f) for n, f in self.free.items()}, self.spot_held, held_out=self.held_out, names=self.names)
+
+    def if_healthy(self, held: Iterable[HeldOut]) -> Capacity:
+        """This capacity with ``held`` given back: what placement could use were they healthy."""
+        nodes = dict(self.nodes)
+        free = {n: list(f) for n, f in self.free.items()}
+        for h in held:
+            nodes.setdefault(h.node, h.name)
+            free[h.node] = sorted({*free.get(h.node, []), *h.gpus})
+        return Capacity(sorted(nodes.items(), key=lambda n: n[1]), free, self.spot_held)
+
+
+def held_out_reason(job: WaitingJob, capacity: Capacity) -> str:
+    """Why a job that does not fit waits on unhealthy capacity, and who can act: "" unless the
+    job would fit were the unhealthy nodes and GPUs it may use healthy."""
+    usable = [
+        h for h in capacity.held_out
+        if h.node not in job.exclude_nodes and not (job.spot and h.node in capacity.spot_held)
+        and (h.whole_node or any((h.node, i) not in job.exclude_gpus for i in h.gpus))
+    ]
+    if not usable or capacity.if_healthy(usable).first_fit(job) is None:
+        return ""
+    groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for h in usable:
+        groups[(h.since, h.cause)].append(h.label)
+    parts = [
+        f"{', '.join(labels)} unhealthy" + (f" since {since}" if since else "") + (f" ({cause})" if cause else "")
+        for (since, cause), labels in sorted(groups.items())
+    ]
+    them = "it" if len(usable) == 1 and (usable[0].whole_node or len(usable[0].gpus) == 1) else "them"
+    return f"{'; '.join(parts)}: an operator must mark {them} healthy"
 
 
 @dataclass(frozen=True)
@@ -200,7 +252,7 @@ def plan_round(
     of their own). ``spot_runs``: running Spot jobs, offered to On-Demand jobs within their
     project's quota that do not fit.
     """
-    names = node_names or dict(capacity.nodes)
+    names = node_names or {**capacity.names, **dict(capacity.nodes)}
     plan = RoundPlan()
     first: list[WaitingJob] = []
     per_project: dict[int, list[WaitingJob]] = defaultdict(list)
@@ -234,7 +286,7 @@ def plan_round(
                 # The key is read after the job was tried, so a placement pushes the project back.
                 heapq.heappush(heap, turn(pid, i + 1))
 
-    blocked: set[tuple] = set()
+    blocked: dict[tuple, str] = {}  # shape → why the first job of it did not fit
     in_line: dict[tuple[int, int], int] = defaultdict(int)
     victims_left = sorted(spot_runs or [], key=lambda r: (projects.get(r.project, ProjectShare()).borrowed == 0, -r.started))
     reservations = 0
@@ -249,7 +301,7 @@ def plan_round(
             limit = "at quota" if share.borrow_limit == 0 else "at its borrowing limit"
             why = f"project {limit} (using {share.used_gpus} of {share.quota} GPUs)"
         elif shape in blocked:
-            why = "no free capacity fits it"
+            why = blocked[shape]
         else:
             chosen = capacity.first_fit(job)
             if chosen is not None:
@@ -258,11 +310,19 @@ def plan_round(
                 share.used_cpu_jobs += job.total_gpus == 0
                 plan.placements.append((job, chosen))
                 continue
-            blocked.add(shape)
-            why = "no free capacity fits it"
+            waits_on = held_out_reason(job, capacity)
+            why = waits_on or "no free capacity fits it"
             if job.exclude_nodes:
                 count = len(job.exclude_nodes)
-                why += f" on a node it is not excluded from ({count} node{'s' if count != 1 else ''} excluded after faults)"
+                excluded = ", ".join(sorted(str(names.get(n, n)) for n in job.exclude_nodes))
+                if waits_on:
+                    why += f"; excluded after faults from {excluded}"
+                else:
+                    why += (
+                        f" on a node it is not excluded from ({count} node{'s' if count != 1 else ''} excluded after faults: "
+                        f"{excluded}; an operator marking a node healthy lifts its exclusion)"
+                    )
+            blocked[shape] = why
             if job.yielded_to:
                 why = "Spot jobs preempted for it are saving a checkpoint and stopping"
             elif not job.spot and share.used_gpus + job.total_gpus <= share.quota and victims_left:

@@ -47,6 +47,29 @@ def text_refusal(text: str) -> str | None:
     return f"contains a lone surrogate (U+{ord(found.group()):04X}), which is not valid Unicode text"
 
 
+DNS_LABEL_MAX = 63
+
+
+def dns_label_problems(name: str) -> list[str]:
+    """Every reason ``name`` is not a lowercase DNS label (empty: it is one), naming each wrong
+    character and where it is, and the length past 63 without cutting anything."""
+    problems: list[str] = []
+    if len(name) > DNS_LABEL_MAX:
+        problems.append(f"It is {len(name)} characters long; use at most {DNS_LABEL_MAX} characters (nothing was cut).")
+    wrong: dict[str, list[int]] = {}
+    for position, char in enumerate(name, start=1):
+        if not ("a" <= char <= "z" or "0" <= char <= "9" or char == "-"):
+            wrong.setdefault(char, []).append(position)
+    for char, positions in list(wrong.items())[:10]:
+        where = ", ".join(map(str, positions[:5])) + (" …" if len(positions) > 5 else "")
+        hint = f" (use “{char.lower()}”)" if char.lower() != char and "a" <= char.lower() <= "z" else ""
+        shown = repr(char) if not char.isprintable() or char.isspace() else f"“{char}”"
+        problems.append(f"{shown} at position {where} is not allowed{hint}: use lowercase letters, digits and '-'.")
+    if name.startswith("-") or name.endswith("-"):
+        problems.append("Start and end with a lowercase letter or digit, not '-'.")
+    return problems
+
+
 def reserved_reason(name: str) -> str | None:
     """Why a job may not set ``name`` (None: it may)."""
     if name in RESERVED_ENV or name.startswith(RESERVED_PREFIXES):
@@ -142,48 +165,81 @@ def validate_command(command: str) -> None:
             raise CommandError(f"Line {number}: only variable assignments; add the program to run.")
 
 
-def validate_env(env: object) -> dict[str, str]:
-    """Normalise a job's environment variables to ``{NAME: value}``; raise ValueError if bad."""
-    if env in (None, ""):
-        return {}
-    if not isinstance(env, dict):
-        raise ValueError("Environment variables must be an object of NAME: value pairs.")
+class EnvRefused(ValueError):
+    """Environment variables refused, with every reason (``problems``), not only the first."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(" ".join(problems))
+        self.problems = problems
+
+
+def env_problems(env: dict) -> tuple[dict[str, str], list[str]]:
+    """``env`` normalised to ``{NAME: text}``, and every reason a variable is refused."""
     clean: dict[str, str] = {}
+    problems: list[str] = []
     for name, value in env.items():
         unstorable = text_refusal(name) if isinstance(name, str) else None
         if unstorable:
             # Not echoed: the error could not be written back either.
-            raise ValueError(f"A variable name {unstorable}.")
+            problems.append(f"A variable name {unstorable}.")
+            continue
         if not isinstance(name, str) or not ENV_NAME.match(name):
-            raise ValueError(f"'{name}' is not a valid variable name (letters, digits and _, not starting with a digit).")
+            problems.append(f"'{name}' is not a valid variable name (letters, digits and _, not starting with a digit).")
+            continue
         why = reserved_reason(name)
         if why:
-            raise ValueError(why)
+            problems.append(why)
+            continue
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise ValueError(f"The value of {name} must be a string or a number.")
+            problems.append(f"The value of {name} must be a string or a number.")
+            continue
         text = normalize_newlines(str(value))
         why = text_refusal(text)
         if why:
-            raise ValueError(f"The value of {name} {why}.")
-        if len(text) > 10_000:
-            raise ValueError(f"The value of {name} is longer than 10,000 characters.")
-        clean[name] = text
-    if len(clean) > 200:
-        raise ValueError("At most 200 environment variables.")
+            problems.append(f"The value of {name} {why}.")
+        elif len(text) > 10_000:
+            problems.append(f"The value of {name} is longer than 10,000 characters.")
+        else:
+            clean[name] = text
+    if len(env) > 200:
+        problems.append("At most 200 environment variables.")
+    return clean, problems
+
+
+def validate_env(env: object) -> dict[str, str]:
+    """Normalise a job's environment variables to ``{NAME: value}``; raise EnvRefused (a
+    ValueError) with every problem if bad."""
+    if env in (None, ""):
+        return {}
+    if not isinstance(env, dict):
+        raise EnvRefused(["Environment variables must be an object of NAME: value pairs."])
+    clean, problems = env_problems(env)
+    if problems:
+        raise EnvRefused(problems)
     return clean
 
 
 def parse_env_text(text: str) -> dict[str, str]:
-    """Parse ``NAME=value`` lines (the form's textarea) into a dict; raise ValueError if bad."""
+    """Parse ``NAME=value`` lines (the form's textarea) into a dict; raise EnvRefused with every
+    bad line's reason (each prefixed with its line number)."""
     env: dict[str, str] = {}
+    problems: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         name, sep, value = line.partition("=")
         if not sep:
-            raise ValueError(f"Line {number}: use NAME=value.")
-        env[name.strip()] = value.strip()
+            problems.append(f"Line {number}: use NAME=value.")
+            continue
+        name = name.strip()
+        _, line_problems = env_problems({name: value.strip()})
+        problems += [f"Line {number}: {problem}" for problem in line_problems]
+        if name in env:
+            problems.append(f"Line {number}: {name} is already set on an earlier line.")
+        env[name] = value.strip()
+    if problems:
+        raise EnvRefused(problems)
     return validate_env(env)
 
 

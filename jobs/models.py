@@ -10,12 +10,21 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.job_fields import dns_label_problems
+from jobs.secret_env import SecretEnvField, no_secrets
 from jobs.statuses import ACTIVE, BADGE_GROUPS, JobStatus
 
 DNS_LABEL = RegexValidator(
     r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
     "Use at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit.",
 )
+
+
+def validate_job_name(name: str) -> None:
+    """A job's name is a lowercase DNS label; every problem is named (which character, where)."""
+    problems = dns_label_problems(name)
+    if problems:
+        raise ValidationError(problems, code="invalid")
 
 
 class ProjectQuerySet(models.QuerySet):
@@ -155,6 +164,8 @@ class Node(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
     healthy = models.BooleanField(default=True)
     health_reason = models.CharField(max_length=300, blank=True)
+    # When node-side evidence made it unhealthy (None while healthy): waiting jobs say since when.
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
     cordoned = models.BooleanField(default=False)
     simulated = models.BooleanField(default=False)
     agent = models.CharField(max_length=100, blank=True, help_text="The node agent that serves this node")
@@ -189,6 +200,7 @@ class GPU(models.Model):
     memory_mb = models.PositiveIntegerField(default=0)
     healthy = models.BooleanField(default=True)
     health_reason = models.CharField(max_length=300, blank=True)
+    unhealthy_since = models.DateTimeField(null=True, blank=True)
     # The placement that holds this GPU; set and cleared by compare-and-swap in placement.
     allocated_to = models.ForeignKey(
         "AttemptNode", null=True, blank=True, on_delete=models.SET_NULL, related_name="gpus"
@@ -223,13 +235,16 @@ class TrainingJob(models.Model):
         ON_DEMAND = "On-Demand", "On-Demand"
         SPOT = "Spot", "Spot"
 
-    name = models.CharField(max_length=63, validators=[DNS_LABEL])
+    name = models.CharField(max_length=63, validators=[validate_job_name])
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="training_jobs")
     project = models.ForeignKey(Project, on_delete=models.PROTECT, related_name="jobs")
     job_type = models.CharField(max_length=16, choices=JobType.choices, default=JobType.ON_DEMAND)
     image = models.CharField(max_length=200)
     command = models.TextField()
     env = models.JSONField(default=dict, blank=True)
+    # Encrypted with a key derived from SECRET_KEY (``jobs.secret_env``): names readable, values
+    # only to the run's environment; every page, the API and the admin show them as ••••.
+    secret_env = SecretEnvField(default=no_secrets, blank=True, editable=False)
     gpus_per_node = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(0), MaxValueValidator(64)])
     node_count = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(64)])
     failover_enabled = models.BooleanField(default=True)
@@ -350,6 +365,9 @@ class AttemptNode(models.Model):
     class Meta:
         ordering = ["attempt", "rank"]
         constraints = [models.UniqueConstraint(fields=["attempt", "rank"], name="attempt_node_unique_rank")]
+
+    def __str__(self) -> str:
+        return f"{self.attempt} rank {self.rank} on {self.node.name}"
 
     @property
     def stream(self) -> str:

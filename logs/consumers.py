@@ -5,7 +5,10 @@ Messages to the client (JSON):
 * ``{"type": "lines", "lines": [{"seq", "attempt", "ts", "text"}, …], "backlog": bool}``
 * ``{"type": "end", "status": "Completed"}`` once the job has finished, then the socket closes.
 Without ``after`` the backlog is the stream's last ``tail`` lines (default 1000); with it, every
-line after that ``seq``. Live lines are sent in batches, at most 10 messages a second.
+line after that ``seq``. Live lines are sent in batches, at most 10 messages a second, each line
+once and in seq order: where a live message was lost on its way (a channel layer drops messages
+to a full channel) the seqs show a gap, and the lines are read from the database instead. ``end``
+comes only once the job is terminal and every stored line has been sent.
 Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours), 4403
 access revoked (asked again every ``SOCKET_ACCESS_RECHECK`` seconds).
 """
@@ -62,7 +65,10 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
         self.groups_joined: list[str] = []
         self.pending: list[dict] = []
         self.flusher: asyncio.Task | None = None
-        self.last_seq = 0
+        self.last_seq = 0  # the newest seq sent or waiting in ``pending``
+        self.sent_seq = 0  # the newest seq sent
+        self.gap = False  # a live message was lost: the next flush reads from the database
+        self.sending = asyncio.Lock()  # one sender at a time (the flusher task, the end), so lines go out in order
         self.last_sent = 0.0
         self.ended = False
         await self.accept()
@@ -91,12 +97,8 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
             lines = await self.tail(tail)
             await self.send_lines(lines, backlog=True)
         else:
-            self.last_seq = after
-            while True:
-                lines = await self.after(self.last_seq)
-                await self.send_lines(lines, backlog=True)
-                if len(lines) < BACKLOG_PAGE:
-                    break
+            self.last_seq = self.sent_seq = after
+            await self.send_stored(backlog=True)
         status = await self.read_status(user)
         if status in TERMINAL:
             await self.finish(status)
@@ -126,6 +128,8 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
         fresh = [line for line in event["lines"] if line["seq"] > self.last_seq]
         if not fresh or self.ended:
             return
+        if fresh[0]["seq"] != self.last_seq + 1:
+            self.gap = True
         self.pending.extend(fresh)
         self.last_seq = fresh[-1]["seq"]
         if self.flusher is None or self.flusher.done():
@@ -147,14 +151,36 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
         await self.flush()
 
     async def flush(self):
-        if self.pending:
+        async with self.sending:
+            await self.send_pending()
+
+    async def send_pending(self):
+        if self.gap:
+            # Lines between the last sent and the newest seen never came: the database has them.
+            self.gap = False
+            self.pending = []
+            await self.send_stored(backlog=False)
+        elif self.pending:
             lines, self.pending = self.pending, []
             await self.send_lines(lines, backlog=False)
 
-    async def send_lines(self, lines: list[dict], *, backlog: bool):
-        """Send lines as one message, or several where one would pass the size limit."""
+    async def send_stored(self, *, backlog: bool):
+        """Send every stored line after the last one sent, a page at a time."""
+        while True:
+            lines = await self.after(self.sent_seq)
+            await self.send_lines(lines, backlog=backlog, always=backlog)
+            if len(lines) < BACKLOG_PAGE:
+                return
+
+    async def send_lines(self, lines: list[dict], *, backlog: bool, always: bool = True):
+        """Send the lines not sent yet as one message, or several where one would pass the size
+        limit; with ``always`` a message goes out even when there is nothing to send."""
+        lines = [line for line in lines if line["seq"] > self.sent_seq]
+        if not lines and not always:
+            return
         if lines:
-            self.last_seq = max(self.last_seq, lines[-1]["seq"])
+            self.sent_seq = lines[-1]["seq"]
+            self.last_seq = max(self.last_seq, self.sent_seq)
         chunk: list[dict] = []
         size = 0
         for line in lines:
@@ -171,17 +197,18 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
     async def finish(self, status: str):
         if self.ended:
             return
-        await self.flush()
-        # Lines committed before the status change may still be on their way: read them all.
-        while True:
-            lines = await self.after(self.last_seq)
-            if lines:
-                await self.send_lines(lines, backlog=False)
-            if len(lines) < BACKLOG_PAGE:
-                break
-        self.ended = True
-        await self.send_json({"type": "end", "status": status})
-        await self.close(code=1000)
+        # The job's lines are all stored before it turns terminal (the agent reports an exit only
+        # once the run's output is ingested), but some may still be on their way here: send every
+        # stored line after the last one sent, then say the end.
+        async with self.sending:
+            if self.ended:
+                return
+            self.pending = []
+            self.gap = False
+            await self.send_stored(backlog=False)
+            self.ended = True
+            await self.send_json({"type": "end", "status": status})
+            await self.close(code=1000)
 
     @database_sync_to_async
     def read_status(self, user) -> str | None:

@@ -33,6 +33,10 @@ SAMPLES_PER_BATCH = 50
 CHART_POINTS = 600
 # Progress is published at most this often per job (status changes carry it too).
 PUBLISH_INTERVAL = 1.0
+# What a checkpoint row's columns hold: ranks' byte counts add up to at most a bigint, ranks to a
+# small integer (each commit line's values are checked by the parser).
+MAX_BIGINT = 2**63 - 1
+MAX_RANKS = 32767
 
 _last_published: dict[int, float] = {}
 _publish_lock = threading.Lock()
@@ -167,10 +171,10 @@ def save_checkpoints(job_id: int, attempt: int, records: list[tuple[CommitEvent,
                 persist_s=record.persist_s, ranks=1, path=record.path[:1000], committed_at=ts,
             )
             continue
-        row.bytes += record.bytes
+        row.bytes = min(row.bytes + record.bytes, MAX_BIGINT)
         row.blocking_s = max(row.blocking_s, record.blocking_s)
         row.persist_s = max(row.persist_s, record.persist_s)
-        row.ranks += 1
+        row.ranks = min(row.ranks + 1, MAX_RANKS)
         row.committed_at = max(row.committed_at, ts)
         if row.pk:
             touched[row.step] = row

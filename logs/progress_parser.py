@@ -6,10 +6,23 @@ What a line can tell:
 * a tqdm bar (the Trainer's among them): `` 12%|█▏        | 12/100 [00:03<00:20,  4.31it/s]``;
 * our example scripts: ``epoch 1/3 step 50/150 loss 0.036 lr 0.01``, ``step 12/400 loss 0.123``,
   ``step 12 loss 0.1234``; ``key=value`` spellings (``step=12 loss=0.5``) too;
-* ckptlib's commit line (``[Concurrent Checkpoint] committed step=… bytes=…``): a checkpoint.
+* ckptlib's commit line (``[Concurrent Checkpoint] committed step=… bytes=…``): a checkpoint, and
+  the step it saved; its Trainer step line (``[Concurrent Checkpoint] trainer step=12/200
+  epoch=0.24``), logged just before each of the Trainer's log dicts: the Trainer's own
+  ``global_step/max_steps``.
+
+Not every bar is training: a bar with a description (``Map:``, ``Writing model shards:``,
+``Loading weights:``) prepares data or a model, and a nested bar (drawn below another and moved back
+up with ``ESC[A``, as the Trainer's evaluation bar is) measures something inside the training; neither
+says how far training is.
 
 ``parse_line`` reads one line; ``fold_lines`` folds a batch into the latest progress, the loss
 curve's points and the checkpoints, in one pass.
+
+A line is untrusted text: what it tells is taken only in range (a step, a total or a byte count
+below ``MAX_COUNT``, finite numbers), a commit line with a value out of range is no checkpoint,
+and a line the parser cannot read says nothing. So a forged line costs only itself, never its
+batch's other lines, progress or checkpoints.
 """
 from __future__ import annotations
 
@@ -27,15 +40,31 @@ from ckptlib import CommitEvent, parse_commit_line
 NUMBER = r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?"
 # A cheap test that skips most lines before any of the patterns below runs.
 INTERESTING = re.compile(r"step|loss|epoch|learning_rate|\blr\b|\d/\d+ ?\[|Concurrent Checkpoint", re.IGNORECASE)
+# INTERESTING's words, tested as lower-case substrings (``may_tell``); and its other two parts.
+WORDS = ("step", "loss", "epoch", "learning_rate", "concurrent checkpoint")
+LR_WORD = re.compile(r"\blr\b")
+FRACTION_BAR = re.compile(r"\d/\d+ ?\[")
 # The same test as plain lower-case substrings, run over a whole batch at once (a superset).
 KEYWORDS = ("step", "loss", "epoch", "learning_rate", "lr ", "lr=", "lr:", "it/s", "s/it", "%|", "[concurrent checkpoint]")
 TRAINER_DICT = re.compile(r"\{'[a-z_]+': [^{}]*\}")
-TQDM = re.compile(r"(?<![\d/.])(\d+)/(\d+) ?\[(?:\d+:)?\d+:\d+")
+TQDM = re.compile(r"(?<![\d/.])(\d+)/(\d+) ?\[(?:\d+:)?\d+:\d+[^\]\r\n]*\]?")
+# What precedes a bar's counts in its drawing: `` 12%|█▏        | `` (and a description before it).
+BAR_HEAD = re.compile(r"\s*\d+%\|[^|]*\|\s*$")
+# A bar's description that still says training (``Training:``, ``Epoch 1:``); others prepare data.
+TRAINING_BAR = re.compile(r"\b(?:train(?:ing)?|epoch|steps?|iter(?:ation)?s?)\b", re.IGNORECASE)
+PREPARING_BAR = re.compile(r"split|map|shard|download|load|generat|token|writ|sav|eval|predict|valid|test", re.IGNORECASE)
+CURSOR_UP = "\x1b[A"
+TRAINER_STEP = re.compile(rf"\[Concurrent Checkpoint\] trainer step=(\d+)/(\d+)(?: epoch=({NUMBER}))?")
 STEP = re.compile(r"\b(?:global_)?step[ =:]+(\d+)(?:\s*/\s*(\d+))?\b", re.IGNORECASE)
 EPOCH = re.compile(rf"\bepoch[ =:]+({NUMBER})(?:\s*/\s*(\d+))?", re.IGNORECASE)
 LOSS = re.compile(rf"\b(?:train_)?loss[ =:]+({NUMBER}|nan|inf)\b", re.IGNORECASE)
 LR = re.compile(rf"\b(?:lr|learning_rate)[ =:]+({NUMBER})", re.IGNORECASE)
 MAX_DICT_CHARS = 2000
+# Steps, totals and byte counts at or above this are not believed: 2**53, what the database's
+# columns hold with room to add ranks up and what a browser shows exactly.
+MAX_COUNT = 2**53
+# What reading one line may raise on absurd input (more digits than int() takes, a float overflow).
+UNREADABLE = (ValueError, ArithmeticError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -93,9 +122,29 @@ class BatchMetrics:
 def finite(raw: object) -> float | None:
     try:
         value = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return value if math.isfinite(value) else None
+
+
+def count(raw: object) -> int | None:
+    """A step, total or byte count in range (``0 <= n < MAX_COUNT``), from digits or an int; else None."""
+    if isinstance(raw, str):
+        if not raw.isdecimal() or len(raw) > 16:
+            return None
+        raw = int(raw)
+    if not isinstance(raw, int) or isinstance(raw, bool):
+        return None
+    return raw if 0 <= raw < MAX_COUNT else None
+
+
+def checked_commit(event: CommitEvent | None) -> CommitEvent | None:
+    """A commit line's event when every value is in range, else None (no checkpoint)."""
+    if event is None or count(event.step) is None or count(event.bytes) is None:
+        return None
+    if finite(event.blocking_s) is None or finite(event.persist_s) is None:
+        return None
+    return event
 
 
 def parse_trainer_dict(text: str) -> Progress | None:
@@ -110,9 +159,8 @@ def parse_trainer_dict(text: str) -> Progress | None:
         return None
     if not isinstance(logged, dict):
         return None
-    step = logged.get("step")
     progress = Progress(
-        step=int(step) if isinstance(step, int) and step >= 0 else None,
+        step=count(logged.get("step")),
         epoch=finite(logged.get("epoch")),
         loss=finite(logged.get("loss")),
         lr=finite(logged.get("learning_rate")),
@@ -129,8 +177,8 @@ def parse_words(text: str) -> Progress | None:
     if not (step or loss or lr or epoch):
         return None
     progress = Progress(
-        step=int(step.group(1)) if step else None,
-        total=int(step.group(2)) if step and step.group(2) else None,
+        step=count(step.group(1)) if step else None,
+        total=count(step.group(2)) if step and step.group(2) else None,
         epoch=finite(epoch.group(1)) if epoch else None,
         loss=finite(loss.group(1)) if loss else None,
         lr=finite(lr.group(1)) if lr else None,
@@ -139,14 +187,44 @@ def parse_words(text: str) -> Progress | None:
 
 
 def parse_tqdm(text: str) -> Progress | None:
-    # A bar redrawn with carriage returns arrives as one line: its last drawing counts.
-    matches = TQDM.findall(text)
-    if not matches:
+    """The last drawing of a training bar in ``text`` (a bar redrawn with carriage returns may
+    arrive as one line); data-preparation and nested bars are not training's."""
+    found = None
+    for drawing in re.split(r"[\r\n]", text):
+        for match in TQDM.finditer(drawing):
+            if is_training_bar(drawing, match):
+                found = match
+    if found is None:
         return None
-    done, total = (int(n) for n in matches[-1])
-    if total <= 0 or done > total:
+    done, total = count(found.group(1)), count(found.group(2))
+    if done is None or total is None or total <= 0 or done > total:
         return None
     return Progress(step=done, total=total)
+
+
+def is_training_bar(drawing: str, match: re.Match[str]) -> bool:
+    if drawing[match.end():].startswith(CURSOR_UP):
+        return False  # drawn below another bar: the Trainer's evaluation bar
+    head = drawing[: match.start()]
+    bar = BAR_HEAD.search(head)
+    description = (head[: bar.start()] if bar else head).strip()
+    if "]" in description:  # the end of something logged before the bar, not a description
+        description = description.rsplit("]", 1)[1].strip()
+    if not description:
+        return True
+    return TRAINING_BAR.search(description) is not None and PREPARING_BAR.search(description) is None
+
+
+def may_tell(text: str) -> bool:
+    """``INTERESTING.search(text)``, at C speed on a long line that tells nothing: substring
+    searches first (the regex's case-blind alternation costs milliseconds on 16 KiB of text),
+    a regex only where ``lr`` or a ``/`` and a ``[`` are in the line."""
+    lowered = text.lower()
+    if any(word in lowered for word in WORDS):
+        return True
+    if "lr" in lowered and LR_WORD.search(lowered):
+        return True
+    return "/" in text and "[" in text and FRACTION_BAR.search(text) is not None
 
 
 def parse_line(text: str) -> LineMetrics | None:
@@ -157,9 +235,16 @@ def parse_line(text: str) -> LineMetrics | None:
 
 
 def parse_candidate(text: str) -> LineMetrics | None:
+    """What a line that may tell something tells; None also when it cannot be read."""
+    try:
+        return read_candidate(text)
+    except UNREADABLE:
+        return None
+
+
+def read_candidate(text: str) -> LineMetrics | None:
     if "[Concurrent Checkpoint]" in text:
-        event = parse_commit_line(text)
-        return LineMetrics(checkpoint=event) if event is not None else None
+        return read_ckptlib_line(text)
     progress = parse_trainer_dict(text) if "{'" in text else None
     if progress is None:
         progress = parse_tqdm(text)
@@ -168,14 +253,37 @@ def parse_candidate(text: str) -> LineMetrics | None:
     return LineMetrics(progress=progress) if progress is not None else None
 
 
-def candidate_lines(texts: list[str]) -> list[int]:
+def read_ckptlib_line(text: str) -> LineMetrics | None:
+    """A commit line (a checkpoint, and at least its step) or the Trainer step line; a bar
+    redrawn before it on the same line counts too."""
+    head, _, _ = text.partition("[Concurrent Checkpoint]")
+    bar = parse_tqdm(head) if head else None
+    event = checked_commit(parse_commit_line(text))
+    if event is not None:
+        return LineMetrics(progress=bar, checkpoint=event)
+    step = TRAINER_STEP.search(text)
+    if step is None:
+        return LineMetrics(progress=bar) if bar is not None else None
+    told = Progress(step=count(step.group(1)), total=count(step.group(2)), epoch=finite(step.group(3)) if step.group(3) else None)
+    if told.total is not None and told.step is not None and told.step > told.total:
+        return None
+    return LineMetrics(progress=told) if not told.empty else None
+
+
+def candidate_lines(texts: list[str], limit: int | None = None) -> list[int]:
     """Indexes of the lines that may tell progress: plain substring searches over the batch
-    joined and lower-cased (C speed), not a Python call per line."""
+    joined and lower-cased (C speed), not a Python call per line.
+
+    With ``limit``, where more lines than that may tell, an even subset of about ``limit`` of them,
+    every checkpoint line and the last few: the subset is taken from the keywords' positions, so
+    a batch where every line is a candidate costs a few finds per line, never a Python step per
+    line."""
     blob = "\n".join(texts)
     lowered = blob.lower()
     if len(lowered) != len(blob):  # a character whose lower case is longer: go line by line
-        return [i for i, text in enumerate(texts) if INTERESTING.search(text)]
-    positions = []
+        found = [i for i, text in enumerate(texts) if INTERESTING.search(text)]
+        return found if limit is None or len(found) <= limit else subset(found, texts, limit)
+    positions: list[int] = []
     for keyword in KEYWORDS:
         at = lowered.find(keyword)
         while at != -1:
@@ -183,8 +291,32 @@ def candidate_lines(texts: list[str]) -> list[int]:
             at = lowered.find(keyword, at + 1)
     if not positions:
         return []
-    starts = list(accumulate((len(t) + 1 for t in texts[:-1]), initial=0))
-    return sorted({bisect_right(starts, at) - 1 for at in positions})
+    starts = list(accumulate(map((1).__add__, map(len, texts[:-1])), initial=0))  # each line and its newline
+    if limit is not None and len(positions) > 2 * limit:
+        positions.sort()
+        stride = len(positions) / (2 * limit)
+        sample = [positions[int(i * stride)] for i in range(2 * limit)] + positions[-10:]
+        lines = {bisect_right(starts, at) - 1 for at in sample}
+        at = lowered.find(CHECKPOINT_MARK)
+        while at != -1:
+            lines.add(bisect_right(starts, at) - 1)
+            at = lowered.find(CHECKPOINT_MARK, at + 1)
+        return subset(sorted(lines), texts, limit)
+    found = sorted({bisect_right(starts, at) - 1 for at in positions})
+    return found if limit is None or len(found) <= limit else subset(found, texts, limit)
+
+
+CHECKPOINT_MARK = "[concurrent checkpoint]"
+
+
+def subset(candidates: list[int], texts: list[str], limit: int) -> list[int]:
+    """An even subset of ``limit`` candidates, every checkpoint line and the last five."""
+    if len(candidates) <= limit:
+        return candidates
+    stride = len(candidates) / limit
+    keep = {candidates[int(i * stride)] for i in range(limit)} | set(candidates[-5:])
+    keep |= {i for i in candidates if "[Concurrent Checkpoint]" in texts[i]}
+    return sorted(keep)
 
 
 # Past this many candidate lines in one batch, only an even subset of them (and every
@@ -200,13 +332,7 @@ def parse_lines(lines: Sequence[tuple[datetime, str]]) -> list[tuple[datetime, L
         return []
     texts = [text for _, text in lines]
     found = []
-    candidates = candidate_lines(texts)
-    if len(candidates) > MAX_PARSED_PER_BATCH:
-        stride = len(candidates) / MAX_PARSED_PER_BATCH
-        keep = {candidates[int(i * stride)] for i in range(MAX_PARSED_PER_BATCH)} | set(candidates[-5:])
-        keep |= {i for i in candidates if "[Concurrent Checkpoint]" in texts[i]}
-        candidates = sorted(keep)
-    for index in candidates:
+    for index in candidate_lines(texts, MAX_PARSED_PER_BATCH):
         if INTERESTING.search(texts[index]) and (parsed := parse_candidate(texts[index])) is not None:
             found.append((lines[index][0], parsed))
     return found
@@ -225,11 +351,19 @@ def fold(parsed: Iterable[tuple[datetime, LineMetrics]], *, start: Progress | No
     batch = BatchMetrics(progress=start or Progress())
     samples: dict[int, MetricSample] = {}
     for ts, found in parsed:
+        told = found.progress
         if found.checkpoint is not None:
             batch.checkpoints.append((found.checkpoint, ts))
             batch.changed = True
+            # The step a checkpoint saved was reached; a commit that lands late never moves the step back.
+            known = (told.step if told is not None else None) or batch.progress.step
+            if known is None or found.checkpoint.step > known:
+                told = (told or Progress()).merged(Progress(step=found.checkpoint.step))
+            if told is None:
+                continue
+            before = batch.progress
+            batch.progress = before.merged(told)
             continue
-        told = found.progress
         assert told is not None
         before = batch.progress
         batch.progress = before.merged(told)

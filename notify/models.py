@@ -90,6 +90,7 @@ class Delivery(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        verbose_name_plural = "deliveries"
         constraints = [models.UniqueConstraint(fields=["subscription", "event"], name="delivery_once_per_event")]
         indexes = [models.Index(fields=["state", "next_try_at"], name="delivery_due")]
 

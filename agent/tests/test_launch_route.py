@@ -107,10 +107,10 @@ def test_the_reconcile_puts_placed_ranks_not_started_into_the_inbox(nodes, make_
 
 
 def test_the_runner_pid_and_resume_step_are_reported_and_the_control_plane_records_them(nodes, make_job, monkeypatch, settings):
-    from agent import launch
+    from agent import launch, resume
 
     settings.JOB_SANDBOX = "on"  # the (simulated) pull reports the image's digest
-    monkeypatch.setattr(launch, "latest_checkpoint_step", lambda location: 42)
+    monkeypatch.setattr(launch, "resume_point", lambda job, location, contained: resume.ResumePoint(42, "/job/work/results/concurrent_checkpoint"))
     reported: list[dict] = []
     real = runs.part_started
     monkeypatch.setattr(runs, "part_started", lambda part, **facts: reported.append(facts) or real(part, **facts))

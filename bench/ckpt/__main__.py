@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 _WIDTH = 4096
@@ -64,6 +64,8 @@ class RunFigures:
     persist_bytes: list[int]
     peak_rss_bytes: int
     checkpoints: int
+    # Seconds inside each save call (blocking_s also counts the hooks' waits after it).
+    save_call_s: list[float] = field(default_factory=list)
 
 
 def _build(size_gb: float, seed: int = 0):  # noqa: ANN202
@@ -83,9 +85,7 @@ def _build(size_gb: float, seed: int = 0):  # noqa: ANN202
 
 def _state_bytes(model, optimizer) -> int:  # noqa: ANN001
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    moments = sum(
-        t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if hasattr(t, "numel")
-    )
+    moments = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if hasattr(t, "numel"))
     return params + moments
 
 
@@ -108,7 +108,9 @@ def _window_means(step_times: list[float], every: int) -> tuple[float, float]:
     return _mean(with_ckpt), _mean(without)
 
 
-def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int, out: Path) -> RunFigures:
+def _worker(
+    variant: str, *, size_gb: float, steps: int, every: int, batch: int, out: Path, copy_mode: str | None = None
+) -> RunFigures:
     import torch
 
     model, optimizer, scheduler = _build(size_gb)
@@ -116,9 +118,10 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
     blocking: list[float] = []
     persist: list[float] = []
     persist_bytes: list[int] = []
-    save = _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb)
+    save = _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb, copy_mode)
     step_times = []
     save_steps = []
+    save_call: list[float] = []
     for step in range(1, steps + 1):
         began = time.perf_counter()
         loss = model(inputs).pow(2).mean()
@@ -127,7 +130,9 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
         optimizer.zero_grad(set_to_none=False)
         scheduler.step()
         if _saves_at(step, every):
+            called = time.perf_counter()
             save(step)
+            save_call.append(time.perf_counter() - called)
             save_steps.append(step)
         step_times.append(time.perf_counter() - began)
     finish = getattr(save, "finish", None)
@@ -146,10 +151,11 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
         persist_bytes=persist_bytes,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         checkpoints=len(blocking),
+        save_call_s=save_call,
     )
 
 
-def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb):  # noqa: ANN001, ANN202, PLR0913
+def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb, copy_mode=None):  # noqa: ANN001, ANN202, PLR0913
 
     if variant == "none":
         return lambda step: None
@@ -157,7 +163,9 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
     if variant == "ckptlib":
         import ckptlib
 
-        engine = ckptlib.CheckpointEngine(output_dir=out, host_cache_size=size_gb * 1.05, handle_signals=False)
+        # copy_mode only where asked (bench.ckpt.compare): an earlier ckptlib may not have it.
+        modes = {} if copy_mode is None else {"copy_mode": copy_mode}
+        engine = ckptlib.CheckpointEngine(output_dir=out, host_cache_size=size_gb * 1.05, handle_signals=False, **modes)
         engine.on_commit.append(lambda r: (persist.append(r.persist_s), persist_bytes.append(r.bytes)))
 
         def save(step: int) -> None:
@@ -208,9 +216,7 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
             blocking.append(time.perf_counter() - began)
             step_bytes = _state_bytes(model, optimizer)
             # Persisted when the future completes, not when the next save looks at it.
-            future.add_done_callback(
-                lambda _f: (persist.append(time.perf_counter() - began), persist_bytes.append(step_bytes))
-            )
+            future.add_done_callback(lambda _f: (persist.append(time.perf_counter() - began), persist_bytes.append(step_bytes)))
             pending.append(future)
 
         def finish() -> None:
@@ -283,11 +289,17 @@ def _run_variant(variant: str, options: argparse.Namespace, workdir: Path) -> Ru
         # As the console runs every job: torch allocates large CPU tensors page-aligned (and on
         # huge pages), which lets ckptlib write them straight from memory.
         env["THP_MEM_ALLOC_ENABLE"] = "1"
-    completed = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    return _worker_figures(command, env, out, f"variant {variant}")
+
+
+def _worker_figures(command: list[str], env: dict[str, str], out: Path, what: str, cwd: Path | None = None) -> RunFigures:
+    """Runs one worker process, removes its output directory and returns the figures of its last
+    JSON line; exits naming ``what`` if it failed."""
+    completed = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=cwd)
     shutil.rmtree(out, ignore_errors=True)
     if completed.returncode != 0:
         sys.stderr.write(completed.stderr[-4000:])
-        raise SystemExit(f"variant {variant} failed ({completed.returncode})")
+        raise SystemExit(f"{what} failed ({completed.returncode})")
     line = [row for row in completed.stdout.splitlines() if row.startswith("{")][-1]
     return RunFigures(**json.loads(line))
 
@@ -297,7 +309,10 @@ def _mean(values: list[float]) -> float:
 
 
 def _throughput(run: RunFigures) -> float:
-    return _mean([b / s for b, s in zip(run.persist_bytes, run.persist_s, strict=False) if s > 0])
+    """Bytes over seconds of all the run's checkpoints (not a mean of per-save rates, which a
+    few short saves would pull up)."""
+    seconds = sum(run.persist_s)
+    return sum(run.persist_bytes[: len(run.persist_s)]) / seconds if seconds > 0 else float("nan")
 
 
 def _paired_overhead(group: list[RunFigures], every: int) -> tuple[float, list[float]]:
@@ -332,7 +347,7 @@ def _report(runs: dict[str, list[RunFigures]], raw_bw: float, options: argparse.
             f"THP_MEM_ALLOC_ENABLE: {'0' if options.no_thp else '1'}  allocator: {options.allocator}"
         ),
         (
-            f"raw sequential write bandwidth (create+write+fsync, direct I/O, mean of {2 * options.rounds} samples "
+            f"raw sequential write bandwidth (create+write+fsync, direct I/O, over {2 * options.rounds} samples "
             f"taken before each ckptlib run, unlink not timed): {raw_bw / 1e6:.0f} MB/s"
         ),
         "",
@@ -408,18 +423,35 @@ def main(argv: list[str] | None = None) -> int:
         help="glibc, or a malloc library to preload (default: jemalloc where installed, else glibc)",
     )  # fmt: skip
     parser.add_argument("--dir", default=None, help="where checkpoints are written (default: a temp dir)")
+    parser.add_argument(
+        "--persist-saves", type=int, default=4,
+        help="saves in the persist-vs-raw section, each between two raw samples (default 4; 0 skips it)",
+    )  # fmt: skip
+    parser.add_argument("--persist-only", action="store_true", help="only the persist-vs-raw section (bench/ckpt/_persist.py)")
     parser.add_argument("--worker", choices=_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    # bench.ckpt.compare: the ckptlib package of another tree (an earlier commit), and a copy mode.
+    parser.add_argument("--ckptlib-from", help=argparse.SUPPRESS)
+    parser.add_argument("--copy-mode", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
 
     if options.worker:
+        if options.ckptlib_from:
+            sys.path.insert(0, options.ckptlib_from)
         figures = _worker(
             options.worker, size_gb=options.size_gb, steps=_steps(options.every, options.cycles), every=options.every,
-            batch=options.batch, out=Path(options.out),
+            batch=options.batch, out=Path(options.out), copy_mode=options.copy_mode,
         )  # fmt: skip
         print(json.dumps(asdict(figures)), flush=True)
         return 0
 
+    if options.persist_only or options.persist_saves > 0:
+        from bench.ckpt._persist import measure
+
+        persist_figures = measure(options.size_gb, max(1, options.persist_saves), Path(options.dir) if options.dir else None)
+        print(persist_figures.report(), flush=True)
+        if options.persist_only:
+            return 0
     if options.allocator is None:
         options.allocator = ctypes.util.find_library("jemalloc") or "glibc"
     workdir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=options.dir))
@@ -438,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs[variant].append(_run_variant(variant, options, workdir))
                 print(f"{variant}: done in {time.perf_counter() - began:.0f}s", flush=True)
         print()
-        print(_report(runs, _mean(raw_samples), options))
+        # Bytes over seconds of all samples (each of the same size): their harmonic mean.
+        raw_rate = len(raw_samples) / sum(1 / sample for sample in raw_samples)
+        print(_report(runs, raw_rate, options))
         print(f"raw write+fsync samples (MB/s): {_spread(raw_samples, 1e6)}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

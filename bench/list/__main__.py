@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.list [--jobs 10000] [--requests 30]
 
-Builds a throw-away SQLite console, fills it with jobs of one owner (plus other users' jobs the
+The pager's count stops at 10,000 (``console.paging``); the last line times the exact COUNT
+against that capped one, and the first page's query, at both sizes. Builds a throw-away SQLite console, fills it with jobs of one owner (plus other users' jobs the
 owner must not see), and times requests through Django's full request path (middleware, auth,
 templates / serializers) with the test client: server time per request (median, p95) and queries
 per request, for page sizes 20, 50 and 100. Baseline in the same run: the same requests against a
@@ -16,6 +17,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 
 def setup_django(directory: str) -> None:
@@ -57,8 +59,8 @@ def fill(count: int, prefix: str):
                     command="python train.py",
                     gpus_per_node=1 + i % 8,
                     status=statuses[i % len(statuses)],
-                    created_at=now - timezone.timedelta(seconds=i),
-                    started_at=now - timezone.timedelta(seconds=i) if i % 3 else None,
+                    created_at=now - timedelta(seconds=i),
+                    started_at=now - timedelta(seconds=i) if i % 3 else None,
                     failover_count=i % 4,
                 )
             )
@@ -81,6 +83,30 @@ def measure(client, url: str, requests: int) -> tuple[float, float, int]:
         queries.append(len(ctx.captured_queries))
     times.sort()
     return statistics.median(times) * 1000, times[int(0.95 * (len(times) - 1))] * 1000, max(queries)
+
+
+def count_figures(big, small, requests: int) -> str:
+    """The pager's count (what grew with the table): the exact COUNT against the capped one the
+    list uses (console.paging), and the page's own query, each at both table sizes."""
+    from console.paging import capped_count
+    from jobs.models import TrainingJob
+
+    def median_ms(fn) -> float:
+        samples = []
+        for _ in range(requests):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        return statistics.median(samples) * 1000
+
+    rows = []
+    for label, user in (("jobs", big), ("baseline", small)):
+        jobs = TrainingJob.objects.visible_to(user).order_by("-created_at", "-id")
+        rows.append(
+            f"{label}: exact count {median_ms(jobs.count):.1f} ms, capped count {median_ms(lambda: capped_count(jobs)):.1f} ms, "
+            f"first page query {median_ms(lambda: list(jobs[:20])):.1f} ms"
+        )
+    return "pager count (median): " + "; ".join(rows)
 
 
 def main() -> int:
@@ -109,6 +135,7 @@ def main() -> int:
                 (med, p95, q), (bmed, _bp95, bq) = results
                 queries_seen.setdefault(label, set()).add(q)
                 print(f"{label:<34}{size:>5}{med:>11.1f}{p95:>9.1f}{q:>9}{bmed:>10.1f}{med / bmed:>7.2f}{bq:>8}")
+        print(count_figures(big, small, args.requests))
         flat = all(len(v) == 1 for v in queries_seen.values())
         print(f"queries per request constant across page sizes: {'PASS' if flat else 'FAIL'} {dict((k, sorted(v)) for k, v in queries_seen.items())}")
     return 0 if flat else 1

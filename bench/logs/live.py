@@ -216,3 +216,32 @@ def run_live(console, *, jobs: int, viewers_per_job: int, rate: float, seconds: 
         stored[job_id] = page["lines"][-1]["seq"] if page["lines"] else 0
     res = LiveResult(jobs, viewers_per_job, rate, seconds, viewers, status, stored, wall, cpu, (t_begin, time.time()))
     return res
+
+
+def flood_command(lines: int) -> str:
+    """A job that prints ``lines`` lines of about 100 characters as fast as it can."""
+    return (
+        "python -c \"import sys\n"
+        "w = sys.stdout.write\n"
+        f"for i in range({lines}): w('flood %d step %d | loss 1.2345 | lr 3.00e-04 | padding to about a hundred characters ....\\n' % (i, i // 10))\n"
+        "sys.stdout.flush()\""
+    )
+
+
+def run_fairness(console, *, floods: int, flood_lines: int, rate: float, seconds: float, log=print) -> tuple[LiveResult, dict]:
+    """The quiet job (``rate`` lines/s, one viewer) while ``floods`` jobs print ``flood_lines``
+    lines each: its print → WebSocket latency, and how far the floods got."""
+    flooding = []
+    for j in range(floods):
+        body = {"name": f"flood-{j:02d}", "command": flood_command(flood_lines), "gpus_per_node": 1}
+        flooding.append(console.api("POST", "/api/v1/training-jobs/", body)["id"])
+    # The quiet job starts printing 2 s after it is created: by then the floods are printing.
+    quiet = run_live(console, jobs=1, viewers_per_job=1, rate=rate, seconds=seconds, delay=2.0, tag="fair-quiet", log=log)
+    floods_state = {}
+    for job_id in flooding:
+        detail = console.api("GET", f"/api/v1/training-jobs/{job_id}/")
+        page = console.api("GET", f"/api/v1/training-jobs/{job_id}/logs/?before={2**63 - 1}&limit=1")
+        floods_state[job_id] = {"status": detail.get("status"), "stored_seq": page["lines"][-1]["seq"] if page["lines"] else 0}
+        if detail.get("status") not in ("Completed", "Failed", "Stopped"):
+            console.api("POST", f"/api/v1/training-jobs/{job_id}/stop/", {})
+    return quiet, floods_state

@@ -80,3 +80,18 @@ def test_the_documentations_trainer_under_deepspeed_saves_through_ckptlib_and_re
     assert "ENGINE DeepSpeedCheckpointEngine STEP 9" in resumed.stdout
     assert resumed.stdout.count("'loss'") == 6  # steps 4–9 only
     assert deepspeed_committed_steps(out) == [3, 6, 9]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_change_after_save_checkpoint_never_reaches_a_committed_tag(tmp_path: Path, stage: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": str(29550 + stage), "THP_MEM_ALLOC_ENABLE": "1"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "ckptlib.tests._deepspeed_inplace_child", str(tmp_path / "ds"), str(stage)],
+        capture_output=True, text=True, env=env, timeout=600, check=False, cwd=Path(ckptlib.__file__).parents[1],
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-6000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    # The first changed tag is not committed; later saves copy before returning and commit,
+    # the last one at destroy().
+    assert report["wrong"] == [] and len(report["committed"]) >= 10, report
+    assert report["latest"] == "t11", report

@@ -16,11 +16,13 @@ from typing import Any, NoReturn, Optional, ParamSpec, TypeVar
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from satrain import config
 from satrain.api import JOBS, ApiError, Client, JsonObject
 from satrain.logs import follow, read_lines
+from satrain.terminal import visible
 
 app = typer.Typer(help="The Simple AI Training console from a terminal.", no_args_is_help=True)
 jobs_app = typer.Typer(help="Training jobs: create, list, follow, stop, wait.", no_args_is_help=True)
@@ -200,11 +202,14 @@ def jobs_logs(
     attempt: Optional[int] = typer.Option(None, "--attempt", help="only this attempt's lines"),
     tail: Optional[int] = typer.Option(None, "--tail", help="start with the last N lines"),
     timestamps: bool = typer.Option(False, "--timestamps", "-t"),
+    raw: bool = typer.Option(False, "--raw", help="print lines as stored, terminal control sequences included"),
 ) -> None:
-    """A job's log; with -f, follow it over the WebSocket until the job ends."""
+    """A job's log; with -f, follow it over the WebSocket until the job ends. Control characters
+    in the log (escape sequences) are shown as \\xNN escapes unless --raw is given."""
     def emit(line: JsonObject) -> None:
         if attempt is None or line["attempt"] == attempt:
-            sys.stdout.write((f"{line['ts']} " if timestamps else "") + line["text"] + "\n")
+            text = line["text"] if raw else visible(line["text"])
+            sys.stdout.write((f"{line['ts']} " if timestamps else "") + text + "\n")
             sys.stdout.flush()
 
     api = client()
@@ -218,7 +223,7 @@ def jobs_logs(
 
     def banner(number: str, text: str) -> None:
         if attempt is None or int(number) == attempt:
-            err.print(f"[dim]── {text}[/]", highlight=False)
+            err.print(f"[dim]── {escape(visible(text))}[/]", highlight=False)
 
     def reconnect(seq: int, why: str) -> None:
         err.print(f"[yellow]{why}; reconnecting after line {seq}[/]", highlight=False)

@@ -263,3 +263,18 @@ def test_resume_of_a_completed_job_says_why_it_cannot(users, owner_cli):
     assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
     assert "no resume endpoint" not in resumed.stderr
     assert "cannot be resumed" in resumed.stderr or "no committed checkpoint" in resumed.stderr
+
+
+def test_logs_show_a_jobs_escape_sequences_as_text_unless_raw(users, owner_cli):
+    # A hyperlink (ESC]8;;url ESC\), a window title (ESC]0;… BEL), a screen clear (ESC[2J).
+    printed = "E=chr(27); S=E+chr(92); print(E+']8;;http://evil.example/'+S+'link'+E+']8;;'+S+' '+E+']0;title'+chr(7)+' '+E+'[2Jend')"
+    done = owner_cli("jobs", "create", "--name", "cli-escapes", "--gpus", "1", "--command", f'python -c "{printed}"', "-o", "json")
+    job_id = json.loads(done.stdout)["id"]
+    assert owner_cli("jobs", "wait", str(job_id), "--interval", "0.3").returncode == 0
+    stored = "\x1b]8;;http://evil.example/\x1b\\link\x1b]8;;\x1b\\ \x1b]0;title\x07 \x1b[2Jend"
+    shown = "\\x1b]8;;http://evil.example/\\x1b\\link\\x1b]8;;\\x1b\\ \\x1b]0;title\\x07 \\x1b[2Jend"
+    assert owner_cli("jobs", "logs", str(job_id), "--tail", "1").stdout == shown + "\n"
+    followed = owner_cli("jobs", "logs", str(job_id), "-f")
+    assert followed.returncode == 0 and followed.stdout.splitlines()[-1] == shown
+    assert "\x1b" not in followed.stdout and "\x07" not in followed.stdout
+    assert owner_cli("jobs", "logs", str(job_id), "--tail", "1", "--raw").stdout == stored + "\n"

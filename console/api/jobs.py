@@ -22,6 +22,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from agent.resume import resumable_step
 from console.api.serializers import (
     MAX_DB_INT,
     ORDERINGS,
@@ -36,6 +37,7 @@ from console.api.serializers import (
     ResourceSampleSerializer,
     TrainingJobSerializer,
 )
+from console.paging import capped_count
 from jobs.models import Node, TrainingJob
 from jobs.rest import JSONParser
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
@@ -43,7 +45,7 @@ from jobs.services.creation import JobRefused, clone_job, create_job
 from jobs.services.nodes import set_cordoned
 from jobs.services.samples import samples_of
 from jobs.statuses import JobStatus
-from logs.queries import last_checkpoint_step, read_log_page
+from logs.queries import read_log_page
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,10 @@ def name_taken(name: str | None) -> serializers.ValidationError:
 class ApiPagination(LimitOffsetPagination):
     # A cap keeps ``limit`` inside what the database accepts (and pages a sane size).
     max_limit = 500
+
+    def get_count(self, queryset) -> int:
+        # Exact up to 10,000; 10,001 means more (a COUNT over a whole large table costs it all).
+        return capped_count(queryset)
 
 
 JOB_ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The job's id.")
@@ -211,7 +217,7 @@ class TrainingJobViewSet(
         summary="Resume a job from its last checkpoint",
         parameters=[JOB_ID],
         description="A Stopped or `Pending - internalerror` job with a committed checkpoint goes back to Pending; "
-        "its next attempt starts with `CKPT_LAST_STEP` (the newest checkpoint in its output directory).",
+        "its next attempt starts with `CKPT_LAST_STEP` (the newest committed checkpoint in its work or output directory).",
         request=None,
         responses={
             200: TrainingJobSerializer,
@@ -223,7 +229,7 @@ class TrainingJobViewSet(
     def resume(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
         try:
-            resume_job(job, actor=request.user.get_username(), checkpoint_step=last_checkpoint_step(job.pk))
+            resume_job(job, actor=request.user.get_username(), checkpoint_step=resumable_step(job))
         except JobActionRefused as exc:
             return conflict(exc)
         return Response(self.get_serializer(self.get_object()).data)

@@ -12,8 +12,9 @@ from django.db import models
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs.job_fields import CommandError, normalize_newlines, text_refusal, validate_command, validate_env
-from jobs.models import DNS_LABEL, GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob
+from jobs.job_fields import CommandError, EnvRefused, normalize_newlines, text_refusal, validate_command, validate_env
+from jobs.models import GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob, validate_job_name
+from jobs.secret_env import MASK, SecretEnv, split_secrets
 from jobs.services.capacity import network_refusal, shape_refusal
 from jobs.services.creation import JOB_SETTINGS, personal_project_for
 from jobs.services.images import validate_reference
@@ -49,8 +50,8 @@ class EnvField(serializers.JSONField):
     def to_internal_value(self, data: Any) -> dict[str, str]:
         try:
             return validate_env(data)
-        except ValueError as exc:
-            raise serializers.ValidationError(str(exc)) from None
+        except EnvRefused as exc:
+            raise serializers.ValidationError(exc.problems) from None
 
 
 LIMITS_SCHEMA = {
@@ -93,7 +94,16 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         validators=[validate_reference],
         help_text="OCI image reference ([registry/]repository[:tag][@sha256:…]); defaults to the console's default image.",
     )
-    env = EnvField(required=False, help_text="Environment variables for the run, as NAME: value.")
+    name = TextField(validators=[validate_job_name], help_text="Lowercase DNS label (at most 63 characters), unique among your jobs.")
+    env = EnvField(
+        required=False,
+        help_text=f"Environment variables for the run, as NAME: value. Secret ones (see secret_env) read {MASK}; "
+        "names ending in _TOKEN, _KEY, _PASSWORD or _SECRET are secret wherever they are given.",
+    )
+    secret_env = EnvField(
+        required=False, write_only=True,
+        help_text=f"Secret variables for the run, as NAME: value: stored encrypted, never returned (env shows them as {MASK}).",
+    )
     max_run_minutes = serializers.IntegerField(
         min_value=1, max_value=MAX_RUN_MINUTES, required=False, allow_null=True,
         help_text="Stop the job after this many minutes of running.",
@@ -134,7 +144,6 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["status_reason", "created_at", "started_at", "finished_at", "failover_count"]
         extra_kwargs = {
-            "name": {"help_text": "Lowercase DNS label, unique among your jobs."},
             "command": {"help_text": "Launcher command, e.g. `python train.py` after VAR=value assignments."},
             "output_dir": {"help_text": "Where the training writes (checkpoints go below it): a folder in the project's data directory (a relative path is placed there) or a writable project volume; empty: the job's own."},
         }
@@ -165,7 +174,21 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError(str(exc)) from None
         return value
 
+    def to_representation(self, instance: TrainingJob) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        secrets = TrainingJob._meta.get_field("secret_env").to_python(instance.secret_env)
+        data["env"] = {**(instance.env or {}), **secrets.masked()}
+        return data
+
     def validate(self, data: dict[str, Any]) -> dict[str, Any]:
+        plain, secrets = split_secrets(data.get("env") or {}, data.get("secret_env"))
+        masked = sorted(name for name, value in secrets.items() if value == MASK)
+        if masked:
+            raise serializers.ValidationError({"secret_env": [
+                f"Give the value of {', '.join(masked)}: secrets are never returned, so {MASK} is not a value "
+                "(POST …/clone/ keeps a job's secrets)."
+            ]})
+        data["env"], data["secret_env"] = plain, SecretEnv.of(secrets)
         try:
             data.update(check_limits(data.get("cpu_limit"), data.get("memory_limit_mb")))
         except LimitRefused as exc:
@@ -198,9 +221,8 @@ class TrainingJobSerializer(serializers.ModelSerializer):
 
 class CloneRequestSerializer(serializers.Serializer):
     name = TextField(
-        max_length=63,
         required=False,
-        validators=[DNS_LABEL],
+        validators=[validate_job_name],
         help_text="Name of the new job; defaults to <name>-copy (then -copy-2, …).",
     )
 

@@ -7,7 +7,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.db import IntegrityError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -17,8 +16,10 @@ from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from agent.resume import commit_outside_storage, resumable_step, storage_names
 from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, visible_volumes_text
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
+from console.paging import COUNT_CAP, CappedPaginator
 from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
@@ -29,7 +30,7 @@ from jobs.services.samples import samples_of
 from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, TERMINAL, JobStatus
 from logs.models import Checkpoint, JobProgress
 from logs.progress import chart_points
-from logs.queries import failing_line, last_checkpoint_step, stream_tail
+from logs.queries import failing_line, stream_tail
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def safe_next(request: HttpRequest, default: str) -> str:
 def job_list(request: HttpRequest) -> HttpResponse:
     filters = JobListFilterForm(request.GET)
     jobs = filters.apply(visible_jobs(request)).select_related("progress")
-    page = Paginator(jobs, filters.per_page).get_page(request.GET.get("page"))
+    page = CappedPaginator(jobs, filters.per_page).get_page(request.GET.get("page"))
     return render(
         request,
         "jobs/job_list.html",
@@ -65,6 +66,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
             "page": page,
             "jobs": page.object_list,
             "max_failovers": settings.MAX_FAILOVERS,
+            "count_cap": COUNT_CAP,
             "group_labels": GROUP_LABELS,
             "nav": "jobs",
             "live": True,
@@ -152,7 +154,9 @@ def with_failing_lines(job: TrainingJob, attempts: list) -> list:
 
 def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: TrainingJob | None = None) -> HttpResponse:
     """The create form (blank or cloned from ``source``); a valid POST creates the job."""
-    form = TrainingJobForm(request.POST or None, owner=request.user, initial=initial)
+    form = TrainingJobForm(
+        request.POST or None, owner=request.user, initial=initial, kept_secrets=source.secret_env if source is not None and source.owner_id == request.user.pk else None
+    )
     if request.method == "POST" and form.is_valid():
         try:
             job = create_job(owner=request.user, actor=request.user.get_username(), **form.cleaned_job_fields())
@@ -211,13 +215,16 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_fix": job.status in FIXABLE,
         # "Pending - …" statuses that are final: say so, they read like waiting.
         "final_pending": job.status in TERMINAL and job.status.startswith("Pending"),
-        "resume_step": last_checkpoint_step(job.pk) if job.status in RESUMABLE else None,
+        "resume_step": resumable_step(job) if job.status in RESUMABLE else None,
         "max_failovers": settings.MAX_FAILOVERS,
         "nav": "jobs",
     }
     context["progress"] = JobProgress.objects.filter(job=job).first()
     context["output_dir"] = job.output_dir or default_output_dir(job.pk)
     context["volumes"] = volumes_of(job.project)
+    # Checkpoints the run commits where a re-placed run cannot find them: said while it runs.
+    context["checkpoints_lost"] = commit_outside_storage(job) if job.status == JobStatus.RUNNING else None
+    context["storage_names"] = storage_names(job)
     context["limits"] = limits_of(job)
     context["limits_unenforced"] = unenforced_nodes(job) if context["limits"].any else []
     if tab == "details":
@@ -256,9 +263,26 @@ def failover_timeline(job: TrainingJob) -> list[dict[str, Any]]:
     events: dict[int | None, list] = {}
     for event in job.events.order_by("created_at", "id"):
         events.setdefault(event.attempt, []).append(event)
+    resumed_in = resume_dirs(job, attempts)
     return [
-        {"attempt": attempt, "events": events.get(attempt.number, []), "health": attempt_events(attempt)} for attempt in attempts
+        {"attempt": attempt, "events": events.get(attempt.number, []), "health": attempt_events(attempt), "resume_dir": resumed_in.get(attempt.number, "")}
+        for attempt in attempts
     ]
+
+
+def resume_dirs(job: TrainingJob, attempts: list) -> dict[int, str]:
+    """Where each resumed attempt's checkpoint step was committed, as the run named it: the
+    directory of the newest earlier commit line of that step."""
+    steps = {a.resume_step for a in attempts if a.resume_step is not None}
+    if not steps:
+        return {}
+    rows = list(Checkpoint.objects.filter(job=job, step__in=steps).order_by("committed_at", "id").values_list("attempt", "step", "path")[:1000])
+    found: dict[int, str] = {}
+    for attempt in attempts:
+        paths = [path for number, step, path in rows if number < attempt.number and step == attempt.resume_step and path]
+        if paths:
+            found[attempt.number] = paths[-1].rpartition("/")[0]
+    return found
 
 
 @login_required
@@ -291,7 +315,7 @@ def job_stop(request: HttpRequest, pk: int) -> HttpResponse:
 def job_resume(request: HttpRequest, pk: int) -> HttpResponse:
     """Resume a Stopped / internalerror job from its last committed checkpoint (a new attempt)."""
     job = get_object_or_404(visible_jobs(request), pk=pk)
-    step = last_checkpoint_step(job.pk)
+    step = resumable_step(job)
     try:
         resume_job(job, actor=request.user.get_username(), checkpoint_step=step)
     except JobActionRefused as exc:

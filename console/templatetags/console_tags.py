@@ -11,6 +11,7 @@ from django.utils.html import format_html
 
 from jobs.services.limits import format_memory
 from jobs.statuses import BADGE_GROUPS
+from logs.terminal import plain_text
 
 register = template.Library()
 
@@ -63,6 +64,12 @@ def env_lines(env: dict[str, str] | None) -> list[str]:
 
 
 @register.filter
+def job_env_lines(job) -> list[str]:
+    """A job's variables as NAME=value lines, its secret ones as NAME=•••• (values never shown)."""
+    return env_lines(job.env) + env_lines(job.secret_env.masked())
+
+
+@register.filter
 def signal_name(number: int | None) -> str:
     """``SIGKILL (9)`` for a signal number."""
     if number is None:
@@ -91,6 +98,12 @@ def progress_text(progress: Any) -> str:
     if progress.lr is not None:
         parts.append(f"lr {progress.lr:.3g}")
     return " · ".join(parts) or "—"
+
+
+@register.filter
+def terminal_plain(text: str) -> str:
+    """A log line as a page shows it: no ``ESC[A`` box, no colour codes (``logs.terminal``)."""
+    return plain_text(text)
 
 
 @register.inclusion_tag("jobs/_progress.html")

@@ -379,3 +379,16 @@ def login(page, console: LiveConsole, username: str, password: str) -> None:
     page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_url(lambda url: "/login/" not in url)
+
+
+def pass_log_sockets_through(page) -> list:
+    """Routes the page's log WebSockets through to the server and returns the list each new one
+    is appended to, so that a test can close one ("the connection is lost") and read its URL."""
+    sockets: list = []
+
+    def through_to_the_server(ws) -> None:
+        ws.connect_to_server()
+        sockets.append(ws)
+
+    page.route_web_socket(re.compile(r"/ws/training-jobs/[0-9]+/logs/"), through_to_the_server)
+    return sockets

@@ -25,6 +25,7 @@ PROCESS_LEVEL = (
     "notify/tests/test_webhooks_end_to_end.py",
     "jobs/tests/test_live_across_processes.py",
     "jobs/tests/test_scaleout_live_status.py",
+    "logs/tests/test_log_flood_browser.py",
 )
 
 

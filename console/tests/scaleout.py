@@ -71,7 +71,7 @@ def free_port() -> int:
 class Cluster:
     def __init__(self, tmp: Path, pg_url: str, redis_url: str) -> None:
         self.tmp = tmp
-        self.db_name = f"scaleout_{os.getpid()}_{int(time.time())}"
+        self.db_name = f"satrain_test_scaleout_{os.getpid()}_{int(time.time())}"  # a name no deployment uses
         self.admin_url = pg_url
         base = pg_url.rsplit("/", 1)[0]
         self.env = {
@@ -178,3 +178,76 @@ class Cluster:
                 return response.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
+
+
+ENV_EXAMPLE = ROOT / "deploy" / "console.env.example"
+HONCHO = ROOT / ".venv" / "bin" / "honcho"  # the Procfile runs .venv/bin/… too
+
+
+def env_file_from_example(values: dict[str, str]) -> str:
+    """deploy/console.env.example with its values replaced from ``values`` (the keys it names), and
+    the other keys of ``values`` appended: what an operator writes to /etc/console/env."""
+    lines, named = [], set()
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        key, sep, _ = line.partition("=")
+        if sep and not line.startswith("#") and key in values:
+            line = f"{key}={values[key]}"
+            named.add(key)
+        lines.append(line)
+    lines += [f"{key}={value}" for key, value in values.items() if key not in named]
+    return "\n".join(lines) + "\n"
+
+
+class ProcfileCluster(Cluster):
+    """The cluster as docs/deployment.md starts it: an env file made from the example, the release
+    step through ``honcho run``, then ``honcho start`` of deploy/Procfile's processes, one honcho
+    for the control host's and one per node agent (NODE_NAME)."""
+
+    SETTINGS = ("DATABASE_URL", "REDIS_URL", "CONSOLE_VAR_DIR", "JOB_WORK_ROOT", "SECRET_KEY", "CONSOLE_ADMIN_PASSWORD",
+                "NODE_HEARTBEAT_TIMEOUT", "HEALTH_CHECK_INTERVAL", "SIMULATED_GPUS", "SIMULATED_GPUS_PER_NODE",
+                "STOP_GRACE_PERIOD", "LOG_LEVEL", "PYTHONUNBUFFERED")
+
+    def __init__(self, tmp: Path, pg_url: str, redis_url: str) -> None:
+        super().__init__(tmp, pg_url, redis_url)
+        values = {key: self.env[key] for key in self.SETTINGS}
+        values.update(ALLOWED_HOSTS="127.0.0.1,localhost", CSRF_TRUSTED_ORIGINS="http://127.0.0.1", CONSOLE_PUBLIC_URL="http://127.0.0.1")
+        self.env_file = tmp / "console.env"
+        self.env_file.write_text(env_file_from_example(values))
+        self.env_file.chmod(0o600)
+        # Only the honcho invocation's own variables beside the file: the scale-out settings come
+        # from the file alone, as on a host.
+        self.base_env = {k: v for k, v in os.environ.items() if k not in values and k not in ("DJANGO_SETTINGS_MODULE",)}
+
+    def honcho(self, *args: str) -> list[str]:
+        return [str(HONCHO), "--no-colour", "-e", str(self.env_file), "-f", "deploy/Procfile", "-d", ".", *args]
+
+    def start(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
+        self.sql(f'CREATE DATABASE "{self.db_name}"')
+        release = subprocess.run(self.honcho("run", ".venv/bin/python", "manage.py", "bootstrap", "--no-nodes"),
+                                 cwd=ROOT, env=self.base_env, capture_output=True, text=True)
+        assert release.returncode == 0, release.stdout + release.stderr
+        self.ports = [free_port(), free_port()]
+        self.spawn_with("control-host", self.honcho("start", "web1", "web2", "control", "notify"),
+                        WEB1_PORT=str(self.ports[0]), WEB2_PORT=str(self.ports[1]), WEB_METRICS_DIR=str(self.tmp / "prometheus"))
+        for name in ("node-a", "node-b", "node-c"):
+            self.start_agent(name)
+        for port in self.ports:
+            self.wait(lambda p=port: self.http_ok(p), f"daphne on {port}")
+
+    def start_agent(self, name: str) -> None:
+        self.spawn_with(f"agent-{name}", self.honcho("start", "nodeagent"), NODE_NAME=name)
+
+    def spawn_with(self, key: str, argv: list[str], **extra: str) -> None:
+        log = open(self.tmp / f"{key}.log", "ab")
+        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env={**self.base_env, **extra}, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+
+    def exited(self) -> list[str]:
+        """The honcho-started processes that stopped: honcho's own lines saying so, and any honcho gone."""
+        found = [key for key, proc in self.procs.items() if proc.poll() is not None]
+        for path in self.tmp.glob("*.log"):
+            found += [line for line in path.read_text(errors="replace").splitlines() if " stopped (rc=" in line or "stopped (signal" in line]
+        return found

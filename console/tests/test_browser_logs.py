@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from console.tests.browser import login, save_screenshot
+from console.tests.browser import login, pass_log_sockets_through, save_screenshot
 
 pytestmark = pytest.mark.slow
 
@@ -89,13 +89,7 @@ def test_a_running_job_shows_its_lines_live_without_a_reload(users, page):
 
 
 def test_the_viewer_reconnects_after_a_lost_connection_without_gaps_or_duplicates(users, page):
-    sockets = []
-
-    def through_to_the_server(ws):
-        ws.connect_to_server()
-        sockets.append(ws)
-
-    page.route_web_socket(re.compile(r"/ws/training-jobs/[0-9]+/logs/"), through_to_the_server)
+    sockets = pass_log_sockets_through(page)
     login(page, users, *OWNER)
     job = users.create_job(OWNER[0], "reconnects", counter(None, 0.05))
     page.goto(log_url(users, job["id"]))

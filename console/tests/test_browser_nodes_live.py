@@ -19,6 +19,7 @@ def test_an_injected_fault_shows_on_the_nodes_page_without_a_reload(users, page)
     node = sections.last.get_attribute("data-node")
     section = page.locator(f"section[data-node='{node}']")
     for name in sections.evaluate_all("all => all.map(s => s.dataset.node)"):
+        # "Healthy": the node and every GPU of it (an earlier test may have left a GPU unhealthy).
         healthy = page.locator(f"section[data-node='{name}'] [data-field='health']").inner_text().strip() == "Healthy"
         if healthy:
             assert page.locator(f"section[data-node='{name}'] [data-action='clear']").count() == 0, f"Mark healthy on healthy {name}"
@@ -33,6 +34,8 @@ def test_an_injected_fault_shows_on_the_nodes_page_without_a_reload(users, page)
 
         gpu0 = section.locator("tr[data-gpu='0']")
         wait(lambda: "Unhealthy" in gpu0.inner_text(), "GPU 0 to show Unhealthy", timeout=20)
+        # An Xid 79 takes that GPU out, not the node: its header says so.
+        wait(lambda: section.locator("[data-field='health']").inner_text().strip() == "1 GPU unhealthy", "the node's '1 GPU unhealthy'", timeout=20)
         wait(lambda: "applied" in section.locator("[data-node-region='jobs']").inner_text(), "the fault applied", timeout=10)
         assert "pending" not in section.locator("[data-node-region='jobs']").inner_text()
         assert section.locator("[data-action='clear']").inner_text().strip().startswith("Mark healthy")

@@ -108,9 +108,9 @@ def test_two_users_may_use_the_same_name(login, owner, outsider, make_job, valid
 
 INVALID = [
     ("name", "", "This field is required."),
-    ("name", "Bert_Finetune", "Use at most 63 lowercase letters, digits and '-'"),
-    ("name", "-leading-dash", "starting and ending with a letter or digit"),
-    ("name", "a" * 64, "at most 63 characters"),
+    ("name", "Bert_Finetune", "“_” at position 5 is not allowed"),
+    ("name", "-leading-dash", "Start and end with a lowercase letter or digit"),
+    ("name", "a" * 64, "It is 64 characters long; use at most 63 characters"),
     ("job_type", "Preemptible", "Select a valid choice."),
     ("image", "", "This field is required."),
     ("image", "Py Torch:1", "Use an OCI image reference"),

@@ -94,3 +94,14 @@ def test_a_teammate_reads_the_logs_of_a_shared_job(login, teammate, make_job):
     job = make_job()
     add_log_lines(job, 2)
     assert seqs(log_tab(login(teammate), job)) == [1, 2]
+
+
+def test_the_tab_without_javascript_shows_terminal_lines_without_control_sequences(login, owner, make_job):
+    from logs.models import LogLine
+
+    job = make_job()
+    add_log_lines(job, 1)
+    LogLine.objects.filter(job=job).update(text="\x1b[A{'eval_loss': 4.9}\x1b[31m red\x1b[0m")
+    html = log_tab(login(owner), job)
+    assert '<span class="log__text">{&#x27;eval_loss&#x27;: 4.9} red</span>' in html
+    assert "\x1b" not in html

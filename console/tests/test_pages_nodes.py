@@ -29,6 +29,18 @@ def test_staff_see_nodes_gpus_health_and_running_jobs(login, staff, nodes, make_
     assert html.count('name="csrfmiddlewaretoken"') >= 3 * len(nodes)
 
 
+def test_a_healthy_node_with_an_unhealthy_gpu_says_so_and_offers_mark_healthy(login, staff, nodes):
+    # Health is per GPU where the fault is (an Xid 79): the node stays placeable, its header says
+    # how many of its GPUs are out, and the operator can mark them healthy.
+    GPU.objects.filter(node__name="node-b", index=0).update(healthy=False, health_reason="Xid 79: GPU has fallen off the bus")
+    html = login(staff).get(reverse("nodes:list")).content.decode()
+    section = html.split('data-node="node-b"', 1)[1].split('data-node="', 1)[0]
+    assert '<span class="badge__text">1 GPU unhealthy</span>' in section and ">Healthy<" not in section
+    assert 'data-action="clear"' in section and "Mark healthy" in section
+    other = html.split('data-node="node-a"', 1)[1].split('data-node="', 1)[0]
+    assert ">Healthy<" in other and 'data-action="clear"' not in other
+
+
 @pytest.mark.parametrize("who", ["owner", "outsider"])
 def test_users_who_are_not_staff_may_not_open_it_or_act(request, login, nodes, who):
     client = login(request.getfixturevalue(who))

@@ -54,8 +54,8 @@ def clear_node(node: Node, *, actor: str = "operator") -> None:
         SimulatedFault.objects.filter(node=node, cleared_at__isnull=True).update(
             cleared_at=now, applied_at=Coalesce(F("applied_at"), Value(now))
         )
-        Node.objects.filter(pk=node.pk).update(healthy=True, health_reason="")
-        GPU.objects.filter(node=node).update(healthy=True, health_reason="")
+        Node.objects.filter(pk=node.pk).update(healthy=True, health_reason="", unhealthy_since=None)
+        GPU.objects.filter(node=node).update(healthy=True, health_reason="", unhealthy_since=None)
         # The kernel lines already read stay known (with when they were read), so an old Xid
         # still in the ring does not flag the repaired node again.
         NodeHealth.objects.filter(node=node).update(findings=[], checked_at=now, cleared_at=now)

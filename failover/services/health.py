@@ -27,12 +27,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from agent.plugins import AgentView
 from agent.sampling import GpuReading, use_gpu_reader
-from failover.classify import Verdict, classify_failure, parse_kernel_xids
+from failover.classify import NodeFault, Verdict, classify_failure, node_fault, parse_kernel_xids
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import HealthEvent, NodeHealth
 from failover.probes import HealthProbe, probe_for
@@ -232,7 +233,7 @@ def record_health(node: Node, report: HealthReport, kernel_log: str, gpu_by_pci:
         if data.get("kind") == FindingKind.XID and not data.get("from_kernel"):
             stored.setdefault(finding_key(data), data)
     fresh = [Finding.from_dict(d) for d in stored.values() if cleared_at is None or (seen_at(d) or now) > cleared_at]
-    verdict = classify_failure(findings=fresh, kernel_log="")
+    fault = node_fault(findings=fresh)
     with transaction.atomic():
         NodeHealth.objects.update_or_create(
             node=node,
@@ -241,19 +242,27 @@ def record_health(node: Node, report: HealthReport, kernel_log: str, gpu_by_pci:
                 "kernel_log": "\n".join(lines)[-20000:], "kernel_seen": kernel_seen,
             },
         )
-        if verdict.hardware:
-            bad_gpus = {f.gpu for f in fresh if f.gpu is not None}
-            for index in bad_gpus:
-                reasons = "; ".join(f.detail or f.kind for f in fresh if f.gpu == index)
-                GPU.objects.filter(node=node, index=index).update(healthy=False, health_reason=reasons[:300])
-            # Per node, as the service does; FAILOVER_EXCLUDE=gpu keeps the node's healthy GPUs in use
-            # when the fault names its GPUs (any node-wide finding still takes the node out).
-            node_wide = not bad_gpus or any(f.gpu is None and f.kind != FindingKind.XID for f in fresh)
-            if settings.FAILOVER_EXCLUDE != "gpu" or node_wide:
-                Node.objects.filter(pk=node.pk).update(healthy=False, health_reason=verdict.reason[:300])
-                if node.healthy:
-                    logger.warning("node %s marked unhealthy: %s", node.name, verdict.reason)
-    return verdict.hardware
+        if fault is not None:
+            mark_unhealthy(node, fault)
+    return fault is not None
+
+
+def mark_unhealthy(node: Node, fault: NodeFault, *, since: datetime | None = None) -> None:
+    """The one writer of node and GPU health from node-side evidence, scoped as the Xid table
+    (``failover.xids``, from NVIDIA's catalogue) scopes the fault: each GPU a GPU-scoped fault
+    names (an Xid whose fix is a GPU reset, a lost GPU) is marked and the node's other GPUs stay
+    placeable; the node itself only for a node's fault (a reboot, the fabric, a NIC, a finding that
+    names no GPU). Each keeps the reason and time of the fault that first marked it, until an
+    operator marks it healthy (``clear_node``). What a failed job itself avoids is the policy's
+    (``FAILOVER_EXCLUDE``), not this."""
+    at = Coalesce(F("unhealthy_since"), Value(since or timezone.now()))
+    for index in sorted(fault.gpus):
+        reason = fault.reasons.get(index) or fault.reason
+        GPU.objects.filter(node=node, index=index, healthy=True).update(healthy=False, health_reason=reason[:300], unhealthy_since=at)
+    if fault.node:
+        reason = fault.reasons.get(None) or fault.reason
+        if Node.objects.filter(pk=node.pk, healthy=True).update(healthy=False, health_reason=reason[:300], unhealthy_since=at):
+            logger.warning("node %s marked unhealthy: %s", node.name, reason)
 
 
 @dataclass(frozen=True)

@@ -29,56 +29,39 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from agent.processes import signal_run
-from failover.classify import KERNEL_SIGNATURES, parse_kernel_xids, pci_key
+from failover.classify import parse_kernel_xids
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
 from failover.probes import simulated_findings
+from failover.xids import bus_id, parse_kernel_line, xid_fatal
 from jobs.models import AttemptNode, Node
 from jobs.services import runs
 
 logger = logging.getLogger(__name__)
 
-# Xids that end the run on that GPU (NVIDIA's Xid catalogue: fallen off the bus, uncontained ECC,
-# and every Xid whose resolution is RESET_GPU or RESTART_BM; gpud marks the same "reset GPU" /
-# "reboot"). Other Xids (13, 31, 43, 48, 63, 94, ...) are judged when the run ends, not acted on.
-FATAL_XIDS = frozenset({79, 95, 62, 110, 136, 155, 156, 158, 121, 167, 169})
+# Xids that end the run on that GPU: ``failover.xids.FATAL_XIDS``, from NVIDIA's Xid catalogue
+# (RESET_GPU, RESTART_BM, RESTART_VM; NVLink5 lines the driver printed Fatal). Other Xids (13, 31,
+# 43, 48, 63, 94, a Nonfatal 149, ...) are judged when the run ends, not acted on.
 FATAL_KINDS = frozenset({FindingKind.GPU_LOST, FindingKind.RESET_REQUIRED, FindingKind.RECOVERY_ACTION})
-FATAL_KERNEL = frozenset({"fallen_off_bus", "gpu_lost"})
 KERNEL_GRACE = 5.0  # seconds before the monitor started whose kernel lines still count as news
 BACKLOG_KEPT = 2000
 FATAL_EXIT_WAIT = 10.0  # seconds a SIGKILLed run's supervisor gets to report its exit
 REPEAT_AFTER = 60.0  # the same standing condition (a GPU still lost) is stored again after this
 PRUNE_EVERY = 600.0
 _PCI = re.compile(r"\b((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]\b")
-_NIC_NAMES = (re.compile(r"\b(mlx5_\d+)\b"), re.compile(r"\bmlx5_core (\S+)"), re.compile(r"\b(ib\d+|eth\d+|en[ops]\w+)\b"))
-_KERNEL_PATTERNS = [(name, re.compile(pattern, re.IGNORECASE)) for name, pattern, _ in KERNEL_SIGNATURES] + [
-    ("pcie_uncorrectable", re.compile(r"Uncorrect(?:ed|able)", re.IGNORECASE)),
-    ("network_link_down", re.compile(r"\bmlx5_\w+\b.*link\s*(?:down|state.*down)", re.IGNORECASE)),
-    ("oom_kill", re.compile(r"Out of memory: Kill(?:ed)? process|invoked oom-killer|oom-kill:", re.IGNORECASE)),
-]
 
 
 def is_fatal(finding: Finding) -> bool:
     if finding.kind == FindingKind.XID:
-        return finding.xid in FATAL_XIDS
+        event = parse_kernel_line(finding.detail) if finding.detail else None
+        return xid_fatal(finding.xid, event.severity if event is not None else "")
     return finding.kind in FATAL_KINDS
 
 
-def nic_name(text: str) -> str:
-    """The NIC a kernel line names: the RDMA device (``mlx5_0``), else its PCI address, else the netdev."""
-    for regex in _NIC_NAMES:
-        match = regex.search(text)
-        if match:
-            return match[1].rstrip(":")[:64]
-    return ""
-
-
 def kernel_kind(text: str) -> str:
-    for name, regex in _KERNEL_PATTERNS:
-        if regex.search(text):
-            return name
-    return "kernel"
+    event = parse_kernel_line(text)
+    return event.kind if event is not None else "kernel"
 
 
 class HealthMonitor:
@@ -230,24 +213,24 @@ class HealthMonitor:
 
     def kernel_event(self, node: Node, line: KernelLine) -> HealthEvent:
         at = datetime.fromtimestamp(line.at, tz=dt_timezone.utc)
-        xids = parse_kernel_xids(line.text, self.pci.get(node.name))
-        if xids:
-            xid = xids[-1]  # "caused by previous Xid N": the named cause, else the line's own
-            fatal = any(x.xid in FATAL_XIDS for x in xids)
-            return HealthEvent(node=node, at=at, kind=FindingKind.XID, gpu=xid.gpu, xid=xids[0].xid, source=line.source,
-                               message=line.text[:500], fatal=fatal)
-        kind = kernel_kind(line.text)
-        nic = nic_name(line.text) if kind == "network_link_down" else ""
-        return HealthEvent(node=node, at=at, kind=kind, gpu=self.gpu_named(node, line.text), nic=nic, source=line.source,
-                           message=line.text[:500], fatal=kind in FATAL_KERNEL)
+        event = parse_kernel_line(line.text)
+        if event is not None and event.kind in ("xid", "sxid"):
+            found = parse_kernel_xids(line.text, self.pci.get(node.name))
+            gpu = found[0].gpu if found and event.kind == "xid" else None  # an SXid is the fabric's: node-wide
+            kind = FindingKind.XID if event.kind == "xid" else FindingKind.SXID
+            return HealthEvent(node=node, at=at, kind=kind, gpu=gpu, xid=event.code, source=line.source,
+                               message=line.text[:500], fatal=event.fatal)
+        kind = event.kind if event is not None else "kernel"
+        return HealthEvent(node=node, at=at, kind=kind, gpu=self.gpu_named(node, line.text), nic=event.nic if event else "",
+                           source=line.source, message=line.text[:500], fatal=event is not None and event.fatal)
 
     def gpu_named(self, node: Node, text: str) -> int | None:
-        """The GPU a kernel line names by PCI address (the last one that is a GPU: an AER line
-        names the port first, the device last); None for a node-wide line."""
+        """The GPU a kernel line names by PCI address, domain kept (the last one that is a GPU: an AER
+        line names the port first, the device last); None for a node-wide line."""
         by_pci = self.pci.get(node.name) or {}
         for address in reversed(_PCI.findall(text)):
-            if pci_key(address) in by_pci:
-                return by_pci[pci_key(address)]
+            if bus_id(address) in by_pci:
+                return by_pci[bus_id(address)]
         return None
 
     def new(self, event: HealthEvent) -> bool:

@@ -3,7 +3,8 @@
 Order for a run that stopped while its job was Running with failover on:
 ``Running → Pending - failoverinprogress`` (event: the exit) → gather evidence (probe the
 node, its kernel log, the run's last lines; no transaction open) → classify →
-hardware: exclude the faulty node, mark it unhealthy, count the failover and leave the job to
+hardware: exclude the faulty node for this job, mark what the node's own evidence shows broken
+(its GPU for a GPU-scoped fault, else the node: ``health.mark_unhealthy``), count the failover and leave the job to
 placement (``→ Running`` on a healthy node, resuming from its latest checkpoint); non-hardware:
 ``→ Pending - internalerror``; limit spent: ``→ Pending - maxretriesexceeded``.
 The attempt is *claimed* first (its verdict set to ``judging`` by compare-and-swap), so one fault
@@ -17,7 +18,6 @@ job*, but never marks a node unhealthy: only node-side evidence does (DESIGN.md,
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -29,9 +29,8 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from agent.local_agents import local_agents, serves_node
-from agent.processes import signal_run
-from failover.classify import Verdict, classify_failure
-from failover.services.health import ScopedEvidence, local_probe, record_health, scoped_evidence
+from failover.classify import NodeFault, Verdict, classify_failure, node_fault
+from failover.services.health import ScopedEvidence, local_probe, mark_unhealthy, record_health, scoped_evidence
 from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
@@ -140,7 +139,7 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
     parts = list(attempt.placements.select_related("node"))
     gone = lost_parts(parts)
     exclude: dict[int, list[int]] = {}  # node → GPUs excluded for this job (empty: the node)
-    unhealthy: dict[int, list[int]] = {}  # node → GPUs with node-side evidence (empty: node-wide)
+    faults: dict[int, NodeFault] = {}  # node → what its own evidence says is broken
     by_gpu = settings.FAILOVER_EXCLUDE == "gpu"
     if lost or gone:
         gone = gone or parts
@@ -160,11 +159,14 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
             log_lines=lines,
         )
         for node_id, evidence in per_node.items():
-            if evidence.judge().hardware:
-                gpus = sorted({f.gpu for f in evidence.findings + evidence.kernel_findings if f.gpu is not None})
-                unhealthy[node_id] = gpus if by_gpu else []
-        exclude = dict(unhealthy)
-        if verdict.hardware and not unhealthy:
+            # The node's own evidence alone (never an ambiguous failure upgraded by a supporting
+            # reading) marks its health, scoped as the table scopes it; the job itself is excluded
+            # from the faulty GPUs with FAILOVER_EXCLUDE=gpu (and a GPU-scoped fault), else the node.
+            fault = node_fault(evidence.findings, evidence.kernel_findings, evidence.kernel_log)
+            if fault is not None:
+                faults[node_id] = fault
+                exclude[node_id] = sorted(fault.gpus) if by_gpu and fault.gpus and not fault.node else []
+        if verdict.hardware and not faults:
             # Only the run's own output (or supporting evidence with an ambiguous failure) told:
             # its nodes are excluded for this job, and nobody else's placement changes.
             exclude = {p.node_id: list(p.gpu_indices) if by_gpu else [] for p in parts}
@@ -180,11 +182,11 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
         if not stored:
             logger.info("job %s: attempt %s was judged by another worker", job.pk, attempt.number)
             return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-        return apply_verdict(job, attempt, verdict, exclude, unhealthy)
+        return apply_verdict(job, attempt, verdict, exclude, faults)
 
 
 def apply_verdict(
-    job: TrainingJob, attempt: JobAttempt, verdict: Verdict, exclude: dict[int, list[int]], unhealthy: dict[int, list[int]]
+    job: TrainingJob, attempt: JobAttempt, verdict: Verdict, exclude: dict[int, list[int]], faults: dict[int, NodeFault]
 ) -> str:
     expected = {JobStatus.FAILOVER_IN_PROGRESS}
     if not verdict.hardware:
@@ -215,11 +217,8 @@ def apply_verdict(
             targets: list[int | None] = [*gpus] or [None]  # no GPU named: the whole node
             for gpu in targets:
                 JobExclusion.objects.get_or_create(job=job, node_id=node_id, gpu=gpu, defaults={"reason": verdict.reason[:500]})
-        for node_id, gpus in unhealthy.items():
-            if gpus:
-                GPU.objects.filter(node_id=node_id, index__in=gpus).update(healthy=False, health_reason=verdict.reason[:300])
-            else:
-                Node.objects.filter(pk=node_id, healthy=True).update(healthy=False, health_reason=verdict.reason[:300])
+        for node in Node.objects.filter(pk__in=faults):
+            mark_unhealthy(node, faults[node.pk])  # the health writer's, from the node's own evidence
         record_reason(
             job.pk,
             reason=f"hardware fault ({verdict.reason}); re-placing on a healthy node",
@@ -392,8 +391,15 @@ def end_lost_part(part: AttemptNode, *, cause: str) -> None:
 
 
 def terminate_orphan(part: AttemptNode) -> None:
-    """Where the lost node's processes are reachable from here (simulated nodes), end them."""
-    signal_run(part, signal.SIGKILL)
+    """Nothing is signalled from here: a pid read from a run's files names a process of the node it
+    ran on, not of this host (with a shared ``JOB_WORK_ROOT`` a ``killpg`` here hit whatever group
+    had that number). The part is closed (``ended_at``) without an exit, which is the record that
+    the run must end: the node's own agent, beating again, ends it and delivers the lines it
+    printed meanwhile (``NodeAgent.stop_strays``)."""
+    logger.warning(
+        "job %s: attempt %s rank %s on a lost node is left to its node's agent to end when it returns",
+        part.attempt.job_id, part.attempt.number, part.rank,
+    )
 
 
 def control_round() -> float | None:

@@ -11,12 +11,12 @@ from failover.classify import (
     FINDING_RULES,
     HARDWARE_PRIORITY,
     NON_HARDWARE_SIGNATURES,
-    XID_RULES,
     Verdict,
     classify_failure,
     parse_kernel_xids,
 )
 from failover.evidence import Finding, FindingKind
+from failover.xids import XIDS
 
 README = Path(__file__).resolve().parents[2] / "docs" / "failover.md"
 
@@ -29,8 +29,8 @@ def xid(code: int, gpu: int | None = 0, detail: str = "") -> Finding:
     return Finding(kind=FindingKind.XID, xid=code, gpu=gpu, detail=detail)
 
 
-HARDWARE_XIDS = [code for code, cls, _ in XID_RULES if cls == "hardware"]
-APPLICATION_XIDS = [code for code, cls, _ in XID_RULES if cls == "application"]
+HARDWARE_XIDS = [code for code, rule in XIDS.items() if rule.cls == "hardware"]
+APPLICATION_XIDS = [code for code, rule in XIDS.items() if rule.cls == "application"]
 
 
 # --- Xid table -----------------------------------------------------------------------------------
@@ -110,12 +110,16 @@ def test_xid_63_with_a_pending_remap_is_not_hardware():
     assert not verdict.hardware and "no failed remap" in verdict.reason
 
 
-def test_xid_109_alone_is_the_applications():
+def test_xid_109_is_a_gpu_reset_as_the_catalogue_says():
     verdict = classify_failure(kernel_log=xid_line(109, "Ch 00000008, errorString CTX SWITCH TIMEOUT"))
-    assert not verdict.hardware and "application-class" in verdict.reason
+    assert verdict.hardware and verdict.reason.startswith("Xid 109 on PCI 0000:3b:00: context-switch timeout")
 
 
-@pytest.mark.parametrize("code", [62, 110, 136, 155, 156, 158, 121, 167, 169])
+def test_xid_121_a_corrected_c2c_error_is_no_evidence():
+    assert not classify_failure(exit_code=1, kernel_log=xid_line(121, "C2C link corrected error")).hardware
+
+
+@pytest.mark.parametrize("code", [46, 62, 64, 109, 110, 119, 120, 136, 140, 143, 151, 155, 156, 158, 163, 166, 167, 169, 172, 173])
 def test_xids_whose_catalogued_resolution_is_a_reset_or_reboot_are_hardware(code):
     assert classify_failure(exit_code=1, kernel_log=xid_line(code)).hardware
 
@@ -129,13 +133,24 @@ def test_the_newer_recovery_actions_are_hardware(action):
 @pytest.mark.parametrize(
     "line",
     [
-        "RuntimeError: CUDA error: CUDA_ERROR_CONTAINED",
-        "torch.AcceleratorError: CUDA error: cudaErrorContained",
         "Unable to determine the device handle for GPU0000:3B:00.0: Unknown Error",
+        "RuntimeError: GPU has fallen off the bus",
     ],
 )
-def test_contained_errors_and_an_unreachable_gpu_in_the_run_log_are_hardware(line):
+def test_an_unreachable_gpu_in_the_run_log_is_hardware(line):
     assert classify_failure(exit_code=1, log_lines=[line]).hardware
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: CUDA error: CUDA_ERROR_CONTAINED",
+        "torch.AcceleratorError: CUDA error: cudaErrorContained: Invalid access of peer GPU memory over nvlink or a hardware error",
+    ],
+)
+def test_a_contained_error_is_hardware_only_with_node_evidence(line):
+    assert not classify_failure(exit_code=1, log_lines=[line]).hardware
+    assert classify_failure(exit_code=1, log_lines=[line], findings=[Finding(kind=FindingKind.PCIE_REPLAY, gpu=0, value=3)]).hardware
 
 
 @pytest.mark.parametrize(
@@ -165,7 +180,7 @@ def test_xid_154_is_hardware_unless_the_new_recovery_action_is_none():
 
 
 def test_unlisted_xids_are_not_evidence():
-    verdict = classify_failure(exit_code=1, kernel_log=xid_line(8, "channel error"))
+    verdict = classify_failure(exit_code=1, kernel_log=xid_line(1, "channel error"))  # catalogue: "Unused"
 
     assert not verdict.hardware
     assert verdict.reason == "exit code 1"
@@ -444,8 +459,8 @@ def test_log_lines_may_be_passed_as_one_string():
 
 def test_every_hardware_rule_has_a_place_in_the_priority_order():
     keys = set(HARDWARE_PRIORITY)
-    for code, cls, _ in XID_RULES:
-        assert f"xid:{code}" in keys
+    for code, rule in XIDS.items():
+        assert rule.cls == "ignore" or f"xid:{code}" in keys
     for kind, cls, _ in FINDING_RULES:
         if cls == "hardware":
             assert f"finding:{kind}" in keys
@@ -458,9 +473,9 @@ def test_the_documented_tables_list_every_rule():
     text = readme[start : end if end >= 0 else None]
     hardware_part, internal_part = text.split("### Errors judged internal errors")
 
-    for code, cls, _ in XID_RULES:
-        section = internal_part if cls == "application" else hardware_part
-        assert re.search(rf"\b{code}\b", section), f"Xid {code} missing from docs/failover.md"
+    for code, rule in XIDS.items():
+        if rule.cls != "ignore":
+            assert re.search(rf"^\| {code} \|", hardware_part, re.M), f"Xid {code} missing from docs/failover.md"
     for kind, _, _ in FINDING_RULES:
         assert f"`{kind}`" in text, f"finding kind {kind} missing from docs/failover.md"
     for name, *_ in NON_HARDWARE_SIGNATURES:

@@ -122,7 +122,7 @@ def test_an_old_xid_in_the_kernel_log_does_not_make_an_import_error_hardware(mak
     assert node.healthy
 
 
-def test_a_fault_on_the_attempts_gpu_during_the_run_is_hardware_and_marks_the_node(make_job, nodes):
+def test_a_fault_on_the_attempts_gpu_during_the_run_is_hardware_and_marks_the_gpu(make_job, nodes):
     job = make_job()
     attempt = start(job)
     node = node_of(attempt)
@@ -130,8 +130,10 @@ def test_a_fault_on_the_attempts_gpu_during_the_run_is_hardware_and_marks_the_no
     assert fail(attempt, "", exit_code=-9) == JobStatus.FAILOVER_IN_PROGRESS
     attempt.refresh_from_db()
     assert attempt.evidence["xid"] == 79 and "scope" not in attempt.evidence
+    # Xid 79 is the GPU's fault: that GPU leaves placement; the job itself avoids the whole node.
     node.refresh_from_db()
-    assert not node.healthy
+    assert node.healthy and not GPU.objects.get(node=node, index=0).healthy
+    assert JobExclusion.objects.filter(job=job, node=node, gpu=None).exists()
 
 
 def test_one_fault_is_counted_once_when_a_second_worker_judges_at_the_same_time(make_job, nodes, monkeypatch):

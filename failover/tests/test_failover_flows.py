@@ -67,8 +67,11 @@ def test_a_gpu_fault_fails_over_to_a_healthy_node_and_resumes_from_the_checkpoin
     second = node_of(job, 2)
     assert second != first
     assert JobExclusion.objects.filter(job=job, node=first).exists()
+    # Xid 79 is GPU 0's fault: it leaves placement; the node's other GPUs stay placeable for others.
     first.refresh_from_db()
-    assert not first.healthy and "79" in first.health_reason
+    assert first.healthy
+    assert list(first.gpus.filter(healthy=False).values_list("index", flat=True)) == [0]
+    assert "79" in first.gpus.get(index=0).health_reason
 
     resumed = JobAttempt.objects.get(job=job, number=2)
     assert resumed.resume_step is not None and resumed.resume_step >= 10

@@ -117,3 +117,53 @@ def test_on_a_multi_node_run_the_survivors_are_stopped_before_their_gpus_are_fre
     assert GPU.objects.filter(allocated_to=master).count() == 0
     assert attempt.verdict == "hardware" and "node-b lost" in attempt.verdict_reason
     assert job.status == JobStatus.FAILOVER_IN_PROGRESS and job.failover_count == 1
+
+
+def test_the_control_plane_never_signals_a_lost_nodes_run_from_its_own_host(make_job, nodes, settings, tmp_path):
+    """With a shared JOB_WORK_ROOT the lost node's pid.json is readable here, naming a process group
+    of that node, not of this host. Here it names a live group of this host: the sweep must close the
+    part and leave the group alone (its node's agent ends the stray when it returns)."""
+    import os
+    import subprocess
+    import time
+
+    from agent import runfiles
+    from agent.processes import run_dir
+
+    settings.JOB_WORK_ROOT = str(tmp_path / "jobs")
+    Node.objects.update(last_heartbeat=timezone.now())
+    job = make_job()
+    attempt = started(job)
+    part = AttemptNode.objects.select_related("attempt").get(attempt=attempt)
+    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        directory = run_dir(part)
+        directory.mkdir(parents=True)
+        runfiles.write_pid(directory, runfiles.PidRecord(runner_pid=bystander.pid, pgid=bystander.pid, started_at=time.time()))
+        assert runfiles.read_pid(directory).pgid == bystander.pid
+        silence(part.node.name)
+        policy.control_round()
+        part.refresh_from_db()
+        assert part.ended_at is not None and part.exit_code is None  # closed without an exit: to be ended by its agent
+        assert bystander.poll() is None, "the control plane signalled a process group read from a run's files"
+        os.kill(bystander.pid, 0)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_the_banner_after_a_lost_node_says_node_lost_once(make_job, nodes):
+    from logs.queries import attempt_banners
+
+    Node.objects.update(last_heartbeat=timezone.now())
+    job = make_job()
+    first = started(job)
+    lost_node = first.placements.get().node.name
+    silence(lost_node)
+    policy.control_round()
+    Node.objects.exclude(name=lost_node).update(last_heartbeat=timezone.now())
+    started(job)
+    banner = attempt_banners(job.pk)[2]
+    assert banner.count("lost") == 1, banner
+    assert f"after node {lost_node} lost (no heartbeat for " in banner
+    assert "GPU fault" not in banner

@@ -47,7 +47,7 @@ def resume_job(job: TrainingJob, *, actor: str, checkpoint_step: int | None) -> 
     """Resume a Stopped or ``Pending - internalerror`` job from its last committed checkpoint.
 
     The job goes back to Pending; its next attempt (number n+1) starts with ``CKPT_LAST_STEP``
-    set from the checkpoint the node finds in the output directory, as after a failover. The
+    set from the checkpoint the node finds in the job's work or output directory, as after a failover. The
     caller names the committed checkpoint step it saw (None: there is none, so nothing to resume).
     """
     if checkpoint_step is None:

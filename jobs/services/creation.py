@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 
 from jobs.job_fields import normalize_text_fields
 from jobs.models import Project, TrainingJob
+from jobs.secret_env import SecretEnv, is_secret_name
 from jobs.services.lifecycle import record_creation
 from jobs.services.messages import request_placement
 from jobs.statuses import JobStatus
@@ -51,7 +52,7 @@ def personal_project_for(user) -> Project:
 def create_job(*, owner, actor: str | None = None, **fields: Any) -> TrainingJob:
     """Create a Pending job from validated fields (the form and the API validate them); raises
     JobRefused past the per-user limit of waiting jobs."""
-    fields = normalize_text_fields(fields)
+    fields = with_secrets_apart(normalize_text_fields(fields))
     if fields.get("project") is None:
         fields["project"] = personal_project_for(owner)
     check_waiting_limit(owner)
@@ -62,6 +63,18 @@ def create_job(*, owner, actor: str | None = None, **fields: Any) -> TrainingJob
     return job
 
 
+def with_secrets_apart(fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` with every variable of ``env`` whose name is secret by default (``*_TOKEN``,
+    ``*_KEY``, ``*_PASSWORD``, ``*_SECRET``) moved to ``secret_env``; a name in both is the secret one."""
+    env = fields.get("env") or {}
+    moved = {name: value for name, value in env.items() if is_secret_name(name)}
+    secret = TrainingJob._meta.get_field("secret_env").to_python(fields.get("secret_env"))
+    if not moved and isinstance(fields.get("secret_env"), SecretEnv):
+        return fields
+    values = {**moved, **secret.reveal()}
+    return {**fields, "env": {k: v for k, v in env.items() if k not in values}, "secret_env": SecretEnv.of(values)}
+
+
 # What a user sets on a job (the form, the API and a clone carry exactly these).
 JOB_SETTINGS = (
     "project",
@@ -69,6 +82,8 @@ JOB_SETTINGS = (
     "image",
     "command",
     "env",
+    # Kept encrypted by a clone: copied without ever being shown.
+    "secret_env",
     "gpus_per_node",
     "node_count",
     "failover_enabled",
@@ -94,8 +109,12 @@ def clone_name(source: TrainingJob, owner) -> str:
 
 
 def clone_job(source: TrainingJob, *, owner, name: str | None = None) -> TrainingJob:
-    """A new Pending job with the source's settings, owned by ``owner``."""
+    """A new Pending job with the source's settings, owned by ``owner``; the source's secret
+    variables only when ``owner`` owns the source too."""
     fields = {f: getattr(source, f) for f in JOB_SETTINGS}
+    if owner.pk != source.owner_id:
+        # Another user's clone would hand them the values in a run they control.
+        fields["secret_env"] = {}
     if not source.project.members.filter(pk=owner.pk).exists() and not owner.is_staff:
         fields["project"] = personal_project_for(owner)
     for _ in range(3):

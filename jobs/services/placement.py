@@ -3,6 +3,7 @@ database for it and carries the plan out), GPU holds by compare-and-swap, image-
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter, defaultdict
 from datetime import timedelta
 
@@ -12,7 +13,7 @@ from django.db.models import F, Max, OuterRef, Q, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
+from jobs.fairshare import Capacity, HeldOut, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, Project, TrainingJob
 from jobs.services.bulk import update_each
 from jobs.services.lifecycle import record_placements, record_queue_reasons, record_reason, transition
@@ -47,24 +48,64 @@ class Placed(list):
 
 def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
     """Free GPUs of Ready, healthy, uncordoned nodes, by node name; which nodes hold off Spot;
-    and each free GPU's row id by (node, index), for the claim. Three queries whatever the
-    fleet's size: the free GPUs are read from their own table alone and kept for schedulable
-    nodes here (no list of a thousand node ids, no join whose plan rests on fresh statistics)."""
+    the free capacity of Ready, uncordoned nodes that health holds out (the waiting jobs'
+    reasons name it); and each free GPU's row id by (node, index), for the claim. Three queries
+    whatever the fleet's size: the free GPUs are read from their own table alone and kept for
+    schedulable nodes here (no list of a thousand node ids, no join whose plan rests on fresh
+    statistics)."""
     rows = list(
-        Node.objects.filter(state=Node.State.READY, healthy=True, cordoned=False).order_by("name").values_list("id", "name", "address")
+        Node.objects.order_by("name").values_list("id", "name", "address", "state", "healthy", "cordoned", "health_reason", "unhealthy_since")
     )
-    schedulable = {node_id for node_id, _, _ in rows}
+    names = {node_id: name for node_id, name, *_ in rows}
+    usable = {row[0]: row for row in rows if row[3] == Node.State.READY and not row[5]}
+    schedulable = {node_id for node_id, row in usable.items() if row[4]}
     free: dict[int, list[int]] = defaultdict(list)
+    held: dict[int, list[tuple[int, str, object]]] = defaultdict(list)  # node → its free unhealthy GPUs
     gpu_ids: dict[tuple[int, int], int] = {}
-    for gpu_id, node_id, index in GPU.objects.filter(allocated_to__isnull=True, healthy=True).order_by("index").values_list("id", "node_id", "index"):
-        if node_id in schedulable:
+    for gpu_id, node_id, index, healthy, reason, since in (
+        GPU.objects.filter(allocated_to__isnull=True).order_by("index").values_list("id", "node_id", "index", "healthy", "health_reason", "unhealthy_since")
+    ):
+        if node_id in schedulable and healthy:
             free[node_id].append(index)
             gpu_ids[(node_id, index)] = gpu_id
+        elif node_id in usable:
+            held[node_id].append((index, reason, since))
+    held_out: list[HeldOut] = []
+    for node_id, (_, name, _, _, healthy, _, reason, since) in usable.items():
+        if not healthy:
+            gpus = tuple(sorted(i for i, *_ in held[node_id]))
+            held_out.append(HeldOut(node_id, name, gpus, True, short_cause(reason), when(since)))
+            continue
+        by_fault: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for index, gpu_reason, gpu_since in held[node_id]:
+            by_fault[(short_cause(gpu_reason), when(gpu_since))].append(index)
+        held_out += [HeldOut(node_id, name, tuple(g), False, cause, at) for (cause, at), g in by_fault.items()]
     spot_held = frozenset(Node.objects.filter(spot_reclaimed_until__gt=now).values_list("id", flat=True))
     capacity = Capacity(
-        nodes=[(n, name) for n, name, _ in rows], free=dict(free), spot_held=spot_held, addresses={n: a for n, _, a in rows}
+        nodes=[(n, names[n]) for n in names if n in schedulable], free=dict(free), spot_held=spot_held,
+        addresses={n: row[2] for n, row in usable.items() if n in schedulable}, held_out=tuple(held_out), names=names,
     )
     return capacity, gpu_ids
+
+
+_CAUSE = re.compile(r"\b(S?Xid \d+)")
+
+
+def short_cause(reason: str) -> str:
+    """What a health reason names first, briefly: "Xid 79" for "Xid 79 on GPU 0: GPU has fallen
+    off the bus", the words before a GPU or a colon otherwise."""
+    found = _CAUSE.search(reason or "")
+    if found:
+        return found.group(1)
+    return re.split(r" on GPU|:", reason or "", maxsplit=1)[0].strip()[:80]
+
+
+def when(moment) -> str:
+    """A time as the console shows it in a reason: "18:20" today, "Dec 01 18:20" before ("": not known)."""
+    if moment is None:
+        return ""
+    local = timezone.localtime(moment)
+    return local.strftime("%H:%M" if local.date() == timezone.localdate() else "%b %d %H:%M")
 
 
 # What a round reads of a waiting job (a placed one is read again in full when held).

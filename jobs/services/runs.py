@@ -151,8 +151,12 @@ def run_started(attempt: JobAttempt) -> bool:
     evidence: dict = {}
     if previous is not None and (previous.verdict == "hardware" or previous.reclaimed):
         nodes = ", ".join(previous.placements.values_list("node__name", flat=True))
-        what = yield_text(previous) if previous.reclaimed else f"a GPU fault: {previous.verdict_reason}"
-        reason = f"attempt {attempt.number} on {placement_text(attempt)} after {what} on {nodes}"
+        if previous.evidence.get("source") == "heartbeat" and previous.cause:
+            # A lost node, said once: "after node node-a lost (no heartbeat for 90s)".
+            reason = f"attempt {attempt.number} on {placement_text(attempt)} after {previous.cause}"
+        else:
+            what = yield_text(previous) if previous.reclaimed else f"a GPU fault: {previous.verdict_reason}"
+            reason = f"attempt {attempt.number} on {placement_text(attempt)} after {what} on {nodes}"
         evidence = {"previous_attempt": previous.number, **previous.evidence}
     if attempt.resume_step is not None:
         reason += f"; resuming from checkpoint step {attempt.resume_step}"

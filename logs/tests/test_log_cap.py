@@ -39,7 +39,8 @@ def test_a_job_past_its_log_cap_keeps_running_and_its_log_ends_with_the_marker(m
     from jobs.models import AttemptNode
 
     records = (run_dir(AttemptNode.objects.get(attempt__job=job)) / runfiles.OUTPUT_FILE).read_text().splitlines()
-    assert len(records) == 1000 + preamble + 1
+    assert len(records) == 1000 + preamble + 2
+    assert json.loads(records[-2])["s"].startswith("[console] this run's output reached the log cap of 1,000 lines")
     assert json.loads(records[-1]) | {"t": 0} == {
         "n": 3000 + preamble, "t": 0, "s": "[console] 2,000 lines of this run past the log cap of 1,000 were counted, not kept"
     }

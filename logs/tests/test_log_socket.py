@@ -255,3 +255,42 @@ async def test_a_removed_members_socket_closes_with_4403(running_job, owner, tea
         if output["type"] == "websocket.close":
             break
     assert output["code"] == 4403
+
+
+async def test_a_live_message_lost_on_its_way_is_filled_from_the_database(running_job, owner, monkeypatch):
+    """A channel layer drops a group message to a full channel without a word: the socket sees
+    the gap in the seqs and sends the missing lines from the database, each once and in order."""
+    import logs.services
+
+    await database_sync_to_async(add_lines)(running_job.pk, ["one", "two"])
+    ws = await connect(running_job.pk, owner, "stream=master&after=0")
+    await receive_until(ws, "lines")
+    real_publish = logs.services.publish
+    dropped = []
+    monkeypatch.setattr(logs.services, "publish", lambda group, payload: dropped.append(payload))
+    await database_sync_to_async(add_lines)(running_job.pk, [f"lost {i}" for i in range(3000)], start=3)
+    monkeypatch.setattr(logs.services, "publish", real_publish)
+    assert len(dropped) == 1
+    await database_sync_to_async(add_lines)(running_job.pk, ["after the loss"], start=3003)
+    received: list[dict] = []
+    while len(texts_of(received)) < 3001:
+        received.append(await ws.receive_json_from(timeout=3))
+    seqs = [line["seq"] for m in received if m["type"] == "lines" for line in m["lines"]]
+    assert seqs == list(range(3, 3004))
+    assert texts_of(received)[-1] == "after the loss"
+    await ws.disconnect()
+
+
+async def test_end_comes_after_every_stored_line(running_job, owner, monkeypatch):
+    """Lines stored but never published (lost on the way) still arrive before ``end``."""
+    import logs.services
+
+    ws = await connect(running_job.pk, owner, "stream=master&after=0")
+    await receive_until(ws, "lines")
+    monkeypatch.setattr(logs.services, "publish", lambda group, payload: None)
+    await database_sync_to_async(add_lines)(running_job.pk, [f"tail {i}" for i in range(4500)])
+    monkeypatch.undo()
+    await database_sync_to_async(transition)(running_job.pk, JobStatus.COMPLETED)
+    messages = await receive_until(ws, "end", timeout=5)
+    assert texts_of(messages) == [f"tail {i}" for i in range(4500)]
+    await ws.disconnect()

@@ -122,8 +122,9 @@ def test_a_failover_and_the_jobs_end_are_notified_to_a_job_subscription(live_con
     placement = live_console.attempts(job["id"])[0]["placements"][0]
     try:
         live_console.inject_fault(placement["node"], gpu=placement["gpu_indices"][0], xid=79)
-        live_console.wait_for_job(job["id"], "Running", timeout=90)
-        wait(lambda: live_console.job(job["id"])["failover_count"] == 1, "the failover counted")
+        # Running again after the failover (the first wait alone can see the Running before it).
+        wait(lambda: (lambda j: j["failover_count"] == 1 and j["status"] == "Running")(live_console.job(job["id"])),
+             "the failover counted and the job Running again", timeout=90)
         live_console.api("POST", f"/api/v1/training-jobs/{job['id']}/stop/", user="hook-failover")
         live_console.wait_for_job(job["id"], "Stopped", timeout=60)
         wait(lambda: len(receiver.at("/job/")) >= 2, "two notifications", timeout=30)

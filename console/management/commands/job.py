@@ -13,9 +13,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from agent.resume import resumable_step
 from jobs.models import TrainingJob
 from jobs.services.actions import JobActionRefused, request_stop, resume_job
-from logs.queries import last_checkpoint_step
 
 
 def job_id(raw: str) -> int:
@@ -57,7 +57,7 @@ class Command(BaseCommand):
                 status = request_stop(job, actor=operator(), reason=reason)
                 self.stdout.write(f"Job {job.pk} ({job.name}) is {status}.")
             elif action == "resume":
-                step = last_checkpoint_step(job.pk)
+                step = resumable_step(job)
                 resume_job(job, actor=operator(), checkpoint_step=step)
                 self.stdout.write(f"Job {job.pk} ({job.name}) resumes from checkpoint step {step}; it is Pending.")
             else:
@@ -81,7 +81,7 @@ class Command(BaseCommand):
             "created": job.created_at.isoformat(),
             "started": job.started_at.isoformat() if job.started_at else None,
             "finished": job.finished_at.isoformat() if job.finished_at else None,
-            "last_checkpoint_step": last_checkpoint_step(job.pk),
+            "last_checkpoint_step": resumable_step(job),
         }
         history: list[dict[str, Any]] = [
             {"at": e.created_at.isoformat(), "from": e.from_status, "to": e.to_status, "reason": e.reason, "attempt": e.attempt, "actor": e.actor}

@@ -74,3 +74,16 @@ export function sizeText(bytes) {
   while (value >= 1024 && unit < units.length - 1) { value /= 1024; unit += 1; }
   return unit === 0 ? bytes + " bytes" : value.toFixed(1) + "\u00a0" + units[unit];
 }
+
+// A log line as a page shows it: terminal control sequences out, their text kept (logs/terminal.py's
+// plain_text, the same four patterns): tqdm's ESC[A, colours, titles, hyperlinks' targets, controls.
+const TERMINAL_SEQUENCES = new RegExp([
+  "(?:\\u001b\\[|\\u009b)[\\u0030-\\u003f]*[\\u0020-\\u002f]*[\\u0040-\\u007e]",
+  "(?:\\u001b[\\]PX^_]|[\\u0090\\u0098\\u009d\\u009e\\u009f])[^\\u0007\\u001b\\u009c]*(?:\\u0007|\\u001b\\\\|\\u009c)",
+  "\\u001b(?![\\[\\]PX^_])[\\u0020-\\u002f]*[\\u0030-\\u007e]",
+  "[\\u0000-\\u0008\\u000b-\\u001f\\u007f-\\u009f]",
+].join("|"), "g");
+
+export function plainText(text) {
+  return text.replace(TERMINAL_SEQUENCES, "");
+}

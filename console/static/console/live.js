@@ -75,6 +75,19 @@ function setBadge(badge, job) {
   setText(badge.querySelector(".badge__text"), job.status);
 }
 
+// A "created" or "resumes" message says the job's status live: it turns red or amber with it, so
+// a green banner never sits above "It is Pending - internalerror".
+const MESSAGE_TONES = { error: ["error", "alert"], warning: ["warning", "alert"], failover: ["warning", "refresh"] };
+
+function toneMessage(message, job) {
+  if (!message) { return; }
+  const [tone, icon] = MESSAGE_TONES[job.badge] || ["success", "check"];
+  message.className = "message message--" + tone;
+  message.setAttribute("data-tone", tone);
+  const use = message.querySelector("use");
+  if (use) { use.setAttribute("href", "#icon-" + icon); }
+}
+
 function setTimes(el, job) {
   if (job.started_at) { el.setAttribute("data-started-at", job.started_at); } else { el.removeAttribute("data-started-at"); }
   if (job.finished_at) { el.setAttribute("data-finished-at", job.finished_at); } else { el.removeAttribute("data-finished-at"); }
@@ -125,7 +138,7 @@ function applyJob(job) {
       el.setAttribute("title", job.reason);
       if (el.tagName === "DIV") { el.hidden = !job.reason; }
     });
-    each(scope, '[data-field="status_text"]', (el) => { setText(el, job.status); });
+    each(scope, '[data-field="status_text"]', (el) => { setText(el, job.status); toneMessage(el.closest(".message"), job); });
     each(scope, '[data-field="failover_count"]', (el) => { setText(el, job.failover_count + "/" + job.max_failovers); });
     each(scope, '[data-field="running_time"]', (el) => { setTimes(el, job); });
     each(scope, '[data-field="started_at"]', (el) => { setTimeField(el, job.started_at); });
@@ -180,6 +193,21 @@ function addCheckpoints(checkpoints) {
     const empty = document.querySelector("[data-checkpoints-empty]");
     if (empty) { empty.hidden = true; }
   });
+  if (checkpoints.length) { warnIfLost(checkpoints[checkpoints.length - 1].path || ""); }
+}
+
+// A running job's newest commit outside its work and output directories is lost on a failover.
+function warnIfLost(path) {
+  const warning = document.querySelector("[data-checkpoint-warning]");
+  if (!warning || warning.getAttribute("data-watch") !== "true" || !path) { return; }
+  const names = path.split("/");
+  const plain = path.charAt(0) === "/" && names.slice(1).every((n) => n && n !== "." && n !== "..");
+  const kept = plain && (warning.getAttribute("data-storage-names") || "").split("|").some(
+    (base) => base && path.length > base.length && path.slice(0, base.length + 1) === base + "/"
+  );
+  const field = warning.querySelector('[data-field="lost_checkpoint"]');
+  if (field) { setText(field, path); }
+  warning.hidden = kept;
 }
 
 // The detail page's server-rendered parts (actions, properties, attempts, the loss points, the

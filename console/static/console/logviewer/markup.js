@@ -1,5 +1,5 @@
 /* The elements of the viewer's rows, built from data; no state. */
-import { clockTime } from "../format.js";
+import { clockTime, plainText } from "../format.js";
 
 // `text` into `parent`, each case-insensitive occurrence of `query` in a <mark>.
 export function appendHighlighted(parent, text, query) {
@@ -58,7 +58,7 @@ export function lineRow(line, { isTarget, query }) {
   time.textContent = timeText(line);
   const text = document.createElement("span");
   text.className = "lv-text";
-  appendHighlighted(text, line.text, query);
+  appendHighlighted(text, plainText(line.text), query);
   row.appendChild(num);
   row.appendChild(time);
   row.appendChild(text);

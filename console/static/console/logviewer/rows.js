@@ -155,11 +155,12 @@ export function createRows({ root, viewport: vp, canvas, rowsEl, emptyEl, segmen
 
     replace(lines) { segment.replace(lines); updateCanvas(); },
 
-    // Live lines at the end of the segment; returns those it did not hold yet.
-    append(lines) {
+    // Live lines at the end of the segment; returns those it did not hold yet. Where the segment
+    // overflows, its oldest lines go: with keepPlace the lines in view stay where they are.
+    append(lines, { keepPlace = true } = {}) {
       const fresh = segment.append(lines);
       if (!fresh.length) { return fresh; }
-      if (segment.isOverfull()) { keepingPlace(segment.keepNewest); }
+      if (segment.isOverfull()) { if (keepPlace) { keepingPlace(segment.keepNewest); } else { segment.keepNewest(); } }
       updateCanvas();
       return fresh;
     },

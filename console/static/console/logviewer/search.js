@@ -1,5 +1,6 @@
 /* Search over the whole log (REST `q=`): the results list, Prev/Next through the matches, and the
  * query marked in the rows. Going to a match links to its line (#L<seq>). */
+import { plainText } from "../format.js";
 import { appendHighlighted } from "./markup.js";
 
 const SEARCH_PAGE = 200;
@@ -18,7 +19,8 @@ export function initSearch({ el, fetchPage, rows, pages }) {
     num.textContent = "Line " + line.seq;
     const text = document.createElement("span");
     text.className = "lv-results__text";
-    const shown = line.text.length > 240 ? line.text.slice(0, 240) + "…" : line.text;
+    const plain = plainText(line.text);
+    const shown = plain.length > 240 ? plain.slice(0, 240) + "…" : plain;
     appendHighlighted(text, shown, query);
     link.appendChild(num);
     link.appendChild(text);

@@ -3,17 +3,27 @@
  * Live lines join the segment only while it ends at the tail (`segment.atTail`), and scroll into
  * view while following; otherwise they are counted as new, and REST fetches them when the user
  * gets there. `segment.liveSeq` (the newest seq delivered) is where a reconnect resumes, so a
- * reconnect leaves no gap and the seq check drops duplicates.
+ * reconnect leaves no gap and the seq check drops duplicates. While following, the newest lines
+ * are in view even once the segment holds MAX_LINES (its oldest lines go); while paused, a full
+ * segment keeps the lines being read and stops at the tail instead.
  */
+import { MAX_LINES } from "./segment.js";
+
 export function followTail({ transport, segment, rows, status, attempts, resumeKnown }) {
   function onLines(lines) {
     if (!lines.length) { return; }
     const newest = lines[lines.length - 1].seq;
+    if (segment.atTail && !status.follow && segment.lines.length + lines.length > MAX_LINES) {
+      // Paused with a full segment: the lines being read stay; the new ones are counted, and
+      // REST brings them when the reader gets to the end (or presses Bottom).
+      segment.atTail = false;
+    }
     if (segment.atTail) {
-      const before = segment.totalUnits;
-      const fresh = rows.append(lines);
+      // While following, every fresh line scrolls into view, also once the segment is full and
+      // its oldest lines go as new ones come (its height no longer changes then).
+      const fresh = rows.append(lines, { keepPlace: !status.follow });
       if (!status.follow) { status.countNew(fresh.length); }
-      if (before !== segment.totalUnits && status.follow) { rows.scrollToBottom(); } else { rows.schedule(); }
+      if (fresh.length && status.follow) { rows.scrollToBottom(); } else { rows.schedule(); }
     } else {
       status.countNew(lines.filter((l) => l.seq > segment.liveSeq).length);
     }
