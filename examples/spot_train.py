@@ -8,6 +8,8 @@
 #
 #   PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" python examples/spot_train.py
 #   PYTHONPATH=$CHECKPOINT_VENDOR accelerate launch --num_processes 2 examples/spot_train.py
+#
+# As a job's command in the console (default image): PYTHONPATH=$CHECKPOINT_VENDOR python /opt/examples/spot_train.py
 
 import argparse
 import os

@@ -48,6 +48,13 @@ NON_HARDWARE_SIGNATURES: tuple[tuple[str, str, str | None, bool], ...] = (
      "NaN / infinite loss", False),
     ("import_error", r"\b(?:ModuleNotFoundError|ImportError): .*", None, False),
     ("syntax_error", r"\b(?:SyntaxError|IndentationError|TabError): .*", None, False),
+    # python's own words for a script path it cannot open, relative to the run's working directory:
+    # a command pasted from the docs' local example (`python examples/spot_train.py`).
+    ("script_not_in_work_dir", r"can't open file '/job/work/[^']*'",
+     "the script is not in the run's working directory /job/work (where the command starts: it holds "
+     "only what the job's runs wrote); give the script's absolute path: the default image's examples "
+     "are in /opt/examples (python /opt/examples/spot_train.py), a project volume's files at its path",
+     False),
     ("missing_file", r"\bFileNotFoundError: .*|No such file or directory", None, False),
     ("permission_denied", r"\bPermissionError: .*|Permission denied", None, False),
     ("bad_arguments", r"error: (?:unrecognized arguments|the following arguments are required|argument )",

@@ -492,3 +492,12 @@ def test_the_nccl_infiniband_decision_an_ib_completion_error_is_hardware_only_wi
     assert not alone.hardware and "NCCL network (IB) completion error" in alone.reason
     assert with_link_down.hardware and "link down" in with_link_down.reason
     assert with_port_down.hardware
+
+
+def test_a_script_pasted_with_a_path_relative_to_the_repository_says_where_the_command_starts():
+    """`python examples/spot_train.py` copied from docs/ckptlib.md: python cannot open it in /job/work."""
+    line = "python: can't open file '/job/work/examples/spot_train.py': [Errno 2] No such file or directory"
+    verdict = classify_failure(exit_code=2, log_lines=[line])
+
+    assert not verdict.hardware
+    assert "/job/work" in verdict.reason and "python /opt/examples/spot_train.py" in verdict.reason
