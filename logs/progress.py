@@ -199,12 +199,12 @@ def should_publish(job_id: int, *, force: bool = False) -> bool:
 
 def chart_points(job_id: int, *, limit: int = CHART_POINTS) -> list[dict[str, Any]]:
     """The job's loss curve for the chart, evenly thinned to at most ``limit`` points."""
-    rows = list(MetricPoint.objects.filter(job_id=job_id).order_by("step").values_list("step", "loss", "lr"))
+    rows = list(MetricPoint.objects.filter(job_id=job_id).order_by("step").values_list("step", "loss", "lr", "epoch"))
     if len(rows) > limit:
         stride = len(rows) / limit
         picked = [rows[int(i * stride)] for i in range(limit - 1)]
         rows = [*picked, rows[-1]]
-    return [{"step": s, "loss": loss, "lr": lr} for s, loss, lr in rows]
+    return [{"step": s, "loss": loss, "lr": lr, "epoch": epoch} for s, loss, lr, epoch in rows]
 
 
 def publish_progress(job_id: int, message: dict[str, Any]) -> None:

@@ -1,7 +1,8 @@
 """A 200-step Trainer run (the guide's Spot script, a tiny model built from a config, offline) as
 its detail page shows it: progress goes 0 → 100 % by the Trainer's own steps (ckptlib's step and
 commit lines), never by a data-preparation bar ("Map", "Writing model shards") or the evaluation
-bar (5/5), and the loss chart has every loss the Trainer logged (one every 2 steps: 100 points)."""
+bar (5/5), and the loss chart has every loss the Trainer logged (one every 2 steps: 100 points), an epoch axis and
+a marker at each of the 10 committed checkpoints."""
 from __future__ import annotations
 
 import re
@@ -61,5 +62,8 @@ def test_progress_and_the_loss_chart_follow_the_trainers_steps(users, page):
     save_screenshot(page, "trainer-progress-loss-chart")
     assert chart.get_attribute("data-point-count") == "100"
     assert chart.get_attribute("data-last-step") == "200"
+    # The Trainer logs its epoch with each loss: the chart has an epoch axis; every save is marked.
+    assert chart.get_attribute("data-epoch-axis") == "shown" and float(chart.get_attribute("data-last-epoch")) > 0
+    assert chart.get_attribute("data-checkpoint-markers") == "10"
     assert page.locator("[data-field='progress'] [data-progress-text]").first.inner_text().startswith("100% · step 200/200")
     assert page.js_errors == []

@@ -1,0 +1,50 @@
+"""The loss chart on the Details tab: every logged loss against the step, with the epoch the log
+told on a second axis, and the committed checkpoints marked and said in words under it."""
+from __future__ import annotations
+
+import pytest
+
+from console.tests.browser import login, save_screenshot, wait
+
+pytestmark = pytest.mark.slow
+
+OWNER = ("loss-chart-owner", "owner-pass-1")
+# 40 steps over two epochs, as a Trainer-like loop logs them.
+EPOCHS = "python -c \"for s in range(1, 41): print(f'epoch {s / 20:.2f} step {s}/40 loss {1 / s:.4f}')\""
+CHECKPOINTS = "python -m jobs.examples.train_ckpt --steps 60 --save-every 20 --sleep 0"
+
+
+def test_the_loss_chart_has_an_epoch_axis_where_the_log_tells_the_epoch(users, page):
+    console = users
+    job = console.create_job(OWNER[0], "loss-epochs", EPOCHS)
+    assert console.wait_for_job(job["id"], {"Completed", "Failed", "Pending - internalerror"}, timeout=120)["status"] == "Completed"
+    login(page, console, *OWNER)
+    page.goto(f"{console.base_url}/training-jobs/{job['id']}/")
+    chart = page.locator("[data-loss-chart]")
+    wait(lambda: chart.get_attribute("data-point-count") == "40", "all 40 losses on the chart", timeout=30)
+
+    assert chart.get_attribute("data-epoch-axis") == "shown"
+    assert float(chart.get_attribute("data-last-epoch")) == pytest.approx(2.0)
+    ticks = [float(t) for t in chart.get_attribute("data-epoch-ticks").split()]
+    assert len(ticks) >= 2 and ticks == sorted(ticks) and 0 < ticks[0] and ticks[-1] <= 2.0, ticks
+    save_screenshot(page, "loss-chart-epochs", full_page=True)
+    assert page.js_errors == []
+
+
+def test_a_run_without_epochs_has_no_epoch_axis_and_its_checkpoints_are_marked(users, page):
+    console = users
+    job = console.create_job(OWNER[0], "loss-checkpoints", CHECKPOINTS)
+    assert console.wait_for_job(job["id"], {"Completed", "Failed", "Pending - internalerror"}, timeout=180)["status"] == "Completed"
+    login(page, console, *OWNER)
+    page.goto(f"{console.base_url}/training-jobs/{job['id']}/?tab=checkpoints")
+    committed = sorted(int(step) for step in page.locator("[data-checkpoint-rows] tr[data-step]").evaluate_all("rows => rows.map(r => r.dataset.step)"))
+    assert committed == [20, 40, 60], committed
+    page.goto(f"{console.base_url}/training-jobs/{job['id']}/")
+    chart = page.locator("[data-loss-chart]")
+    wait(lambda: chart.get_attribute("data-point-count") == "60", "all 60 losses on the chart", timeout=30)
+
+    assert chart.get_attribute("data-epoch-axis") == "none"
+    assert chart.get_attribute("data-checkpoint-markers") == "3"
+    assert chart.locator("[data-loss-legend]").inner_text() == "Green dotted: 3 committed checkpoints."
+    save_screenshot(page, "loss-chart-checkpoints", full_page=True)
+    assert page.js_errors == []
