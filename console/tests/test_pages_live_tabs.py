@@ -45,7 +45,7 @@ def test_the_list_and_header_show_progress(login, owner, trained):
 def test_the_details_tab_carries_the_loss_curve_and_its_library(login, owner, trained):
     html = detail(login(owner), trained)
     points = json.loads(re.search(r'<script id="loss-points" type="application/json">(.*?)</script>', html, re.S).group(1))
-    assert len(points) == 50 and points[0] == {"step": 1, "loss": 1.0, "lr": None}
+    assert len(points) == 50 and points[0] == {"step": 1, "loss": 1.0, "lr": None, "epoch": None}
     assert "/static/vendor/uplot/uPlot.iife.min.js" in html and "/static/console/loss_chart.js" in html
 
 
