@@ -13,6 +13,27 @@
     });
   }
 
+  // On a phone a job tab's tables stack each row into a small card (console.css .table-stack),
+  // each cell labelled with its column's header, rows that arrive live included.
+  var label = function (root) {
+    root.querySelectorAll("table.table").forEach(function (table) {
+      var heads = Array.prototype.map.call(table.querySelectorAll("thead th"), function (th) { return th.textContent.trim(); });
+      if (!heads.length) { return; }
+      table.classList.add("table-stack");
+      table.querySelectorAll("tbody tr").forEach(function (row) {
+        Array.prototype.forEach.call(row.children, function (cell, i) {
+          if (heads[i] && !cell.hasAttribute("data-label") && !cell.hasAttribute("colspan")) { cell.setAttribute("data-label", heads[i]); }
+        });
+      });
+    });
+  };
+  var panel = document.querySelector(".tab-panel");
+  if (panel) {
+    label(panel);
+    // Only attributes change in the callback, so it does not wake itself.
+    new MutationObserver(function () { label(panel); }).observe(panel, { childList: true, subtree: true });
+  }
+
   // Ask before a destructive or disruptive submit (the server still checks everything).
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-confirm]");
