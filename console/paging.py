@@ -1,26 +1,103 @@
-"""Paging whose cost does not grow with the table: the count behind the pager stops at
-``COUNT_CAP`` (a COUNT over every visible job costs the whole table; its first 10,001 rows do not)."""
+"""Paging whose cost does not grow with the table.
+
+* The count behind the pager stops at ``COUNT_CAP`` (a COUNT over every visible job costs the whole
+  table; its first 10,001 rows do not).
+* A page is read from each access branch's own first rows (``list_branches``, ``rows_between``):
+  "owner = me OR project IN (mine)" ordered by date matches no single index, so the database
+  gathers every visible job and sorts them all to return 20. Each branch alone (my jobs; one
+  project's jobs; times one status when filtered) is an index range in the list's order, so its
+  first N rows cost N, and the page is sorted from those few.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
 from django.core.paginator import Page, Paginator
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils.functional import cached_property
 
+from jobs.models import Project
+
 COUNT_CAP = 10_000
+# A user in more projects than this (or a status filter that multiplies them past it) gets the
+# plain query: one subquery per branch stops paying off.
+MAX_BRANCHES = 64
 
 
-def capped_count(queryset: QuerySet) -> int:
-    """The number of rows, exact up to ``COUNT_CAP``; ``COUNT_CAP + 1`` means "more"."""
-    return queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
+def capped_count(queryset: QuerySet, parts: list[Q] | None = None) -> int:
+    """The number of rows, exact up to ``COUNT_CAP``; ``COUNT_CAP + 1`` means "more". With
+    ``parts`` (``ListBranches.counts``) each part is counted off its own index first: one past the
+    cap answers "more"; else the union of the parts, each under the cap, is counted exactly."""
+    if not parts:
+        return queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
+    if any(capped_count(queryset.filter(part)) > COUNT_CAP for part in parts):
+        return COUNT_CAP + 1
+    either = Q()
+    for part in parts:
+        either |= Q(pk__in=queryset.filter(part).order_by().values("pk"))
+    return capped_count(queryset.model._base_manager.filter(either))
+
+
+@dataclass(frozen=True)
+class ListBranches:
+    """Parts whose union holds every job ``TrainingJob.objects.visible_to(user)`` may list. They
+    only narrow a queryset already scoped by ``visible_to``: they grant nothing.
+
+    ``rows``: each an index range in the list's order (jobs.models' ``job_*_created`` indexes), for
+    reading a page (``rows_between``). ``counts``: the access parts (own jobs, each project's), for
+    counting a status-filtered list (``capped_count``), where one query over "owner OR project"
+    reads the status's rows of every user."""
+
+    rows: list[Q] = field(default_factory=list)
+    counts: list[Q] = field(default_factory=list)
+
+
+def list_branches(user, statuses: Iterable[str] = ()) -> ListBranches:
+    """The branches of ``user``'s list filtered to ``statuses`` (none: any status). Empty where one
+    index already serves the plain query (staff, no status filter) or a user is in too many
+    projects for one subquery each to pay off."""
+    if user.is_staff:
+        parts = [Q()]
+    else:
+        projects = Project.objects.filter(members=user).order_by("pk").values_list("pk", flat=True)
+        parts = [Q(owner=user), *(Q(project=pk) for pk in projects[: MAX_BRANCHES + 1])]
+    wanted = sorted(set(statuses))
+    rows = [part & Q(status=status) for part in parts for status in wanted] if wanted else parts
+    if rows == [Q()] or len(rows) > MAX_BRANCHES:
+        rows = []
+    counts = parts if wanted and len(parts) > 1 and len(parts) <= MAX_BRANCHES else []
+    return ListBranches(rows=rows, counts=counts)
+
+
+def rows_between(queryset: QuerySet, branches: list[Q], bottom: int, top: int) -> QuerySet:
+    """``queryset[bottom:top]``, read from each branch's own first ``top`` rows in the queryset's
+    order (``top`` rows off its index each): every one of the first ``top`` rows overall is among
+    its branch's first ``top``, so the rows and their order are the same, and the database sorts at
+    most ``len(branches) * top`` ids, not every visible job. The rows themselves are then fetched
+    by id alone, so no index of the filters competes with the ids."""
+    if not branches:
+        return queryset[bottom:top]
+    ordering = queryset.query.order_by or queryset.model._meta.ordering
+    firsts = Q()
+    for branch in branches:
+        firsts |= Q(pk__in=queryset.filter(branch).order_by(*ordering).values("pk")[:top])
+    ids = queryset.model._base_manager.filter(firsts).order_by(*ordering).values("pk")[bottom:top]
+    return queryset.filter(pk__in=ids)
 
 
 class CappedPaginator(Paginator):
     """A Paginator whose ``count`` is ``capped_count``: past the cap the pager offers the first
-    10,000 rows' pages and says there are more (filters and sorting reach the others)."""
+    10,000 rows' pages and says there are more (filters and sorting reach the others). With
+    ``branches`` (``list_branches``) a page reads only its branches' first rows."""
+
+    def __init__(self, object_list: QuerySet, per_page: int, *, branches: ListBranches | None = None, **kwargs) -> None:
+        super().__init__(object_list, per_page, **kwargs)
+        self.branches = branches or ListBranches()
 
     @cached_property
     def count(self) -> int:
-        return capped_count(self.object_list)  # type: ignore[arg-type]  # a QuerySet here, always
+        return capped_count(self.object_list, self.branches.counts)  # type: ignore[arg-type]  # a QuerySet here, always
 
     @property
     def capped(self) -> bool:
@@ -33,4 +110,4 @@ class CappedPaginator(Paginator):
         # Past the cap the count is not the end: the last page is a full page, not cut at the cap.
         if not self.capped and top + self.orphans >= self.count:
             top = self.count
-        return Page(self.object_list[bottom:top], number, self)
+        return Page(rows_between(self.object_list, self.branches.rows, bottom, top), number, self)  # type: ignore[arg-type]

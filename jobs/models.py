@@ -276,6 +276,12 @@ class TrainingJob(models.Model):
             models.Index(fields=["status", "created_at"], name="job_status_created"),
             # The fair-share queue reads each project's and shape's head of line through this.
             models.Index(fields=["status", "project", "gpus_per_node", "node_count", "priority", "created_at"], name="job_queue_line"),
+            # The list reads each access branch (own jobs, each project's) newest first off these,
+            # and per status when filtered (console.paging.list_branches): a page costs its rows.
+            models.Index(fields=["owner", "created_at", "id"], name="job_owner_created"),
+            models.Index(fields=["project", "created_at", "id"], name="job_project_created"),
+            models.Index(fields=["owner", "status", "created_at", "id"], name="job_owner_status_created"),
+            models.Index(fields=["project", "status", "created_at", "id"], name="job_project_status_created"),
         ]
 
     def __str__(self) -> str:

@@ -1,13 +1,18 @@
-"""Benchmark: the Training Job list page and list API with 10,000 jobs.
+"""Benchmark: the Training Job list page and list API, a user with 10,000 jobs beside one with 100.
 
-    .venv/bin/python -m bench.list [--jobs 10000] [--requests 30]
+    .venv/bin/python -m bench.list [--jobs 10000] [--baseline-jobs 100] [--requests 30]
 
-The pager's count stops at 10,000 (``console.paging``); the last line times the exact COUNT
-against that capped one, and the first page's query, at both sizes. Builds a throw-away SQLite console, fills it with jobs of one owner (plus other users' jobs the
-owner must not see), and times requests through Django's full request path (middleware, auth,
-templates / serializers) with the test client: server time per request (median, p95) and queries
-per request, for page sizes 20, 50 and 100. Baseline in the same run: the same requests against a
-console holding 100 jobs. Queries per request must not grow with the page size.
+Builds a throw-away SQLite console and fills it with the jobs of two users (plus, for each, other
+users' jobs they must not see): one with ``--jobs`` jobs, the baseline one with ``--baseline-jobs``,
+in the same table. Times requests through Django's full request path (middleware, auth,
+templates / serializers) with the test client: server time per request (median, p95, min–max
+spread) and queries per request, for page sizes 20, 50 and 100, then the first page filtered by
+status, side by side with the baseline user's and the ratio of their p95s.
+
+Target (issue 31): page and API p95 <= 50 ms at 100,000 jobs and within 2x of the baseline's. The
+list reads each access branch off its own index (``console.paging``); the pager's count stops at
+10,000, and the line after the table times the exact COUNT against that capped one and the
+branches' first page against the plain query's, at both sizes.
 """
 from __future__ import annotations
 
@@ -68,7 +73,7 @@ def fill(count: int, prefix: str):
     return owner
 
 
-def measure(client, url: str, requests: int) -> tuple[float, float, int]:
+def measure(client, url: str, requests: int) -> tuple[float, float, float, float, int]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -82,13 +87,14 @@ def measure(client, url: str, requests: int) -> tuple[float, float, int]:
         assert response.status_code == 200, (url, response.status_code)
         queries.append(len(ctx.captured_queries))
     times.sort()
-    return statistics.median(times) * 1000, times[int(0.95 * (len(times) - 1))] * 1000, max(queries)
+    p95 = times[int(0.95 * (len(times) - 1))]
+    return statistics.median(times) * 1000, p95 * 1000, times[0] * 1000, times[-1] * 1000, max(queries)
 
 
 def count_figures(big, small, requests: int) -> str:
-    """The pager's count (what grew with the table): the exact COUNT against the capped one the
-    list uses (console.paging), and the page's own query, each at both table sizes."""
-    from console.paging import capped_count
+    """What grew with the table: the exact COUNT against the capped one the list uses, and the
+    first page read through the access branches against the plain "owner OR project" query."""
+    from console.paging import capped_count, list_branches, rows_between
     from jobs.models import TrainingJob
 
     def median_ms(fn) -> float:
@@ -102,11 +108,13 @@ def count_figures(big, small, requests: int) -> str:
     rows = []
     for label, user in (("jobs", big), ("baseline", small)):
         jobs = TrainingJob.objects.visible_to(user).order_by("-created_at", "-id")
+        branches = list_branches(user).rows
         rows.append(
             f"{label}: exact count {median_ms(jobs.count):.1f} ms, capped count {median_ms(lambda: capped_count(jobs)):.1f} ms, "
-            f"first page query {median_ms(lambda: list(jobs[:20])):.1f} ms"
+            f"first page plain {median_ms(lambda: list(jobs[:20])):.1f} ms, "
+            f"by branches {median_ms(lambda: list(rows_between(jobs, branches, 0, 20))):.1f} ms"
         )
-    return "pager count (median): " + "; ".join(rows)
+    return "count and first page (median): " + "; ".join(rows)
 
 
 def main() -> int:
@@ -122,20 +130,41 @@ def main() -> int:
 
         big = fill(args.jobs, "big")
         small = fill(args.baseline_jobs, "small")
-        print(f"list benchmark: {args.jobs} jobs (baseline {args.baseline_jobs}), {args.requests} requests each, SQLite, {os.cpu_count()} cores")
-        print(f"{'endpoint':<34}{'page':>5}{'median ms':>11}{'p95 ms':>9}{'queries':>9}{'base med':>10}{'ratio':>7}{'base q':>8}")
+        print(
+            f"list benchmark: {args.jobs} jobs (baseline {args.baseline_jobs}), {args.requests} requests each, SQLite, "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+        )
+        print(
+            f"{'endpoint':<44}{'page':>5}{'median':>8}{'p95':>7}{'spread':>14}{'q':>3}"
+            f"{'base med':>9}{'base p95':>9}{'spread':>14}{'q':>3}{'p95 ratio':>10}"
+        )
         queries_seen: dict[str, set[int]] = {}
-        for label, template in (("list page /", "/?per_page={n}"), ("list API /api/v1/training-jobs/", "/api/v1/training-jobs/?limit={n}")):
-            for size in (20, 50, 100):
-                results = []
-                for user in (big, small):
-                    client = Client()
-                    client.force_login(user)
-                    results.append(measure(client, template.format(n=size), args.requests))
-                (med, p95, q), (bmed, _bp95, bq) = results
-                queries_seen.setdefault(label, set()).add(q)
-                print(f"{label:<34}{size:>5}{med:>11.1f}{p95:>9.1f}{q:>9}{bmed:>10.1f}{med / bmed:>7.2f}{bq:>8}")
+        worst = {"page": (0.0, 0.0), "API": (0.0, 0.0)}  # (p95 ms, p95 ratio)
+        cases = [("page", "list page /", "/?per_page={n}", size) for size in (20, 50, 100)]
+        cases += [("API", "list API /api/v1/training-jobs/", "/api/v1/training-jobs/?limit={n}", size) for size in (20, 50, 100)]
+        cases += [
+            ("page", "list page /?status=group:active", "/?per_page={n}&status=group:active", 20),
+            ("page", "list page /?status=Running", "/?per_page={n}&status=Running", 20),
+            ("API", "list API ?status=Running", "/api/v1/training-jobs/?limit={n}&status=Running", 20),
+        ]
+        for kind, label, template, size in cases:
+            results = []
+            for user in (big, small):
+                client = Client()
+                client.force_login(user)
+                results.append(measure(client, template.format(n=size), args.requests))
+            (med, p95, low, high, q), (bmed, bp95, blow, bhigh, bq) = results
+            queries_seen.setdefault(label, set()).add(q)
+            ratio = p95 / bp95
+            worst[kind] = (max(worst[kind][0], p95), max(worst[kind][1], ratio))
+            print(
+                f"{label:<44}{size:>5}{med:>8.1f}{p95:>7.1f}{f'{low:.1f}–{high:.1f}':>14}{q:>3}"
+                f"{bmed:>9.1f}{bp95:>9.1f}{f'{blow:.1f}–{bhigh:.1f}':>14}{bq:>3}{ratio:>10.2f}"
+            )
         print(count_figures(big, small, args.requests))
+        for kind, (p95, ratio) in worst.items():
+            verdict = "PASS" if p95 <= 50 and ratio <= 2 else "FAIL"
+            print(f"{kind}: worst p95 {p95:.1f} ms, worst p95 ratio {ratio:.2f} (target p95 <= 50 ms and <= 2x baseline): {verdict}")
         flat = all(len(v) == 1 for v in queries_seen.values())
         print(f"queries per request constant across page sizes: {'PASS' if flat else 'FAIL'} {dict((k, sorted(v)) for k, v in queries_seen.items())}")
     return 0 if flat else 1

@@ -37,7 +37,7 @@ from console.api.serializers import (
     ResourceSampleSerializer,
     TrainingJobSerializer,
 )
-from console.paging import capped_count
+from console.paging import ListBranches, capped_count, list_branches, rows_between
 from jobs.models import Node, TrainingJob
 from jobs.rest import JSONParser
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
@@ -72,7 +72,22 @@ class ApiPagination(LimitOffsetPagination):
 
     def get_count(self, queryset) -> int:
         # Exact up to 10,000; 10,001 means more (a COUNT over a whole large table costs it all).
-        return capped_count(queryset)
+        return capped_count(queryset, self.branches.counts)
+
+    def paginate_queryset(self, queryset, request, view=None):
+        # DRF's, but the page is read from each access branch's first rows (console.paging).
+        self.request = request
+        self.branches: ListBranches = getattr(view, "list_branches", None) or ListBranches()
+        self.limit = self.get_limit(request)
+        if self.limit is None:
+            return None
+        self.count = self.get_count(queryset)
+        self.offset = self.get_offset(request)
+        if self.count > self.limit and self.template is not None:
+            self.display_page_controls = True
+        if self.count == 0 or self.offset > self.count:
+            return []
+        return list(rows_between(queryset, self.branches.rows, self.offset, self.offset + self.limit))
 
 
 JOB_ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The job's id.")
@@ -170,6 +185,7 @@ class TrainingJobViewSet(
         wanted = query.validated_data
         if wanted.get("status"):
             queryset = queryset.filter(status__in=wanted["status"])
+        self.list_branches = list_branches(self.request.user, wanted.get("status") or ())
         if wanted.get("job_type"):
             queryset = queryset.filter(job_type=wanted["job_type"])
         if wanted.get("search"):

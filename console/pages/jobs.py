@@ -17,9 +17,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from agent.resume import commit_outside_storage, resumable_step, storage_names
-from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, visible_volumes_text
+from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, statuses_of_group, visible_volumes_text
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
-from console.paging import COUNT_CAP, CappedPaginator
+from console.paging import COUNT_CAP, CappedPaginator, list_branches
 from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
@@ -52,12 +52,21 @@ def safe_next(request: HttpRequest, default: str) -> str:
     return default
 
 
+def filtered_statuses(filters: JobListFilterForm) -> list[str]:
+    """The statuses the list is filtered to ([]: any), for reading each one off its index."""
+    status = filters.value("status") or ""
+    if status.startswith("group:"):
+        return sorted(statuses_of_group(status.removeprefix("group:")))
+    return [status] if status else []
+
+
 @login_required
 @require_GET
 def job_list(request: HttpRequest) -> HttpResponse:
     filters = JobListFilterForm(request.GET)
     jobs = filters.apply(visible_jobs(request)).select_related("progress")
-    page = CappedPaginator(jobs, filters.per_page).get_page(request.GET.get("page"))
+    branches = list_branches(request.user, filtered_statuses(filters))
+    page = CappedPaginator(jobs, filters.per_page, branches=branches).get_page(request.GET.get("page"))
     return render(
         request,
         "jobs/job_list.html",
