@@ -161,7 +161,8 @@ class TrainingJobViewSet(
     queryset = TrainingJob.objects.none()  # for the schema; get_queryset scopes it to the user
 
     def get_queryset(self) -> QuerySet[TrainingJob]:
-        return TrainingJob.objects.visible_to(self.request.user).select_related("owner", "project")
+        # with_run_time: running_time_seconds without a query per job of a listed page.
+        return TrainingJob.objects.visible_to(self.request.user).select_related("owner", "project").with_run_time()
 
     def get_object(self) -> TrainingJob:
         raw = str(self.kwargs[self.lookup_url_kwarg or self.lookup_field])

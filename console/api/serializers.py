@@ -120,7 +120,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     limits = serializers.SerializerMethodField(help_text="The limits each run gets: the request, else the default.")
     status = serializers.ChoiceField(choices=JobStatus.choices, read_only=True, help_text="The exact status text.")
     failover_attempts = serializers.SerializerMethodField(help_text='Failovers used of the allowed, e.g. "1/3".')
-    running_time_seconds = serializers.SerializerMethodField()
+    running_time_seconds = serializers.SerializerMethodField(
+        help_text="How long the job's attempts ran in all (not the time it waited between them); null until one started."
+    )
     total_gpus = serializers.IntegerField(read_only=True)
 
     class Meta:

@@ -8,7 +8,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import IntegrityError
-from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -21,7 +20,7 @@ from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, stat
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from console.paging import COUNT_CAP, CappedPaginator, list_branches
 from failover.services.health import attempt_events
-from jobs.models import Image, Project, TrainingJob
+from jobs.models import Image, Project, TrainingJob, TrainingJobQuerySet
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
 from jobs.services.creation import JobRefused, clone_name, create_job, personal_project_for
 from jobs.services.limits import limits_of, unenforced_nodes
@@ -40,7 +39,7 @@ LOG_TAIL_LINES = 1000
 BULK_LIMIT = 500
 
 
-def visible_jobs(request: HttpRequest) -> QuerySet[TrainingJob]:
+def visible_jobs(request: HttpRequest) -> TrainingJobQuerySet:
     return TrainingJob.objects.visible_to(request.user).select_related("owner", "project")
 
 
@@ -64,7 +63,7 @@ def filtered_statuses(filters: JobListFilterForm) -> list[str]:
 @require_GET
 def job_list(request: HttpRequest) -> HttpResponse:
     filters = JobListFilterForm(request.GET)
-    jobs = filters.apply(visible_jobs(request)).select_related("progress")
+    jobs = filters.apply(visible_jobs(request).with_run_time()).select_related("progress")
     branches = list_branches(request.user, filtered_statuses(filters))
     page = CappedPaginator(jobs, filters.per_page, branches=branches).get_page(request.GET.get("page"))
     return render(
@@ -213,7 +212,7 @@ def log_tab(job: TrainingJob, requested_stream: str | None) -> dict[str, Any]:
 @login_required
 @require_GET
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    job = get_object_or_404(visible_jobs(request), pk=pk)
+    job = get_object_or_404(visible_jobs(request).with_run_time(), pk=pk)
     tab = request.GET.get("tab") if request.GET.get("tab") in TABS else "details"
     context: dict[str, Any] = {
         "job": job,

@@ -10,6 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from console.tests.page_fixtures import put_in_status
+from jobs.models import JobAttempt
 from jobs.statuses import BADGE_GROUPS, JobStatus
 
 pytestmark = pytest.mark.django_db
@@ -53,15 +54,14 @@ def test_rows_and_cells_have_stable_hooks_for_live_updates(login, owner, make_jo
         assert f'data-field="{field}"' in row
 
 
-def test_running_time_is_shown_from_the_jobs_start_and_end(login, owner, make_job):
+def test_running_time_is_shown_from_the_attempts_start_and_end(login, owner, make_job):
     with time_machine.travel(timezone.now(), tick=False):
-        running = put_in_status(make_job(name="running"), JobStatus.RUNNING, started_at=timezone.now() - timedelta(minutes=3, seconds=4))
-        finished = put_in_status(
-            make_job(name="finished"),
-            JobStatus.COMPLETED,
-            started_at=timezone.now() - timedelta(hours=3),
-            finished_at=timezone.now() - timedelta(hours=1, minutes=58, seconds=59),
-        )
+        started = timezone.now() - timedelta(minutes=3, seconds=4)
+        running = put_in_status(make_job(name="running"), JobStatus.RUNNING, started_at=started)
+        JobAttempt.objects.create(job=running, number=1, state="running", started_at=started)
+        start, end = timezone.now() - timedelta(hours=3), timezone.now() - timedelta(hours=1, minutes=58, seconds=59)
+        finished = put_in_status(make_job(name="finished"), JobStatus.COMPLETED, started_at=start, finished_at=end)
+        JobAttempt.objects.create(job=finished, number=1, state="exited", started_at=start, ended_at=end)
         waiting = make_job(name="waiting")
         html = login(owner).get(reverse("jobs:list")).content.decode()
     assert "3m 04s" in row_of(html, running.pk)

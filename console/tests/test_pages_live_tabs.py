@@ -39,7 +39,7 @@ def test_the_list_and_header_show_progress(login, owner, trained):
     assert "25% · step 50/200 · epoch 1 · loss 0.25 · lr 0.001" in html
     page = detail(client, trained)
     assert 'aria-label="Training progress of bert"' in page
-    assert f'data-started-at="{T0.isoformat()}"' in page
+    assert f'<time datetime="{T0.isoformat()}">' in page
 
 
 def test_the_details_tab_carries_the_loss_curve_and_its_library(login, owner, trained):

@@ -22,12 +22,15 @@ const rows = listTable ? listRefresher(listTable, { onRefreshed: () => { tick();
 function serverNow() { return Date.now() + clockOffset; }
 
 // --- clocks: running time and time since the last checkpoint, every second -------------------
+// The running time is what the job's attempts ran (data-ran-seconds, from the server); only while
+// the job is Running does the server give data-running-since, and only then does it count on, so
+// it stands still while the job waits in Pending (a failover) between attempts.
 function tickRunningTime(el) {
-  const started = el.getAttribute("data-started-at");
-  if (!started) { return; }
-  const finished = el.getAttribute("data-finished-at");
-  const end = finished ? Date.parse(finished) : serverNow();
-  const text = duration((end - Date.parse(started)) / 1000);
+  const ran = el.getAttribute("data-ran-seconds");
+  if (ran === null) { return; }
+  const since = el.getAttribute("data-running-since");
+  const counted = since ? Math.max(0, (serverNow() - Date.parse(since)) / 1000) : 0;
+  const text = duration(Number(ran) + counted);
   if (el.textContent !== text) { el.textContent = text; }
 }
 
@@ -40,7 +43,7 @@ function tickAtRisk(box) {
 }
 
 function tick() {
-  document.querySelectorAll('[data-field="running_time"][data-started-at]').forEach(tickRunningTime);
+  document.querySelectorAll('[data-field="running_time"][data-running-since]').forEach(tickRunningTime);
   document.querySelectorAll("[data-at-risk]").forEach(tickAtRisk);
 }
 
@@ -88,10 +91,11 @@ function toneMessage(message, job) {
   if (use) { use.setAttribute("href", "#icon-" + icon); }
 }
 
-function setTimes(el, job) {
-  if (job.started_at) { el.setAttribute("data-started-at", job.started_at); } else { el.removeAttribute("data-started-at"); }
-  if (job.finished_at) { el.setAttribute("data-finished-at", job.finished_at); } else { el.removeAttribute("data-finished-at"); }
-  if (job.started_at) { tickRunningTime(el); } else { setText(el, "—"); }
+function setRunningTime(el, job) {
+  const known = job.ran_seconds !== null && job.ran_seconds !== undefined;
+  if (known) { el.setAttribute("data-ran-seconds", String(job.ran_seconds)); } else { el.removeAttribute("data-ran-seconds"); }
+  if (known && job.running_since && job.status === "Running") { el.setAttribute("data-running-since", job.running_since); } else { el.removeAttribute("data-running-since"); }
+  if (known) { tickRunningTime(el); } else { setText(el, "—"); }
 }
 
 function setTimeField(el, iso) {
@@ -140,7 +144,7 @@ function applyJob(job) {
     });
     each(scope, '[data-field="status_text"]', (el) => { setText(el, job.status); toneMessage(el.closest(".message"), job); });
     each(scope, '[data-field="failover_count"]', (el) => { setText(el, job.failover_count + "/" + job.max_failovers); });
-    each(scope, '[data-field="running_time"]', (el) => { setTimes(el, job); });
+    each(scope, '[data-field="running_time"]', (el) => { setRunningTime(el, job); });
     each(scope, '[data-field="started_at"]', (el) => { setTimeField(el, job.started_at); });
     each(scope, '[data-field="finished_at"]', (el) => { setTimeField(el, job.finished_at); });
     each(scope, "[data-hide-unless-stoppable]", (el) => { el.hidden = !job.stoppable; });
