@@ -4,6 +4,12 @@
  * The page embeds the samples (json_script "metrics-samples") and the markers ("chart-markers");
  * while the job runs the chart re-reads /api/v1/training-jobs/<id>/metrics/ every few seconds
  * (plain HTTP: the console's only sockets are socket.js's).
+ *
+ * x is in seconds (uPlot's time scales count seconds). The line breaks (a null point) between two
+ * attempts and wherever samples lie farther apart than a few sampling intervals, so the time a job
+ * waited (Pending, a failover) never reads as a busy GPU. The x range is the samples' own span, at
+ * least MIN_SPAN_S wide: left to itself uPlot widens a single point by 86,400,000 (a day in ms,
+ * read as seconds), and a 6-second job's axis spanned years. The figure's ``metricsChart`` is the uPlot instance.
  */
 (function () {
   "use strict";
@@ -14,6 +20,9 @@
   var empty = figure.querySelector("[data-metrics-empty]");
   var header = document.querySelector("[data-live-job]");
   var POLL_MS = 3000;
+  var GAP_INTERVALS = 3;
+  var MIN_SPAN_S = 30;
+  var interval = Number(figure.getAttribute("data-sample-interval")) || 5;
   var chart = null;
   var samples = [];
 
@@ -24,17 +33,43 @@
 
   function markers() { return parse("chart-markers") || { attempts: [], checkpoints: [] }; }
 
+  function seconds(sample) { return Date.parse(sample.ts) / 1000; }
+  function spanOf(sample) { return Math.max(Number(sample.span_s) || 0, interval); }
+
+  // Two samples that do not follow one another: another attempt, or a gap no sampling explains.
+  function breaksBetween(a, b) {
+    return a.attempt !== b.attempt || seconds(b) - seconds(a) > GAP_INTERVALS * Math.max(spanOf(a), spanOf(b));
+  }
+
   function columns() {
     var xs = [], util = [], cpu = [], power = [], gmem = [], hmem = [];
-    samples.forEach(function (s) {
-      xs.push(Date.parse(s.ts) / 1000);
+    var all = [xs, util, cpu, power, gmem, hmem];
+    samples.forEach(function (s, index) {
+      var previous = index ? samples[index - 1] : null;
+      if (previous && breaksBetween(previous, s)) {
+        all.forEach(function (column, n) { column.push(n ? null : (seconds(previous) + seconds(s)) / 2); });
+      }
+      xs.push(seconds(s));
       util.push(s.gpu_util);
       cpu.push(s.cpu_percent);
       power.push(s.power_w);
       gmem.push(s.gpu_mem_mb === null ? null : s.gpu_mem_mb / 1024);
       hmem.push(s.host_mem_mb === null ? null : s.host_mem_mb / 1024);
     });
-    return [xs, util, cpu, power, gmem, hmem];
+    return all;
+  }
+
+  // From the samples, not uPlot's min and max: for a single point it offers a day in milliseconds.
+  function xRange(u, min, max) {
+    if (!samples.length) { return [min, max]; }
+    var low = seconds(samples[0]) - spanOf(samples[0]);
+    var high = seconds(samples[samples.length - 1]);
+    if (high - low < MIN_SPAN_S) {
+      var pad = (MIN_SPAN_S - (high - low)) / 2;
+      low -= pad;
+      high += pad;
+    }
+    return [low, high];
   }
 
   // Vertical lines: attempt starts (red, dashed after the first) and checkpoint commits (green).
@@ -67,7 +102,7 @@
     chart = new window.uPlot({
       width: width(),
       height: 240,
-      scales: { x: { time: true }, pct: { range: [0, null] }, W: { range: [0, null] }, GiB: { range: [0, null] } },
+      scales: { x: { time: true, range: xRange }, pct: { range: [0, null] }, W: { range: [0, null] }, GiB: { range: [0, null] } },
       axes: [
         { stroke: "#5a6677", grid: { stroke: "#e8ecf1" } },
         { scale: "pct", label: "%", stroke: "#5a6677", grid: { stroke: "#e8ecf1" }, size: 50 },
@@ -83,6 +118,7 @@
       ],
       hooks: { draw: [drawMarkers] }
     }, data, plot);
+    figure.metricsChart = chart;
   }
 
   function running() { return header && ["Running", "Stopping", "Pending - failoverinprogress"].indexOf(header.getAttribute("data-status")) >= 0; }
