@@ -159,6 +159,34 @@ def test_the_detail_page_fits_360_px_and_shows_every_tab(live_console, job, phon
     assert "Time" in events.locator("td").first.evaluate("td => getComputedStyle(td, '::before').content")
 
 
+def test_the_log_wraps_its_lines_at_360_px_unless_the_user_chose_otherwise(live_console, job, phone):
+    live_console.wait_for_job(job["id"], "Completed", timeout=90)
+    login(phone, live_console, *OWNER)
+    phone.evaluate("() => { localStorage.removeItem('logviewer.wrap'); localStorage.removeItem('logviewer.timestamps'); }")
+    phone.goto(f"{live_console.base_url}/training-jobs/{job['id']}/?tab=logs")
+    phone.wait_for_selector(".lv-row .lv-text")
+    assert phone.locator("[data-lv-wrap]").is_checked()
+    assert not phone.locator("[data-lv-timestamps]").is_checked()
+    # Every line's text is shown whole inside the viewer: none runs past its right edge.
+    cut = phone.evaluate(
+        """() => {
+        const view = document.querySelector(".lv-viewport").getBoundingClientRect();
+        return [...document.querySelectorAll(".lv-row .lv-text")]
+          .filter((t) => t.getBoundingClientRect().right > view.right + 1 || t.scrollWidth > t.clientWidth + 1)
+          .map((t) => t.textContent.slice(0, 60));
+        }"""
+    )
+    assert cut == []
+    assert "step 2/2 loss 0.25" in phone.locator(".lv-rows").inner_text()
+    save_screenshot(phone, "narrow-detail-logs-wrapped", full_page=True)
+    # A choice the user made wins over the narrow default.
+    phone.locator("[data-lv-wrap]").uncheck()
+    phone.reload()
+    phone.wait_for_selector(".lv-row .lv-text")
+    assert not phone.locator("[data-lv-wrap]").is_checked()
+    phone.evaluate("() => localStorage.removeItem('logviewer.wrap')")
+
+
 def test_the_nodes_page_shows_every_gpu_column_at_360_px(live_console, job, phone):
     live_console.create_user(*OPERATOR, staff=True)
     holder = live_console.create_job(OWNER[0], "a-long-job-name-that-holds-a-gpu-on-a-phone", "sleep 300",

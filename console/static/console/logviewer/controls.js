@@ -22,8 +22,11 @@ export function initControls({ el, segment, rows, status, pages }) {
     streamForm.querySelector("select").addEventListener("change", () => { streamForm.submit(); });
   }
 
-  el.timestamps.checked = pref("timestamps", true);
-  el.wrap.checked = pref("wrap", false);
+  // On a phone-sized screen lines wrap and timestamps hide by default (a line cut at 360 px says
+  // nothing); a choice the user made is remembered and wins.
+  const narrow = Boolean(window.matchMedia && window.matchMedia("(max-width: 640px)").matches);
+  el.timestamps.checked = pref("timestamps", !narrow);
+  el.wrap.checked = pref("wrap", narrow);
   rows.showTimestamps(el.timestamps.checked);
   rows.setWrap(el.wrap.checked);
 
