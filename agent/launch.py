@@ -249,7 +249,7 @@ class Launcher:
                 return []
             pulled, image_ref = self.pull(job, attempt)
             if not pulled.ok:
-                runs.image_unavailable(job, f"image {job.image} could not be pulled: {pulled.message}")
+                runs.image_unavailable(attempt, claimed, f"image {job.image} could not be pulled: {pulled.message}")
                 return []
             runs.image_pulled(attempt, claimed[0], image_ref)
         try:

@@ -10,7 +10,7 @@ them. Every change but placement's own wakes the embedded control round after co
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from django.db import transaction
@@ -63,11 +63,16 @@ def record_reason(
     actor: str = "system",
     attempt: int | None = None,
     evidence: dict | None = None,
+    event: bool = True,
     **fields: Any,
 ) -> bool:
     """Keep the job's status (one of ``expected``) and record why it is there now: a waiting
-    reason, a placement, a retry, a failover counted (``failover_count=F(...) + 1``)."""
-    return write(job_id, frozenset(expected), None, reason=reason, actor=actor, attempt=attempt, evidence=evidence, fields=fields)
+    reason, a placement, a retry, a failover counted (``failover_count=F(...) + 1``).
+    ``event=False`` updates the reason in place (published live, no event row, no status hook):
+    the same why told again, such as an image-pull retry's count and next time."""
+    return write(
+        job_id, frozenset(expected), None, reason=reason, actor=actor, attempt=attempt, evidence=evidence, fields=fields, event=event
+    )
 
 
 QUEUE_CHUNK = 300
@@ -112,9 +117,12 @@ def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = PL
     return changed
 
 
-def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str = PLACEMENT) -> list[int]:
+def record_placements(
+    placements: dict[int, tuple[str, str, int]], *, actor: str = PLACEMENT, in_place: Collection[int] = ()
+) -> list[int]:
     """``record_reason`` for a placement round's jobs at once: job → (the status it was placed
-    in, "placed on …", the attempt's number).
+    in, "placed on …", the attempt's number). The jobs in ``in_place`` get their reason written
+    without an event row (an image-pull retry: its back-off event already says why it waits).
 
     One ``UPDATE … CASE`` per status and chunk of jobs, each row only while its status is still
     the one given (compare-and-swap), one read back, one insert of events; live publishes and
@@ -139,11 +147,16 @@ def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str
                 attempt=placements[pk][2], actor=actor[:150], created_at=now,
             )
             for pk in changed
+            if pk not in in_place
         )
         changes = [extensions.StatusChange(e.pk, e.job_id, e.from_status, e.to_status, e.reason, e.attempt) for e in events]
+        quiet = [(pk, placements[pk][0], placements[pk][1][:REASON_CHARS]) for pk in changed if pk in in_place]
 
         def publish_all() -> None:
-            publish_statuses([(c.job_id, status_message(c.job_id, c.from_status, c.to_status, c.reason)) for c in changes])
+            publish_statuses(
+                [(c.job_id, status_message(c.job_id, c.from_status, c.to_status, c.reason)) for c in changes]
+                + [(pk, status_message(pk, status, status, reason)) for pk, status, reason in quiet]
+            )
             for change in changes:
                 extensions.status_changed(change)
 
@@ -161,9 +174,11 @@ def write(
     attempt: int | None,
     evidence: dict | None,
     fields: dict[str, Any],
+    event: bool = True,
 ) -> bool:
     """Compare-and-swap the job row from one of ``allowed_from`` (to ``to_status``, or staying
-    where it is when None), write the event row, publish after commit."""
+    where it is when None), write the event row (unless ``event`` is False, for a reason updated
+    in place without a new status), publish after commit."""
     reason = reason[:REASON_CHARS]
     with transaction.atomic():
         from_status = TrainingJob.objects.filter(pk=job_id, status__in=allowed_from).values_list("status", flat=True).first()
@@ -173,7 +188,14 @@ def write(
         updates = {"status": new_status, "status_reason": reason, **fields}
         if TrainingJob.objects.filter(pk=job_id, status=from_status).update(**updates) != 1:
             return False
-        event = JobEvent.objects.create(
+        message = status_message(job_id, from_status, new_status, reason)
+        transaction.on_commit(lambda: publish_status(job_id, message))
+        if actor != PLACEMENT:
+            wakeups.round_wanted()
+        if not event:
+            logger.debug("job %s: %s (%s), in place", job_id, from_status, reason)
+            return True
+        row = JobEvent.objects.create(
             job_id=job_id,
             from_status=from_status,
             to_status=new_status,
@@ -183,12 +205,8 @@ def write(
             evidence=evidence or {},
             created_at=timezone.now(),
         )
-        message = status_message(job_id, from_status, new_status, reason)
-        change = extensions.StatusChange(event.pk, job_id, from_status, new_status, reason, attempt)
-        transaction.on_commit(lambda: publish_status(job_id, message))
+        change = extensions.StatusChange(row.pk, job_id, from_status, new_status, reason, attempt)
         transaction.on_commit(lambda: extensions.status_changed(change))
-        if actor != PLACEMENT:
-            wakeups.round_wanted()
     logger.info("job %s: %s → %s (%s)", job_id, from_status, new_status, reason or "no reason given")
     return True
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from jobs.fairshare import Capacity, HeldOut, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, Project, TrainingJob
 from jobs.services.bulk import update_each
-from jobs.services.lifecycle import record_placements, record_queue_reasons, record_reason, transition
+from jobs.services.lifecycle import PLACEMENT, REASON_CHARS, record_placements, record_queue_reasons, record_reason, transition
 from jobs.services.messages import dispatch_launch, dispatch_launches, wake_agents
 from jobs.statuses import WAITING, JobStatus
 
@@ -208,16 +208,10 @@ def place_waiting_jobs(*, window: int | None = None) -> Placed:
     shares = project_shares(now, {job.project_id for job in candidates})
     if not candidates:
         return Placed()
-    ready: list[TrainingJob] = []
-    for job in candidates:
-        # The node pulls the image (agent.launch); a failed pull waits here for its retry.
-        if job.status == JobStatus.IMAGE_PULL_BACKOFF:
-            if job.next_retry_at and job.next_retry_at > now:
-                continue
-            if not transition(job.pk, JobStatus.PENDING, reason=f"retrying the pull of image {job.image}", expected={JobStatus.IMAGE_PULL_BACKOFF}):
-                continue
-            job.refresh_from_db(fields=["status", "status_reason"])
-        ready.append(job)
+    # The node pulls the image (agent.launch); a failed pull waits here for its retry, and is
+    # placed again in Pending - imagepullbackoff: it leaves that status only once a pull succeeds
+    # (``runs.image_pulled``).
+    ready = [job for job in candidates if not (job.status == JobStatus.IMAGE_PULL_BACKOFF and job.next_retry_at and job.next_retry_at > now)]
     if not ready:
         return Placed()
     by_id = {job.pk: job for job in ready}
@@ -262,7 +256,15 @@ def place_waiting_jobs(*, window: int | None = None) -> Placed:
     placed = hold_placements([(by_id[wanted.id], chosen) for wanted, chosen in plan.placements], capacity=capacity, gpu_ids=gpu_ids)
     for job_id, victims in plan.preemptions.items():
         preempt_spot(victims, for_job=by_id[job_id], now=now)
-    record_queue_reasons({pk: (by_id[pk].status, reason) for pk, reason in plan.reasons.items() if by_id[pk].status_reason != reason})
+    waiting_reasons = {pk: (by_id[pk].status, reason) for pk, reason in plan.reasons.items()}
+    for pk, (status, reason) in list(waiting_reasons.items()):
+        if status == JobStatus.IMAGE_PULL_BACKOFF:
+            waiting_reasons[pk] = (status, pull_retry_reason(by_id[pk], f"due, {reason}"))
+    changed = {pk: why for pk, why in waiting_reasons.items() if by_id[pk].status_reason != why[1]}
+    record_queue_reasons({pk: why for pk, why in changed.items() if why[0] != JobStatus.IMAGE_PULL_BACKOFF})
+    for pk, (status, reason) in changed.items():
+        if status == JobStatus.IMAGE_PULL_BACKOFF:  # still why the job waits: said in place, no event
+            record_reason(pk, reason=reason, expected={status}, actor=PLACEMENT, event=False)
     # A full window of one shape placed whole: the jobs behind it were not looked at.
     looked_at = Counter((job.project_id, job.gpus_per_node, job.node_count) for job in candidates)
     held = Counter((a.job.project_id, a.job.gpus_per_node, a.job.node_count) for a in placed)
@@ -337,8 +339,11 @@ def hold_in_bulk(
         )
         claim_gpus({gpu_ids[(part.node_id, index)]: part.pk for part in parts for index in part.gpu_indices})
         dispatch_launches([(attempt.pk, [names.get(node_id, "") for node_id, _ in chosen]) for attempt, (_job, chosen) in zip(attempts, batch)])
-        reasons = {job.pk: placed_reason(chosen, names) for job, chosen in batch}
-        changed = record_placements({job.pk: (job.status, reasons[job.pk], attempt.number) for attempt, (job, _) in zip(attempts, batch)})
+        reasons = {job.pk: placed_reason(chosen, names, job) for job, chosen in batch}
+        retries = {job.pk for job, _ in batch if job.status == JobStatus.IMAGE_PULL_BACKOFF}
+        changed = record_placements(
+            {job.pk: (job.status, reasons[job.pk], attempt.number) for attempt, (job, _) in zip(attempts, batch)}, in_place=retries
+        )
         if len(changed) != len(batch):
             raise PlacementConflict(f"{len(batch) - len(changed)} job(s) changed status since the round read them")
     for attempt, (job, _chosen) in zip(attempts, batch):
@@ -361,9 +366,13 @@ def master_port(job_id: int, number: int) -> int:
     return MASTER_PORT_BASE + (job_id * 4 + number) % MASTER_PORT_SPAN
 
 
-def placed_reason(chosen: list[tuple[int, list[int]]], node_names: dict[int, str]) -> str:
-    names = [f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}" for node_id, indices in chosen]
-    return f"placed on {', '.join(names)}; starting"
+def placed_reason(chosen: list[tuple[int, list[int]]], node_names: dict[int, str], job: TrainingJob | None = None) -> str:
+    """"placed on node-a GPU 0; starting", or for an image-pull retry the pull's failure kept
+    with where it is tried again."""
+    names = ", ".join(f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}" for node_id, indices in chosen)
+    if job is not None and job.status == JobStatus.IMAGE_PULL_BACKOFF:
+        return pull_retry_reason(job, f"pulling again on {names}")
+    return f"placed on {names}; starting"
 
 
 def hold_placement(
@@ -383,24 +392,46 @@ def hold_placement(
             if held != len(indices):
                 raise PlacementConflict
         dispatch_launch(attempt, [node_names.get(node_id, "") for node_id, _ in chosen])
-        reason = placed_reason(chosen, node_names)
-        if not record_reason(job.pk, reason=reason, expected={job.status}, actor="placement", attempt=number):
+        reason = placed_reason(chosen, node_names, job)
+        retry = job.status == JobStatus.IMAGE_PULL_BACKOFF
+        if not record_reason(job.pk, reason=reason, expected={job.status}, actor=PLACEMENT, attempt=number, event=not retry):
             raise PlacementConflict  # the job was stopped (or moved on) since the round read it
     logger.info("job %s: attempt %s %s", job.pk, number, reason)
     return attempt
 
 
-def back_off_image_pull(job: TrainingJob, reason: str) -> None:
-    """Record a failed image resolution and when to try again (exponential, capped)."""
-    tries = job.pull_attempts + 1
+# The tail a back-off reason carries after the pull's failure: "; retry 3 in 40s",
+# "; retry 3: pulling again on node-a GPU 0", "; retry 3 due, 1st for 2 GPUs; …".
+RETRY_TAIL = re.compile(r"; retry \d+\b.*\Z", re.S)
+
+
+def pull_failure(reason: str) -> str:
+    """The failure a back-off reason tells, without its retry tail."""
+    return RETRY_TAIL.sub("", reason or "")
+
+
+def pull_retry_reason(job: TrainingJob, what: str) -> str:
+    """A back-off job's reason while its retry is due or under way: the failure, then ``what``."""
+    return f"{pull_failure(job.status_reason)}; retry {job.pull_attempts}{'' if what.startswith('due') else ':'} {what}"
+
+
+def back_off_image_pull(job_id: int, reason: str) -> None:
+    """Record a failed image pull and when to try again (exponential, capped). The first failure
+    moves the job to ``Pending - imagepullbackoff`` (an event); a retry that fails the same way
+    updates that reason in place (the retry count and next time), and one that fails another
+    way ("manifest unknown", then "connection refused") is an event of its own."""
+    job = TrainingJob.objects.only("status", "status_reason", "pull_attempts").get(pk=job_id)
+    tries = job.pull_attempts + 1 if job.status == JobStatus.IMAGE_PULL_BACKOFF else 1
     delay = min(settings.IMAGE_PULL_BACKOFF_BASE * 2 ** (tries - 1), settings.IMAGE_PULL_BACKOFF_MAX)
     next_retry = timezone.now() + timedelta(seconds=delay)
+    reason = reason[: REASON_CHARS - 60]  # the retry tail always fits after it
     full_reason = f"{reason}; retry {tries} in {delay:.0f}s"
     if job.status != JobStatus.IMAGE_PULL_BACKOFF:
-        transition(job.pk, JobStatus.IMAGE_PULL_BACKOFF, reason=full_reason, pull_attempts=tries, next_retry_at=next_retry)
+        transition(job_id, JobStatus.IMAGE_PULL_BACKOFF, reason=full_reason, pull_attempts=tries, next_retry_at=next_retry)
     else:
         record_reason(
-            job.pk, reason=full_reason, expected={JobStatus.IMAGE_PULL_BACKOFF}, pull_attempts=tries, next_retry_at=next_retry
+            job_id, reason=full_reason, expected={JobStatus.IMAGE_PULL_BACKOFF}, pull_attempts=tries, next_retry_at=next_retry,
+            event=pull_failure(job.status_reason) != reason,
         )
 
 

@@ -89,10 +89,26 @@ def claim_parts(attempt: JobAttempt, node_names: Sequence[str]) -> list[AttemptN
 
 def image_pulled(attempt: JobAttempt, part: AttemptNode, reference: str) -> None:
     """The node pulled the attempt's image as ``reference`` (by digest): rank 0's is the one the
-    attempt ran, and a failover runs the same."""
+    attempt ran, and a failover runs the same. A job that was backing off its pull is Pending
+    again: the image is there now (said once, by the first rank to pull it)."""
     if part.rank == 0:
         JobAttempt.objects.filter(pk=attempt.pk).update(image_digest=reference)
         attempt.image_digest = reference
+    job = attempt.job
+    failed = TrainingJob.objects.filter(pk=job.pk, status=JobStatus.IMAGE_PULL_BACKOFF).values_list("pull_attempts", flat=True).first()
+    if failed is None:
+        return
+    after = f" after {failed} failed pull{'s' if failed != 1 else ''}" if failed else ""
+    transition(
+        job.pk,
+        JobStatus.PENDING,
+        reason=f"image {job.image} is available: pulled as {reference} on {part.node.name}{after}; starting attempt {attempt.number}",
+        actor=AGENT,
+        attempt=attempt.number,
+        expected={JobStatus.IMAGE_PULL_BACKOFF},
+        pull_attempts=0,
+        next_retry_at=None,
+    )
 
 
 def part_started(part: AttemptNode, *, runner_pid: int, workdir: str, resume_step: int | None = None) -> bool:
@@ -122,10 +138,30 @@ def stop_begun(attempt: JobAttempt) -> datetime:
     return attempt.stop_requested_at
 
 
-def image_unavailable(job: TrainingJob, why: str) -> None:
-    """The node cannot resolve the job's image: give up the attempt, retry later with back-off."""
-    abandon_open_attempts(job.pk, cause=why)
-    back_off_image_pull(job, why)
+def image_unavailable(attempt: JobAttempt, claimed: Sequence[AttemptNode], why: str) -> None:
+    """The node cannot pull the job's image for ``attempt`` (its ranks ``claimed`` here): give up
+    the placement and retry later with back-off.
+
+    A placement whose image never arrived started no process: it is no attempt of the job, so its
+    row goes (GPUs freed) and the retry's placement takes the same number; the back-off's reason
+    keeps why. Only when another agent holds a rank of it (a multi-node job, that rank being
+    started elsewhere) is it kept, abandoned, for that agent to see and end."""
+    ours = [part.pk for part in claimed]
+    with transaction.atomic():
+        others = AttemptNode.objects.filter(attempt=attempt).exclude(pk__in=ours)
+        expected = others.count()
+        # Hold every rank no agent has claimed yet (compare-and-swap), so none is started while
+        # the placement goes; one short means another agent holds a rank.
+        if others.filter(runner_pid__isnull=True).update(runner_pid=CLAIMED) == expected:
+            release_gpus(attempt)
+            forgotten = JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).delete()[0] > 0
+        else:
+            forgotten = False
+    if forgotten:
+        logger.info("job %s: placement %s given up before it started: %s", attempt.job_id, attempt.number, why)
+    else:
+        abandon_open_attempts(attempt.job_id, cause=why)
+    back_off_image_pull(attempt.job_id, why)
 
 
 def launch_failed(attempt: JobAttempt, error: str) -> None:
