@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.core.paginator import Page, Paginator
+from django.db import connections
 from django.db.models import Q, QuerySet
 from django.utils.functional import cached_property
 
@@ -31,12 +32,15 @@ def capped_count(queryset: QuerySet, parts: list[Q] | None = None) -> int:
     cap answers "more"; else the union of the parts, each under the cap, is counted exactly."""
     if not parts:
         return queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
+    if connections[queryset.db].features.supports_slicing_ordering_in_compound:
+        # PostgreSQL, one query: the union of each part's first COUNT_CAP + 1 rows holds more
+        # than COUNT_CAP rows exactly when the whole does.
+        capped = [queryset.filter(part).order_by().values("pk")[: COUNT_CAP + 1] for part in parts]
+        return min(capped[0].union(*capped[1:]).count(), COUNT_CAP + 1)
     if any(capped_count(queryset.filter(part)) > COUNT_CAP for part in parts):
         return COUNT_CAP + 1
-    either = Q()
-    for part in parts:
-        either |= Q(pk__in=queryset.filter(part).order_by().values("pk"))
-    return capped_count(queryset.model._base_manager.filter(either))
+    each = [queryset.filter(part).order_by().values("pk") for part in parts]
+    return each[0].union(*each[1:]).count()
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,8 @@ class ListBranches:
 
     ``rows``: each an index range in the list's order (jobs.models' ``job_*_created`` indexes), for
     reading a page (``rows_between``). ``counts``: the access parts (own jobs, each project's), for
-    counting a status-filtered list (``capped_count``), where one query over "owner OR project"
-    reads the status's rows of every user."""
+    counting the list (``capped_count``): one count over "owner OR project" reads other users' jobs
+    (every job of a filtered status on SQLite; a scan on PostgreSQL for a user with few jobs)."""
 
     rows: list[Q] = field(default_factory=list)
     counts: list[Q] = field(default_factory=list)
@@ -66,7 +70,10 @@ def list_branches(user, statuses: Iterable[str] = ()) -> ListBranches:
     rows = [part & Q(status=status) for part in parts for status in wanted] if wanted else parts
     if rows == [Q()] or len(rows) > MAX_BRANCHES:
         rows = []
-    counts = parts if wanted and len(parts) > 1 and len(parts) <= MAX_BRANCHES else []
+    # SQLite counts the parts one query each, so only where the plain count reads other users' jobs
+    # (a status filter); PostgreSQL counts them in one query, and also scans for the plain one.
+    postgres = connections[Project.objects.db].features.supports_slicing_ordering_in_compound
+    counts = parts if (wanted or postgres) and 1 < len(parts) <= MAX_BRANCHES else []
     return ListBranches(rows=rows, counts=counts)
 
 
@@ -76,9 +83,15 @@ def rows_between(queryset: QuerySet, branches: list[Q], bottom: int, top: int) -
     its branch's first ``top``, so the rows and their order are the same, and the database sorts at
     most ``len(branches) * top`` ids, not every visible job. The rows themselves are then fetched
     by id alone, so no index of the filters competes with the ids."""
-    if not branches:
-        return queryset[bottom:top]
+    if len(branches) < 2 or top <= bottom:
+        return (queryset.filter(branches[0]) if len(branches) == 1 else queryset)[bottom:top]
     ordering = queryset.query.order_by or queryset.model._meta.ordering
+    if connections[queryset.db].features.supports_slicing_ordering_in_compound:
+        # PostgreSQL: "id IN (a UNION b …)", each part its branch's first ids. It plans
+        # "id IN (a) OR id IN (b)" as a walk down the date index testing each row against both,
+        # which reads the whole table for a user whose jobs are old.
+        each = [queryset.filter(branch).order_by(*ordering).values("pk")[:top] for branch in branches]
+        return queryset.filter(pk__in=each[0].union(*each[1:]))[bottom:top]
     firsts = Q()
     for branch in branches:
         firsts |= Q(pk__in=queryset.filter(branch).order_by(*ordering).values("pk")[:top])
