@@ -58,16 +58,29 @@ def count_of(queryset, project_field: str) -> Coalesce:
 
 
 def project_usage(projects: QuerySet[Project]) -> list[ProjectUsage]:
-    """Usage of each project, in one query whatever the number of jobs. Waiting are jobs
-    Pending (or in image back-off) with no placement yet."""
+    """Usage of each project, in two queries whatever the number of jobs. Waiting are jobs
+    Pending (or in image back-off) with no placement yet.
+
+    The GPUs held are counted from the fleet's held GPUs, grouped by project: a count correlated
+    on the project made SQLite walk every job the project ever had (23 ms at 100,000 jobs)."""
     placed = JobAttempt.objects.filter(state=JobAttempt.State.PLACED).values("job_id")
     waiting = TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]).exclude(pk__in=placed)
-    rows = projects.annotate(
-        held=count_of(GPU.objects.filter(allocated_to__isnull=False), "allocated_to__attempt__job__project"),
-        waiting=count_of(waiting, "project"),
-        cpu=count_of(TrainingJob.objects.filter(status__in=ON_NODE, gpus_per_node=0), "project"),
+    rows = list(
+        projects.annotate(
+            waiting=count_of(waiting, "project"),
+            cpu=count_of(TrainingJob.objects.filter(status__in=ON_NODE, gpus_per_node=0), "project"),
+        )
     )
-    return [ProjectUsage(p, p.held, p.waiting, p.cpu) for p in rows]
+    held: dict[int, int] = {}
+    if rows:
+        held = dict(
+            GPU.objects.filter(allocated_to__isnull=False)
+            .order_by()
+            .values_list("allocated_to__attempt__job__project")
+            .annotate(n=Count("pk"))
+            .values_list("allocated_to__attempt__job__project", "n")
+        )
+    return [ProjectUsage(p, held.get(p.pk, 0), p.waiting, p.cpu) for p in rows]
 
 
 def why_not_running(job: TrainingJob) -> str:
