@@ -56,8 +56,9 @@ KILL_REPEAT = 1.0  # seconds between SIGKILLs to a run that has not exited yet
 
 
 def db_beat_interval() -> float:
-    """How often a scale-out agent also writes ``Node.last_heartbeat`` (always below the timeout)."""
-    return min(settings.NODE_HEARTBEAT_DB_INTERVAL, settings.NODE_HEARTBEAT_TIMEOUT * 2 / 3)
+    """How often a scale-out agent also writes ``Node.last_heartbeat``. Not tied to the (short)
+    lease: the sweep gives a node with no beat in Redis that long on top (``heartbeats.db_deadline``)."""
+    return settings.NODE_HEARTBEAT_DB_INTERVAL
 
 
 def beat_now(node_names: list[str]) -> None:
@@ -194,7 +195,7 @@ class NodeAgent:
         now_m = time.monotonic()
         if now_m < self.next_beat:
             return
-        self.next_beat = now_m + beat_interval()
+        self.next_beat = now_m + beat_interval() * random.uniform(0.85, 1.0)  # jitter: never later than the interval
         now = timezone.now()
         lost_here = False
         to_db = not settings.SCALE_OUT or now_m >= self.next_db_beat

@@ -17,9 +17,11 @@ import os
 import time
 from collections import Counter as Tally
 from datetime import datetime
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.db.models import Count, OuterRef, Q, Subquery, Sum
+from django.db.models.fields.json import KeyTextTransform
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest, multiprocess, start_http_server
@@ -61,6 +63,15 @@ def seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     if later is None or earlier is None:
         return None
     return max((later - earlier).total_seconds(), 0.0)
+
+
+def outage_start(run_end: datetime | None, last_heartbeat) -> datetime | None:
+    """When a failed-over run's outage began: its lost node's last heartbeat (unix time, stored by
+    the lost-node sweep; the run was closed only a lease later), else the run's end."""
+    try:
+        return datetime.fromtimestamp(float(last_heartbeat), tz=dt_timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return run_end
 
 
 def failure_cause(verdict: str, evidence: dict) -> str:
@@ -123,12 +134,17 @@ class DatabaseCollector:
         previous = JobAttempt.objects.filter(job=OuterRef("job"), number=OuterRef("number") - 1)
         resumed = (
             JobAttempt.objects.filter(number__gte=2, started_at__isnull=False)
-            .annotate(prev_end=Subquery(previous.values("ended_at")[:1]), prev_verdict=Subquery(previous.values("verdict")[:1]))
+            .annotate(
+                prev_end=Subquery(previous.values("ended_at")[:1]),
+                prev_verdict=Subquery(previous.values("verdict")[:1]),
+                prev_beat=Subquery(previous.annotate(beat=KeyTextTransform("last_heartbeat", "evidence")).values("beat")[:1]),
+            )
             .filter(prev_verdict=HARDWARE)
-            .values_list("started_at", "prev_end")
+            .values_list("started_at", "prev_end", "prev_beat")
         )
-        latencies = [s for s in (seconds(start, end) for start, end in resumed.iterator()) if s is not None]
-        yield histogram("satrain_failover_recovery_seconds", "From a hardware-faulted run's end to the job Running again",
+        latencies = [s for s in (seconds(start, outage_start(end, beat)) for start, end, beat in resumed.iterator()) if s is not None]
+        yield histogram("satrain_failover_recovery_seconds",
+                        "From the outage's start (a lost node's last heartbeat, else the faulted run's end) to the job Running again",
                         LATENCY_BUCKETS, latencies)
 
     # A running job's latest usage sample (agent.sampling): GPU figures are the mean utilisation and

@@ -350,13 +350,16 @@ HEALTH_MONITOR_INTERVAL = env_float("HEALTH_MONITOR_INTERVAL", 0.5)
 HEALTH_EVENT_RETENTION = env_float("HEALTH_EVENT_RETENTION", 7 * 24 * 3600.0)
 # The kernel log the health monitor reads with a cursor (falls back to journalctl -k, then dmesg).
 KERNEL_LOG_PATH = env_str("KERNEL_LOG_PATH", "/dev/kmsg")
-# A node whose agent has not reported for this long is lost; its running jobs fail over. Well above
-# the database's busy timeout (SQLite: 30 s): a beat held up by one lock never makes a node lost
-# (a system check in failover keeps it so).
-NODE_HEARTBEAT_TIMEOUT = env_float("NODE_HEARTBEAT_TIMEOUT", 90.0)
-# Scale-out (Redis): agents beat into Redis every few seconds and write Node.last_heartbeat to the
-# database only this often (and on a state change), so the admin stays roughly true and a Redis
-# flush is survivable. Kept below NODE_HEARTBEAT_TIMEOUT (at most two thirds of it is used).
+# A node whose agent has not reported for this long is lost; its running jobs fail over (seconds).
+# Scale-out on PostgreSQL: agents beat into Redis every NODE_HEARTBEAT_TIMEOUT / 6 (2 s at the
+# default 12 s, with jitter), a write no database lock holds up, so the lease can be short. With
+# SQLite (embedded, or Redis beside SQLite) an agent's loop may wait out SQLite's 30 s busy timeout
+# between two beats, so the default stays 90 s.
+# A system check in failover (failover/checks.py) keeps each mode's value safe.
+NODE_HEARTBEAT_TIMEOUT = env_float("NODE_HEARTBEAT_TIMEOUT", 12.0 if SCALE_OUT and "sqlite" not in DATABASES["default"]["ENGINE"] else 90.0)
+# Scale-out: agents also write Node.last_heartbeat to the database this often (and on a state
+# change), so the admin stays roughly true and a Redis flush is survivable: a node with no beat in
+# Redis at all is judged by this beat, against NODE_HEARTBEAT_DB_INTERVAL + NODE_HEARTBEAT_TIMEOUT.
 NODE_HEARTBEAT_DB_INTERVAL = env_float("NODE_HEARTBEAT_DB_INTERVAL", 60.0)
 # When more than this fraction of the Ready nodes (and more than 3) look lost in one sweep, none is
 # marked: a mass heartbeat loss is taken as a control-plane or broker outage, and nodes get a fresh

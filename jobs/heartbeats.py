@@ -6,7 +6,8 @@ lost that it must come back as Ready). The lost-node sweep asks Redis only for t
 (``ZRANGEBYSCORE``), so its cost does not grow with the fleet. The database's
 ``Node.last_heartbeat`` is still written by the agent every ``NODE_HEARTBEAT_DB_INTERVAL`` (and on
 a state change), so the admin and ``/metrics`` stay roughly true and a Redis flush is survivable:
-the sweep takes the newer of the two.
+the sweep takes the newer of the two, and a node with no beat in Redis at all is judged by the
+database's beat against ``db_deadline`` (the short lease is Redis's alone).
 
 An agent restarting never clears its beat (nothing here deletes a score), and the sweep notes a
 mass heartbeat loss (``note_outage``) so that nodes get a fresh full timeout once beats resume.
@@ -23,8 +24,17 @@ OUTAGE = "node-heartbeats:outage"
 
 
 def beat_interval() -> float:
-    """Three beats per timeout, at most every 5 s: one late beat never makes a node lost."""
-    return min(5.0, settings.NODE_HEARTBEAT_TIMEOUT / 3)
+    """Six beats per timeout (2 s at scale-out's 12 s), at most every 5 s: a node is lost only
+    after several beats in a row went missing, never for one late or dropped beat. Agents beat a
+    little early at random (``NodeAgent.heartbeat``), so a fleet restarted at once spreads out."""
+    return min(5.0, settings.NODE_HEARTBEAT_TIMEOUT / 6)
+
+
+def db_deadline(now: float) -> float:
+    """Unix time before which a node's database beat alone makes it lost (scale-out, a node with
+    no beat in Redis, e.g. after a flush): that beat is written only every
+    ``NODE_HEARTBEAT_DB_INTERVAL``, so it gets that long on top of the timeout."""
+    return now - settings.NODE_HEARTBEAT_DB_INTERVAL - settings.NODE_HEARTBEAT_TIMEOUT
 
 
 def client():

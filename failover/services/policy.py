@@ -144,7 +144,10 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
     if lost or gone:
         gone = gone or parts
         names = ", ".join(p.node.name for p in gone)
-        verdict = Verdict(hardware=True, reason=f"node {names} lost: {attempt.cause}", evidence={"source": "heartbeat", "cause": attempt.cause})
+        # The sweep's cause already names the loss ("node node-a lost (no heartbeat for 12s)"): said once.
+        reason = attempt.cause if lost and attempt.cause else f"node {names} lost: {attempt.cause}"
+        since = {k: v for k, v in attempt.evidence.items() if k == "last_heartbeat"}  # stored by end_lost_part
+        verdict = Verdict(hardware=True, reason=reason, evidence={"source": "heartbeat", "cause": attempt.cause, **since})
         # A silent node is NotReady until its heartbeat returns; that alone is no hardware
         # reading, so it is excluded for this job but not marked unhealthy.
         exclude = {p.node_id: [] for p in gone}
@@ -321,9 +324,10 @@ def sweep_lost_nodes() -> None:
             return
     if outage and outage > deadline:
         return  # beats were away for everyone a moment ago: a full timeout from then
-    # Scale-out: the database's beat is written only every NODE_HEARTBEAT_DB_INTERVAL, so it names
-    # candidates only past the full timeout (a Redis flush); Redis names the rest.
-    db_before = deadline if settings.SCALE_OUT else suspect_before
+    # Scale-out: the database's beat is written only every NODE_HEARTBEAT_DB_INTERVAL, so alone (no
+    # beat in Redis: a flush) it makes a node lost only that long past the timeout; Redis's beats
+    # hold the short lease and name the rest.
+    db_before = heartbeats.db_deadline(now.timestamp()) if settings.SCALE_OUT else suspect_before
     candidates = list(
         Node.objects.filter(state=Node.State.READY)
         .filter(Q(last_heartbeat__lt=datetime.fromtimestamp(db_before, tz=dt_timezone.utc)) | Q(name__in=list(redis_beats)))
@@ -337,7 +341,7 @@ def sweep_lost_nodes() -> None:
         last = max(redis_beats.get(name, 0.0), db_beat.timestamp() if db_beat else 0.0)
         if last < suspect_before and not serves_node(name):
             suspects.append((pk, name, last))
-    lost = [s for s in suspects if s[2] < deadline]
+    lost = [s for s in suspects if s[2] < deadline]  # (a node with no beat in Redis is a candidate only past db_before)
     if len(suspects) > 3 and len(suspects) > settings.NODE_LOST_MAX_FRACTION * Node.objects.filter(state=Node.State.READY).count():
         logger.error(
             "mass heartbeat loss: %s of the Ready nodes missed their beats (%s past the %ss timeout), assuming a control-plane "
@@ -361,19 +365,28 @@ def sweep_lost_nodes() -> None:
                 logger.warning("could not mark %s lost in Redis", name, exc_info=True)
         logger.warning("node %s lost: %s", name, reason)
         for part in AttemptNode.objects.filter(node_id=pk, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]).select_related("attempt"):
-            end_lost_part(part, cause=f"node {name} lost ({reason})")
+            end_lost_part(part, cause=f"node {name} lost ({reason})", last_heartbeat=last or None)
 
 
 _last_outage: float | None = None  # unix time this process last saw a mass heartbeat loss
 
 
-def end_lost_part(part: AttemptNode, *, cause: str) -> None:
+def end_lost_part(part: AttemptNode, *, cause: str, last_heartbeat: float | None = None) -> None:
+    """Close a lost node's rank. ``last_heartbeat`` (unix time) goes into the attempt's evidence:
+    the outage began then, and ``satrain_failover_recovery_seconds`` counts from it."""
     now = timezone.now()
     if not AttemptNode.objects.filter(pk=part.pk, ended_at__isnull=True).update(ended_at=now):
         return
     terminate_orphan(part)
     release_part_gpus(part)
     attempt = part.attempt
+    if last_heartbeat:
+        # Not judged yet (the verdict overwrites the evidence and keeps this key); the earliest
+        # lost node of a multi-node attempt counts.
+        attempt.refresh_from_db(fields=["evidence"])
+        known = attempt.evidence.get("last_heartbeat")
+        attempt.evidence = {**attempt.evidence, "last_heartbeat": min(last_heartbeat, known) if known else last_heartbeat}
+        JobAttempt.objects.filter(pk=attempt.pk, verdict="").update(evidence=attempt.evidence)
     # Ranks not started yet are ended here (claimed, so no agent starts them); started ones
     # are asked to stop.
     AttemptNode.objects.filter(attempt=attempt, ended_at__isnull=True, runner_pid__isnull=True).update(runner_pid=0, ended_at=now)
