@@ -53,7 +53,11 @@ class OutputReader:
 
     def drain_slice(self, part: AttemptNode, directory: Path, *, complete: bool) -> bool:
         offset = self.offsets.get(part.pk, 0)
-        piece = min(READ_SLICE, runfiles.OUTPUT_READ_MAX_BYTES)
+        # A part the control plane closed while its agent was away (a lost node's stray run):
+        # its lines are late, each ingest of them moves the next attempt's lines up to make room
+        # (``logs.services.make_room``), so they go in as few, large batches.
+        late = part.ended_at is not None
+        piece = runfiles.OUTPUT_READ_MAX_BYTES if late else min(READ_SLICE, runfiles.OUTPUT_READ_MAX_BYTES)
         chunk = runfiles.read_output(directory, offset, complete=complete, max_bytes=piece)
         if not chunk.lines and chunk.unreadable and piece < runfiles.OUTPUT_READ_MAX_BYTES:
             # One record longer than a slice (a long line, escaped): read it whole.
@@ -61,8 +65,9 @@ class OutputReader:
         if chunk.unreadable:
             logger.warning("job %s: skipped %s unreadable output record(s)", part.attempt.job_id, chunk.unreadable)
         lines = [raw_line(line) for line in chunk.lines]
-        for start in range(0, len(lines), INGEST_BATCH):
-            ingest_lines(job_id=part.attempt.job_id, stream=part.stream, attempt=part.attempt.number, lines=lines[start : start + INGEST_BATCH])
+        batch = max(len(lines), 1) if late else INGEST_BATCH
+        for start in range(0, len(lines), batch):
+            ingest_lines(job_id=part.attempt.job_id, stream=part.stream, attempt=part.attempt.number, lines=lines[start : start + batch])
         self.offsets[part.pk] = chunk.offset
         return chunk.at_end
 

@@ -3,6 +3,10 @@
 Messages to the client (JSON):
 * ``{"type": "attempts", "banners": {"2": "attempt 2 on node-b … after a GPU fault …"}}``
 * ``{"type": "lines", "lines": [{"seq", "attempt", "ts", "text"}, …], "backlog": bool}``
+* ``{"type": "inserted", "from_seq": 473}``: lines an ended attempt delivered late (its node's
+  agent back after the node was taken as lost) were stored in that attempt's place, at this seq,
+  and the lines from it on moved up: the client drops the lines it holds from that seq on, and
+  the ``lines`` that follow bring the stream from there again.
 * ``{"type": "end", "status": "Completed"}`` once the job has finished, then the socket closes.
 Without ``after`` the backlog is the stream's last ``tail`` lines (default 1000); with it, every
 line after that ``seq``. Live lines are sent in batches, at most 10 messages a second, each line
@@ -137,6 +141,23 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
             # client gets at most 1 / BATCH_INTERVAL messages a second.
             wait = self.last_sent + BATCH_INTERVAL - asyncio.get_running_loop().time()
             self.flusher = asyncio.ensure_future(self.flush_later(max(wait, 0.0)))
+
+    async def log_inserted(self, event):
+        """Late lines of an ended attempt went in at ``from_seq``: what was sent from there on has
+        moved, so say so and send the stream again from there (the database has it)."""
+        from_seq = event["from_seq"]
+        if self.ended:
+            return
+        async with self.sending:
+            if self.ended:
+                return
+            self.pending = []
+            self.gap = False
+            if from_seq <= self.sent_seq:
+                await self.send_json({"type": "inserted", "from_seq": from_seq})
+                self.sent_seq = from_seq - 1
+            self.last_seq = self.sent_seq
+            await self.send_stored(backlog=False)
 
     async def job_status(self, event):
         if event.get("status") == "Running" and event.get("from") != "Pending":

@@ -1,4 +1,6 @@
-"""Log lines of Training Jobs: one merged, ``seq``-ordered stream per job and stream name."""
+"""Log lines of Training Jobs: one merged, ``seq``-ordered stream per job and stream name, in
+attempt order (a late line of an ended attempt is stored in that attempt's place, see
+``logs.services.ingest_lines``)."""
 from __future__ import annotations
 
 from django.db import models
@@ -10,7 +12,10 @@ class LogLine(models.Model):
     job = models.ForeignKey("jobs.TrainingJob", on_delete=models.CASCADE, related_name="log_lines", db_index=False)
     stream = models.CharField(max_length=32, default="master")
     attempt = models.PositiveSmallIntegerField()
-    # Monotonic per (job, stream) across attempts: the merged stream is ordered by it.
+    # Contiguous per (job, stream) from 1: the merged stream is ordered by it, attempt by attempt
+    # (all of attempt 1, then all of attempt 2 …), and within an attempt by ``line_no``. Lines an
+    # ended attempt delivers late (a lost node's agent back) take seqs in their attempt's place
+    # and the later attempts' lines move up (``logs.services.make_room``).
     seq = models.BigIntegerField()
     # The line's number within its attempt's output, as the node agent counted it; with the
     # attempt it makes delivery idempotent.
@@ -39,6 +44,9 @@ class LogVolume(models.Model):
     # "stream/attempt" → last line_no counted (delivery is at least once); "stream" → marker's seq.
     seen = models.JSONField(default=dict, blank=True)
     markers = models.JSONField(default=dict, blank=True)
+    # stream → {"attempt": the seq of its first line}: where a line delivered late for an ended
+    # attempt goes (before the first line of the next attempt that has any).
+    starts = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.lines} lines, {self.dropped} dropped"

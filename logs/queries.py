@@ -40,6 +40,15 @@ def last_seq(job_id: int, stream: str) -> int:
     return _scalar("SELECT MAX(seq) FROM {table} WHERE job_id = %s AND stream = %s", [job_id, stream]) or 0
 
 
+def attempt_first_seqs(job_id: int, stream: str) -> list[tuple[int, int]]:
+    """Each attempt of the stream with the seq of its first line (read once per stream, for
+    lines stored before ``LogVolume.starts`` kept them)."""
+    table = connection.ops.quote_name(LogLine._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT attempt, MIN(seq) FROM {table} WHERE job_id = %s AND stream = %s GROUP BY attempt", [job_id, stream])
+        return [(attempt, first) for attempt, first in cursor.fetchall()]
+
+
 def stored_line_count(job_id: int) -> int:
     """How many lines the job has stored (counted once, for a job whose lines predate its ``LogVolume``)."""
     return LogLine.objects.filter(job_id=job_id).count()

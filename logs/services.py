@@ -18,7 +18,7 @@ from prometheus_client import Counter
 from jobs.realtime import log_group, publish
 from logs.models import LogLine, LogVolume
 from logs.progress import publish_progress, record_metrics
-from logs.queries import last_line_no, last_seq, stored_line_count
+from logs.queries import attempt_first_seqs, last_line_no, last_seq, stored_line_count
 
 logger = logging.getLogger(__name__)
 
@@ -47,10 +47,15 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
     """Store a batch of lines of one attempt, skipping those already stored.
 
     Delivery is at least once: a batch may come again after a retry or a restart, so lines whose
-    ``line_no`` is not past the last one counted of the attempt are dropped (``apply_log_cap``),
-    and ``seq`` continues from the stream's last one. The rows go in as plain tuples in one
-    statement (``insert_rows``: the ORM's per-object work cost more than the database's). Returns the stored lines as the payloads
-    published after commit, in order.
+    ``line_no`` is not past the last one counted of the attempt are dropped (``apply_log_cap``).
+    The stream reads attempt by attempt: ``seq`` continues from the stream's last one, except for
+    a batch of an attempt that a later attempt already follows in the stream (a lost node's agent
+    delivering what its run wrote meanwhile), which takes the seqs where its attempt ends, the
+    later attempts' lines moving up to make room (``make_room``); viewers are told to read the
+    stream again from there (a ``log.inserted`` message instead of ``log.lines``). The rows go
+    in as plain tuples in one statement (``insert_rows``: the ORM's per-object work cost more
+    than the database's). Returns the stored lines as the payloads published after commit, in
+    order.
     """
     if not lines:
         return []
@@ -62,28 +67,66 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
     table = connection.ops.quote_name(LogLine._meta.db_table)
     with transaction.atomic():
         # The job's LogVolume row, locked first: ingesters of one job (two agents after a lost
-        # node) take turns, so each reads the last seq and line number the other one wrote.
+        # node) take turns, so each reads the last seq, line numbers and attempt starts the other
+        # one wrote, and no two batches are given the same seqs.
         volume = locked_volume(job_id)
-        seq = last_seq(job_id, stream)
-        fresh, every = apply_log_cap(volume, stream, attempt, sorted(lines, key=LINE_NO), next_seq=seq + 1)
+        starts = attempt_starts(volume, stream)
+        later = [first for number, first in starts.items() if int(number) > attempt]
+        first_seq = min(later) if later else last_seq(job_id, stream) + 1
+        marker = volume.markers.get(stream)
+        fresh, every = apply_log_cap(volume, stream, attempt, sorted(lines, key=LINE_NO), next_seq=first_seq)
         if not every:
             return []
+        fields = ["lines", "dropped", "seen", "markers"]
+        if fresh and (later or str(attempt) not in starts):
+            if later:
+                make_room(table, job_id, stream, first_seq, len(fresh))
+                for number, first in starts.items():
+                    if int(number) > attempt:
+                        starts[number] = first + len(fresh)
+                if marker is not None and marker >= first_seq:
+                    volume.markers[stream] = marker + len(fresh)
+            starts.setdefault(str(attempt), first_seq)
+            fields.append("starts")
+        volume.save(update_fields=fields)
         stamps = [utc_stamp(ln.ts) for ln in fresh]
         if fresh:
-            insert_rows(table, [(job_id, stream, attempt, seq + i, ln.line_no, stamp, ln.text) for i, (ln, stamp) in enumerate(zip(fresh, stamps), start=1)])
+            insert_rows(table, [(job_id, stream, attempt, first_seq + i, ln.line_no, stamp, ln.text) for i, (ln, stamp) in enumerate(zip(fresh, stamps))])
         stored = [
-            {"seq": seq + i, "attempt": attempt, "ts": stamp.replace(" ", "T", 1) + "+00:00", "text": ln.text}
-            for i, (ln, stamp) in enumerate(zip(fresh, stamps), start=1)
+            {"seq": first_seq + i, "attempt": attempt, "ts": stamp.replace(" ", "T", 1) + "+00:00", "text": ln.text}
+            for i, (ln, stamp) in enumerate(zip(fresh, stamps))
         ]
-        payload = {"type": "log.lines", "lines": stored}
         if stored:
+            # Inserted before a later attempt's lines: a viewer past ``first_seq`` holds lines whose
+            # seqs moved, so it is told to read the stream again from there.
+            payload = {"type": "log.inserted", "from_seq": first_seq} if later else {"type": "log.lines", "lines": stored}
             transaction.on_commit(lambda: publish(log_group(job_id, stream), payload))
             transaction.on_commit(lambda: LINES_INGESTED.inc(len(stored)))
+            if later:
+                logger.info("job %s: %s late line(s) of attempt %s stored before the next attempt's (from seq %s)", job_id, len(stored), attempt, first_seq)
         # Progress and checkpoints are read from every line, those past the log cap included.
         progress = record_metrics(job_id=job_id, stream=stream, attempt=attempt, lines=[(ln.ts, ln.text) for ln in every])
         if progress is not None:
             transaction.on_commit(lambda: publish_progress(job_id, progress))
     return stored
+
+
+def attempt_starts(volume: LogVolume, stream: str) -> dict[str, int]:
+    """The stream's ``{"attempt": first seq}`` in ``volume.starts`` (read from the rows once, for a
+    stream whose lines predate it; a new stream's read finds none)."""
+    starts = volume.starts.get(stream)
+    if starts is None:
+        starts = volume.starts[stream] = {str(number): first for number, first in attempt_first_seqs(volume.job_id, stream)}
+    return starts
+
+
+def make_room(table: str, job_id: int, stream: str, from_seq: int, count: int) -> None:
+    """Move the stream's lines from ``from_seq`` on up by ``count`` seqs, inside the caller's
+    transaction (the job's LogVolume row locked). Through negative seqs: a unique index is
+    checked row by row, and ``seq + count`` would meet a row not moved yet."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET seq = -(seq + %s) WHERE job_id = %s AND stream = %s AND seq >= %s", [count, job_id, stream, from_seq])
+        cursor.execute(f"UPDATE {table} SET seq = -seq WHERE job_id = %s AND stream = %s AND seq < 0", [job_id, stream])
 
 
 def utc_stamp(ts: datetime) -> str:
@@ -139,7 +182,7 @@ def apply_log_cap(
     from the rows), and only lines past it count. Past the cap, lines are counted and dropped;
     the first time a stream passes it, a marker line takes the place of its first dropped line,
     and later batches update the marker's count. The counts live in the job's ``LogVolume`` row
-    (locked for the batch), never in a count of rows.
+    (locked for the batch, saved by the caller), never in a count of rows.
     """
     cap = settings.LOG_MAX_LINES_PER_JOB
     job_id = volume.job_id
@@ -162,7 +205,6 @@ def apply_log_cap(
             LogLine.objects.filter(job_id=job_id, stream=stream, seq=volume.markers[stream]).update(text=cap_marker(cap, volume.dropped))
     volume.lines += len(kept)
     volume.seen[key] = counted[-1].line_no
-    volume.save(update_fields=["lines", "dropped", "seen", "markers"])
     return kept, counted
 
 

@@ -97,7 +97,7 @@ def bench_drain(job_id: int, texts: list[str], t0: float, work: Path, chunk: int
         json.dumps({"n": i + 1, "t": t0 + i * 0.001, "s": t}, ensure_ascii=False).encode() + b"\n" for i, t in enumerate(texts)
     ]
     agent = NodeAgent([], name="bench")
-    part = SimpleNamespace(pk=10_000_000 + job_id, stream="master", attempt=SimpleNamespace(job_id=job_id, number=1))
+    part = SimpleNamespace(pk=10_000_000 + job_id, stream="master", ended_at=None, attempt=SimpleNamespace(job_id=job_id, number=1))
     res = IngestResult(f"NodeAgent.drain (≤{INGEST_BATCH}/ingest)", chunk, len(texts), 0.0)
     with open(path, "wb") as fh:
         for i in range(0, len(encoded), chunk):

@@ -78,6 +78,13 @@ export function createSegment(attempts) {
       segment.keepNewest();
     },
 
+    // Drops the lines from `seq` on (late lines of an ended attempt went in there, and the
+    // lines after them moved up); the socket or REST brings them again.
+    dropFrom(seq) {
+      segment.lines = segment.lines.filter((l) => l.seq < seq);
+      segment.rebuild();
+    },
+
     // The first item whose seq is >= seq, skipping to the line when it lands on a banner.
     itemIndexOfSeq(seq) {
       const items = segment.items;

@@ -32,11 +32,27 @@ export function followTail({ transport, segment, rows, status, attempts, resumeK
     status.show();
   }
 
+  // Late lines of an ended attempt were stored in that attempt's place, at `fromSeq`, and the
+  // lines from there on moved up: what the segment holds from there goes, and the socket's next
+  // lines bring it again (while at the tail; otherwise REST, when the reader gets there).
+  function onInserted(fromSeq) {
+    if (!(fromSeq > 0)) { return; }
+    segment.liveSeq = Math.min(segment.liveSeq, fromSeq - 1);
+    const last = segment.last();
+    if (!last || last.seq < fromSeq) { return; }
+    if (segment.lines[0].seq >= fromSeq) { segment.atTail = true; }
+    rows.keepingPlace(() => { segment.dropFrom(fromSeq); });
+    rows.invalidate();
+    rows.schedule();
+  }
+
   function onMessage(message) {
     if (message.type === "attempts") {
       attempts.setBanners(message.banners || {});
       rows.invalidate();
       rows.schedule();
+    } else if (message.type === "inserted") {
+      onInserted(message.from_seq);
     } else if (message.type === "lines") {
       onLines(message.lines || []);
     } else if (message.type === "end") {
