@@ -228,7 +228,12 @@ def jobs_logs(
     def reconnect(seq: int, why: str) -> None:
         err.print(f"[yellow]{why}; reconnecting after line {seq}[/]", highlight=False)
 
-    status = call(follow, api, job_id, stream=stream, tail=tail, on_line=emit, on_banner=banner, on_reconnect=reconnect)
+    def inserted(seq: int) -> None:
+        err.print(f"[yellow]lines of an earlier attempt arrived late (its node came back) and were stored before line {seq}; "
+                  f"the log again from line {seq}:[/]", highlight=False)
+
+    status = call(follow, api, job_id, stream=stream, tail=tail, on_line=emit, on_banner=banner, on_reconnect=reconnect,
+                  on_inserted=inserted)
     err.print(f"[bold]job {job_id}: {status}[/]", highlight=False)
 
 

@@ -64,12 +64,15 @@ def follow(
     tail: int | None = None,
     on_banner: Callable[[str, str], None] | None = None,
     on_reconnect: Callable[[int, str], None] | None = None,
+    on_inserted: Callable[[int], None] | None = None,
     max_wait: float = 30.0,
 ) -> str:
     """Follow the stream until the job ends; returns its final status.
 
     The first connection starts at the last ``tail`` lines (every line when None); after a drop
     the next one asks for the lines after the last seq seen, with backoff up to ``max_wait``.
+    Where lines an ended attempt delivered late (its node came back) went in before lines already
+    printed, ``on_inserted(from_seq)`` is told and the stream is printed again from that seq.
     """
     last_seq: int | None = None
     banners_seen: set[str] = set()
@@ -98,6 +101,12 @@ def follow(
                                 on_line(line)
                         if last_seq is None:
                             last_seq = 0
+                    elif kind == "inserted":
+                        from_seq = int(message["from_seq"])
+                        if last_seq is not None and from_seq <= last_seq:
+                            if on_inserted is not None:
+                                on_inserted(from_seq)
+                            last_seq = from_seq - 1
                     elif kind == "attempts" and on_banner is not None:
                         for attempt, text in sorted(message.get("banners", {}).items(), key=lambda kv: int(kv[0])):
                             if attempt not in banners_seen:
