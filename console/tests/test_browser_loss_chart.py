@@ -14,14 +14,23 @@ EPOCHS = "python -c \"for s in range(1, 41): print(f'epoch {s / 20:.2f} step {s}
 CHECKPOINTS = "python -m jobs.examples.train_ckpt --steps 60 --save-every 20 --sleep 0"
 
 
-def test_the_loss_chart_has_an_epoch_axis_where_the_log_tells_the_epoch(users, page):
-    console = users
-    job = console.create_job(OWNER[0], "loss-epochs", EPOCHS)
-    assert console.wait_for_job(job["id"], {"Completed", "Failed", "Pending - internalerror"}, timeout=120)["status"] == "Completed"
+def completed_job(console, page, name: str, command: str) -> int:
+    """A job of OWNER run to its end, and the page signed in as its owner."""
+    job = console.create_job(OWNER[0], name, command)
+    assert console.wait_for_job(job["id"], {"Completed", "Failed", "Pending - internalerror"}, timeout=180)["status"] == "Completed"
     login(page, console, *OWNER)
-    page.goto(f"{console.base_url}/training-jobs/{job['id']}/")
+    return job["id"]
+
+
+def loss_chart(console, page, job_id: int, points: int):
+    page.goto(f"{console.base_url}/training-jobs/{job_id}/")
     chart = page.locator("[data-loss-chart]")
-    wait(lambda: chart.get_attribute("data-point-count") == "40", "all 40 losses on the chart", timeout=30)
+    wait(lambda: chart.get_attribute("data-point-count") == str(points), f"all {points} losses on the chart", timeout=30)
+    return chart
+
+
+def test_the_loss_chart_has_an_epoch_axis_where_the_log_tells_the_epoch(users, page):
+    chart = loss_chart(users, page, completed_job(users, page, "loss-epochs", EPOCHS), 40)
 
     assert chart.get_attribute("data-epoch-axis") == "shown"
     assert float(chart.get_attribute("data-last-epoch")) == pytest.approx(2.0)
@@ -32,16 +41,11 @@ def test_the_loss_chart_has_an_epoch_axis_where_the_log_tells_the_epoch(users, p
 
 
 def test_a_run_without_epochs_has_no_epoch_axis_and_its_checkpoints_are_marked(users, page):
-    console = users
-    job = console.create_job(OWNER[0], "loss-checkpoints", CHECKPOINTS)
-    assert console.wait_for_job(job["id"], {"Completed", "Failed", "Pending - internalerror"}, timeout=180)["status"] == "Completed"
-    login(page, console, *OWNER)
-    page.goto(f"{console.base_url}/training-jobs/{job['id']}/?tab=checkpoints")
+    job_id = completed_job(users, page, "loss-checkpoints", CHECKPOINTS)
+    page.goto(f"{users.base_url}/training-jobs/{job_id}/?tab=checkpoints")
     committed = sorted(int(step) for step in page.locator("[data-checkpoint-rows] tr[data-step]").evaluate_all("rows => rows.map(r => r.dataset.step)"))
     assert committed == [20, 40, 60], committed
-    page.goto(f"{console.base_url}/training-jobs/{job['id']}/")
-    chart = page.locator("[data-loss-chart]")
-    wait(lambda: chart.get_attribute("data-point-count") == "60", "all 60 losses on the chart", timeout=30)
+    chart = loss_chart(users, page, job_id, 60)
 
     assert chart.get_attribute("data-epoch-axis") == "none"
     assert chart.get_attribute("data-checkpoint-markers") == "3"
