@@ -11,10 +11,13 @@ import pytest
 import ckptlib
 
 SCRIPT = """
+import os
 import sys
-# Hide the editable install, as in a job image where only $CHECKPOINT_VENDOR is on the path.
+# Hide any install of ckptlib (the editable one, or a path entry holding it such as the torch-pin
+# venv's .pth), as in a job image where only $CHECKPOINT_VENDOR is on the path.
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path_hooks = [h for h in sys.path_hooks if "editable" not in repr(h).lower()]
+sys.path = [p for p in sys.path if not os.path.isdir(os.path.join(p or ".", "ckptlib"))]
 sys.path_importer_cache.clear()
 try:
     import ckptlib
