@@ -352,7 +352,9 @@ HEALTH_EVENT_RETENTION = env_float("HEALTH_EVENT_RETENTION", 7 * 24 * 3600.0)
 KERNEL_LOG_PATH = env_str("KERNEL_LOG_PATH", "/dev/kmsg")
 # A node whose agent has not reported for this long is lost; its running jobs fail over (seconds).
 # Scale-out on PostgreSQL: agents beat into Redis every NODE_HEARTBEAT_TIMEOUT / 6 (2 s at the
-# default 12 s, with jitter), a write no database lock holds up, so the lease can be short. With
+# default 12 s, with jitter), a write that takes no database lock, so the lease can be short (the
+# beat runs in the agent's loop, though: a database wait there longer than the lease, which a
+# healthy PostgreSQL does not make, would make the node look lost). With
 # SQLite (embedded, or Redis beside SQLite) an agent's loop may wait out SQLite's 30 s busy timeout
 # between two beats, so the default stays 90 s.
 # A system check in failover (failover/checks.py) keeps each mode's value safe.
