@@ -59,7 +59,8 @@
     var drawn = { checkpoint: 0, resume: 0 };
     function line(step, colour, dash, kind) {
       var x = Math.round(u.valToPos(step, "x", true));
-      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) { return; }
+      // A step at either end of the axis sits on the plot's edge: rounding may put it a pixel out.
+      if (x < u.bbox.left - 1 || x > u.bbox.left + u.bbox.width + 1) { return; }
       drawn[kind] += 1;
       ctx.save();
       ctx.strokeStyle = colour;
