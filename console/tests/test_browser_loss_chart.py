@@ -22,10 +22,12 @@ def completed_job(console, page, name: str, command: str) -> int:
     return job["id"]
 
 
-def loss_chart(console, page, job_id: int, points: int):
+def loss_chart(console, page, job_id: int, last_step: int):
+    """The drawn chart, up to its last step (a fast run's batch keeps at most 50 of its losses:
+    logs.progress.SAMPLES_PER_BATCH, the last one always)."""
     page.goto(f"{console.base_url}/training-jobs/{job_id}/")
     chart = page.locator("[data-loss-chart]")
-    wait(lambda: chart.get_attribute("data-point-count") == str(points), f"all {points} losses on the chart", timeout=30)
+    wait(lambda: chart.get_attribute("data-last-step") == str(last_step), f"the chart up to step {last_step}", timeout=30)
     return chart
 
 
