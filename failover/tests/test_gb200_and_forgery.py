@@ -5,10 +5,7 @@ one; the NVLink5 Nonfatal lines and Xid 121 kill nothing and keep the node place
 ``FAILOVER_EXCLUDE=gpu`` an Xid 79 on GPU 0 leaves the node's other GPUs placeable."""
 from __future__ import annotations
 
-import gc
-import sys
 import time
-from dataclasses import dataclass, field
 
 import pytest
 from django.utils import timezone
@@ -19,7 +16,7 @@ from failover.kmsg import KernelLogReader
 from failover.models import HealthEvent
 from failover.services import health
 from failover.services.monitor import HealthMonitor
-from failover.tests import fake_pynvml
+from failover.tests.fake_gpus import FakeAgent
 from jobs.models import GPU, Node
 from jobs.services.placement import read_capacity
 
@@ -27,26 +24,12 @@ GB200 = ["00000008:01:00.0", "00000009:01:00.0", "00000018:01:00.0", "00000019:0
 FORGED = "Xid (3b:00): 79[4242]: segfault at 0 ip 0000555555555131 sp 00007fffffffe3b0 error 6 in a.out[555555555000+1000]"
 
 
-@dataclass(eq=False)
-class FakeAgent:
-    name: str = "agent-1"
-    node_names: list = field(default_factory=lambda: ["node-a"])
-
-
 @pytest.fixture
-def gb200(monkeypatch, nodes, settings, tmp_path):
+def gb200(gpus):
     """node-a is a GB200 tray: four GPUs behind the fake pynvml at PCI domains 0008/0009/0018/0019."""
-    gc.collect()
-    driver = fake_pynvml.reset(gpus=4)
-    for gpu, bus in zip(driver.gpus, GB200):
+    for gpu, bus in zip(gpus.gpus, GB200):
         gpu.bus = bus
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
-    monkeypatch.setattr(health, "_spare_probes", {})
-    settings.KERNEL_LOG_PATH = str(tmp_path / "kmsg")
-    (tmp_path / "kmsg").write_text("")
-    Node.objects.filter(name="node-a").update(simulated=False)
-    yield driver
-    driver.release()
+    return gpus
 
 
 def write_records(path: str, *messages: str, facility: int = 0, first_seq: int = 10) -> None:

@@ -3,10 +3,7 @@
 per GPU, and the monitor (with NVML) shut down with the agent."""
 from __future__ import annotations
 
-import gc
-import sys
 import time
-from dataclasses import dataclass, field
 
 import psutil
 import pytest
@@ -19,6 +16,7 @@ from failover.models import HealthEvent, NodeHealth
 from failover.services import faults, health
 from failover.services.monitor import HealthMonitor, prune_events
 from failover.tests import fake_pynvml
+from failover.tests.fake_gpus import FakeAgent
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 from logs.models import LogLine
@@ -29,24 +27,6 @@ pytestmark = pytest.mark.usefixtures("no_run_outlives_its_test")
 HUNG = "python -c 'import time; print(\"step 1\", flush=True); time.sleep(600)'"
 
 
-@dataclass(eq=False)
-class FakeAgent:
-    name: str = "agent-1"
-    node_names: list = field(default_factory=lambda: ["node-a"])
-
-
-@pytest.fixture
-def gpus(monkeypatch, nodes, settings, tmp_path):
-    """node-a has real GPUs behind the fake pynvml, and a kernel log the test writes."""
-    gc.collect()
-    driver = fake_pynvml.reset(gpus=4)
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
-    monkeypatch.setattr(health, "_spare_probes", {})
-    settings.KERNEL_LOG_PATH = str(tmp_path / "kmsg")
-    (tmp_path / "kmsg").write_text("")
-    Node.objects.filter(name="node-a").update(simulated=False)
-    yield driver
-    driver.release()
 
 
 
