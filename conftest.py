@@ -14,4 +14,5 @@ pytest_plugins = [
     "console.tests.page_fixtures",
     "console.tests.browser",
     "failover.tests.run_cleanup",
+    "failover.tests.fake_gpus",
 ]

@@ -1,5 +1,5 @@
 """A node with GPUs behind the fake pynvml and a kernel log the test writes, for the health
-monitor's tests (import ``FakeAgent`` and the ``gpus`` fixture from here)."""
+monitor's tests: the ``gpus`` fixture (a plugin of the root conftest) and ``FakeAgent``."""
 from __future__ import annotations
 
 import gc
