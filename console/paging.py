@@ -28,8 +28,8 @@ MAX_BRANCHES = 64
 
 def capped_count(queryset: QuerySet, parts: list[Q] | None = None) -> int:
     """The number of rows, exact up to ``COUNT_CAP``; ``COUNT_CAP + 1`` means "more". With
-    ``parts`` (``ListBranches.counts``) each part is counted off its own index first: one past the
-    cap answers "more"; else the union of the parts, each under the cap, is counted exactly."""
+    ``parts`` (``ListBranches.counts``) the parts are counted off their own indexes: one query on
+    PostgreSQL, one per part on SQLite."""
     if not parts:
         return queryset.order_by().values("pk")[: COUNT_CAP + 1].count()
     if connections[queryset.db].features.supports_slicing_ordering_in_compound:
@@ -37,10 +37,19 @@ def capped_count(queryset: QuerySet, parts: list[Q] | None = None) -> int:
         # than COUNT_CAP rows exactly when the whole does.
         capped = [queryset.filter(part).order_by().values("pk")[: COUNT_CAP + 1] for part in parts]
         return min(capped[0].union(*capped[1:]).count(), COUNT_CAP + 1)
-    if any(capped_count(queryset.filter(part)) > COUNT_CAP for part in parts):
-        return COUNT_CAP + 1
-    each = [queryset.filter(part).order_by().values("pk") for part in parts]
-    return each[0].union(*each[1:]).count()
+    # SQLite, one query per part and no union (a union of 20,000 ids cost 15 ms): the projects'
+    # parts are disjoint (a job is in one project), so the whole is their sizes plus the own jobs
+    # in none of them. Each is counted off its index alone (jobs.models' job_*_created).
+    own, projects = parts[0], parts[1:]
+    outside = Q()
+    for project in projects:
+        outside &= ~project
+    total = 0
+    for part in (own & outside, *projects):
+        total += capped_count(queryset.filter(part))
+        if total > COUNT_CAP:
+            return COUNT_CAP + 1
+    return total
 
 
 @dataclass(frozen=True)
@@ -49,9 +58,10 @@ class ListBranches:
     only narrow a queryset already scoped by ``visible_to``: they grant nothing.
 
     ``rows``: each an index range in the list's order (jobs.models' ``job_*_created`` indexes), for
-    reading a page (``rows_between``). ``counts``: the access parts (own jobs, each project's), for
-    counting the list (``capped_count``): one count over "owner OR project" reads other users' jobs
-    (every job of a filtered status on SQLite; a scan on PostgreSQL for a user with few jobs)."""
+    reading a page (``rows_between``). ``counts``: the access parts, own jobs first, then each
+    project's (``Q(project=pk)``, disjoint), for counting the list (``capped_count``): one count
+    over "owner OR project" reads other users' jobs (every job of a filtered status on SQLite; a
+    scan on PostgreSQL for a user with few jobs)."""
 
     rows: list[Q] = field(default_factory=list)
     counts: list[Q] = field(default_factory=list)

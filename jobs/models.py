@@ -333,10 +333,12 @@ class TrainingJob(models.Model):
             models.Index(fields=["status", "project", "gpus_per_node", "node_count", "priority", "created_at"], name="job_queue_line"),
             # The list reads each access branch (own jobs, each project's) newest first off these,
             # and per status when filtered (console.paging.list_branches): a page costs its rows.
-            models.Index(fields=["owner", "created_at", "id"], name="job_owner_created"),
-            models.Index(fields=["project", "created_at", "id"], name="job_project_created"),
-            models.Index(fields=["owner", "status", "created_at", "id"], name="job_owner_status_created"),
-            models.Index(fields=["project", "status", "created_at", "id"], name="job_project_status_created"),
+            # The last column is the other half of visible_to's "owner OR project", so a branch's
+            # rows are counted off the index alone (console.paging.capped_count), no row read.
+            models.Index(fields=["owner", "created_at", "id", "project"], name="job_owner_created"),
+            models.Index(fields=["project", "created_at", "id", "owner"], name="job_project_created"),
+            models.Index(fields=["owner", "status", "created_at", "id", "project"], name="job_owner_status_created"),
+            models.Index(fields=["project", "status", "created_at", "id", "owner"], name="job_project_status_created"),
         ]
 
     def __str__(self) -> str:

@@ -140,11 +140,11 @@ def main() -> int:
         )
         queries_seen: dict[str, set[int]] = {}
         worst = {"page": (0.0, 0.0), "API": (0.0, 0.0)}  # (p95 ms, p95 ratio)
-        cases = [("page", "list page /", "/?per_page={n}", size) for size in (20, 50, 100)]
+        cases = [("page", "list page /", "/?page_size={n}", size) for size in (20, 50, 100)]
         cases += [("API", "list API /api/v1/training-jobs/", "/api/v1/training-jobs/?limit={n}", size) for size in (20, 50, 100)]
         cases += [
-            ("page", "list page /?status=group:active", "/?per_page={n}&status=group:active", 20),
-            ("page", "list page /?status=Running", "/?per_page={n}&status=Running", 20),
+            ("page", "list page /?status=group:active", "/?page_size={n}&status=group:active", 20),
+            ("page", "list page /?status=Running", "/?page_size={n}&status=Running", 20),
             ("API", "list API ?status=Running", "/api/v1/training-jobs/?limit={n}&status=Running", 20),
         ]
         for kind, label, template, size in cases:

@@ -59,11 +59,20 @@ def filtered_statuses(filters: JobListFilterForm) -> list[str]:
     return [status] if status else []
 
 
+# What a row of the list shows (console_tags.job_list_row): read whole (its command, variables,
+# decrypted secrets, its owner's and project's every column) a page of 100 jobs took 20 ms to load.
+LIST_ROW_FIELDS = (
+    *("name", "status", "status_reason", "job_type", "image", "gpus_per_node", "node_count", "failover_count"),
+    *("created_at", "finished_at", "owner__username", "project__name"),
+    *("progress__step", "progress__total", "progress__epoch", "progress__loss", "progress__lr"),
+)
+
+
 @login_required
 @require_GET
 def job_list(request: HttpRequest) -> HttpResponse:
     filters = JobListFilterForm(request.GET)
-    jobs = filters.apply(visible_jobs(request).with_run_time()).select_related("progress")
+    jobs = filters.apply(visible_jobs(request).with_run_time()).select_related("progress").only(*LIST_ROW_FIELDS)
     branches = list_branches(request.user, filtered_statuses(filters))
     page = CappedPaginator(jobs, filters.per_page, branches=branches).get_page(request.GET.get("page"))
     return render(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from jobs.models import JobAttempt, Project
+from jobs.models import JobAttempt, Project, TrainingJob
 from jobs.services.placement import place_waiting_jobs
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +31,19 @@ def test_members_read_their_projects_usage_on_the_list_page(login, owner, outsid
     html = login(owner).get(reverse("jobs:list")).content.decode()
     assert "<strong>team</strong>: using 9 of 4 GPUs; 5 borrowed; 3 jobs waiting" in html
     assert "team" not in login(outsider).get(reverse("jobs:list")).content.decode()
+
+
+def test_past_a_thousand_the_list_page_says_more_and_the_queue_page_counts_them_all(login, owner, staff, team, default_image):
+    """The list's usage line stops counting at WAITING_CAP (a count of every waiting job costs
+    them all on every page); the operators' Queue page counts exactly."""
+    jobs = [TrainingJob(name=f"w{i:04d}", owner=owner, project=team, image=default_image.reference, command="x") for i in range(1002)]
+    TrainingJob.objects.bulk_create(jobs)
+    html = login(owner).get(reverse("jobs:list")).content.decode()
+    assert "<strong>team</strong>: using 0 of 4 GPUs; more than 1,000 jobs waiting" in html
+    TrainingJob.objects.filter(name__in=["w0000", "w0001"]).delete()
+    html = login(owner).get(reverse("jobs:list")).content.decode()
+    assert "using 0 of 4 GPUs; 1000 jobs waiting" in html
+    assert "1000 jobs waiting;" in login(staff).get(reverse("queue:page")).content.decode()
 
 
 def test_the_api_gives_each_visible_projects_quota_and_usage(api_as, owner, outsider, team, borrowing):
