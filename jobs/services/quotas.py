@@ -12,7 +12,6 @@ from jobs.fairshare import ProjectShare
 from jobs.models import GPU, JobAttempt, Project, TrainingJob
 from jobs.statuses import ON_NODE, TERMINAL, WAITING, JobStatus
 
-
 # The list page's usage line counts a project's waiting jobs up to this ("more than 1,000 jobs
 # waiting"): an exact count reads every one of them (20,000 waiting: 7-12 ms a page).
 WAITING_CAP = 1_000
@@ -87,6 +86,7 @@ def project_usage(projects: QuerySet[Project], *, waiting_cap: int | None = None
     on the project made SQLite walk every job the project ever had (23 ms at 100,000 jobs)."""
     placed = JobAttempt.objects.filter(state=JobAttempt.State.PLACED).values("job_id")
     waiting = TrainingJob.objects.filter(status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]).exclude(pk__in=placed)
+    waiting_count: Coalesce | CountOf
     if waiting_cap is None:
         waiting_count = count_of(waiting, "project")
     else:
