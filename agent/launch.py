@@ -93,6 +93,7 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
     mounts = [[mountable(str(dirs["work"])), sandbox.WORK_DIR, "rw"]]
     if dirs["output_mount"]:
         mounts.append([mountable(str(dirs["output"])), sandbox.OUTPUT_DIR, "rw"])
+    mounts.append([mountable(str(dirs["fence"])), sandbox.FENCE_DIR, "ro"])
     mounts.append([mountable(str(Path(settings.BASE_DIR) / "ckptlib")), f"{sandbox.CKPTLIB_ROOT}/ckptlib", "ro"])
     for volume in volumes_of(job.project):
         if volume.path in RESERVED_TARGETS or volume.path.startswith(tuple(t + "/" for t in PLATFORM_TREES)):
@@ -135,7 +136,8 @@ def run_limits(job: TrainingJob) -> RunLimits:
 
 
 def run_env(
-    job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir: str, *, contained: bool, resume_step: int | None = None
+    job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir: str, *, contained: bool, resume_step: int | None = None,
+    fence: str = "",
 ) -> dict[str, str]:
     """The run's whole environment: the platform's defaults, the job's own variables, then what
     the platform sets for every run (its GPUs, ranks, checkpoint vendor, the checkpoint step it
@@ -169,6 +171,8 @@ def run_env(
             "OUTPUT_DIR": output_dir,
         }
     )
+    if fence:
+        env["JOB_FENCE"] = fence  # ckptlib commits only while it names this attempt (docs/failover.md)
     if resume_step is not None:
         env["CKPT_LAST_STEP"] = str(resume_step)
     return env
@@ -259,6 +263,13 @@ class Launcher:
         except (PathRefused, workdirs.DirectoryRefused, uids.NoFreeUid, ValueError) as exc:
             runs.launch_failed(attempt, f"output directory refused: {exc}")
             return []
+        # The fence moves to this attempt before its resume step is chosen: from here on a run of
+        # an earlier attempt still going on a node taken as lost commits nothing over what we read.
+        try:
+            dirs["fence"] = workdirs.write_fence(Path(settings.JOB_WORK_ROOT), job.pk, attempt.number)
+        except OSError as exc:
+            runs.launch_failed(attempt, f"the job's fence could not be written: {exc}")
+            return []
         point = resume_point(job, location, contained=contained) if attempt.number > 1 else None
         resume_step = point.step if point is not None else None
         started = True
@@ -314,7 +325,10 @@ class Launcher:
         spec = RunSpec(
             command=command,
             cwd=str(dirs["work"]),
-            env=run_env(job, attempt, part, dirs["output_in_run"], contained=contained, resume_step=resume_step),
+            env=run_env(
+                job, attempt, part, dirs["output_in_run"], contained=contained, resume_step=resume_step,
+                fence=f"{sandbox.FENCE_DIR}/{workdirs.FENCE_FILE}" if contained else str(dirs["fence"] / workdirs.FENCE_FILE),
+            ),
             max_line_chars=settings.LOG_MAX_LINE_CHARS,
             max_lines=settings.LOG_MAX_LINES_PER_JOB,
             max_bytes=settings.LOG_MAX_BYTES_PER_JOB,

@@ -32,6 +32,7 @@ NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia
 # Where a run finds its directories inside the container.
 WORK_DIR = "/job/work"
 OUTPUT_DIR = "/job/output"
+FENCE_DIR = "/job/fence"  # the job's fence, read-only (agent.workdirs.write_fence)
 CKPTLIB_ROOT = "/opt/ckptlib"  # holds the ckptlib package; its vendor directory is CHECKPOINT_VENDOR
 VENDOR_DIR = f"{CKPTLIB_ROOT}/ckptlib/vendor"
 HOME_DIR = "/tmp"

@@ -106,6 +106,49 @@ def make_private(root: Path, parts: Sequence[str]) -> Path:
     return Path(root).joinpath(*parts)
 
 
+FENCE_DIR = "fence"
+FENCE_FILE = "attempt"
+FENCE_MAX_BYTES = 32
+
+
+def write_fence(root: Path, job_id: int, attempt: int) -> Path:
+    """The job's fence, ``root/<job>/fence/attempt``: the number of the job's attempt that owns
+    its output now, which ckptlib reads before each commit and rotation (a run of an earlier
+    attempt, still going on a node taken as lost, then commits nothing). The directory is the
+    agent's own (0755: runs read it, mounted read-only); the file is replaced whole, never by a
+    smaller number. Returns the directory."""
+    parts = [str(job_id), FENCE_DIR]
+    with opened_chain(root, parts) as fd:
+        _check_chain(root, parts)
+        os.fchmod(fd, 0o755)
+        try:
+            current = int(_read_small(fd, FENCE_FILE, FENCE_MAX_BYTES).strip() or 0)
+        except (OSError, ValueError):
+            current = 0
+        if attempt > current:
+            scratch = f".{FENCE_FILE}.{os.getpid()}"
+            out = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+            try:
+                os.fchmod(out, 0o644)
+                os.write(out, f"{attempt}\n".encode())
+                os.fsync(out)
+            finally:
+                os.close(out)
+            os.replace(scratch, FENCE_FILE, src_dir_fd=fd, dst_dir_fd=fd)
+            os.fsync(fd)
+    return Path(root).joinpath(*parts)
+
+
+def _read_small(dir_fd: int, name: str, limit: int) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{name} is not a regular file")
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
 def read_beneath(root: Path, parts: Sequence[str]) -> str | None:
     """A ``/proc/self/fd`` path to ``root/parts…`` opened without following any link below
     ``root``, for reading what a job wrote there (None if it is missing or not a plain

@@ -40,8 +40,10 @@ from ckptlib._layout import (
     committed_dir,
     committed_steps,
     read_latest,
+    superseded_message,
     tmp_dir,
 )
+from ckptlib._types import CheckpointError
 
 # The layout's names are re-exported: the layout is part of the format.
 __all__ = [
@@ -66,6 +68,7 @@ __all__ = [
     "rng_file_name",
     "rotate",
     "safetensors_header",
+    "superseded_message",
     "tmp_dir",
     "write_at",
     "write_bytes_durably",
@@ -195,8 +198,15 @@ def commit(root: Path, step: int) -> Path:
 
     Returns:
         The committed directory.
+
+    Raises:
+        CheckpointError: A later attempt of the job owns its output (the platform's fence,
+            ``_layout.superseded_by``): nothing is renamed.
     """
     source, target = tmp_dir(root, step), committed_dir(root, step)
+    fenced = superseded_message(f"commits no checkpoint; step {step} is discarded")
+    if fenced:
+        raise CheckpointError(fenced)
     fsync_path(source)
     if root not in _parents_synced:
         # ``concurrent_checkpoint/`` itself was created by this run's first save: its entry
@@ -250,6 +260,10 @@ def rotate(root: Path, *, keep: int, protect: Iterable[Path] = ()) -> list[int]:
     Returns:
         The steps removed.
     """
+    fenced = superseded_message("rotates nothing out")
+    if fenced:
+        logger.warning("%s", fenced)
+        return []
     steps = committed_steps(root)
     protected = {Path(p).resolve() for p in protect}
     newest = read_latest(root)

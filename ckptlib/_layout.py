@@ -88,6 +88,40 @@ def read_small_file(path: str | os.PathLike[str], limit: int, *, dir_fd: int | N
     return payload
 
 
+# The platform's fence (docs/failover.md, "A lost node's run"): ``$JOB_FENCE`` names a file,
+# read-only to the run, holding the number of the job's attempt that owns its output now;
+# ``$JOB_ATTEMPT`` is this run's. Once a later attempt has started (the node this run is on was
+# taken as lost and the job re-placed), this run commits and rotates nothing.
+FENCE_ENV = "JOB_FENCE"
+ATTEMPT_ENV = "JOB_ATTEMPT"
+FENCE_MAX_BYTES = 32
+
+
+def superseded_by() -> int | None:
+    """The later attempt of this job that owns its output now (the fence names one after
+    ``$JOB_ATTEMPT``), or None: this run still does. Outside the platform (no fence, or one that
+    cannot be read) None: nothing is ever refused for want of a fence."""
+    fence, mine = os.environ.get(FENCE_ENV), os.environ.get(ATTEMPT_ENV, "")
+    if not fence or not mine.isdecimal():
+        return None
+    try:
+        owner = int(read_small_file(fence, FENCE_MAX_BYTES).strip())
+    except (OSError, ValueError):
+        return None
+    return owner if owner > int(mine) else None
+
+
+def superseded_message(what: str) -> str | None:
+    """"attempt 3 of this job has started elsewhere and owns its output: …", or None."""
+    owner = superseded_by()
+    if owner is None:
+        return None
+    return (
+        f"attempt {owner} of this job has started elsewhere and owns its output now: this run "
+        f"(attempt {os.environ.get(ATTEMPT_ENV)}) {what}"
+    )
+
+
 def _open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int:
     """A descriptor of a real directory: the last component is never followed."""
     return os.open(path, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)

@@ -226,6 +226,10 @@ class DecoratedCheckpointing:
         limit = args.save_total_limit
         if limit is None or limit <= 0 or not args.should_save:
             return
+        fenced = _format.superseded_message("rotates nothing out")
+        if fenced:
+            logger.warning("%s %s", LOG_PREFIX, fenced)
+            return
         output_dir = Path(args.output_dir)
         steps = deepspeed_committed_steps(output_dir)
         best = self.trainer.state.best_model_checkpoint

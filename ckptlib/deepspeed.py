@@ -29,6 +29,7 @@ import torch
 
 from ckptlib._engine import CheckpointEngine
 from ckptlib._events import LOG_PREFIX
+from ckptlib._layout import superseded_message
 from ckptlib._types import CheckpointError, CheckpointResult
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,10 @@ class DeepSpeedCheckpointEngine:
         results = self.engine.wait(persist=True)
         started, self._started = self._started, None
         failed = [result for result in results if not result.committed]
-        if failed:
-            message = f"{LOG_PREFIX} checkpoint {getattr(info, 'tag', '')!s} failed: {failed[0].error}"
+        fenced = superseded_message("commits no checkpoint") if self.engine.place.rank == 0 else None
+        if failed or fenced:
+            error = fenced or failed[0].error
+            message = f"{LOG_PREFIX} checkpoint {getattr(info, 'tag', '')!s} failed: {error}"
             if not hasattr(info, "save_latest"):
                 raise CheckpointError(message)
             info.save_latest = False
