@@ -97,6 +97,10 @@ def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_d
     three = cluster.wait(lambda: attempt(3), "attempt 3 after the agent was killed", timeout=60)
     assert three["nodes"][0] not in (node_one, node_two)
     cluster.wait(lambda: any(ln["attempt"] == 3 and "line 20" in ln["text"] for ln in reader.lines), "attempt 3 lines")
+    # Meanwhile attempt 2's run goes on with no agent: the job's fence names attempt 3, so
+    # ckptlib in that stray run commits nothing (docs/failover.md, "A lost node's run").
+    fence = Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / "fence" / "attempt"
+    assert fence.read_text() == "3\n"
     # The agent comes back: it ends the stray run and delivers the lines it wrote meanwhile.
     cluster.start_agent(node_two)
 
