@@ -350,8 +350,12 @@ class NodeAgent:
         # its row was marked ended, so no reconcile would bring it back, and the job stayed Running.)
         others = runs.part_exited(part, exit_code=exit_code, exit_signal=exit_signal, cause=cause)
         self.forget(part.pk)
+        # Only this agent's own ranks: another node's agent ends its ranks itself, woken by the
+        # attempt's stop request (a pid read from a shared JOB_WORK_ROOT names another machine's
+        # process).
         for other in others:
-            self.launcher.signal(other, signal.SIGTERM)
+            if other.node.name in self.node_names:
+                self.launcher.signal(other, signal.SIGTERM)
 
     def forget(self, part_id: int) -> None:
         self.live.pop(part_id, None)

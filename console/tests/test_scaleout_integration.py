@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 from agent import runfiles
@@ -39,6 +41,7 @@ class SocketReader(threading.Thread):
         self.token = token
         self.lines: list[dict] = []
         self.inserted: list[int] = []  # from_seq of each "inserted" message
+        self.banners: dict[str, str] = {}  # the latest "attempts" message's banners, by attempt
         self.end: dict | None = None
 
     def run(self) -> None:
@@ -52,6 +55,8 @@ class SocketReader(threading.Thread):
                 message = json.loads(raw)
                 if message["type"] == "lines":
                     self.lines.extend(message["lines"])
+                elif message["type"] == "attempts":
+                    self.banners = message["banners"]
                 elif message["type"] == "inserted":
                     # Late lines of an ended attempt went in its place: drop what we hold from
                     # there on, as the viewer does; the stream is sent again from that seq.
@@ -97,12 +102,17 @@ def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_d
     three = cluster.wait(lambda: attempt(3), "attempt 3 after the agent was killed", timeout=60)
     assert three["nodes"][0] not in (node_one, node_two)
     cluster.wait(lambda: any(ln["attempt"] == 3 and "line 20" in ln["text"] for ln in reader.lines), "attempt 3 lines")
-    # Meanwhile attempt 2's run goes on with no agent: the job's fence names attempt 3, so
-    # ckptlib in that stray run commits nothing (docs/failover.md, "A lost node's run").
+    # Meanwhile attempt 2's run goes on with no agent (nothing on the control host signals it):
+    # the job's fence names attempt 3, so ckptlib in that stray run commits nothing
+    # (docs/failover.md, "A lost node's run").
     fence = Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / "fence" / "attempt"
     assert fence.read_text() == "3\n"
+    stray = runfiles.read_pid(Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / "attempt-2" / "rank-0")
+    assert stray is not None and stray.pgid is not None
+    assert running(stray.pgid), "the stray run was ended before its agent came back"
     # The agent comes back: it ends the stray run and delivers the lines it wrote meanwhile.
     cluster.start_agent(node_two)
+    cluster.wait(lambda: not running(stray.pgid), "the stray run ended by its own agent", timeout=60)
 
     assert cluster.api(first, "POST", f"/api/v1/training-jobs/{job_id}/stop/", token)[0] == 200
     cluster.wait(lambda: cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/", token)[1]["status"] == "Stopped", "Stopped")
@@ -150,3 +160,16 @@ def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_d
     assert [ln["attempt"] for ln in rows] == sorted(ln["attempt"] for ln in rows)
     missing = Counter((ln["attempt"], ln["text"]) for ln in rows) - Counter((ln["attempt"], ln["text"]) for ln in reader.lines)
     assert all(attempt == 2 for attempt, _ in missing), missing
+    # The viewer's banners between the attempts: a GPU fault, then a lost node, said once.
+    assert "GPU" in reader.banners["2"] and "lost" in reader.banners["3"] and reader.banners["3"].count("lost") == 1, reader.banners
+
+
+def running(pgid: int) -> bool:
+    """Whether any live (not zombie) process is left in the run's process group."""
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False

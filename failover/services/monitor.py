@@ -275,7 +275,8 @@ class HealthMonitor:
             cause = f"fatal GPU event ({why}); the run did not exit after SIGKILL"
             logger.warning("job %s: %s", part.attempt.job_id, cause)
             for other in runs.part_exited(part, exit_code=None, exit_signal=signal.SIGKILL, cause=cause):
-                signal_run(other, signal.SIGTERM)
+                if other.node.name in self.checker.agent.node_names:  # others' agents end theirs (stop request)
+                    signal_run(other, signal.SIGTERM)
 
 
 def prune_events(now: datetime | None = None) -> int:

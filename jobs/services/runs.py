@@ -235,7 +235,7 @@ def part_exited(part: AttemptNode, *, exit_code: int | None, exit_signal: int | 
         if failed and attempt.stop_requested_at is None:
             JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
             wake_agents(attempts=[attempt.pk])
-            return list(siblings.filter(ended_at__isnull=True).select_related("attempt"))
+            return list(siblings.filter(ended_at__isnull=True).select_related("attempt", "node"))
         return []
     # The attempt's outcome: the first rank that failed, else rank 0's.
     ended = list(siblings.order_by("ended_at", "rank"))
