@@ -8,6 +8,12 @@ TEST_STAMP := $(VENV)/.test-stamp
 
 .PHONY: run test test-fast lint clean-venv
 
+# What the tests do to the servers they are pointed at, said before they run.
+SERVICES_WARNING = echo "make $@: the tests create and drop PostgreSQL databases named satrain_test_* on the server of" \
+  "TEST_POSTGRES_URL=$${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres} and FLUSHDB Redis" \
+  "TEST_REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15} (that database number only); point both at servers" \
+  "or a Redis database no deployment shares."
+
 # What the console needs to run, and the examples' training libraries.
 $(RUN_STAMP): pyproject.toml client/pyproject.toml
 	@# Jobs run in Podman containers, images come from a local registry and the default image is
@@ -46,16 +52,14 @@ lint: $(TEST_STAMP)
 
 # The gate, the whole suite on SQLite, then its database tests again on PostgreSQL where one answers.
 test: lint
-	@echo "make test: the tests create and drop PostgreSQL databases named satrain_test_* on the server of" \
-	  "TEST_POSTGRES_URL=$${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres} and FLUSHDB Redis" \
-	  "TEST_REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15} (that database number only); point both at servers" \
-	  "or a Redis database no deployment shares."
+	@$(SERVICES_WARNING)
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
 
 # The fast lane: pyflakes' rules and import order, then every test not marked slow, on every
 # core (pytest-xdist); it prints its time. `make lint` (mypy too) and `make test` do the rest.
 test-fast: $(TEST_STAMP)
+	@$(SERVICES_WARNING)
 	@start=$$(date +%s); \
 	$(VENV)/bin/ruff check . && \
 	$(PY) -m pytest -q -p no:cacheprovider -m "not slow" -n auto $(PYTEST_ARGS); rc=$$?; \
