@@ -35,6 +35,21 @@ def test_each_row_shows_the_jobs_columns(login, owner, make_job):
     assert job.created_at.strftime("%Y-%m-%d") in row
 
 
+def test_a_row_shows_what_a_job_and_its_user_wrote_as_text_never_as_markup(login, owner, teammate, project, make_job):
+    """Rows are written in Python (console_tags.job_list_row): every value is escaped there."""
+    from django.contrib.auth.models import User
+
+    User.objects.filter(pk=teammate.pk).update(username='<b onmouseover="x">mallory')
+    job = make_job(owner=User.objects.get(pk=teammate.pk), project=project)
+    reason = '<script>alert(1)</script> & "quoted" ' + "x" * 80
+    put_in_status(job, JobStatus.INTERNAL_ERROR, status_reason=reason)
+    row = row_of(login(owner).get(reverse("jobs:list")).content.decode(), job.pk)
+    assert "<script>" not in row and "<b " not in row
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; &quot;quoted&quot;" in row  # title: whole; text: cut at 70
+    assert "&lt;b onmouseover=&quot;x&quot;&gt;mallory" in row
+    assert row.count("…") == 1
+
+
 @pytest.mark.parametrize("status", JobStatus.values)
 def test_the_status_badge_carries_colour_icon_and_text_for_every_status(login, owner, make_job, status):
     job = put_in_status(make_job(), status)
