@@ -14,5 +14,5 @@ def quota_usage(context) -> dict:
     """The user's projects that have a quota or hold GPUs (staff: their own memberships too)."""
     user = context["request"].user
     projects = Project.objects.filter(members=user) if user.is_authenticated else Project.objects.none()
-    usage = [u for u in project_usage(projects, waiting_cap=WAITING_CAP) if u.quota or u.used_gpus or u.waiting_jobs]
+    usage = [u for u in project_usage(projects, waiting_cap=WAITING_CAP, cpu_jobs=False) if u.quota or u.used_gpus or u.waiting_jobs]
     return {"usage": usage}

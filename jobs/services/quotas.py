@@ -22,7 +22,7 @@ class ProjectUsage:
     project: Project
     used_gpus: int
     waiting_jobs: int
-    cpu_jobs: int
+    cpu_jobs: int | None  # None: not counted (the list page's line does not show it)
     # Where set, ``waiting_jobs`` is exact up to it and one past it means "more".
     waiting_cap: int | None = None
 
@@ -77,10 +77,10 @@ def count_of(queryset, project_field: str) -> Coalesce:
     return Coalesce(Subquery(per_project.values("n")[:1]), 0)
 
 
-def project_usage(projects: QuerySet[Project], *, waiting_cap: int | None = None) -> list[ProjectUsage]:
+def project_usage(projects: QuerySet[Project], *, waiting_cap: int | None = None, cpu_jobs: bool = True) -> list[ProjectUsage]:
     """Usage of each project, in two queries whatever the number of jobs. Waiting are jobs
     Pending (or in image back-off) with no placement yet; with ``waiting_cap``, counted up to one
-    past it (``ProjectUsage.waiting_text``).
+    past it (``ProjectUsage.waiting_text``). ``cpu_jobs=False``: CPU-only jobs not counted.
 
     The GPUs held are counted from the fleet's held GPUs, grouped by project: a count correlated
     on the project made SQLite walk every job the project ever had (23 ms at 100,000 jobs)."""
@@ -91,12 +91,10 @@ def project_usage(projects: QuerySet[Project], *, waiting_cap: int | None = None
         waiting_count = count_of(waiting, "project")
     else:
         waiting_count = CountOf(waiting.filter(project=OuterRef("pk")).order_by().values("pk")[: waiting_cap + 1])
-    rows = list(
-        projects.annotate(
-            waiting=waiting_count,
-            cpu=count_of(TrainingJob.objects.filter(status__in=ON_NODE, gpus_per_node=0), "project"),
-        )
-    )
+    counts: dict[str, Coalesce | CountOf] = {"waiting": waiting_count}
+    if cpu_jobs:
+        counts["cpu"] = count_of(TrainingJob.objects.filter(status__in=ON_NODE, gpus_per_node=0), "project")
+    rows = list(projects.annotate(**counts))
     held: dict[int, int] = {}
     if rows:
         held = dict(
@@ -106,7 +104,7 @@ def project_usage(projects: QuerySet[Project], *, waiting_cap: int | None = None
             .annotate(n=Count("pk"))
             .values_list("allocated_to__attempt__job__project", "n")
         )
-    return [ProjectUsage(p, held.get(p.pk, 0), p.waiting, p.cpu, waiting_cap) for p in rows]
+    return [ProjectUsage(p, held.get(p.pk, 0), p.__dict__["waiting"], p.__dict__.get("cpu"), waiting_cap) for p in rows]
 
 
 def why_not_running(job: TrainingJob) -> str:
