@@ -17,6 +17,7 @@ from typing import Any
 from django.core.paginator import Page, Paginator
 from django.db import connections
 from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils.functional import cached_property
 
 from jobs.models import Project
@@ -68,6 +69,9 @@ class ListBranches:
 
     rows: list[Q] = field(default_factory=list)
     counts: list[Q] = field(default_factory=list)
+    # ``rows`` as (parts, statuses) where it is every part times every status: SQLite's page then
+    # compiles one subquery per part, not per branch (``rows_between``).
+    product: tuple[list[Q], list[str]] | None = None
 
 
 def list_branches(user, statuses: Iterable[str] = ()) -> ListBranches:
@@ -87,11 +91,13 @@ def list_branches(user, statuses: Iterable[str] = ()) -> ListBranches:
     # (a status filter); PostgreSQL counts them in one query, and also scans for the plain one.
     postgres = connections[Project.objects.db].features.supports_slicing_ordering_in_compound
     counts = parts if (wanted or postgres) and 1 < len(parts) <= MAX_BRANCHES else []
-    return ListBranches(rows=rows, counts=counts)
+    product = (parts, wanted) if rows and len(wanted) > 1 else None
+    return ListBranches(rows=rows, counts=counts, product=product)
 
 
 def rows_between(
-    queryset: QuerySet, branches: list[Q], bottom: int, top: int, rows: Callable[[Any], QuerySet] = lambda rows: rows
+    queryset: QuerySet, branches: list[Q], bottom: int, top: int, rows: Callable[[Any], QuerySet] = lambda rows: rows,
+    product: tuple[list[Q], list[str]] | None = None,
 ) -> QuerySet:
     """``queryset[bottom:top]``, read from each branch's own first ``top`` rows in the queryset's
     order (``top`` rows off its index each): every one of the first ``top`` rows overall is among
@@ -111,10 +117,37 @@ def rows_between(
         each = [queryset.filter(branch).order_by(*ordering).values("pk")[:top] for branch in branches]
         return rows(queryset.filter(pk__in=each[0].union(*each[1:])))[bottom:top]
     firsts = Q()
-    for branch in branches:
-        firsts |= Q(pk__in=queryset.filter(branch).order_by(*ordering).values("pk")[:top])
+    compiled = product and branches_sql(queryset, *product, ordering, top)
+    if compiled:
+        firsts = Q(pk__in=RawSQL(*compiled))
+    else:
+        for branch in branches:
+            firsts |= Q(pk__in=queryset.filter(branch).order_by(*ordering).values("pk")[:top])
     ids = queryset.model._base_manager.filter(firsts).order_by(*ordering).values("pk")[bottom:top]
     return rows(queryset.filter(pk__in=ids))
+
+
+STATUS_SLOT = "\x00status\x00"  # no status holds a NUL (nor does any filter: forms refuse it)
+
+
+def branches_sql(queryset: QuerySet, parts: list[Q], statuses: list[str], ordering, top: int) -> tuple[str, list] | None:
+    """Every part's first ``top`` ids of each status, as one SQL compound ("… UNION ALL …") and
+    its parameters: each part's subquery is compiled once with its status as a parameter, then
+    repeated with each status in that slot (the ORM took ~1.7 ms a branch: ten branches, five
+    statuses of two parts, cost 17 ms a page). None where the slot is not one parameter."""
+    pieces: list[str] = []
+    params: list = []
+    for part in parts:
+        sql, compiled = queryset.filter(part, status=STATUS_SLOT).order_by(*ordering).values("pk")[:top].query.sql_with_params()
+        slots = [i for i, value in enumerate(compiled) if value == STATUS_SLOT]
+        if len(slots) != 1:
+            return None
+        for status in statuses:
+            values = list(compiled)
+            values[slots[0]] = status
+            pieces.append(f"SELECT * FROM ({sql})")
+            params += values
+    return " UNION ALL ".join(pieces), params
 
 
 class CappedPaginator(Paginator):
@@ -145,4 +178,5 @@ class CappedPaginator(Paginator):
         # Past the cap the count is not the end: the last page is a full page, not cut at the cap.
         if not self.capped and top + self.orphans >= self.count:
             top = self.count
-        return Page(rows_between(self.object_list, self.branches.rows, bottom, top, self.rows), number, self)  # type: ignore[arg-type]
+        found = rows_between(self.object_list, self.branches.rows, bottom, top, self.rows, self.branches.product)  # type: ignore[arg-type]
+        return Page(found, number, self)

@@ -87,7 +87,7 @@ class ApiPagination(LimitOffsetPagination):
             self.display_page_controls = True
         if self.count == 0 or self.offset > self.count:
             return []
-        return list(rows_between(queryset, self.branches.rows, self.offset, self.offset + self.limit))
+        return list(rows_between(queryset, self.branches.rows, self.offset, self.offset + self.limit, product=self.branches.product))
 
 
 JOB_ID = OpenApiParameter("id", int, OpenApiParameter.PATH, description="The job's id.")

@@ -93,6 +93,16 @@ def test_a_status_filtered_list_holds_the_visible_jobs_of_that_status(login, tea
     assert f"{len(want)} jobs" in html
 
 
+@pytest.mark.parametrize("sort,order", [("name", ("name", "id")), ("-created", ("-created_at", "-id"))])
+def test_a_status_group_with_a_search_and_a_sort_holds_the_visible_jobs_that_match(login, teammate, shared_world, sort, order):
+    """Several statuses: each access part's subquery compiled once, its status a parameter
+    (``console.paging.branches_sql``); the search's own parameter stays where it was."""
+    client = login(teammate)
+    want = expected(shared_world.filter(name__contains="1"), order, ACTIVE)
+    assert len(want) > 1
+    assert page_names(client, status="group:active", q="1", sort=sort, page_size=20) == want
+
+
 def test_the_api_pages_hold_the_visible_jobs_in_order(api_as, teammate, shared_world):
     client = api_as(teammate)
     want = expected(shared_world, ("-created_at", "-id"))
