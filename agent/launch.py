@@ -266,7 +266,8 @@ class Launcher:
         # The fence moves to this attempt before its resume step is chosen: from here on a run of
         # an earlier attempt still going on a node taken as lost commits nothing over what we read.
         try:
-            dirs["fence"] = workdirs.write_fence(Path(settings.JOB_WORK_ROOT), job.pk, attempt.number)
+            identity = f"{uids.install_id(Path(settings.VAR_DIR))}-{job.created_at.timestamp():.6f}"
+            dirs["fence"] = workdirs.write_fence(Path(settings.JOB_WORK_ROOT), job.pk, attempt.number, identity)
         except OSError as exc:
             runs.launch_failed(attempt, f"the job's fence could not be written: {exc}")
             return []

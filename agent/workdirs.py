@@ -11,6 +11,8 @@ FIFO or a file where a directory should be is refused, not followed.
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -108,29 +110,32 @@ def make_private(root: Path, parts: Sequence[str]) -> Path:
 
 FENCE_DIR = "fence"
 FENCE_FILE = "attempt"
-FENCE_MAX_BYTES = 32
+FENCE_MAX_BYTES = 128
 
 
-def write_fence(root: Path, job_id: int, attempt: int) -> Path:
+def write_fence(root: Path, job_id: int, attempt: int, identity: str = "") -> Path:
     """The job's fence, ``root/<job>/fence/attempt``: the number of the job's attempt that owns
-    its output now, which ckptlib reads before each commit and rotation (a run of an earlier
-    attempt, still going on a node taken as lost, then commits nothing). The directory is the
-    agent's own (0755: runs read it, mounted read-only); the file is replaced whole, never by a
-    smaller number. Returns the directory."""
+    its output now (then ``identity``, which tells this job from an earlier one of the same id
+    whose directory was left behind), which ckptlib reads before each commit, rotation and file
+    install (a run of an earlier attempt, still going on a node taken as lost, then commits
+    nothing). The directory is the agent's own (0755: runs read it, mounted read-only); the file
+    is replaced whole, never by a smaller number for the same job. Returns the directory."""
     parts = [str(job_id), FENCE_DIR]
     with opened_chain(root, parts) as fd:
         _check_chain(root, parts)
         os.fchmod(fd, 0o755)
         try:
-            current = int(_read_small(fd, FENCE_FILE, FENCE_MAX_BYTES).strip() or 0)
+            number, _, held = _read_small(fd, FENCE_FILE, FENCE_MAX_BYTES).decode().strip().partition(" ")
+            current = int(number) if held == identity else 0
         except (OSError, ValueError):
             current = 0
         if attempt > current:
-            scratch = f".{FENCE_FILE}.{os.getpid()}"
-            out = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+            # Unique on a shared JOB_WORK_ROOT: the agents of one attempt on several hosts.
+            scratch = f".{FENCE_FILE}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}"
+            out = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
             try:
                 os.fchmod(out, 0o644)
-                os.write(out, f"{attempt}\n".encode())
+                os.write(out, f"{attempt} {identity}".strip().encode() + b"\n")
                 os.fsync(out)
             finally:
                 os.close(out)

@@ -478,6 +478,9 @@ class CheckpointEngine:
         """Renames a ``save_file`` file onto its path, unless a newer save of it is there."""
         tmp = job.directory / job.plan.files[0].name
         if job.error is None:
+            # Superseded (the platform's fence names a later attempt): nothing lands on its path.
+            job.error = _format.superseded_message(f"writes nothing to {job.target}")
+        if job.error is None:
             with self._file_lock:
                 if job.seq > self._installed.get(job.target, -1):
                     try:

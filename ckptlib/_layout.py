@@ -94,7 +94,7 @@ def read_small_file(path: str | os.PathLike[str], limit: int, *, dir_fd: int | N
 # taken as lost and the job re-placed), this run commits and rotates nothing.
 FENCE_ENV = "JOB_FENCE"
 ATTEMPT_ENV = "JOB_ATTEMPT"
-FENCE_MAX_BYTES = 32
+FENCE_MAX_BYTES = 128  # the attempt, then the platform's name for the job
 
 
 def superseded_by() -> int | None:
@@ -105,8 +105,8 @@ def superseded_by() -> int | None:
     if not fence or not mine.isdecimal():
         return None
     try:
-        owner = int(read_small_file(fence, FENCE_MAX_BYTES).strip())
-    except (OSError, ValueError):
+        owner = int(read_small_file(fence, FENCE_MAX_BYTES).split()[0])
+    except (OSError, ValueError, IndexError):
         return None
     return owner if owner > int(mine) else None
 

@@ -7,7 +7,7 @@ from django import forms
 from django.conf import settings
 from django.db.models import QuerySet
 from django.forms.utils import flatatt
-from django.utils.html import escape
+from django.utils.html import conditional_escape, escape
 from django.utils.safestring import SafeString, mark_safe
 
 from jobs.job_fields import (
@@ -345,7 +345,8 @@ class QuickSelect(forms.Select):
         def option(option_value: Any, label: Any) -> str:
             text = "" if option_value is None else str(option_value)
             picked = " selected" if text in chosen else ""
-            return f'<option value="{escape(text)}"{picked}>{escape(label)}</option>'
+            chosen.discard(text)  # a single select marks its first match only, as Django's does
+            return f'<option value="{escape(text)}"{picked}>{conditional_escape(label)}</option>'
 
         parts = [f'<select name="{escape(name)}"{flatatt(final)}>']
         for option_value, label in self.choices:

@@ -138,7 +138,8 @@ def branches_sql(queryset: QuerySet, parts: list[Q], statuses: list[str], orderi
     pieces: list[str] = []
     params: list = []
     for part in parts:
-        sql, compiled = queryset.filter(part, status=STATUS_SLOT).order_by(*ordering).values("pk")[:top].query.sql_with_params()
+        branch = queryset.filter(part, status=STATUS_SLOT).order_by(*ordering).values("pk")[:top]
+        sql, compiled = branch.query.get_compiler(using=queryset.db).as_sql()
         slots = [i for i, value in enumerate(compiled) if value == STATUS_SLOT]
         if len(slots) != 1:
             return None

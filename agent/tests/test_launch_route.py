@@ -149,6 +149,25 @@ def test_a_stop_that_raced_the_launch_is_delivered_in_the_same_step_without_anot
     assert agent.reconcile_due is False
 
 
+def test_a_failed_rank_signals_only_its_own_agents_ranks_the_others_end_through_the_stop_request(nodes, make_job):
+    """Two agents, one rank each: rank 0's agent never signals rank 1 (on a shared JOB_WORK_ROOT
+    its pid names another machine's process); rank 1's agent ends it, told by the stop request."""
+    make_job(node_count=2)
+    [attempt] = place_waiting_jobs()
+    first, second = (fake_agent([node]) for node in nodes[:2])
+    for agent in (first, second):
+        agent.request_launch(attempt.pk)
+        agent.tick()
+    parts = {p.node.name: p for p in AttemptNode.objects.filter(attempt=attempt).select_related("attempt", "node")}
+    mine, theirs = parts[nodes[0].name], parts[nodes[1].name]
+    first.part_ended(mine, exit_code=1, exit_signal=None, cause="")
+    assert all(part_id != theirs.pk for part_id, _ in first.launcher.signals)
+    assert JobAttempt.objects.get(pk=attempt.pk).stop_requested_at is not None
+    second.reconcile()
+    second.enforce_stops()
+    assert (theirs.pk, signal.SIGTERM) in second.launcher.signals
+
+
 AGENT = Path(__file__).resolve().parents[1]
 WRITES = {"update", "save", "create", "delete", "bulk_create", "bulk_update", "update_or_create", "get_or_create"}
 

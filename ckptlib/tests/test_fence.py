@@ -61,7 +61,7 @@ def test_a_superseded_run_rotates_nothing_out(tmp_path: Path, fence: Path) -> No
     assert _format.rotate(root, keep=1) == [10, 20]
 
 
-@pytest.mark.parametrize("content", ["", "not a number", "9" * 40])
+@pytest.mark.parametrize("content", ["", "not a number", "9" * 200])
 def test_an_unreadable_fence_refuses_nothing(engine: ckptlib.CheckpointEngine, fence: Path, content: str) -> None:
     fence.write_text(content)
     engine.save(small_training_state(), step=5)
@@ -77,3 +77,27 @@ def test_without_the_platform_nothing_is_fenced(engine: ckptlib.CheckpointEngine
     monkeypatch.delenv("JOB_FENCE")
     engine.save(small_training_state(), step=6)
     assert engine.wait(persist=True)[0].committed
+
+
+def test_a_superseded_run_installs_no_file_of_its_own_layout(tmp_path: Path, fence: Path) -> None:
+    """DeepSpeed's layout (``save_file``, each file renamed onto its own path): a stray's late
+    save never replaces a file of the checkpoint the new attempt wrote under the same tag."""
+    import torch
+
+    from ckptlib._dropin import PathCheckpointing
+
+    engine = PathCheckpointing({"host_cache_size": 0.05}, rank=0)
+    try:
+        path = tmp_path / "checkpoint-8" / "global_step8" / "mp_rank_00_model_states.pt"
+        path.parent.mkdir(parents=True)
+        engine.save({"module": torch.ones(4)}, path)
+        engine.wait(persist=True)
+        assert torch.equal(torch.load(path, weights_only=False)["module"], torch.ones(4))
+        fence.write_text("2 the-platforms-name-for-the-job\n")  # attempt 2 wrote the same tag since
+        engine.save({"module": torch.zeros(4)}, path)
+        with pytest.raises(Exception, match="attempt 2 of this job has started elsewhere"):
+            engine.wait(persist=True)
+        assert torch.equal(torch.load(path, weights_only=False)["module"], torch.ones(4))
+        assert [p.name for p in path.parent.iterdir()] == [path.name]
+    finally:
+        engine.shutdown()

@@ -103,6 +103,17 @@ def test_a_status_group_with_a_search_and_a_sort_holds_the_visible_jobs_that_mat
     assert page_names(client, status="group:active", q="1", sort=sort, page_size=20) == want
 
 
+def test_several_statuses_compile_one_subquery_per_access_part(teammate, shared_world):
+    from console.paging import branches_sql, list_branches
+
+    branches = list_branches(teammate, ACTIVE)
+    parts, statuses = branches.product
+    jobs = TrainingJob.objects.visible_to(teammate).filter(status__in=ACTIVE, name__contains="1").order_by("-created_at", "-id")
+    sql, params = branches_sql(jobs, parts, statuses, ("-created_at", "-id"), 20)
+    assert sql.count("UNION ALL") == len(parts) * len(statuses) - 1 and len(branches.rows) == len(parts) * len(statuses)
+    assert sorted(p for p in params if p in ACTIVE) == sorted(list(statuses) * len(parts) + list(ACTIVE) * len(parts) * len(statuses))
+
+
 def test_the_api_pages_hold_the_visible_jobs_in_order(api_as, teammate, shared_world):
     client = api_as(teammate)
     want = expected(shared_world, ("-created_at", "-id"))
