@@ -1,7 +1,7 @@
 """A run's directories, made and checked by the agent through file descriptors, never by a path
 a job could have swapped.
 
-Standard library only. Every directory the agent hands to a container is the *leaf* of a chain
+Standard library only (and ckptlib's layout reader, itself standard library only). Every directory the agent hands to a container is the *leaf* of a chain
 of directories the agent made itself and owns (root, not writable by anyone else): the job owns
 the leaf (its uid, through ``fchown`` on the descriptor), so nothing it does inside can move the
 leaf or any directory above it between the agent's check and the container's mount. Each
@@ -17,6 +17,9 @@ import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+# The fence's reader (ckptlib reads it in the run the same way): standard library only.
+from ckptlib._layout import FENCE_MAX_BYTES, read_small_file
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -110,7 +113,6 @@ def make_private(root: Path, parts: Sequence[str]) -> Path:
 
 FENCE_DIR = "fence"
 FENCE_FILE = "attempt"
-FENCE_MAX_BYTES = 128
 
 
 def write_fence(root: Path, job_id: int, attempt: int, identity: str = "") -> Path:
@@ -125,7 +127,7 @@ def write_fence(root: Path, job_id: int, attempt: int, identity: str = "") -> Pa
         _check_chain(root, parts)
         os.fchmod(fd, 0o755)
         try:
-            number, _, held = _read_small(fd, FENCE_FILE, FENCE_MAX_BYTES).decode().strip().partition(" ")
+            number, _, held = read_small_file(FENCE_FILE, FENCE_MAX_BYTES, dir_fd=fd).decode().strip().partition(" ")
             current = int(number) if held == identity else 0
         except (OSError, ValueError):
             current = 0
@@ -142,16 +144,6 @@ def write_fence(root: Path, job_id: int, attempt: int, identity: str = "") -> Pa
             os.replace(scratch, FENCE_FILE, src_dir_fd=fd, dst_dir_fd=fd)
             os.fsync(fd)
     return Path(root).joinpath(*parts)
-
-
-def _read_small(dir_fd: int, name: str, limit: int) -> bytes:
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{name} is not a regular file")
-        return os.read(fd, limit)
-    finally:
-        os.close(fd)
 
 
 def read_beneath(root: Path, parts: Sequence[str]) -> str | None:
