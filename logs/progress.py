@@ -10,16 +10,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from ckptlib import CommitEvent
 from jobs.realtime import job_metrics_group, jobs_group, publish
 from logs.models import Checkpoint, JobProgress, MetricPoint
-from logs.progress_parser import BatchMetrics, LineMetrics, Progress, fold, parse_lines
+from logs.progress_parser import BatchMetrics, LineMetrics, MetricSample, Progress, fold, parse_lines
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +70,17 @@ def checkpoint_payload(checkpoint: Checkpoint) -> dict[str, Any]:
     }
 
 
-def record_metrics(*, job_id: int, stream: str, attempt: int, lines: Sequence[tuple[datetime, str]]) -> dict[str, Any] | None:
-    """Fold a stored batch into the job's progress, points and checkpoints.
+def record_metrics(*, job_id: int, stream: str, attempt: int, lines: Sequence[tuple[datetime | float, str]]) -> dict[str, Any] | None:
+    """Fold a stored batch into the job's progress, points and checkpoints. A line's time is an
+    aware datetime or a unix time (``logs.services.RawLine``).
 
     Returns the ``job.progress`` message to publish after commit, or None when the batch told
     nothing new (or it is too soon after the last one and no checkpoint came). Metrics never cost
     the log its lines: a failure here is logged and rolled back to a savepoint, the lines stay.
     """
     try:
-        parsed = parse_lines(lines)
+        # Times made datetimes for the lines that told something only (a few of a flood's batch).
+        parsed = [(as_datetime(ts), told) for ts, told in parse_lines(lines)]
     except Exception:
         logger.exception("job %s: could not read progress from a batch of %d lines", job_id, len(lines))
         return None
@@ -90,6 +92,10 @@ def record_metrics(*, job_id: int, stream: str, attempt: int, lines: Sequence[tu
     except Exception:
         logger.exception("job %s: could not store progress", job_id)
         return None
+
+
+def as_datetime(ts: datetime | float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=UTC) if isinstance(ts, float) else ts
 
 
 def store_metrics(job_id: int, stream: str, attempt: int, parsed: list[tuple[datetime, LineMetrics]]) -> dict[str, Any] | None:
@@ -134,18 +140,27 @@ def save_progress(job_id: int, current: JobProgress | None, batch: BatchMetrics)
         stride = len(samples) / SAMPLES_PER_BATCH
         samples = [samples[int(i * stride)] for i in range(SAMPLES_PER_BATCH - 1)] + [samples[-1]]
     if samples:
-        MetricPoint.objects.bulk_create(
-            [MetricPoint(job_id=job_id, step=s.step, epoch=s.epoch, loss=s.loss, lr=s.lr, ts=s.ts) for s in samples],
-            update_conflicts=True,
-            unique_fields=["job", "step"],
-            update_fields=["epoch", "loss", "lr", "ts"],
-        )
+        upsert_points(job_id, samples)
         # Counted as added even when a step was replaced: the count only decides when to thin.
         current.points += len(samples)
         if current.points > 2 * MAX_POINTS:
             current.points = thin_points(job_id)
     current.save()
     return current
+
+
+def upsert_points(job_id: int, samples: Sequence[MetricSample]) -> None:
+    """Store a batch's loss points, a step already stored replaced: one ``INSERT … ON CONFLICT``
+    (SQLite and PostgreSQL alike), written by hand: the ORM's ``bulk_create(update_conflicts=…)``
+    spent ~3 ms a batch compiling 50 rows, a third of what storing 1,000 lines costs."""
+    table = connection.ops.quote_name(MetricPoint._meta.db_table)
+    stamp = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {table} (job_id, step, epoch, loss, lr, ts) VALUES (%s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (job_id, step) DO UPDATE SET epoch = excluded.epoch, loss = excluded.loss, lr = excluded.lr, ts = excluded.ts",
+            [(job_id, s.step, s.epoch, s.loss, s.lr, stamp(s.ts)) for s in samples],
+        )
 
 
 def thin_points(job_id: int) -> int:

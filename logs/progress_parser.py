@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import accumulate
+from typing import TypeVar
 
 from ckptlib import CommitEvent, parse_commit_line
 
@@ -67,6 +68,10 @@ MAX_COUNT = 2**53
 UNREADABLE = (ValueError, ArithmeticError, RecursionError)
 
 
+# A line's time: the parser only hands it back with what the line told.
+TS = TypeVar("TS")
+
+
 @dataclass(frozen=True)
 class Progress:
     """What one line (or a batch, folded) says about training progress; None: not told."""
@@ -89,7 +94,8 @@ class Progress:
 
     @property
     def empty(self) -> bool:
-        return self == Progress()
+        # Not ``self == Progress()``: that makes and compares a new object for every line read.
+        return self.step is None and self.total is None and self.epoch is None and self.loss is None and self.lr is None
 
 
 @dataclass(frozen=True)
@@ -283,6 +289,8 @@ def candidate_lines(texts: list[str], limit: int | None = None) -> list[int]:
     if len(lowered) != len(blob):  # a character whose lower case is longer: go line by line
         found = [i for i, text in enumerate(texts) if INTERESTING.search(text)]
         return found if limit is None or len(found) <= limit else subset(found, texts, limit)
+    if limit is not None and len(texts) > 4 * limit:
+        return sampled_candidates(texts, lowered, limit)
     positions: list[int] = []
     for keyword in KEYWORDS:
         at = lowered.find(keyword)
@@ -309,6 +317,32 @@ def candidate_lines(texts: list[str], limit: int | None = None) -> list[int]:
 CHECKPOINT_MARK = "[concurrent checkpoint]"
 
 
+def sampled_candidates(texts: list[str], lowered: str, limit: int) -> list[int]:
+    """``candidate_lines`` for a batch of many more lines than ``limit`` (a flood): the first line
+    that may tell in each of ``2 * limit`` equal stretches of the batch's text, every checkpoint
+    line and the last ones, then ``subset``. A bounded ``find`` per keyword and stretch: the cost
+    follows ``limit``, not the number of keywords in the batch (five a line in a chatty run)."""
+    starts = list(accumulate(map((1).__add__, map(len, texts[:-1])), initial=0))
+    stretches = 2 * limit
+    size = len(lowered) / stretches
+    lines: set[int] = set()
+    for n in range(stretches):
+        low, high = int(n * size), int((n + 1) * size)
+        for keyword in KEYWORDS:  # any line of the stretch that may tell will do: the first keyword found
+            at = lowered.find(keyword, low, high)
+            if at != -1:
+                lines.add(bisect_right(starts, at) - 1)
+                break
+    # The last lines: the run's latest word on its progress.
+    tail = len(texts) - 10
+    lines.update(tail + i for i, text in enumerate(texts[tail:]) if may_tell(text))
+    at = lowered.find(CHECKPOINT_MARK)
+    while at != -1:
+        lines.add(bisect_right(starts, at) - 1)
+        at = lowered.find(CHECKPOINT_MARK, at + 1)
+    return subset(sorted(lines), texts, limit)
+
+
 def subset(candidates: list[int], texts: list[str], limit: int) -> list[int]:
     """An even subset of ``limit`` candidates, every checkpoint line and the last five."""
     if len(candidates) <= limit:
@@ -323,10 +357,10 @@ def subset(candidates: list[int], texts: list[str], limit: int) -> list[int]:
 # checkpoint line, and the last few) is parsed: the curve keeps SAMPLES_PER_BATCH points of a
 # batch anyway, and parsing every line of a run printing a loss per step would cost more than
 # storing it.
-MAX_PARSED_PER_BATCH = 200
+MAX_PARSED_PER_BATCH = 64
 
 
-def parse_lines(lines: Sequence[tuple[datetime, str]]) -> list[tuple[datetime, LineMetrics]]:
+def parse_lines(lines: Sequence[tuple[TS, str]]) -> list[tuple[TS, LineMetrics]]:
     """The lines of a batch that say something, with their times, in order."""
     if not lines:
         return []

@@ -3,10 +3,12 @@ Everything that reads them (ingestion's own reads too) is in ``logs.queries``.""
 from __future__ import annotations
 
 import logging
+import math
 import re
 from bisect import bisect_right
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -33,10 +35,12 @@ LINES_INGESTED = Counter("satrain_log_lines_ingested_total", "Log lines stored (
 
 
 class RawLine(NamedTuple):
-    """A line as the node agent captured it: its number in the attempt's output, time and text."""
+    """A line as the node agent captured it: its number in the attempt's output, time and text.
+    The time is an aware datetime, or the unix time the runner recorded (the agent's path: a
+    flood makes no datetime a line; ``utc_stamp`` reads both)."""
 
     line_no: int
-    ts: datetime
+    ts: datetime | float
     text: str
 
 
@@ -129,14 +133,29 @@ def make_room(table: str, job_id: int, stream: str, from_seq: int, count: int) -
         cursor.execute(f"UPDATE {table} SET seq = -seq WHERE job_id = %s AND stream = %s AND seq < 0", [job_id, stream])
 
 
-def utc_stamp(ts: datetime) -> str:
-    """``ts`` in UTC as ``YYYY-MM-DD HH:MM:SS[.ffffff]``: the text SQLite's datetime columns hold
-    (what Django's ``adapt_datetimefield_value`` writes, at a fraction of its cost per line) and,
-    with ``T`` and ``+00:00``, the ISO form the published lines carry. PostgreSQL reads it as a
-    ``timestamptz`` in UTC."""
+def utc_stamp(ts: datetime | float) -> str:
+    """``ts`` (an aware datetime, or a unix time) in UTC as ``YYYY-MM-DD HH:MM:SS[.ffffff]``: the
+    text SQLite's datetime columns hold (what Django's ``adapt_datetimefield_value`` writes, at a
+    fraction of its cost per line) and, with ``T`` and ``+00:00``, the ISO form the published
+    lines carry. PostgreSQL reads it as a ``timestamptz`` in UTC."""
+    if isinstance(ts, float):
+        # A unix time: its second's text made once (a run prints many lines a second), the
+        # microseconds rounded as ``datetime.fromtimestamp`` rounds them.
+        whole = math.floor(ts)
+        micro = round((ts - whole) * 1e6)
+        if micro >= 1_000_000:
+            whole, micro = whole + 1, micro - 1_000_000
+        second = second_text(whole)
+        return f"{second}.{micro:06d}" if micro else second
     if ts.tzinfo is not UTC:
         ts = ts.astimezone(UTC)
-    return str(ts.replace(tzinfo=None))
+    return ts.isoformat(" ")[:-6]  # less its "+00:00": one C call, not a replace() and a str()
+
+
+@lru_cache(maxsize=64)
+def second_text(unix_second: int) -> str:
+    return datetime.fromtimestamp(unix_second, tz=UTC).isoformat(" ")[:-6]
+
 
 
 COLUMNS = "job_id, stream, attempt, seq, line_no, ts, text"

@@ -97,3 +97,33 @@ def test_a_batch_finds_the_same_lines_as_one_by_one():
     ]
     batch = parse_lines([(T0, text) for text in corpus])
     assert [found for _, found in batch] == [f for text in corpus if (f := parse_line(text)) is not None]
+
+
+def test_a_flood_batch_is_sampled_evenly_and_keeps_every_checkpoint_and_its_last_word():
+    """Past MAX_PARSED_PER_BATCH candidates, an even subset is parsed (the curve keeps
+    SAMPLES_PER_BATCH points of a batch anyway): spread over the whole batch, with every commit
+    line and the last line's progress, whatever the batch's size."""
+    from logs.progress_parser import MAX_PARSED_PER_BATCH, parse_lines
+
+    commit = CheckpointResult(step=1234, path="/p", bytes=1, blocking_s=0.1, persist_s=0.2, committed=True).log_line()
+    texts = [f"[INFO] step {i}/5000 | loss {1 + i / 10000:.4f} | lr 3.00e-04" for i in range(5000)]
+    texts[1234] = commit
+    texts[2500] = "plain text that tells nothing"
+    batch = parse_lines([(T0 + timedelta(milliseconds=i), text) for i, text in enumerate(texts)])
+    steps = [found.progress.step for _, found in batch if found.progress is not None and found.checkpoint is None]
+    assert MAX_PARSED_PER_BATCH <= len(batch) <= MAX_PARSED_PER_BATCH + 20
+    assert any(found.checkpoint is not None and found.checkpoint.step == 1234 for _, found in batch)
+    assert steps == sorted(steps) and steps[-1] == 4999
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert max(gaps) <= 3 * 5000 / MAX_PARSED_PER_BATCH  # no stretch of the batch is left unread
+    folded = fold_lines(list(zip([T0] * len(texts), texts)))
+    assert folded.progress.step == 4999 and folded.progress.total == 5000 and len(folded.checkpoints) == 1
+
+
+@pytest.mark.parametrize("unix", [0.0, 1_764_849_600.0, 1_764_849_600.000001, 1_764_849_600.9999996, 1_764_849_600.5000005, 7_258_118_399.25])
+def test_a_unix_time_is_stamped_as_its_datetime_is(unix):
+    """The agent hands ingest the runner's unix times: stored and published as the same text as
+    the datetime ``fromtimestamp`` makes of it."""
+    from logs.services import utc_stamp
+
+    assert utc_stamp(unix) == utc_stamp(datetime.fromtimestamp(unix, tz=UTC))
