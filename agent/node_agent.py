@@ -298,16 +298,41 @@ class NodeAgent:
 
     # --- output and exits ------------------------------------------------------------------
     def collect(self) -> int:
-        """Ingest new output of every live run and report the runs that ended; returns how many."""
+        """Ingest new output of every live run and report the runs that ended; returns how many.
+
+        The runs that kept up last round go first; each run still behind (a flood) then has its
+        turn, and after each such turn the others' new lines are stored: a quiet run's line waits
+        for one flood's turn at most, not for every flood's."""
         ended = 0
-        for part in list(self.live.values()):
-            try:
-                ended += self.collect_part(part)
-            except Exception:
-                # One run's bad output or exit record must not stop the others being served.
-                logger.exception("job %s: collecting attempt %s rank %s failed", part.attempt.job_id, part.attempt.number, part.rank)
+        parts = list(self.live.values())
+        quiet = [part for part in parts if part.pk not in self.output.behind]
+        for part in [*quiet, *(part for part in parts if part.pk in self.output.behind)]:
+            flood = part.pk in self.output.behind
+            ended += self.collect_safely(part)
+            if flood:
+                for other in quiet:
+                    if other.pk in self.live and other.pk not in self.output.behind:
+                        self.catch_up(other)
             self.heartbeat()
         return ended
+
+    def collect_safely(self, part: AttemptNode) -> int:
+        try:
+            return self.collect_part(part)
+        except Exception:
+            # One run's bad output or exit record must not stop the others being served.
+            logger.exception("job %s: collecting attempt %s rank %s failed", part.attempt.job_id, part.attempt.number, part.rank)
+            return 0
+
+    def catch_up(self, part: AttemptNode) -> None:
+        """Between two floods' turns: store what a quiet run printed meanwhile (its exit waits for
+        the next round)."""
+        directory = run_dir(part)
+        try:
+            if self.output.printed_since(part, directory):
+                self.drain(part, directory)
+        except Exception:
+            logger.exception("job %s: reading attempt %s rank %s's output failed", part.attempt.job_id, part.attempt.number, part.rank)
 
     def collect_part(self, part: AttemptNode) -> int:
         directory = run_dir(part)

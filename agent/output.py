@@ -3,9 +3,11 @@ with limits) handed to the log ingest in batches. The records are written by the
 supervisor, so every one is untrusted; a bad one is skipped and costs only itself.
 
 Fair under floods: each round gives each run a turn of ``OUTPUT_TURN_SECONDS`` (read and stored
-in slices of ``READ_SLICE`` bytes), so a run printing a million lines waits its turn like the
-others and a quiet run's lines are stored within a round; the runs still behind after their turn
-are in ``behind`` (the agent then starts its next round at once)."""
+in slices of ``READ_SLICE`` bytes and at most ``SLICE_LINES`` lines), so a run printing a million
+lines waits its turn like the others; the runs still behind after their turn are in ``behind``
+(the agent then starts its next round at once), and between two of their turns the agent stores
+what the other runs printed meanwhile (``NodeAgent.collect``), so a quiet run's lines wait for at
+most one flood's turn, however many runs flood."""
 from __future__ import annotations
 
 import logging
@@ -22,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 INGEST_BATCH = 5000
 READ_SLICE = 256 << 10  # bytes of output records read and stored at a time: about 2,000 lines of 100 characters
+SLICE_LINES = 2000  # and at most this many lines (a flood of short lines)
 
 
 class OutputReader:
@@ -50,6 +53,10 @@ class OutputReader:
             self.behind.add(part.pk)
         return at_end
 
+    def printed_since(self, part: AttemptNode, directory: Path) -> bool:
+        """Whether the run's output grew past what was ingested (one ``lstat``, no read)."""
+        return runfiles.output_size(directory) > self.offsets.get(part.pk, 0)
+
     def drain_slice(self, part: AttemptNode, directory: Path, *, complete: bool) -> bool:
         offset = self.offsets.get(part.pk, 0)
         # A part the control plane closed while its agent was away (a lost node's stray run):
@@ -57,7 +64,7 @@ class OutputReader:
         # (``logs.services.make_room``), so they go in as few, large batches.
         late = part.ended_at is not None
         piece = runfiles.OUTPUT_READ_MAX_BYTES if late else min(READ_SLICE, runfiles.OUTPUT_READ_MAX_BYTES)
-        chunk = runfiles.read_output(directory, offset, complete=complete, max_bytes=piece)
+        chunk = runfiles.read_output(directory, offset, complete=complete, max_bytes=piece, max_lines=None if late else SLICE_LINES)
         if not chunk.lines and chunk.unreadable and piece < runfiles.OUTPUT_READ_MAX_BYTES:
             # One record longer than a slice (a long line, escaped): read it whole.
             chunk = runfiles.read_output(directory, offset, complete=complete)

@@ -409,9 +409,12 @@ class OutputChunk:
     at_end: bool
 
 
-def read_output(directory: Path, offset: int, *, complete: bool = False, max_bytes: int | None = None) -> OutputChunk:
+def read_output(
+    directory: Path, offset: int, *, complete: bool = False, max_bytes: int | None = None, max_lines: int | None = None
+) -> OutputChunk:
     """The whole records written after ``offset``, at most ``max_bytes`` (``OUTPUT_READ_MAX_BYTES``)
-    of them. A last line without its newline is left for the next read, unless ``complete`` (the
+    of them and, with ``max_lines``, at most that many records (short lines: a slice costs what
+    its lines cost, not its bytes). A last line without its newline is left for the next read, unless ``complete`` (the
     exit record is written: nothing more will come). A file the agent may not read (a link, a
     FIFO) is taken as no output; a run of more than ``max_bytes`` without a newline is skipped
     as unreadable."""
@@ -436,6 +439,11 @@ def read_output(directory: Path, offset: int, *, complete: bool = False, max_byt
         if size == limit:  # one "line" longer than a whole read: none the runner wrote
             return OutputChunk([], 1, offset + size, False)
         return OutputChunk([], 0, offset, at_end)
+    if max_lines is not None and chunk.count(b"\n", 0, end + 1) > max_lines:
+        end = -1
+        for _ in range(max_lines):
+            end = chunk.find(b"\n", end + 1)
+        at_end = False
     records = chunk[: end + 1].splitlines()
     try:
         # One parse for the whole slice; the runner writes one JSON object per line.
@@ -445,6 +453,16 @@ def read_output(directory: Path, offset: int, *, complete: bool = False, max_byt
     lines = [line for line in map(checked_record, parsed) if line is not None]
     consumed = min(end + 1, size)
     return OutputChunk(lines, len(parsed) - len(lines), offset + consumed, at_end and consumed == size)
+
+
+def output_size(directory: Path) -> int:
+    """The output file's size, without following a link (a link or no file: 0); what a reader
+    compares with its offset to learn whether a run printed since, with no read."""
+    try:
+        info = os.lstat(directory / OUTPUT_FILE)
+    except OSError:
+        return 0
+    return info.st_size if stat.S_ISREG(info.st_mode) else 0
 
 
 def parse_record(raw: bytes) -> object:

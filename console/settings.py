@@ -258,9 +258,10 @@ RESOURCE_SAMPLE_INTERVAL = env_float("RESOURCE_SAMPLE_INTERVAL", 5.0)
 # How often an agent reads its live runs' output and exits (seconds; files only, no query; an idle
 # agent sleeps until a message wakes it).
 OUTPUT_POLL_INTERVAL = env_float("OUTPUT_POLL_INTERVAL", 0.1)
-# How long an agent reads and stores one run's output per round (seconds, in slices of about
-# 1,100 lines): a run that prints faster waits for the next round, so a flood never holds up the
-# other runs' lines for more than a turn each; while any run is behind, the next round starts at once.
+# How long an agent reads and stores one run's output per round (seconds, in slices of at most
+# 256 KiB and 2,000 lines): a run that prints faster waits for the next round, and between two such
+# runs' turns the others' new lines are stored, so a flood never holds up the other runs' lines for
+# more than one turn; while any run is behind, the next round starts at once.
 OUTPUT_TURN_SECONDS = env_float("OUTPUT_TURN_SECONDS", 0.05)
 # How much nicer than the agent every run starts (its supervisor and all it starts: niceness is
 # inherited): on a node whose CPUs the runs fill, the agent still reads, stores and streams every

@@ -1,16 +1,17 @@
 """Reading log lines: every query that reads ``LogLine`` lives here (pages, the REST API, the log
-socket, the failover policy, and ingestion's own reads: the last line and ``seq`` stored)."""
+socket, the failover policy, and ingestion's own reads: the last line and ``seq`` stored, and the
+job's ``LogVolume`` row it locks)."""
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from django.db import connection
+from django.db import connection, models
 
 from jobs.models import JobEvent
-from logs.models import Checkpoint, LogLine
+from logs.models import Checkpoint, LogLine, LogVolume
 
 STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"  # as the API schema shows it
 
@@ -28,6 +29,32 @@ def _scalar(sql: str, params: list) -> Any:
     with connection.cursor() as cursor:
         cursor.execute(sql.format(table=table), params)
         return cursor.fetchone()[0]
+
+
+VOLUME_COLUMNS = ("id", "lines", "dropped", "seen", "markers", "starts")
+JSON_COLUMNS = ("seen", "markers", "starts")
+
+
+def volume_field(name: str) -> models.Field:
+    return cast(models.Field, LogVolume._meta.get_field(name))
+
+
+def read_volume(job_id: int) -> LogVolume | None:
+    """The job's ``LogVolume`` row, locked (``FOR UPDATE`` where the database has it; SQLite's
+    write transaction already holds the database), or None."""
+    columns = ", ".join(connection.ops.quote_name(name) for name in VOLUME_COLUMNS)
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {columns} FROM {connection.ops.quote_name(LogVolume._meta.db_table)} WHERE job_id = %s{lock}", [job_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    pk, *values = [
+        volume_field(name).from_db_value(value, None, connection) if name in JSON_COLUMNS else value  # type: ignore[attr-defined]
+        for name, value in zip(VOLUME_COLUMNS, row)
+    ]
+    # from_db takes the values in the model's field order: id, job, then the others.
+    return LogVolume.from_db(connection.alias, ["id", "job_id", *VOLUME_COLUMNS[1:]], [pk, job_id, *values])
 
 
 def last_line_no(job_id: int, stream: str, attempt: int) -> int | None:

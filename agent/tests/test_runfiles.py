@@ -110,6 +110,27 @@ def test_one_line_longer_than_a_read_is_skipped_and_the_next_is_read(tmp_path):
     assert texts == ["after"] and unreadable >= 1
 
 
+def test_a_read_takes_at_most_max_lines_records_and_the_next_read_goes_on_from_there(tmp_path):
+    path = tmp_path / runfiles.OUTPUT_FILE
+    path.write_bytes(b"".join(runfiles.output_record(n, float(n), f"l{n}") for n in range(1, 8)))
+    texts, offset, reads = [], 0, 0
+    while True:
+        chunk = runfiles.read_output(tmp_path, offset, max_lines=3)
+        reads += 1
+        texts += [line.text for line in chunk.lines]
+        offset = chunk.offset
+        if chunk.at_end:
+            break
+    assert texts == [f"l{n}" for n in range(1, 8)] and reads == 3 and offset == path.stat().st_size
+    assert runfiles.output_size(tmp_path) == offset and runfiles.output_size(tmp_path / "none") == 0
+
+
+def test_the_output_size_of_a_link_is_none(tmp_path):
+    (tmp_path / "elsewhere").write_bytes(b"x" * 100)
+    (tmp_path / runfiles.OUTPUT_FILE).symlink_to(tmp_path / "elsewhere")
+    assert runfiles.output_size(tmp_path) == 0
+
+
 @pytest.mark.parametrize(
     "record",
     [{"n": 1, "t": 1.0, "s": "x" * (runfiles.OUTPUT_TEXT_MAX_CHARS + 1)}, {"n": 2**62, "t": 1.0, "s": "x"}, {"n": 1, "t": -1, "s": "x"}],
