@@ -51,10 +51,12 @@ skipped, an exit record that cannot be read is an exit of unknown status).
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from json.encoder import encode_basestring
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, TypedDict
 
@@ -331,8 +333,16 @@ class OutputLine(NamedTuple):
     text: str
 
 
+WRITE_BUFFER_BYTES = 256 << 10  # records held at most before they are written
+
+
 def output_record(number: int, time: float, text: str) -> bytes:
-    return json.dumps({"n": number, "t": time, "s": text}, ensure_ascii=False).encode("utf-8") + b"\n"
+    """``json.dumps({"n": number, "t": time, "s": text}, ensure_ascii=False)`` and a newline, byte
+    for byte, made with the encoder's C string escaper directly (a record a line: the dict and
+    the encoder object cost more than the text)."""
+    if type(number) is not int or type(time) is not float or not math.isfinite(time):
+        return json.dumps({"n": number, "t": time, "s": text}, ensure_ascii=False).encode("utf-8") + b"\n"
+    return f'{{"n": {number}, "t": {time!r}, "s": {encode_basestring(text)}}}\n'.encode("utf-8")
 
 
 def checked_record(record: object) -> OutputLine | None:
@@ -353,16 +363,34 @@ def checked_record(record: object) -> OutputLine | None:
 
 
 class OutputWriter:
-    """The runner's output file, appended one whole record per write. ``count`` is the number of
-    the last line read from the command, kept or not; ``bytes`` what this writer has written (the
-    runner's caps are on it: a run on the host could append to the file itself, but never makes
-    the runner write more)."""
+    """The runner's output file, appended in whole records: the records of what one read of the
+    command's output brought are written together by ``flush`` (the runner calls it before it
+    waits for more), so the file only ever ends with a whole record. ``count`` is the number of
+    the last line read from the command, kept or not; ``bytes`` what this writer has written or
+    holds (the runner's caps are on it: a run on the host could append to the file itself, but
+    never makes the runner write more)."""
 
     def __init__(self, directory: Path) -> None:
         fd = os.open(directory / OUTPUT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         self.out: BinaryIO = os.fdopen(fd, "ab", buffering=0)
+        self.pending = bytearray()
         self.count = 0
         self.bytes = 0
+
+    def write(self, record: bytes) -> None:
+        self.pending += record
+        self.bytes += len(record)
+        if len(self.pending) >= WRITE_BUFFER_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is held, whole (a short write is finished, never left half a record)."""
+        view = memoryview(self.pending)
+        while view:
+            written = self.out.write(view)
+            view = view[written or 0:]
+        view.release()
+        self.pending.clear()
 
     def next_record(self, text: str, now: float) -> bytes:
         """The record the next line would be, not written yet (its size decides whether it is)."""
@@ -371,8 +399,7 @@ class OutputWriter:
     def append(self, record: bytes) -> None:
         """Write the record ``next_record`` made: the next line."""
         self.count += 1
-        self.out.write(record)
-        self.bytes += len(record)
+        self.write(record)
 
     def emit(self, text: str, now: float) -> None:
         """The next line."""
@@ -384,12 +411,13 @@ class OutputWriter:
 
     def note(self, text: str, now: float) -> None:
         """A note numbered as the last line read, so a reader counts the lines skipped."""
-        record = output_record(self.count, now, text)
-        self.out.write(record)
-        self.bytes += len(record)
+        self.write(output_record(self.count, now, text))
 
     def close(self) -> None:
-        self.out.close()
+        try:
+            self.flush()
+        finally:
+            self.out.close()
 
     def __enter__(self) -> OutputWriter:
         return self

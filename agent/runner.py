@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agent import cgroups, runfiles
@@ -42,6 +43,10 @@ from logs.progress_parser import may_tell
 
 CUT_MARKER = " …[line cut at {limit} characters]"
 CHUNK = 65536
+# After a read that emptied the command's pipe, the runner waits this long before the next one
+# (a line printed meanwhile waits at most that): a run printing line by line costs a read, a
+# write and a wake-up per few lines, not per line.
+GATHER_SECONDS = 0.005
 PIDS_LIMIT_GRACE = 2.0  # seconds a run may sit at its PID limit before it is ended
 # Past the log cap only lines up to this long are read for progress and checkpoints (a commit
 # line with its path fits): longer ones are left out unread, so a flood past the cap costs the
@@ -62,14 +67,21 @@ def clean_line(raw: bytes, limit: int, *, cut: bool = False) -> str:
     return text
 
 
-def read_lines(fd: int, limit: int):
+def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, gather: float = 0.0):
     """The lines read from ``fd`` as (bytes, cut), never holding more than about 4 × ``limit``
     bytes of one line (a UTF-8 character is at most 4 bytes): the rest of a longer line is
-    dropped as it arrives, and the line is marked cut."""
+    dropped as it arrives, and the line is marked cut.
+
+    ``flush`` is called before each read that may wait, so what the lines already read made is
+    written first. With ``gather``, after a read that emptied the pipe the next one waits that
+    many seconds: a command printing a line at a time (``print(…, flush=True)``) is read a few
+    lines at a time, not with a read, a write and a wake-up for every line."""
     cap = 4 * limit + 4
     line = bytearray()
     cut = False
     while True:
+        if flush is not None:
+            flush()
         chunk = os.read(fd, CHUNK)
         if not chunk:
             break
@@ -92,6 +104,10 @@ def read_lines(fd: int, limit: int):
                 yield bytes(line), cut
                 line.clear()
                 cut = False
+        if gather and len(chunk) < CHUNK:
+            if flush is not None:
+                flush()
+            time.sleep(gather)
     if line:
         yield bytes(line), cut
 
@@ -238,7 +254,7 @@ def run(spec_path: Path) -> int:
             out.emit(f"[console] the job's CPU and memory limits are not enforced on this node: {unlimited}", time.time())
         for note in [*spec.preamble, *notes]:
             out.emit(note, time.time())
-        for raw, cut in read_lines(proc.stdout.fileno(), limit):
+        for raw, cut in read_lines(proc.stdout.fileno(), limit, flush=out.flush, gather=GATHER_SECONDS):
             text = clean_line(raw, limit, cut=cut)
             now = time.time()
             entry = b"" if cap.left_out(text) else out.next_record(text, now)

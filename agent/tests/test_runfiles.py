@@ -160,3 +160,23 @@ def test_stale_files_of_an_earlier_run_are_cleared_and_unfinished_runs_found(tmp
     runfiles.write_env(run, "A=1\n")
     runfiles.clear_stale(run)
     assert list(run.iterdir()) == []
+
+
+@pytest.mark.parametrize("text", ["plain", 'a "quoted" \\ back\\slash', "tab\there\x00nul\x1b[2J", "한국어 ünïcode ••••", "", "x" * 20000])
+@pytest.mark.parametrize("when", [0.0, 1_764_849_600.123456, 1e-7, 7_258_118_399.999999])
+def test_an_output_record_is_what_json_dumps_makes(text, when):
+    expected = json.dumps({"n": 12, "t": when, "s": text}, ensure_ascii=False).encode("utf-8") + b"\n"
+    assert runfiles.output_record(12, when, text) == expected
+    assert runfiles.checked_record(json.loads(expected)) == runfiles.OutputLine(12, when, text)
+
+
+def test_the_writer_holds_records_until_flushed_and_writes_them_whole(tmp_path):
+    path = tmp_path / runfiles.OUTPUT_FILE
+    with runfiles.OutputWriter(tmp_path) as out:
+        out.emit("one", 1.0)
+        out.emit("two", 2.0)
+        assert path.read_bytes() == b"" and out.bytes == len(runfiles.output_record(1, 1.0, "one") + runfiles.output_record(2, 2.0, "two"))
+        out.flush()
+        assert [line.text for line in runfiles.read_output(tmp_path, 0).lines] == ["one", "two"]
+        out.emit("three", 3.0)
+    assert [line.text for line in runfiles.read_output(tmp_path, 0).lines] == ["one", "two", "three"]
