@@ -50,6 +50,7 @@ class LostNodeRun:
         writer = self.writers[number]
         for _ in range(count):
             writer.emit(f"attempt {number} line {writer.count + 1}", T0 + writer.count)
+        writer.flush()  # as the runner does before it waits for more
 
     def delivers(self, number: int, *, complete: bool = False) -> None:
         part = AttemptNode.objects.select_related("attempt").get(pk=self.parts[number].pk)
