@@ -442,10 +442,10 @@ def read_output(
 ) -> OutputChunk:
     """The whole records written after ``offset``, at most ``max_bytes`` (``OUTPUT_READ_MAX_BYTES``)
     of them and, with ``max_lines``, at most that many records (short lines: a slice costs what
-    its lines cost, not its bytes). A last line without its newline is left for the next read, unless ``complete`` (the
-    exit record is written: nothing more will come). A file the agent may not read (a link, a
-    FIFO) is taken as no output; a run of more than ``max_bytes`` without a newline is skipped
-    as unreadable."""
+    its lines cost, not its bytes). A last line without its newline is left for the next read,
+    unless ``complete`` (the exit record is written: nothing more will come). A file the agent
+    may not read (a link, a FIFO) is taken as no output; a run of more than ``max_bytes`` without
+    a newline is skipped as unreadable."""
     limit = OUTPUT_READ_MAX_BYTES if max_bytes is None else max_bytes
     try:
         fd = os.open(directory / OUTPUT_FILE, READ_FLAGS)

@@ -157,7 +157,6 @@ def second_text(unix_second: int) -> str:
     return datetime.fromtimestamp(unix_second, tz=UTC).isoformat(" ")[:-6]
 
 
-
 COLUMNS = "job_id, stream, attempt, seq, line_no, ts, text"
 
 
