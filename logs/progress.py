@@ -182,16 +182,20 @@ def write_progress(current: JobProgress) -> None:
 
 
 def upsert_points(job_id: int, samples: Sequence[MetricSample]) -> None:
-    """Store a batch's loss points, a step already stored replaced: one ``INSERT … ON CONFLICT``
-    (SQLite and PostgreSQL alike), written by hand: the ORM's ``bulk_create(update_conflicts=…)``
-    spent ~3 ms a batch compiling 50 rows, a third of what storing 1,000 lines costs."""
+    """Store a batch's loss points, a step already stored replaced: one multi-row ``INSERT … ON
+    CONFLICT`` statement (SQLite and PostgreSQL alike; one round trip), written by hand: the ORM's
+    ``bulk_create(update_conflicts=…)`` spent ~3 ms a batch compiling 50 rows, a third of what
+    storing 1,000 lines costs. A step given twice keeps its last point (one row can be updated
+    once a statement)."""
     table = connection.ops.quote_name(MetricPoint._meta.db_table)
     stamp = connection.ops.adapt_datetimefield_value
+    rows = {s.step: (job_id, s.step, s.epoch, s.loss, s.lr, stamp(s.ts)) for s in samples}
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
     with connection.cursor() as cursor:
-        cursor.executemany(
-            f"INSERT INTO {table} (job_id, step, epoch, loss, lr, ts) VALUES (%s, %s, %s, %s, %s, %s) "
+        cursor.execute(
+            f"INSERT INTO {table} (job_id, step, epoch, loss, lr, ts) VALUES {values} "
             "ON CONFLICT (job_id, step) DO UPDATE SET epoch = excluded.epoch, loss = excluded.loss, lr = excluded.lr, ts = excluded.ts",
-            [(job_id, s.step, s.epoch, s.loss, s.lr, stamp(s.ts)) for s in samples],
+            [value for row in rows.values() for value in row],
         )
 
 
