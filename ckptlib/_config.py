@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ckptlib._guard import COPY_MODES
+
 logger = logging.getLogger(__name__)
 
 _DEFAULT_GRACE_PERIOD_S = 30.0
@@ -26,12 +28,15 @@ class RuntimeConfig:
         parser_threads: Background threads writing staged bytes to disk (upstream's default, 4).
         pin_host_cache: Pin the cache (page-locked) when CUDA is present.
         grace_period_s: Seconds a final checkpoint on SIGTERM or exit may take to persist.
+        copy_mode: ``"checked"`` (default), ``"eager"`` or ``"lazy"``: ``CheckpointEngine``'s
+            ``copy_mode`` (``ckptlib._guard``).
     """
 
     host_cache_size: float = 0.0
     parser_threads: int = 4
     pin_host_cache: bool = True
     grace_period_s: float = _DEFAULT_GRACE_PERIOD_S
+    copy_mode: str = "checked"
 
     @property
     def host_cache_bytes(self) -> int:
@@ -61,7 +66,7 @@ def auto_host_cache_bytes() -> int:
 
 
 # ``fast_cache_init`` is one of upstream's keys (no effect here: the cache is never memset).
-_KNOWN_KEYS = {"host_cache_size", "parser_threads", "pin_host_cache", "fast_cache_init", "grace_period_s", "trainer"}
+_KNOWN_KEYS = {"host_cache_size", "parser_threads", "pin_host_cache", "fast_cache_init", "grace_period_s", "copy_mode", "trainer"}
 
 
 def parse_runtime_config(config: Mapping[str, Any]) -> tuple[RuntimeConfig, Any]:
@@ -89,10 +94,18 @@ def parse_runtime_config(config: Mapping[str, Any]) -> tuple[RuntimeConfig, Any]
         parser_threads=_positive_int(config, "parser_threads", defaults.parser_threads),
         pin_host_cache=_boolean(config, "pin_host_cache", defaults.pin_host_cache),
         grace_period_s=_positive_number(config, "grace_period_s", defaults.grace_period_s),
+        copy_mode=_copy_mode(config, defaults.copy_mode),
     )
     if "fast_cache_init" in config:
         _boolean(config, "fast_cache_init", False)
     return options, config.get("trainer")
+
+
+def _copy_mode(config: Mapping[str, Any], default: str) -> str:
+    value = config.get("copy_mode", default)
+    if value not in COPY_MODES:
+        raise ValueError(f"runtime_config['copy_mode'] must be one of {', '.join(map(repr, COPY_MODES))}, got {value!r}")
+    return str(value)
 
 
 def _positive_number(config: Mapping[str, Any], key: str, default: float) -> float:

@@ -90,6 +90,7 @@ class PathCheckpointing:
             host_cache_size=options.host_cache_size,
             parser_threads=options.parser_threads,
             pin_host_cache=options.pin_host_cache,
+            copy_mode=options.copy_mode,
             rank=self.rank,
             handle_signals=False,
         )

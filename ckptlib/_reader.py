@@ -33,10 +33,16 @@ def read_checkpoint(directory: Path, *, place: ProcessPlace, map_location: str |
     problem = damage_of(directory)
     if problem is not None:
         raise CheckpointError(f"damaged checkpoint: {problem}")
+    try:
+        keys = {str(key): str(name) for key, name in dict(manifest["keys"]).items()}
+        step = int(manifest["step"])
+        world_size = int(manifest["world_size"]) if "rng_state" in keys else 1
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{directory / _format.MANIFEST_NAME}: the manifest's {error} is missing or not what ckptlib writes") from error
     state: dict[str, Any] = {}
-    for key, name in dict(manifest["keys"]).items():
+    for key, name in keys.items():
         if key == "rng_state":
-            name = _format.rng_file_name(place.rank, int(manifest["world_size"]))
+            name = _format.rng_file_name(place.rank, world_size)
         path = directory / name
         if not path.is_file():
             continue
@@ -48,7 +54,7 @@ def read_checkpoint(directory: Path, *, place: ProcessPlace, map_location: str |
                 state[key] = torch.load(path, map_location=map_location, weights_only=False)
         except Exception as error:  # noqa: BLE001 - any reader error: the file is named
             raise CheckpointError(f"cannot read {path}: {error}") from error
-    return LoadedCheckpoint(step=int(manifest["step"]), path=directory, state=state)
+    return LoadedCheckpoint(step=step, path=directory, state=state)
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

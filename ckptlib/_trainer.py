@@ -83,6 +83,7 @@ class DecoratedCheckpointing:
             host_cache_size=options.host_cache_size,
             parser_threads=options.parser_threads,
             pin_host_cache=options.pin_host_cache,
+            copy_mode=options.copy_mode,
             rank=rank,
             grace_period_s=options.grace_period_s,
         )

@@ -93,3 +93,22 @@ def test_a_checkpoint_of_another_shape_changes_nothing(tmp_path: Path) -> None:
         _step(other)  # still trains
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("field", ["keys", "step", "world_size"])
+def test_a_manifest_without_a_field_it_needs_is_a_checkpoint_error_naming_it(tmp_path: Path, field: str) -> None:
+    import json
+
+    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.05, handle_signals=False)
+    try:
+        state = _state()
+        engine.save(state, step=1, capture_rng=field == "world_size")
+        engine.wait(persist=True)
+        manifest = engine.root / "checkpoint-1" / "ckptlib.json"
+        record = json.loads(manifest.read_text())
+        del record[field]
+        manifest.write_text(json.dumps(record))
+        with pytest.raises(ckptlib.CheckpointError, match=f"ckptlib.json.*{field}"):
+            engine.load(1)
+    finally:
+        engine.shutdown()

@@ -95,3 +95,14 @@ def test_a_change_after_save_checkpoint_never_reaches_a_committed_tag(tmp_path: 
     # the last one at destroy().
     assert report["wrong"] == [] and len(report["committed"]) >= 10, report
     assert report["latest"] == "t11", report
+
+
+def test_the_last_save_is_committed_when_the_script_ends_without_destroy(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": "29560"}
+    completed = subprocess.run(
+        [sys.executable, "-m", "ckptlib.tests._deepspeed_exit_child", str(tmp_path / "ds")],
+        capture_output=True, text=True, env=env, timeout=180, check=False, cwd=Path(ckptlib.__file__).parents[1],
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-6000:]
+    # Without the exit hook the child never ends (its save waits for a commit): the timeout fails it.
+    assert (tmp_path / "ds" / "latest").read_text() == "t1"
