@@ -149,3 +149,29 @@ def test_the_optimizer_waits_for_staging_not_for_disk(offline_assets: dict[str, 
     assert set(saved) >= {name for name, _ in trainer.model.named_parameters()}
     final = engine.load(4).state["model"]
     assert not all(torch.equal(saved[k], final[k]) for k in saved)
+
+
+@pytest.mark.slow  # two training processes
+def test_a_damaged_newest_checkpoint_is_skipped_when_the_trainer_resumes(
+    offline_assets: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, records: RecordingHandler
+) -> None:
+    """Verify before resume, on the Trainer's path: the newest checkpoint's weights truncated, the
+    Trainer told to resume picks the one before it and trains on as the uninterrupted run did."""
+    uninterrupted = _trainer(offline_assets, tmp_path, max_steps=8, save_steps=4)
+    engine = _decorate(uninterrupted)
+    uninterrupted.train()
+    engine.wait(persist=True)
+    engine.shutdown()
+    expected = _losses(uninterrupted)
+    root = tmp_path / "concurrent_checkpoint"
+    weights = root / "checkpoint-8" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+
+    monkeypatch.delenv("CKPT_LAST_STEP", raising=False)
+    resumed = _trainer(offline_assets, tmp_path, max_steps=8, save_steps=4)
+    engine = _decorate(resumed)
+    assert engine.resolve_resume(True) == str(root / "checkpoint-4")
+    resumed.train(resume_from_checkpoint=True)
+    engine.shutdown()
+    assert any("damaged checkpoint skipped" in message and "checkpoint-8/model.safetensors" in message for message in records.messages)
+    assert _losses(resumed) == expected
