@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptlib._guard import COPY_MODES
-
 logger = logging.getLogger(__name__)
 
 _DEFAULT_GRACE_PERIOD_S = 30.0
+# CheckpointEngine's copy modes (``ckptlib._guard``); here so that reading a config needs no torch.
+COPY_MODES = ("checked", "eager", "lazy")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-COPY_MODES = ("checked", "eager", "lazy")
+from ckptlib._config import COPY_MODES
 
 
 def check_copy_mode(mode: str) -> str:

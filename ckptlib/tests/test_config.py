@@ -77,3 +77,18 @@ def test_the_copy_mode_is_a_runtime_config_key_and_reaches_the_engine(mode: str)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=Path(ckptlib.__file__).parents[1], check=False)  # fmt: skip
     assert done.returncode == 0 and done.stdout.split() == [mode], done.stderr[-2000:]
+
+
+def test_importing_ckptlib_and_reading_a_config_loads_no_torch() -> None:
+    """The console reads ckptlib's commit lines (``logs.progress_parser``) without torch: a
+    config's copy modes live where no torch is imported."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import ckptlib
+
+    script = "import sys, ckptlib; ckptlib.parse_runtime_config({'copy_mode': 'eager'}); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=Path(ckptlib.__file__).parents[1], check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.split() == ["False"], done.stderr[-2000:]
