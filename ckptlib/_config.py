@@ -101,11 +101,15 @@ def parse_runtime_config(config: Mapping[str, Any]) -> tuple[RuntimeConfig, Any]
     return options, config.get("trainer")
 
 
+def check_copy_mode(mode: Any, where: str = "copy_mode") -> str:
+    """``mode`` if it is one of ``COPY_MODES``; else a ValueError naming ``where``."""
+    if mode not in COPY_MODES:
+        raise ValueError(f"{where} must be one of {', '.join(map(repr, COPY_MODES))}, got {mode!r}")
+    return str(mode)
+
+
 def _copy_mode(config: Mapping[str, Any], default: str) -> str:
-    value = config.get("copy_mode", default)
-    if value not in COPY_MODES:
-        raise ValueError(f"runtime_config['copy_mode'] must be one of {', '.join(map(repr, COPY_MODES))}, got {value!r}")
-    return str(value)
+    return check_copy_mode(config.get("copy_mode", default), "runtime_config['copy_mode']")
 
 
 def _positive_number(config: Mapping[str, Any], key: str, default: float) -> float:

@@ -44,10 +44,10 @@ import ckptlib._signals as _signals
 from ckptlib._background import BackgroundWriters
 from ckptlib._cache import PAGE, HostCache
 from ckptlib._commit import MultiRankCommit
-from ckptlib._config import RuntimeConfig
+from ckptlib._config import RuntimeConfig, check_copy_mode
 from ckptlib._dist import ProcessPlace, current_place
 from ckptlib._events import LOG_PREFIX, install_console_handler
-from ckptlib._guard import VersionGuard, check_copy_mode, guard_object
+from ckptlib._guard import VersionGuard, guard_object
 from ckptlib._hooks import StagingPoints
 from ckptlib._inflight import InFlightBook, InFlightCheckpoint
 from ckptlib._plan import StatePlan, plan_object, plan_state, protected_storages, restore_rng_state

@@ -32,14 +32,6 @@ from typing import Any
 
 import torch
 
-from ckptlib._config import COPY_MODES
-
-
-def check_copy_mode(mode: str) -> str:
-    if mode not in COPY_MODES:
-        raise ValueError(f"copy_mode must be one of {', '.join(COPY_MODES)}; got {mode!r}")
-    return mode
-
 
 def tensors_in(obj: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of a nested dict / list / tuple, with a dotted name (``state.0.exp_avg``)."""
