@@ -59,6 +59,16 @@ def _decorate(trainer: Any) -> ckptlib.DecoratedCheckpointing:
     return ckptlib.DecoratedCheckpointing(runtime_config=config, rank=-1)
 
 
+def _uninterrupted_losses(assets: dict[str, str], output_dir: Path) -> dict[int, float]:
+    """8 steps with a checkpoint every 4, persisted: the losses a resumed run must log again."""
+    trainer = _trainer(assets, output_dir, max_steps=8, save_steps=4)
+    engine = _decorate(trainer)
+    trainer.train()
+    engine.wait(persist=True)
+    engine.shutdown()
+    return _losses(trainer)
+
+
 @pytest.fixture
 def records() -> Iterator[RecordingHandler]:
     handler = RecordingHandler()
@@ -71,12 +81,7 @@ def records() -> Iterator[RecordingHandler]:
 def test_a_resumed_run_continues_the_same_loss_curve(
     offline_assets: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    uninterrupted = _trainer(offline_assets, tmp_path, max_steps=8, save_steps=4)
-    engine = _decorate(uninterrupted)
-    uninterrupted.train()
-    engine.wait(persist=True)
-    engine.shutdown()
-    expected = _losses(uninterrupted)
+    expected = _uninterrupted_losses(offline_assets, tmp_path)
     assert sorted(expected) == list(range(1, 9))
     assert ckptlib.committed_steps(tmp_path / "concurrent_checkpoint") == [4, 8]
 
@@ -157,12 +162,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_when_the_trainer_resumes(
 ) -> None:
     """Verify before resume, on the Trainer's path: the newest checkpoint's weights truncated, the
     Trainer told to resume picks the one before it and trains on as the uninterrupted run did."""
-    uninterrupted = _trainer(offline_assets, tmp_path, max_steps=8, save_steps=4)
-    engine = _decorate(uninterrupted)
-    uninterrupted.train()
-    engine.wait(persist=True)
-    engine.shutdown()
-    expected = _losses(uninterrupted)
+    expected = _uninterrupted_losses(offline_assets, tmp_path)
     root = tmp_path / "concurrent_checkpoint"
     weights = root / "checkpoint-8" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
