@@ -160,47 +160,136 @@ def sampled_crc32(fd: int, size: int) -> int:
     return crc
 
 
-def checkpoint_problem(root_fd: int, name: str) -> str | None:
+def checkpoint_problem(root_fd: int, name: str, manifest_name: str = MANIFEST_NAME) -> str | None:
     """Why the checkpoint directory ``name`` must not be resumed, naming the file; None if its
-    files have the sizes (and the checksums) its manifest records."""
+    files have the sizes (and the checksums) its manifest (``manifest_name``) records."""
     try:
         directory = _open_dir(name, dir_fd=root_fd)
     except OSError as error:
         return f"{name}: {error.strerror or error}"
     try:
-        try:
-            manifest = json.loads(read_small_file(MANIFEST_NAME, MANIFEST_MAX_BYTES, dir_fd=directory))
-        except (OSError, ValueError) as error:
-            return f"{name}/{MANIFEST_NAME}: cannot be read ({error})"
-        if not isinstance(manifest, dict):
-            return f"{name}/{MANIFEST_NAME}: not a JSON object"
-        files = manifest.get("files", {})  # a manifest without a file list has nothing to check
-        if not isinstance(files, dict):
-            return f"{name}/{MANIFEST_NAME}: its file list is not an object"
-        if len(files) > MAX_MANIFEST_FILES:  # the agent reads this as root: bounded work per checkpoint
-            return f"{name}/{MANIFEST_NAME}: lists {len(files)} files, more than {MAX_MANIFEST_FILES}"
-        checksums = manifest.get("checksums") if manifest.get("checksum") == CHECKSUM_NAME else None
+        read = _read_manifest_at(directory, f"{name}/{manifest_name}", manifest_name)
+        if isinstance(read, str):
+            return read
+        files, checksums = read
         for file_name, size in files.items():
-            where = f"{name}/{file_name}"
-            if not isinstance(file_name, str) or "/" in file_name or file_name in {"", ".", ".."} or not isinstance(size, int):
-                return f"{name}/{MANIFEST_NAME}: bad entry {file_name!r}"
-            try:
-                fd = os.open(file_name, _NO_FOLLOW, dir_fd=directory)
-            except OSError as error:
-                return f"{where}: {error.strerror or error}"
-            try:
-                info = os.fstat(fd)
-                if not stat.S_ISREG(info.st_mode):
-                    return f"{where}: not a regular file"
-                if info.st_size != size:
-                    return f"{where}: holds {info.st_size} bytes, the manifest records {size}"
-                expected = checksums.get(file_name) if isinstance(checksums, dict) else None
-                if expected is not None and sampled_crc32(fd, size) != expected:
-                    return f"{where}: its checksum ({CHECKSUM_NAME}) differs from the manifest's"
-            except OSError as error:
-                return f"{where}: cannot be read ({error})"
-            finally:
-                os.close(fd)
+            problem = _entry_problem(directory, f"{name}/{file_name}", file_name, size, checksums.get(file_name))
+            if problem is not None:
+                return problem
+    finally:
+        os.close(directory)
+    return None
+
+
+def _read_manifest_at(directory: int, where: str, manifest_name: str) -> str | tuple[dict[str, int], dict[str, int]]:
+    """A manifest's files (name → size) and checksums (name → sampled CRC-32), or what is wrong
+    with it. Every entry's name and value are checked here: a name is one path component."""
+    try:
+        manifest = json.loads(read_small_file(manifest_name, MANIFEST_MAX_BYTES, dir_fd=directory))
+    except (OSError, ValueError) as error:
+        return f"{where}: cannot be read ({error})"
+    if not isinstance(manifest, dict):
+        return f"{where}: not a JSON object"
+    files = manifest.get("files", {})  # a manifest without a file list has nothing to check
+    if not isinstance(files, dict):
+        return f"{where}: its file list is not an object"
+    if len(files) > MAX_MANIFEST_FILES:  # the agent reads this as root: bounded work per checkpoint
+        return f"{where}: lists {len(files)} files, more than {MAX_MANIFEST_FILES}"
+    for file_name, size in files.items():
+        if not isinstance(file_name, str) or "/" in file_name or file_name in {"", ".", ".."} or type(size) is not int:
+            return f"{where}: bad entry {file_name!r}"
+    listed = manifest.get("checksums") if manifest.get("checksum") == CHECKSUM_NAME else None
+    checksums = {k: v for k, v in listed.items() if type(v) is int} if isinstance(listed, dict) else {}
+    return files, checksums
+
+
+def _entry_problem(directory: int, where: str, file_name: str, size: int, expected: int | None) -> str | None:
+    try:
+        fd = os.open(file_name, _NO_FOLLOW, dir_fd=directory)
+    except OSError as error:
+        return f"{where}: {error.strerror or error}"
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return f"{where}: not a regular file"
+        if info.st_size != size:
+            return f"{where}: holds {info.st_size} bytes, the manifest records {size}"
+        if expected is not None and sampled_crc32(fd, size) != expected:
+            return f"{where}: its checksum ({CHECKSUM_NAME}) differs from the manifest's"
+    except OSError as error:
+        return f"{where}: cannot be read ({error})"
+    finally:
+        os.close(fd)
+    return None
+
+
+# DeepSpeed's layout (``<save_dir>/<tag>/``, ``latest`` beside the tags) has no ckptlib.json:
+# each rank that writes files into a tag through ``ckptlib.deepspeed`` records them in its own
+# ``ckptlib-rank<r>.json`` there, in the same format, before DeepSpeed writes ``latest``.
+_RANK_MANIFEST_RE = re.compile(r"^ckptlib-rank(\d+)\.json$")
+
+
+def rank_manifest_name(rank: int) -> str:
+    return f"ckptlib-rank{rank}.json"
+
+
+def file_entry(path: Path) -> tuple[int, int]:
+    """A file's size and sampled CRC-32, as a manifest records them (read without following a link)."""
+    fd = os.open(path, _NO_FOLLOW)
+    try:
+        size = os.fstat(fd).st_size
+        return size, sampled_crc32(fd, size)
+    finally:
+        os.close(fd)
+
+
+def tag_problem(tag_dir: Path) -> str | None:
+    """``checkpoint_problem`` for a DeepSpeed tag directory: every rank's manifest in it is
+    checked (a tag no ckptlib rank wrote has none, and nothing to check)."""
+    try:
+        parent = _open_dir(tag_dir.parent)
+    except OSError as error:
+        return f"{tag_dir.parent}: {error.strerror or error}"
+    try:
+        try:
+            directory = _open_dir(tag_dir.name, dir_fd=parent)
+        except OSError as error:
+            return f"{tag_dir}: {error.strerror or error}"
+        try:
+            with os.scandir(directory) as entries:
+                names = sorted(entry.name for entry in entries if _RANK_MANIFEST_RE.match(entry.name))
+        finally:
+            os.close(directory)
+        for name in names:
+            problem = checkpoint_problem(parent, tag_dir.name, name)
+            if problem is not None:
+                return f"{tag_dir.parent}/{problem}"
+    except OSError as error:
+        return f"{tag_dir}: cannot be listed ({error})"
+    finally:
+        os.close(parent)
+    return None
+
+
+def file_problem(path: Path) -> str | None:
+    """What is wrong with one file of a DeepSpeed tag, by the rank manifest that lists it; None
+    if it matches or no manifest lists it (a file DeepSpeed wrote itself)."""
+    try:
+        directory = _open_dir(path.parent)
+    except OSError as error:
+        return f"{path.parent}: {error.strerror or error}"
+    try:
+        with os.scandir(directory) as entries:
+            names = sorted(entry.name for entry in entries if _RANK_MANIFEST_RE.match(entry.name))
+        for name in names:
+            read = _read_manifest_at(directory, f"{path.parent}/{name}", name)
+            if isinstance(read, str):
+                return read
+            files, checksums = read
+            if path.name in files:
+                return _entry_problem(directory, str(path), path.name, files[path.name], checksums.get(path.name))
+    except OSError as error:
+        return f"{path.parent}: cannot be listed ({error})"
     finally:
         os.close(directory)
     return None

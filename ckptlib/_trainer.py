@@ -29,6 +29,7 @@ import ckptlib._signals as _signals
 from ckptlib._config import parse_runtime_config
 from ckptlib._engine import CheckpointEngine
 from ckptlib._events import LOG_PREFIX
+from ckptlib._layout import read_small_file, tag_problem
 from ckptlib._types import CheckpointResult
 from ckptlib.deepspeed import commit_pending, use_ckptlib
 
@@ -232,7 +233,7 @@ class DecoratedCheckpointing:
             logger.warning("%s %s", LOG_PREFIX, fenced)
             return
         output_dir = Path(args.output_dir)
-        steps = deepspeed_committed_steps(output_dir)
+        steps = deepspeed_committed_steps(output_dir, verify=False)
         best = self.trainer.state.best_model_checkpoint
         protected = {Path(best).resolve()} if best else set()
         removed = []
@@ -336,7 +337,7 @@ class DecoratedCheckpointing:
     def _final_save(self) -> None:
         trainer = self.trainer
         if trainer.optimizer is not None and trainer.state.global_step > 0:
-            if self._deepspeed and trainer.state.global_step in deepspeed_committed_steps(Path(trainer.args.output_dir)):
+            if self._deepspeed and trainer.state.global_step in deepspeed_committed_steps(Path(trainer.args.output_dir), verify=False):
                 return  # already saved: rewriting a committed DeepSpeed checkpoint in place is not safe
             trainer._save_checkpoint(trainer.model, None)
             if self._deepspeed:
@@ -356,15 +357,35 @@ class DecoratedCheckpointing:
         return stop
 
 
-def deepspeed_committed_steps(output_dir: Path) -> list[int]:
-    """Steps of ``checkpoint-<step>/`` directories that hold DeepSpeed's ``latest`` file."""
+def deepspeed_committed_steps(output_dir: Path, *, verify: bool = True) -> list[int]:
+    """Steps of ``checkpoint-<step>/`` directories that hold DeepSpeed's ``latest`` file.
+
+    With ``verify`` (resuming), a checkpoint whose tag (named by ``latest``) has a file that
+    differs from its rank manifest's size or checksum is left out, with a warning naming the
+    file (``_layout.tag_problem``); rotation and the final save's check list them all."""
     steps = []
     if output_dir.is_dir():
         for entry in output_dir.iterdir():
             suffix = entry.name.removeprefix(_format.CHECKPOINT_PREFIX)
-            if entry.name.startswith(_format.CHECKPOINT_PREFIX) and suffix.isdigit() and (entry / "latest").is_file():
-                steps.append(int(suffix))
+            if not (entry.name.startswith(_format.CHECKPOINT_PREFIX) and suffix.isdigit() and (entry / "latest").is_file()):
+                continue
+            if verify:
+                problem = _deepspeed_checkpoint_problem(entry)
+                if problem is not None:
+                    logger.warning("%s damaged checkpoint skipped: %s", LOG_PREFIX, problem)
+                    continue
+            steps.append(int(suffix))
     return sorted(steps)
+
+
+def _deepspeed_checkpoint_problem(checkpoint: Path) -> str | None:
+    try:
+        tag = read_small_file(checkpoint / "latest", 4096).decode().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        return f"{checkpoint}/latest: cannot be read ({error})"
+    if not tag or "/" in tag or tag in {".", ".."}:
+        return f"{checkpoint}/latest: names no tag ({tag!r})"
+    return tag_problem(checkpoint / tag)
 
 
 def _requested_step() -> int:

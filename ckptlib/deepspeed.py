@@ -10,6 +10,11 @@ DeepSpeed writes its checkpoints through ``engine.checkpoint_engine`` (``create`
 ``ds_engine.step()``, before the optimizer step; ``commit`` waits until the files are durable,
 then DeepSpeed writes ``latest``. A crash before that leaves ``latest`` on the previous tag.
 
+Before ``commit`` returns, each rank records the files it wrote into a tag, with their sizes and
+sampled CRC-32s, in ``<tag>/ckptlib-rank<r>.json`` (``ckptlib.json``'s format): ``load`` checks a
+file against it before reading it (a truncated or changed file is a ``CheckpointError`` naming
+it), and the Trainer integration skips a damaged checkpoint when it resumes.
+
 DeepSpeed's own ``"datastates_ckpt": {"enabled": true}`` setting instantiates
 ``datastates.CheckpointEngine``; the vendor directory's ``datastates`` provides it from this
 module (``DataStatesEngine``). DeepSpeed itself is not imported here.
@@ -18,18 +23,21 @@ module (``DataStatesEngine``). DeepSpeed itself is not imported here.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import re
 import time
 import weakref
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ckptlib._engine import CheckpointEngine
+from ckptlib._engine import FILE_TMP_SUFFIX, CheckpointEngine
 from ckptlib._events import LOG_PREFIX
-from ckptlib._layout import superseded_message
+from ckptlib._format import fsync_path, write_bytes_durably
+from ckptlib._layout import CHECKSUM_NAME, file_entry, file_problem, rank_manifest_name, superseded_message
 from ckptlib._types import CheckpointError, CheckpointResult
 
 logger = logging.getLogger(__name__)
@@ -61,6 +69,8 @@ class DeepSpeedCheckpointEngine:
         )
         self._commit_info: Any = None
         self._started: float | None = None
+        # The files saved since the last commit (a path saved twice once), for the rank's manifest.
+        self._saved: dict[Path, None] = {}
 
     # ---- DeepSpeed's interface --------------------------------------------------------------
 
@@ -74,10 +84,23 @@ class DeepSpeedCheckpointEngine:
         if self._started is None:
             self._started = time.perf_counter()
         self.engine.save_file(state_dict, path)
+        self._saved[Path(path).absolute()] = None
 
     def load(self, path: str, map_location: Any = None) -> Any:
+        """Reads a file DeepSpeed asks for, once its rank manifest (if one lists it) agrees.
+
+        Raises:
+            CheckpointError: The file's size or sampled checksum differs from the manifest's,
+                or it cannot be read as a ``torch.save`` file; the message names the file.
+        """
         self.engine.wait(persist=True)
-        return torch.load(path, map_location=map_location, weights_only=False)
+        problem = file_problem(Path(path).absolute())
+        if problem is not None:
+            raise CheckpointError(f"damaged checkpoint file: {problem}")
+        try:
+            return torch.load(path, map_location=map_location, weights_only=False)
+        except (OSError, RuntimeError, EOFError, ValueError) as error:
+            raise CheckpointError(f"cannot load {path}: {error}") from error
 
     def commit(self, info: Any) -> bool:
         """Waits until every file saved so far is durable, then logs ckptlib's commit line
@@ -93,8 +116,15 @@ class DeepSpeedCheckpointEngine:
         """
         results = self.engine.wait(persist=True)
         started, self._started = self._started, None
+        saved, self._saved = list(self._saved), {}
         failed = [result for result in results if not result.committed]
         fenced = superseded_message("commits no checkpoint") if self.engine.place.rank == 0 else None
+        if not failed and not fenced:
+            try:
+                self._write_manifests(saved)
+            except OSError as write_error:
+                failed = [CheckpointResult(step=-1, path="", bytes=0, blocking_s=0.0, persist_s=0.0, committed=False,
+                                           error=f"cannot record the files written: {write_error}")]  # fmt: skip
         if failed or fenced:
             error = fenced or failed[0].error
             message = f"{LOG_PREFIX} checkpoint {getattr(info, 'tag', '')!s} failed: {error}"
@@ -115,6 +145,27 @@ class DeepSpeedCheckpointEngine:
             )
             logger.info(event.log_line())
         return True
+
+    def _write_manifests(self, saved: list[Path]) -> None:
+        """Records this rank's files of each directory it wrote (sizes, sampled CRC-32s) in that
+        directory's ``ckptlib-rank<r>.json``, durably, before DeepSpeed writes ``latest``."""
+        by_directory: dict[Path, list[Path]] = {}
+        for path in saved:
+            by_directory.setdefault(path.parent, []).append(path)
+        for directory, paths in by_directory.items():
+            entries = {path.name: file_entry(path) for path in paths}
+            manifest = {
+                "rank": self.engine.place.rank,
+                "files": {name: size for name, (size, _) in entries.items()},
+                "checksum": CHECKSUM_NAME,
+                "checksums": {name: crc for name, (_, crc) in entries.items()},
+            }
+            payload = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            name = rank_manifest_name(self.engine.place.rank)
+            tmp = directory / f"{name}{FILE_TMP_SUFFIX}-{os.getpid()}"
+            write_bytes_durably(tmp, payload)
+            os.replace(tmp, directory / name)  # a reader sees the old list or the new one, whole
+            fsync_path(directory)
 
     def is_data_parallel_writer(self, dp_rank: int) -> bool:
         return dp_rank == 0

@@ -35,6 +35,7 @@ optimizer, ``adamw_torch_fused``), sized so parameters plus optimizer state are 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import ctypes.util
 import json
 import mmap
@@ -232,37 +233,57 @@ def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist
     raise ValueError(f"unknown variant {variant!r}")
 
 
-def raw_write_bandwidth(directory: Path, nbytes: int) -> float:
-    """Bytes per second of one sequential write of ``nbytes`` then fsync, timed like persist:
-    the file's creation, the writes (direct I/O, 64 MiB at a time; buffered where the filesystem
-    refuses ``O_DIRECT``) and the fsync. The file's removal is not timed (persist removes
-    nothing). One sample; ``main`` takes one before each ckptlib run, at the checkpoint's size."""
+def raw_write_bandwidth(directory: Path, nbytes: int, writers: int = 1) -> float:
+    """Bytes per second of a sequential write of ``nbytes`` then fsync, timed like persist and
+    written like it: ``writers`` threads (the engine's ``parser_threads``) each create,
+    write (direct I/O, 64 MiB at a time; buffered where the filesystem refuses ``O_DIRECT``) and
+    fsync one file of an equal share, the clock running from the first creation to the last
+    fsync. A single-stream raw figure undercounts a disk that serves several queues, and persist
+    then reads above 100 % of it. The files' removal is not timed (persist removes nothing). One
+    sample; ``main`` takes one before each ckptlib run, at the checkpoint's size."""
     chunk = mmap.mmap(-1, 64 << 20)  # page-aligned, as O_DIRECT needs
     chunk.write(os.urandom(1 << 20) * 64)
     view = memoryview(chunk)
-    path = directory / "raw-bandwidth.bin"
+    writers = max(1, writers)
+    # Shares in whole 4 KiB pages (O_DIRECT), the last share taking the remainder.
+    page_share = (nbytes // writers) & ~4095
+    shares = [page_share] * (writers - 1) + [nbytes - page_share * (writers - 1)]
+    paths = [directory / f"raw-bandwidth-{index}.bin" for index in range(writers)]
+
+    def write_one(path: Path, size: int, flags: int) -> None:
+        # As ckptlib's writer: whole pages with O_DIRECT, an unaligned tail through a buffered fd.
+        aligned = size & ~4095 if flags else size
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o644)
+        try:
+            written = 0
+            while written < aligned:
+                written += os.write(fd, view[: min(len(view), aligned - written)])
+            if aligned < size:
+                tail = os.open(path, os.O_WRONLY)
+                try:
+                    os.pwrite(tail, view[: size - aligned], aligned)
+                    os.fsync(tail)
+                finally:
+                    os.close(tail)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     try:
         for flags in (getattr(os, "O_DIRECT", 0), 0):
             began = time.perf_counter()
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o644)
+                with concurrent.futures.ThreadPoolExecutor(writers) as pool:
+                    for future in [pool.submit(write_one, path, size, flags) for path, size in zip(paths, shares, strict=True)]:
+                        future.result()
             except OSError:
-                continue
-            try:
-                written = 0
-                while written < nbytes:
-                    written += os.write(fd, view[: min(len(view), nbytes - written)])
-                os.fsync(fd)
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
+                continue  # O_DIRECT refused (or an unaligned tail): buffered
             elapsed = time.perf_counter() - began
-            path.unlink(missing_ok=True)  # outside the timed part
             return nbytes / elapsed
         return float("nan")
     finally:
-        path.unlink(missing_ok=True)
+        for path in paths:
+            path.unlink(missing_ok=True)
         view.release()
         chunk.close()
 

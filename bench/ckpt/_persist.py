@@ -9,8 +9,11 @@ the same process, alternating:
   bytes the writers wrote for that checkpoint. Each save waits for the previous commit (nothing
   of one checkpoint is written before the next one's clock starts), and training steps between
   saves change the state (no write of unchanged bytes is skipped);
-* raw: a file of the same number of bytes created, written (direct I/O, 64 MiB per call) and
-  fsynced (``raw_write_bandwidth``), one sample just before and one just after each save.
+* raw: the same number of bytes written as ckptlib writes them, by as many threads as the
+  engine's writers, each creating, writing (direct I/O, 64 MiB per call) and fsyncing one file
+  (``raw_write_bandwidth``), one sample just before and one just after each save, after one
+  warm-up sample that is not counted (the first write after a commit met a cold disk queue and
+  ran at a fifth of the others' rate).
 
 The bench's main run measures persist while training goes on (the overhead windows); there the
 writer shares the cores with training, so its figure says less about the disk than this one.
@@ -88,28 +91,33 @@ def measure(size_gb: float, saves: int, directory: Path | None = None, batch: in
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-persist-", dir=directory) as workdir:
         root = Path(workdir)
         engine = ckptlib.CheckpointEngine(output_dir=root / "ckpt", host_cache_size=size_gb * 1.05, handle_signals=False)
+        writers = engine.options.parser_threads
         try:
             train()
             for step in range(1, saves + 1):
                 train()
                 nbytes = figures.persist_bytes[-1] if figures.persist_bytes else None
                 if nbytes is not None:
-                    _raw(figures, root, nbytes)
+                    _raw(figures, root, nbytes, writers)
                 engine.save({"model": model, "optimizer": optimizer, "scheduler": scheduler}, step=step)
                 [result] = engine.wait(persist=True)
                 if not result.committed:
                     raise RuntimeError(f"checkpoint {step} not committed: {result.error}")
                 figures.persist_bytes.append(result.bytes)
                 figures.persist_s.append(result.persist_s)
-                _raw(figures, root, result.bytes)
+                if step == 1:
+                    _raw(None, root, result.bytes, writers)  # warm-up, not counted
+                _raw(figures, root, result.bytes, writers)
         finally:
             engine.shutdown()
     return figures
 
 
-def _raw(figures: PersistFigures, root: Path, nbytes: int) -> None:
+def _raw(figures: PersistFigures | None, root: Path, nbytes: int, writers: int) -> None:
     from bench.ckpt.__main__ import raw_write_bandwidth
 
-    rate = raw_write_bandwidth(root, nbytes)
+    rate = raw_write_bandwidth(root, nbytes, writers)
+    if figures is None:
+        return
     figures.raw_bytes.append(nbytes)
     figures.raw_s.append(nbytes / rate)

@@ -38,7 +38,7 @@ def test_save_checkpoint_commits_at_the_next_step_and_loads_back_exactly(tmp_pat
     # Decoupled: save_checkpoint returns before the files are durable; `latest` moves at the next step.
     assert report["latest_before"] is None and report["latest_after"] == "step2"
     assert report["same"]
-    expected = ["mp_rank_00_model_states.pt"] + (["zero_pp_rank_0_mp_rank_00_optim_states.pt"] if stage else [])
+    expected = ["ckptlib-rank0.json", "mp_rank_00_model_states.pt"] + (["zero_pp_rank_0_mp_rank_00_optim_states.pt"] if stage else [])
     assert report["files"] == expected
 
 
@@ -47,6 +47,7 @@ def test_deepspeeds_own_datastates_setting_writes_through_the_vendor_shim(tmp_pa
 
     assert report["engine"].endswith("DataStatesCheckpointEngine")
     assert report["same"]
+    # DeepSpeed never commits in this mode (nor writes `latest`): no rank manifest either.
     assert report["files"] == ["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
 
 
@@ -67,7 +68,7 @@ def test_the_documentations_trainer_under_deepspeed_saves_through_ckptlib_and_re
     assert sorted({e.step for e in events}) == [3, 6]
     assert deepspeed_committed_steps(out) == [3, 6]
     assert sorted(p.name for p in (out / "checkpoint-3" / "global_step3").iterdir()) == [
-        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "ckptlib-rank0.json", "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
     ]  # fmt: skip
 
     # The platform resumes a failed-over job with CKPT_LAST_STEP: the Trainer loads DeepSpeed's files.
@@ -80,6 +81,13 @@ def test_the_documentations_trainer_under_deepspeed_saves_through_ckptlib_and_re
     assert "ENGINE DeepSpeedCheckpointEngine STEP 9" in resumed.stdout
     assert resumed.stdout.count("'loss'") == 6  # steps 4–9 only
     assert deepspeed_committed_steps(out) == [3, 6, 9]
+
+    # A truncated file of the newest checkpoint: resuming would pick step 6 (the rank manifest
+    # DeepSpeed's files were recorded in says so); rotation still sees all three.
+    damaged = out / "checkpoint-9" / "global_step9" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    assert deepspeed_committed_steps(out) == [3, 6]
+    assert deepspeed_committed_steps(out, verify=False) == [3, 6, 9]
 
 
 @pytest.mark.parametrize("scenario", ["parameters", "optimizer_state", "ema_swap", "all"])

@@ -32,7 +32,7 @@ def _trainers_own_save(output_dir: Path, step: int, args: SimpleNamespace) -> No
 def test_a_crash_between_save_and_commit_still_resumes_the_last_committed_checkpoint(tmp_path: Path) -> None:
     decorator = _decorator(tmp_path)
     args = decorator.trainer.args
-    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "global_step2").mkdir(parents=True)
     (tmp_path / "checkpoint-2" / "latest").write_text("global_step2")  # committed
     save = decorator._save_checkpoint_rotating_after_commit(lambda model, trial: _trainers_own_save(tmp_path, 4, args))
     save(None, None)
