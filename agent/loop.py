@@ -16,7 +16,6 @@ from agent.inventory import discover_nodes, register_nodes
 from agent.node_agent import NodeAgent
 from jobs.services import wakeups
 from jobs.services.control import control_round
-from jobs.services.placement import place_waiting_jobs
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +37,10 @@ def embedded_round(agent: NodeAgent) -> None:
 
 
 def place_and_launch(agent: NodeAgent) -> None:
-    """Runs just ended: their GPUs are free and failovers judged, so place and start now rather
-    than a round later."""
-    agent.launch_attempts(place_waiting_jobs())
+    """Runs just ended: a control round now rather than a round later, so failed runs are judged
+    (``failover.services.policy.judge_exited``: the control plane's verdict, not the agent's)
+    and their freed GPUs placed and started at once."""
+    agent.launch_attempts(control_round())
 
 
 class EmbeddedControlLoop(threading.Thread):

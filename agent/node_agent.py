@@ -373,6 +373,10 @@ class NodeAgent:
         # Forgotten only once reported: a report the database refused (a lock, a restart) is made
         # again at the next collect. (Forgotten first, the rank's end was never reported again:
         # its row was marked ended, so no reconcile would bring it back, and the job stayed Running.)
+        if exit_signal or exit_code not in (0,) or cause:
+            # The agent reports facts only: its node's evidence is stored before the exit that
+            # the control plane's failover verdict will read it for.
+            call_optional(self.plugins, "before_failed_exit", part)
         others = runs.part_exited(part, exit_code=exit_code, exit_signal=exit_signal, cause=cause)
         self.forget(part.pk)
         # Only this agent's own ranks: another node's agent ends its ranks itself, woken by the

@@ -30,6 +30,9 @@ class AgentPlugin(Protocol):
     #     reconcile transaction with its nodes' fresh rows; read here, never write.
     # def next_round_in(self) -> float: seconds until ``on_round`` has work (an idle agent sleeps
     #     until the soonest of these, its heartbeat and its reconcile).
+    # def before_failed_exit(self, part: AttemptNode) -> None: a rank ended badly and its end is
+    #     about to be reported: facts about its node are stored first (failover's health reading),
+    #     so whoever judges the attempt finds them.
 
 
 PluginFactory = Callable[[AgentView], AgentPlugin]
@@ -48,7 +51,7 @@ def plugins_for(agent: AgentView) -> list[AgentPlugin]:
 
 
 def call_optional(plugins: list[AgentPlugin], hook: str, *args) -> None:
-    """Call ``hook`` (``on_start``, ``on_shutdown``, ``on_reconcile``) on every plug-in that has
+    """Call ``hook`` (``on_start``, ``on_shutdown``, ``on_reconcile``, ``before_failed_exit``) on every plug-in that has
     it; one failing is logged and the others still run."""
 
     for plugin in plugins:

@@ -64,13 +64,11 @@ class SimulatedFaultAdmin(admin.ModelAdmin):
 
 @admin.register(NodeHealth)
 class NodeHealthAdmin(admin.ModelAdmin):
-    list_display = ("node", "source", "checked_at", "finding_count")
-    readonly_fields = ("node", "source", "checked_at", "findings", "kernel_log", "kernel_log_note")
-    list_select_related = ("node",)
+    """When each node was last read; its evidence is under Health events."""
 
-    @admin.display(description="findings")
-    def finding_count(self, health: NodeHealth) -> int:
-        return len(health.findings)
+    list_display = ("node", "source", "checked_at", "cleared_at", "kernel_log_note")
+    readonly_fields = ("node", "source", "checked_at", "cleared_at", "kernel_log_note")
+    list_select_related = ("node",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -38,20 +38,16 @@ class SimulatedFault(models.Model):
 
 
 class NodeHealth(models.Model):
-    """The latest health reading of a node: its findings as JSON, and when and how it was taken.
+    """When and how a node was last read, and when an operator last cleared it.
 
-    Each stored finding carries ``seen``, when a reading first showed it, and ``kernel_seen`` maps
-    each kernel-log line kept to when it was first read: a verdict counts only evidence first seen
-    within its attempt's time window, and a line read before an operator's clear (``cleared_at``)
-    never flags the node again.
+    The evidence itself is the node's ``HealthEvent`` rows (one append-only store): a verdict
+    counts the events within its attempt's time window, node health the events since
+    ``cleared_at``.
     """
 
     node = models.OneToOneField("jobs.Node", on_delete=models.CASCADE, related_name="health")
     checked_at = models.DateTimeField(default=timezone.now)
     source = models.CharField(max_length=16, default="simulated")
-    findings = models.JSONField(default=list, blank=True)
-    kernel_log = models.TextField(blank=True)
-    kernel_seen = models.JSONField(default=dict, blank=True)
     cleared_at = models.DateTimeField(null=True, blank=True)
     # Where the kernel log was read from, or why it could not be ("" while it reads /dev/kmsg).
     kernel_log_note = models.CharField(max_length=300, blank=True)
@@ -60,7 +56,7 @@ class NodeHealth(models.Model):
         verbose_name_plural = "node health"
 
     def __str__(self) -> str:
-        return f"{self.node.name}: {len(self.findings)} finding(s) at {self.checked_at:%H:%M:%S}"
+        return f"{self.node.name}: read at {self.checked_at:%H:%M:%S} ({self.source})"
 
 
 class HealthEvent(models.Model):
@@ -76,7 +72,7 @@ class HealthEvent(models.Model):
     nic = models.CharField(max_length=64, blank=True)
     xid = models.PositiveIntegerField(null=True, blank=True)
     value = models.BigIntegerField(null=True, blank=True)
-    source = models.CharField(max_length=16)  # nvml | simulated | kmsg | journalctl | dmesg | monitor
+    source = models.CharField(max_length=16)  # nvml | simulated | kmsg | journalctl | dmesg | simulated-kmsg
     message = models.CharField(max_length=500, blank=True)
     fatal = models.BooleanField(default=False)  # the runs on its GPU were stopped at once
 

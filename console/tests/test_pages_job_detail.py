@@ -8,9 +8,10 @@ import pytest
 from django.urls import reverse
 
 from console.tests.page_fixtures import put_in_status, shows
+from failover.tests.exits import report_exit
 from jobs.models import JobAttempt
 from jobs.services.placement import place_waiting_jobs
-from jobs.services.runs import record_exit, run_started
+from jobs.services.runs import run_started
 from jobs.statuses import BADGE_GROUPS, DELETABLE, STOPPABLE, JobStatus
 
 pytestmark = pytest.mark.django_db
@@ -77,7 +78,7 @@ def test_the_details_tab_lists_each_attempt_with_its_nodes_gpus_and_exit(login, 
     place_waiting_jobs()
     first = JobAttempt.objects.get(job=job)
     run_started(first)
-    record_exit(first, exit_code=None, exit_signal=signal.SIGKILL, cause="GPU fell off the bus")
+    report_exit(first, exit_code=None, exit_signal=signal.SIGKILL, cause="GPU fell off the bus")
     html = detail(login(owner), job)
     row = re.search(r'<tr data-attempt="1">.*?</tr>', html, re.S).group(0)
     assert "node-a" in row

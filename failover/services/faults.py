@@ -56,9 +56,9 @@ def clear_node(node: Node, *, actor: str = "operator") -> None:
         )
         Node.objects.filter(pk=node.pk).update(healthy=True, health_reason="", unhealthy_since=None)
         GPU.objects.filter(node=node).update(healthy=True, health_reason="", unhealthy_since=None)
-        # The kernel lines already read stay known (with when they were read), so an old Xid
-        # still in the ring does not flag the repaired node again.
-        NodeHealth.objects.filter(node=node).update(findings=[], checked_at=now, cleared_at=now)
+        # The events stay (each kernel line is stored once, so an old Xid still in the ring does
+        # not flag the repaired node again); health counts only those after the clear.
+        NodeHealth.objects.update_or_create(node=node, defaults={"checked_at": now, "cleared_at": now})
         wake_agents([node.name])  # its health checker reads the cleared state now
         # Repaired: jobs excluded from it after a fault there may be placed on it again.
         lifted = JobExclusion.objects.filter(node=node).delete()[0]

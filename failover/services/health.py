@@ -15,6 +15,7 @@ injected faults, so it is taken when the set of open faults changes (``inject_fa
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -24,6 +25,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django.conf import settings
 from django.db import transaction
@@ -37,7 +39,7 @@ from failover.classify import NodeFault, Verdict, classify_failure, node_fault, 
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import HealthEvent, NodeHealth
 from failover.probes import HealthProbe, probe_for
-from failover.services.monitor import HealthMonitor
+from failover.services.monitor import HealthMonitor, kernel_line_event
 from jobs.models import GPU, Node
 
 logger = logging.getLogger(__name__)
@@ -68,7 +70,8 @@ class HealthChecker:
 
     def probe(self, node: Node):
         """The node's probe, made once and kept for the agent's life (an NVML probe holds NVML
-        and its Xid event set; the failover policy reads the same one, ``local_probe``)."""
+        and its Xid event set; the usage sampler and the reading before a failed exit use the
+        same one)."""
         with self.lock:
             if node.name not in self.probes:
                 self.probes[node.name] = probe_for(node)
@@ -94,10 +97,21 @@ class HealthChecker:
         kernel_log = "\n".join(filter(None, [probe.kernel_log(), *kernel_lines]))
         shown = (json.dumps([f.to_dict() for f in report.findings], sort_keys=True), kernel_log)
         if not on_change or self.stored.get(node.name) != shown:
-            record_health(node, report, kernel_log, probe.gpu_by_pci())
+            since = datetime.fromtimestamp(self.monitor.started, tz=dt_timezone.utc)
+            record_health(node, report, kernel_log, probe.gpu_by_pci(), since=since)
             self.stored[node.name] = shown
         self.last_check[node.name] = timezone.now()
         return report, kernel_log
+
+    def before_failed_exit(self, part) -> None:
+        """A run on one of this agent's nodes ended badly: what its node shows now is stored
+        (the monitor's pass: NVML's events, injected faults, the kernel log; then a reading)
+        before the exit is reported, so the verdict finds it."""
+        node = next((n for n in self.nodes() if n.pk == part.node_id), None)
+        if node is None:
+            return
+        self.monitor.poll()
+        self.check(node)
 
     def nodes(self) -> list[Node]:
         """The agent's nodes: as its last reconcile read them (read here once if it has not)."""
@@ -170,81 +184,72 @@ class ProbeUsageReader:
 
 
 _checkers: weakref.WeakSet = weakref.WeakSet()
-_spare_probes: dict[str, HealthProbe] = {}  # nodes served here with no health checker (kept too)
-_spare_lock = threading.Lock()
-
-
-def local_probe(node: Node) -> HealthProbe:
-    """The probe of a node read from this process: the one its agent's health checker keeps, so
-    a judgement never makes a probe of its own (no second ``nvmlInit``, no event set registered
-    only after the fault); failing that, one kept here per node."""
-    for checker in list(_checkers):
-        if node.name in checker.agent.node_names:
-            return checker.probe(node)
-    with _spare_lock:
-        if node.name not in _spare_probes:
-            _spare_probes[node.name] = probe_for(node)
-        return _spare_probes[node.name]
 
 
 KERNEL_LINES_KEPT = 500
 
 
-def finding_key(data: dict) -> str:
-    return json.dumps({k: v for k, v in data.items() if k not in ("seen", "from_kernel")}, sort_keys=True)
+def reading_key(kind: str, gpu: int | None, xid: int | None, value: int | None, message: str) -> tuple:
+    return (kind, gpu, xid, value, message[:500])
 
 
-def seen_at(data: dict) -> datetime | None:
-    try:
-        return datetime.fromisoformat(data["seen"])
-    except (KeyError, TypeError, ValueError):
-        return None
+def record_health(
+    node: Node, report: HealthReport, kernel_log: str, gpu_by_pci: Mapping[str, int] | None = None, *, since: datetime | None = None
+) -> bool:
+    """Store a reading as health events, then derive the node's health from its evidence.
 
-
-def record_health(node: Node, report: HealthReport, kernel_log: str, gpu_by_pci: Mapping[str, int] | None = None) -> bool:
-    """Store a reading; a hardware fault first seen since the node was last cleared makes the
-    node unhealthy until an operator clears it.
-
-    Each finding keeps the time a reading first showed it, each kernel-log line the time it was
-    first read, so an old line still in the ring never re-flags a cleared node and a verdict can
-    count only what appeared during its attempt. NVML Xid events are read once (the event set is
-    drained), so they are kept until the node is cleared instead of being overwritten by the next
-    reading.
+    The events are the one store of node evidence (``HealthEvent``, append-only, pruned by
+    age): a finding of the reading is appended unless one alike (kind, GPU, Xid, value, text)
+    was stored since the node was last cleared, so an event's time is when a reading first showed
+    it; a kernel-log line is appended once ever (by its text), so an old line still in the ring
+    never flags a cleared node again. ``NodeHealth`` keeps only when and how the node was last
+    read. ``since``: the evidence health is derived from starts no earlier (the monitor's start:
+    a kernel line written before it is history an earlier agent judged). Returns whether the
+    evidence shows a fault.
     """
     now = timezone.now()
-    stamp = now.isoformat()
-    previous = NodeHealth.objects.filter(node=node).first()
-    cleared_at = previous.cleared_at if previous else None
-    old_kernel = previous.kernel_seen if previous else {}
-    old_findings = previous.findings if previous else []
-    old_seen = {finding_key(d): d.get("seen") for d in old_findings}
-
-    lines = [line.strip() for line in (kernel_log or "").splitlines() if line.strip()][-KERNEL_LINES_KEPT:]
-    kernel_seen = {line: old_kernel.get(line, stamp) for line in lines}
-    stored: dict[str, dict] = {}
-    for finding in report.findings:
-        data = finding.to_dict()
-        stored.setdefault(finding_key(data), dict(data, seen=old_seen.get(finding_key(data)) or stamp))
-    for line in lines:
-        for finding in parse_kernel_xids(line, gpu_by_pci):
-            data = finding.to_dict()
-            stored.setdefault(finding_key(data), dict(data, seen=kernel_seen[line], from_kernel=True))
-    for data in old_findings:  # events already drained from NVML stay until the node is cleared
-        if data.get("kind") == FindingKind.XID and not data.get("from_kernel"):
-            stored.setdefault(finding_key(data), data)
-    fresh = [Finding.from_dict(d) for d in stored.values() if cleared_at is None or (seen_at(d) or now) > cleared_at]
-    fault = node_fault(findings=fresh)
+    health = NodeHealth.objects.filter(node=node).first()
+    cleared_at = health.cleared_at if health else None
+    events: list[HealthEvent] = []
+    if report.findings:
+        stored = HealthEvent.objects.filter(node=node).exclude(source__in=KERNEL_SOURCES)
+        if cleared_at is not None:
+            stored = stored.filter(at__gte=cleared_at)
+        known = {reading_key(*row) for row in stored.values_list("kind", "gpu", "xid", "value", "message")}
+        for finding in report.findings:
+            message = (finding.detail or finding.kind)[:500]
+            key = reading_key(finding.kind, finding.gpu, finding.xid, finding.value, message)
+            if key not in known:
+                known.add(key)
+                events.append(HealthEvent(node=node, at=now, kind=finding.kind, gpu=finding.gpu, xid=finding.xid,
+                                          value=finding.value, source=report.source, message=message))  # fmt: skip
+    lines = [line.strip()[:500] for line in (kernel_log or "").splitlines() if line.strip()][-KERNEL_LINES_KEPT:]
+    if lines:
+        seen = set(HealthEvent.objects.filter(node=node, message__in=lines).values_list("message", flat=True))
+        source = "simulated-kmsg" if report.source == "simulated" else "kmsg"
+        for line in dict.fromkeys(lines):
+            if line not in seen:
+                event = kernel_line_event(node, line, at=now, source=source, gpu_by_pci=dict(gpu_by_pci or {}))
+                event.fatal = False  # nothing was stopped for it here
+                events.append(event)
     with transaction.atomic():
-        NodeHealth.objects.update_or_create(
-            node=node,
-            defaults={
-                "checked_at": now, "source": report.source, "findings": list(stored.values()),
-                "kernel_log": "\n".join(lines)[-20000:], "kernel_seen": kernel_seen,
-            },
-        )
-        if fault is not None:
-            mark_unhealthy(node, fault)
-    return fault is not None
+        if events:
+            HealthEvent.objects.bulk_create(events)
+        NodeHealth.objects.update_or_create(node=node, defaults={"checked_at": now, "source": report.source})
+    return derive_health(node, cleared_at=cleared_at, since=since) is not None
+
+
+def derive_health(node: Node, *, cleared_at: datetime | None = None, since: datetime | None = None) -> NodeFault | None:
+    """The one writer of node and GPU health from evidence: the node's events since it was last
+    cleared (and since ``since``), judged alone (``classify.node_fault``: only what is a fault by
+    itself, scoped as the Xid table scopes it), mark what they show broken (``mark_unhealthy``).
+    Health is sticky: only an operator's Mark healthy (``faults.clear_node``) returns it."""
+    starts = [moment for moment in (cleared_at, since) if moment is not None]
+    evidence = evidence_of(node, gpus=None, since=max(starts) if starts else None)
+    fault = node_fault(evidence.findings, evidence.kernel_findings, evidence.kernel_log)
+    if fault is not None:
+        mark_unhealthy(node, fault)
+    return fault
 
 
 def mark_unhealthy(node: Node, fault: NodeFault, *, since: datetime | None = None) -> None:
@@ -278,45 +283,45 @@ class ScopedEvidence:
         return classify_failure(findings=self.findings, kernel_findings=self.kernel_findings, kernel_log=self.kernel_log, **facts)
 
 
-KERNEL_SOURCES = ("kmsg", "journalctl", "dmesg")
+# Where kernel-log lines come from: the machine's kernel log (``failover.kmsg``) or a simulated
+# node's (the simulated probe writes the lines its injected faults would make the driver print).
+KERNEL_SOURCES = ("kmsg", "journalctl", "dmesg", "simulated-kmsg")
 
 
 def scoped_evidence(node: Node, *, gpus: Sequence[int], since: datetime) -> ScopedEvidence:
-    """The node's readings and health events on ``gpus`` (or node-wide) since ``since``."""
-    mine = set(gpus)
+    """The node's health events on ``gpus`` (or node-wide) since ``since``: what a verdict on an
+    attempt placed then may count."""
+    return evidence_of(node, gpus=gpus, since=since)
+
+
+def evidence_of(node: Node, *, gpus: Sequence[int] | None, since: datetime | None) -> ScopedEvidence:
+    """Findings from the node's events (on ``gpus`` or node-wide; all GPUs for None) since
+    ``since``: readings as findings, kernel Xid/SXid lines as kernel findings (parsed once more,
+    ``parse_kernel_xids``, for the cause an Xid line may name), other kernel lines as text."""
+    mine = None if gpus is None else set(gpus)
     findings: list[Finding] = []
     kernel_findings: list[Finding] = []
-    event_lines: list[str] = []
-    for event in HealthEvent.objects.filter(node=node, at__gte=since).order_by("at", "id"):
-        if event.gpu is not None and event.gpu not in mine:
+    lines: list[str] = []
+    events = HealthEvent.objects.filter(node=node)
+    if since is not None:
+        events = events.filter(at__gte=since)
+    for event in events.order_by("at", "id"):
+        if mine is not None and event.gpu is not None and event.gpu not in mine:
             continue
-        if event.source in KERNEL_SOURCES and event.kind != FindingKind.XID:
-            event_lines.append(event.message)
+        if event.source in KERNEL_SOURCES:
+            if event.kind in (FindingKind.XID, FindingKind.SXID):
+                for finding in parse_kernel_xids(event.message):
+                    finding = dataclasses.replace(finding, gpu=event.gpu) if finding.kind == FindingKind.XID else finding
+                    if finding not in kernel_findings:
+                        kernel_findings.append(finding)
+            elif event.message not in lines:
+                lines.append(event.message)
             continue
         if event.kind not in FindingKind.ALL:
             continue
         finding = Finding(kind=event.kind, gpu=event.gpu, xid=event.xid, value=event.value, detail=event.message)
-        target = kernel_findings if event.source in KERNEL_SOURCES else findings
-        if finding not in target:
-            target.append(finding)
-    health = NodeHealth.objects.filter(node=node).first()
-    if health is None:
-        return ScopedEvidence(findings, kernel_findings, "\n".join(event_lines))
-    for data in health.findings:
-        seen = seen_at(data)
-        if seen is not None and seen < since:
-            continue
-        finding = Finding.from_dict(data)
-        if finding.gpu is not None and finding.gpu not in mine:
-            continue
-        target = kernel_findings if data.get("from_kernel") else findings
-        if finding not in target:
-            target.append(finding)
-    lines = list(event_lines)
-    for line, stamp in (health.kernel_seen or {}).items():
-        seen = seen_at({"seen": stamp})
-        if (seen is None or seen >= since) and not parse_kernel_xids(line):
-            lines.append(line)
+        if finding not in findings:
+            findings.append(finding)
     return ScopedEvidence(findings, kernel_findings, "\n".join(lines))
 
 

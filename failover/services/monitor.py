@@ -29,7 +29,6 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from agent.processes import signal_run
-from failover.classify import parse_kernel_xids
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
@@ -213,25 +212,7 @@ class HealthMonitor:
 
     def kernel_event(self, node: Node, line: KernelLine) -> HealthEvent:
         at = datetime.fromtimestamp(line.at, tz=dt_timezone.utc)
-        event = parse_kernel_line(line.text)
-        if event is not None and event.kind in ("xid", "sxid"):
-            found = parse_kernel_xids(line.text, self.pci.get(node.name))
-            gpu = found[0].gpu if found and event.kind == "xid" else None  # an SXid is the fabric's: node-wide
-            kind = FindingKind.XID if event.kind == "xid" else FindingKind.SXID
-            return HealthEvent(node=node, at=at, kind=kind, gpu=gpu, xid=event.code, source=line.source,
-                               message=line.text[:500], fatal=event.fatal)
-        kind = event.kind if event is not None else "kernel"
-        return HealthEvent(node=node, at=at, kind=kind, gpu=self.gpu_named(node, line.text), nic=event.nic if event else "",
-                           source=line.source, message=line.text[:500], fatal=event is not None and event.fatal)
-
-    def gpu_named(self, node: Node, text: str) -> int | None:
-        """The GPU a kernel line names by PCI address, domain kept (the last one that is a GPU: an AER
-        line names the port first, the device last); None for a node-wide line."""
-        by_pci = self.pci.get(node.name) or {}
-        for address in reversed(_PCI.findall(text)):
-            if bus_id(address) in by_pci:
-                return by_pci[bus_id(address)]
-        return None
+        return kernel_line_event(node, line.text, at=at, source=line.source, gpu_by_pci=self.pci.get(node.name))
 
     def new(self, event: HealthEvent) -> bool:
         """Kernel lines are new by their cursor; a standing NVML condition (a lost GPU answers
@@ -277,6 +258,30 @@ class HealthMonitor:
             for other in runs.part_exited(part, exit_code=None, exit_signal=signal.SIGKILL, cause=cause):
                 if other.node.name in self.checker.agent.node_names:  # others' agents end theirs (stop request)
                     signal_run(other, signal.SIGTERM)
+
+
+def kernel_line_event(node: Node, text: str, *, at: datetime, source: str, gpu_by_pci: dict[str, int] | None) -> HealthEvent:
+    """The health event of one kernel-log line, parsed once (``failover.xids.parse_kernel_line``:
+    only lines as the driver writes them): an Xid names its GPU by bus id (domain kept), an SXid is
+    the fabric's (node-wide); another hardware line (PCIe AER, a NIC link, thermal) names the GPU of
+    the last PCI address in it that is one, else none. ``fatal`` is the line's own severity."""
+    event = parse_kernel_line(text)
+    if event is not None and event.kind in ("xid", "sxid"):
+        gpu = (gpu_by_pci or {}).get(event.pci) if event.kind == "xid" else None
+        kind = FindingKind.XID if event.kind == "xid" else FindingKind.SXID
+        return HealthEvent(node=node, at=at, kind=kind, gpu=gpu, xid=event.code, source=source, message=text[:500], fatal=event.fatal)
+    kind = event.kind if event is not None else "kernel"
+    return HealthEvent(node=node, at=at, kind=kind, gpu=gpu_named(text, gpu_by_pci), nic=event.nic if event else "",
+                       source=source, message=text[:500], fatal=event is not None and event.fatal)  # fmt: skip
+
+
+def gpu_named(text: str, gpu_by_pci: dict[str, int] | None) -> int | None:
+    """The GPU a kernel line names by PCI address, domain kept (the last one that is a GPU: an AER
+    line names the port first, the device last); None for a node-wide line."""
+    for address in reversed(_PCI.findall(text)):
+        if bus_id(address) in (gpu_by_pci or {}):
+            return (gpu_by_pci or {})[bus_id(address)]
+    return None
 
 
 def prune_events(now: datetime | None = None) -> int:

@@ -1,19 +1,21 @@
 """The Job Failover policy: judge a failed run, then re-place it, refuse it, or give up.
 
-Order for a run that stopped while its job was Running with failover on:
-``Running → Pending - failoverinprogress`` (event: the exit) → gather evidence (probe the
-node, its kernel log, the run's last lines; no transaction open) → classify →
-hardware: exclude the faulty node for this job, mark what the node's own evidence shows broken
-(its GPU for a GPU-scoped fault, else the node: ``health.mark_unhealthy``), count the failover and leave the job to
-placement (``→ Running`` on a healthy node, resuming from its latest checkpoint); non-hardware:
-``→ Pending - internalerror``; limit spent: ``→ Pending - maxretriesexceeded``.
-The attempt is *claimed* first (its verdict set to ``judging`` by compare-and-swap), so one fault
-is judged, and counted, once however many control workers see it; a claim older than
-``CLAIM_TIMEOUT`` (its judge crashed) is taken over by ``redecide``.
+Order for a run that stopped while its job was Running with failover on: its node's agent stores
+what the node shows (``HealthChecker.before_failed_exit``: facts only), then reports the exit:
+``Running → Pending - failoverinprogress`` (``handle_failed_run``). The control plane's next round
+judges the attempt, once (``judge_exited`` → ``decide``): its stored evidence (no probe here, no
+transaction open) → classify → hardware: exclude the faulty node (or GPUs) for this job, count
+the failover and leave the job to placement (``→ Running`` on a healthy node, resuming from its
+latest checkpoint); non-hardware: ``→ Pending - internalerror``; limit spent:
+``→ Pending - maxretriesexceeded``. The attempt is *claimed* first (its verdict set to ``judging``
+by compare-and-swap), so one fault is judged, and counted, once however many control workers see
+it; a claim older than ``CLAIM_TIMEOUT`` (its judge crashed) is taken over.
 
-Evidence is scoped to the attempt: node readings on its GPUs (or node-wide) first seen since it
-was placed. The run's own output may make the verdict "hardware" and exclude its nodes *for this
-job*, but never marks a node unhealthy: only node-side evidence does (DESIGN.md, Trust).
+Evidence is scoped to the attempt: the node's health events on its GPUs (or node-wide) stored
+since it was placed. Node and GPU health are not written here: ``health.derive_health`` writes
+them from the same events when they are stored. The run's own output may make the verdict
+"hardware" and exclude its nodes *for this job*, but never marks a node unhealthy (DESIGN.md,
+Trust).
 """
 from __future__ import annotations
 
@@ -30,13 +32,13 @@ from django.utils import timezone
 
 from agent.local_agents import local_agents, serves_node
 from failover.classify import NodeFault, Verdict, classify_failure, node_fault
-from failover.services.health import ScopedEvidence, local_probe, mark_unhealthy, record_health, scoped_evidence
+from failover.services.health import ScopedEvidence, scoped_evidence
 from jobs import heartbeats
 from jobs.heartbeats import beat_interval
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.control import earliest, postgres_transaction, timed_rounds, unix
 from jobs.services.lifecycle import record_reason, transition
-from jobs.services.messages import wake_agents
+from jobs.services.messages import request_placement, wake_agents
 from jobs.services.placement import release_part_gpus
 from jobs.services.runs import record_exit
 from jobs.statuses import JobStatus
@@ -50,25 +52,23 @@ CLAIM_TIMEOUT = timedelta(seconds=120)
 
 
 def handle_failed_run(job: TrainingJob, attempt: JobAttempt, outcome: str, lost: bool) -> str:
-    """The hook jobs calls when a Running job's run fails and Job Failover is on."""
-    # The claim and the move to FAILOVER_IN_PROGRESS commit together: a write refused between
-    # them leaves neither, and the report made again claims afresh.
-    with transaction.atomic():
-        if not claim(attempt):
-            return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-        moved = transition(
-            job.pk,
-            JobStatus.FAILOVER_IN_PROGRESS,
-            reason=f"run stopped ({outcome}); checking the node's GPUs and hardware",
-            actor="failover",
-            attempt=attempt.number,
-            expected={JobStatus.RUNNING},
-            evidence={"exit_code": attempt.exit_code, "exit_signal": attempt.exit_signal},
-        )
-        if not moved:
-            JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(verdict="", judged_at=None)
-            return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-    return decide_retrying(job.pk, attempt.pk, lost=lost)
+    """The hook jobs calls when a Running job's run fails and Job Failover is on: the job moves
+    to ``Pending - failoverinprogress`` and the control plane is asked for a round, whose
+    ``judge_exited`` reaches the attempt's one verdict. The reporter (a node agent) judges
+    nothing: it stored its node's evidence before reporting the exit (``before_failed_exit``)."""
+    moved = transition(
+        job.pk,
+        JobStatus.FAILOVER_IN_PROGRESS,
+        reason=f"run stopped ({outcome}); checking the node's GPUs and hardware",
+        actor="failover",
+        attempt=attempt.number,
+        expected={JobStatus.RUNNING},
+        evidence={"exit_code": attempt.exit_code, "exit_signal": attempt.exit_signal},
+    )
+    if not moved:
+        return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
+    request_placement()  # scale-out: a control round now (embedded: the status change wakes one)
+    return JobStatus.FAILOVER_IN_PROGRESS
 
 
 DECIDE_TRIES = 4
@@ -109,20 +109,9 @@ def claim(attempt: JobAttempt) -> bool:
 
 
 def gather(attempt: JobAttempt, parts: list[AttemptNode]) -> tuple[dict[int, ScopedEvidence], list[str]]:
-    """Evidence for a judgement: per node, the readings on the attempt's GPUs first seen since it
-    was placed (a fresh reading first where the node is reachable from here, through the probe
-    its agent keeps); and the run's last output lines."""
-    per_node: dict[int, ScopedEvidence] = {}
-    for part in parts:
-        node = part.node
-        # NVML can only be read on the machine itself; other nodes count by their stored readings.
-        if node.simulated or serves_node(node.name):
-            try:
-                probe = local_probe(node)
-                record_health(node, probe.check(), probe.kernel_log(), probe.gpu_by_pci())
-            except Exception:
-                logger.exception("could not probe %s while judging job %s", node.name, attempt.job_id)
-        per_node[node.pk] = scoped_evidence(node, gpus=part.gpu_indices, since=attempt.created_at)
+    """Evidence for a judgement, all of it stored: per node, its health events on the attempt's
+    GPUs (or node-wide) since it was placed; and the run's last output lines."""
+    per_node = {part.node.pk: scoped_evidence(part.node, gpus=part.gpu_indices, since=attempt.created_at) for part in parts}
     lines = last_lines(attempt.job_id, attempt=attempt.number, count=LAST_LINES)
     return per_node, lines
 
@@ -139,7 +128,7 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
     parts = list(attempt.placements.select_related("node"))
     gone = lost_parts(parts)
     exclude: dict[int, list[int]] = {}  # node → GPUs excluded for this job (empty: the node)
-    faults: dict[int, NodeFault] = {}  # node → what its own evidence says is broken
+    faults: dict[int, NodeFault] = {}  # node → what its own evidence says is broken (not marked here)
     by_gpu = settings.FAILOVER_EXCLUDE == "gpu"
     if lost or gone:
         gone = gone or parts
@@ -162,9 +151,9 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
             log_lines=lines,
         )
         for node_id, evidence in per_node.items():
-            # The node's own evidence alone (never an ambiguous failure upgraded by a supporting
-            # reading) marks its health, scoped as the table scopes it; the job itself is excluded
-            # from the faulty GPUs with FAILOVER_EXCLUDE=gpu (and a GPU-scoped fault), else the node.
+            # What the node's own evidence alone blames (the health writer marks the same, from the
+            # same events): the job is excluded from the faulty GPUs with FAILOVER_EXCLUDE=gpu (and
+            # a GPU-scoped fault), else from the node.
             fault = node_fault(evidence.findings, evidence.kernel_findings, evidence.kernel_log)
             if fault is not None:
                 faults[node_id] = fault
@@ -185,12 +174,10 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
         if not stored:
             logger.info("job %s: attempt %s was judged by another worker", job.pk, attempt.number)
             return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
-        return apply_verdict(job, attempt, verdict, exclude, faults)
+        return apply_verdict(job, attempt, verdict, exclude)
 
 
-def apply_verdict(
-    job: TrainingJob, attempt: JobAttempt, verdict: Verdict, exclude: dict[int, list[int]], faults: dict[int, NodeFault]
-) -> str:
+def apply_verdict(job: TrainingJob, attempt: JobAttempt, verdict: Verdict, exclude: dict[int, list[int]]) -> str:
     expected = {JobStatus.FAILOVER_IN_PROGRESS}
     if not verdict.hardware:
         transition(
@@ -220,8 +207,6 @@ def apply_verdict(
             targets: list[int | None] = [*gpus] or [None]  # no GPU named: the whole node
             for gpu in targets:
                 JobExclusion.objects.get_or_create(job=job, node_id=node_id, gpu=gpu, defaults={"reason": verdict.reason[:500]})
-        for node in Node.objects.filter(pk__in=faults):
-            mark_unhealthy(node, faults[node.pk])  # the health writer's, from the node's own evidence
         record_reason(
             job.pk,
             reason=f"hardware fault ({verdict.reason}); re-placing on a healthy node",
@@ -237,16 +222,17 @@ def apply_verdict(
     return JobStatus.FAILOVER_IN_PROGRESS
 
 
-def redecide() -> None:
-    """Judge failovers a crash interrupted: the latest exited attempt of a job in failover with
-    no verdict, or with a claim whose judge went silent."""
+def judge_exited() -> None:
+    """The control plane's judge: the latest exited attempt of each job in failover with no
+    verdict yet (its exit just reported), or with a claim whose judge went silent, is claimed
+    and judged, once."""
     stale = timezone.now() - CLAIM_TIMEOUT
     for attempt in JobAttempt.objects.filter(job__status=JobStatus.FAILOVER_IN_PROGRESS, state=JobAttempt.State.EXITED).filter(
         Q(verdict="") | Q(verdict=JUDGING, judged_at__lt=stale)
     ).order_by("job_id", "-number"):
         latest = attempt.job.attempts.order_by("-number").values_list("number", flat=True).first()
         if attempt.number == latest and claim(attempt):
-            decide(attempt.job_id, attempt.pk)
+            decide_retrying(attempt.job_id, attempt.pk, lost=False)
 
 
 def end_stranded_failovers() -> None:
@@ -418,7 +404,7 @@ def terminate_orphan(part: AttemptNode) -> None:
 def control_round() -> float | None:
     """The failover share of a control round; returns when it next has timed work (embedded)."""
     sweep_lost_nodes()
-    redecide()
+    judge_exited()
     end_stranded_failovers()
     return next_timed_work() if timed_rounds() else None
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from failover.services import health
 from failover.tests import fake_pynvml
 from jobs.models import Node
 
@@ -25,7 +24,6 @@ def gpus(monkeypatch, nodes, settings, tmp_path):
     gc.collect()
     driver = fake_pynvml.reset(gpus=4)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
-    monkeypatch.setattr(health, "_spare_probes", {})
     settings.KERNEL_LOG_PATH = str(tmp_path / "kmsg")
     (tmp_path / "kmsg").write_text("")
     Node.objects.filter(name="node-a").update(simulated=False)

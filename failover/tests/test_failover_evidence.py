@@ -9,12 +9,13 @@ import pytest
 from django.utils import timezone
 
 from console.testing import refuse_once
-from failover.models import NodeHealth, SimulatedFault
+from failover.models import HealthEvent, NodeHealth, SimulatedFault
 from failover.services import policy
 from failover.services.faults import clear_node
+from failover.tests.exits import report_exit
 from jobs.models import GPU, JobAttempt, JobEvent, JobExclusion, Node, TrainingJob
 from jobs.services.placement import place_waiting_jobs
-from jobs.services.runs import record_exit, run_started
+from jobs.services.runs import run_started
 from jobs.statuses import JobStatus
 from logs.services import RawLine, ingest_lines
 
@@ -39,7 +40,7 @@ def start(job) -> JobAttempt:
 def fail(attempt: JobAttempt, *lines: str, exit_code: int = 1) -> str:
     now = timezone.now()
     ingest_lines(job_id=attempt.job_id, stream="master", attempt=attempt.number, lines=[RawLine(i + 1, now, t) for i, t in enumerate(lines)])
-    return record_exit(attempt, exit_code=exit_code, exit_signal=None)
+    return report_exit(attempt, exit_code=exit_code, exit_signal=None)
 
 
 def node_of(attempt: JobAttempt) -> Node:
@@ -112,7 +113,8 @@ def test_an_old_xid_in_the_kernel_log_does_not_make_an_import_error_hardware(mak
     yesterday = timezone.now() - timedelta(days=1)
     node = Node.objects.get(name="node-a")
     # Read yesterday, then the node was repaired; the line is still in the kernel's ring.
-    NodeHealth.objects.create(node=node, kernel_seen={old: yesterday.isoformat()}, cleared_at=yesterday + timedelta(hours=1))
+    HealthEvent.objects.create(node=node, at=yesterday, kind="xid", xid=79, source="kmsg", message=old)
+    NodeHealth.objects.create(node=node, cleared_at=yesterday + timedelta(hours=1))
     monkeypatch.setattr(SimulatedProbe, "kernel_log", lambda self: old if self.node_name == "node-a" else "")
     job = make_job()
     attempt = start(job)
@@ -142,7 +144,7 @@ def test_one_fault_is_counted_once_when_a_second_worker_judges_at_the_same_time(
     gather = policy.gather
 
     def gather_while_another_worker_runs_its_round(*args, **kwargs):
-        policy.redecide()  # a second control worker, while the first is still gathering evidence
+        policy.judge_exited()  # a second control worker, while the first is still gathering evidence
         return gather(*args, **kwargs)
 
     monkeypatch.setattr(policy, "gather", gather_while_another_worker_runs_its_round)
@@ -160,11 +162,11 @@ def test_a_claim_whose_judge_went_silent_is_taken_over(make_job, nodes, monkeypa
     monkeypatch.undo()
     attempt.refresh_from_db()
     assert attempt.verdict == policy.JUDGING
-    policy.redecide()  # a fresh claim is left alone
+    policy.judge_exited()  # a fresh claim is left alone
     assert TrainingJob.objects.get(pk=job.pk).failover_count == 0
     JobAttempt.objects.filter(pk=attempt.pk).update(judged_at=timezone.now() - policy.CLAIM_TIMEOUT - timedelta(seconds=1))
-    policy.redecide()
-    policy.redecide()
+    policy.judge_exited()
+    policy.judge_exited()
     job.refresh_from_db()
     assert job.failover_count == 1 and JobAttempt.objects.get(pk=attempt.pk).verdict == "hardware"
 
@@ -250,6 +252,6 @@ def test_a_judge_that_keeps_failing_gives_its_claim_back_for_the_next_round(make
         fail(attempt, ECC_LINE)
     monkeypatch.undo()
     assert JobAttempt.objects.get(pk=attempt.pk).verdict == ""  # not held until CLAIM_TIMEOUT
-    policy.redecide()  # the next control round
+    policy.judge_exited()  # the next control round
     job.refresh_from_db()
     assert job.failover_count == 1 and JobAttempt.objects.get(pk=attempt.pk).verdict == "hardware"

@@ -163,9 +163,11 @@ def test_kernel_lines_are_events_on_their_gpu_and_an_old_line_never_reflags_a_cl
             ("oom_kill", None, None, "", "kmsg", False),
             ("pcie_fatal", 2, None, "", "kmsg", False),  # the device the AER line names last: GPU 2
         }
-        # Xid 79 is one GPU's fault (failover.xids): that GPU leaves placement, the node's others stay.
+        # Xid 79 is one GPU's fault (failover.xids): that GPU leaves placement by itself; a fatal
+        # PCIe error and the InfiniBand port going down are the node's, and node health is derived
+        # from the same events a verdict reads (one writer): the node leaves placement too.
         node.refresh_from_db()
-        assert node.healthy
+        assert not node.healthy and node.health_reason == "kernel log: PCIe fatal (uncorrected) error"
         unhealthy = dict(GPU.objects.filter(node=node, healthy=False).values_list("index", "health_reason"))
         assert list(unhealthy) == [1] and "fallen off the bus" in unhealthy[1]
         assert NodeHealth.objects.get(node=node).kernel_log_note == ""

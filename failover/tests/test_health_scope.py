@@ -12,10 +12,11 @@ from django.utils import timezone
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.services import health
 from failover.services.faults import clear_node
+from failover.tests.exits import report_exit
 from jobs.fairshare import Capacity, HeldOut, WaitingJob, plan_round
 from jobs.models import GPU, JobAttempt, JobExclusion, Node
 from jobs.services.placement import place_waiting_jobs, when
-from jobs.services.runs import record_exit, run_started
+from jobs.services.runs import run_started
 from jobs.statuses import JobStatus
 
 pytestmark = pytest.mark.django_db
@@ -107,7 +108,7 @@ def test_a_failover_on_xid_79_excludes_the_node_for_the_job_only_and_marks_only_
     assert run_started(attempt)
     node = attempt.placements.get().node
     SimulatedFault.objects.create(node=node, gpu=0, kind="xid", xid=79, applied_at=timezone.now())
-    assert record_exit(JobAttempt.objects.get(pk=attempt.pk), exit_code=None, exit_signal=9) == JobStatus.FAILOVER_IN_PROGRESS
+    assert report_exit(JobAttempt.objects.get(pk=attempt.pk), exit_code=None, exit_signal=9) == JobStatus.FAILOVER_IN_PROGRESS
     node.refresh_from_db()
     assert node.healthy and not GPU.objects.get(node=node, index=0).healthy
     assert list(JobExclusion.objects.filter(job=job).values_list("node__name", "gpu")) == [(node.name, None)]
@@ -125,7 +126,7 @@ def test_a_job_failing_over_off_its_node_waits_naming_the_unhealthy_gpus_and_its
     assert run_started(attempt)
     assert attempt.placements.get().node.name == "node-a"
     SimulatedFault.objects.create(node=attempt.placements.get().node, gpu=0, kind="xid", xid=79, applied_at=timezone.now())
-    assert record_exit(JobAttempt.objects.get(pk=attempt.pk), exit_code=None, exit_signal=9) == JobStatus.FAILOVER_IN_PROGRESS
+    assert report_exit(JobAttempt.objects.get(pk=attempt.pk), exit_code=None, exit_signal=9) == JobStatus.FAILOVER_IN_PROGRESS
     for name in ("node-b", "node-c"):
         xid_79_on_gpu_0(Node.objects.get(name=name))
     assert since("node-b", 0) == since("node-c", 0) or pytest.skip("the minute turned while marking")

@@ -11,9 +11,10 @@ import pytest
 from django.utils import timezone
 
 from failover.services import policy
+from failover.tests.exits import report_exit, report_part_exit
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.services.placement import place_waiting_jobs
-from jobs.services.runs import part_exited, record_exit, run_started
+from jobs.services.runs import run_started
 from jobs.statuses import JobStatus
 from logs.services import RawLine, ingest_lines
 
@@ -41,7 +42,7 @@ def test_a_node_lost_while_a_failover_is_being_placed_is_judged_a_lost_node(make
     job = make_job()
     first = started(job)
     ingest_lines(job_id=job.pk, stream="master", attempt=1, lines=[RawLine(1, timezone.now(), "RuntimeError: CUDA error: uncorrectable ECC error encountered")])
-    assert record_exit(first, exit_code=1, exit_signal=None) == JobStatus.FAILOVER_IN_PROGRESS
+    assert report_exit(first, exit_code=1, exit_signal=None) == JobStatus.FAILOVER_IN_PROGRESS
     [second] = place_waiting_jobs()  # placed on node-b, not started yet
     assert second.placements.get().node.name == "node-b"
     silence("node-b")
@@ -111,7 +112,7 @@ def test_on_a_multi_node_run_the_survivors_are_stopped_before_their_gpus_are_fre
     assert GPU.objects.filter(allocated_to=worker).count() == 0
     assert GPU.objects.filter(allocated_to=master).count() == 2
     # The survivor's agent stopped it (SIGTERM): now the attempt closes and is judged a lost node.
-    part_exited(AttemptNode.objects.select_related("attempt").get(pk=master.pk), exit_code=None, exit_signal=15)
+    report_part_exit(AttemptNode.objects.select_related("attempt").get(pk=master.pk), exit_code=None, exit_signal=15)
     attempt.refresh_from_db()
     job.refresh_from_db()
     assert attempt.state == JobAttempt.State.EXITED

@@ -1,5 +1,7 @@
-"""A judgement reads the node through the probe its agent keeps: NVML is initialised and the Xid
-event set registered once per node, so an Xid that killed the run before the judgement is seen."""
+"""The agent reads its node through the one probe its health checker keeps (NVML initialised and
+the Xid event set registered once per node), also right before it reports a failed exit, so an
+Xid that killed the run is stored before the control plane judges; the judge reads stored
+evidence only and makes no probe."""
 from __future__ import annotations
 
 import gc
@@ -32,27 +34,27 @@ def gpus(monkeypatch, nodes):
     gc.collect()  # agents of earlier tests are gone from the registry
     driver = fake_pynvml.reset(gpus=4)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
-    monkeypatch.setattr(health, "_spare_probes", {})
     Node.objects.filter(name="node-a").update(simulated=False)
     yield driver
     driver.release()
 
 
-def test_the_checker_and_the_judge_share_one_probe(gpus):
+def test_the_checker_keeps_one_probe_per_node(gpus):
     agent = FakeAgent()
     checker = health.HealthChecker(agent)
     node = Node.objects.get(name="node-a")
 
     checker.check(node)
-    assert health.local_probe(node) is checker.probe(node)
-    health.local_probe(node).check()
+    probe = checker.probe(node)
+    checker.check(node)
+    assert checker.probe(node) is probe
 
     assert gpus.inits == 1 and len(gpus.event_sets) == 1
     checker.close()
     assert gpus.shutdowns == 1 and not gpus.event_sets
 
 
-def test_a_judgement_sees_the_xid_that_arrived_before_it_and_makes_no_probe(gpus, make_job):
+def test_the_xid_that_killed_the_run_is_stored_before_the_exit_and_the_judge_makes_no_probe(gpus, make_job):
     agent = FakeAgent()
     local_agents.add(agent)
     checker = health.HealthChecker(agent)
@@ -64,8 +66,9 @@ def test_a_judgement_sees_the_xid_that_arrived_before_it_and_makes_no_probe(gpus
     gpu = parts[0].gpu_indices[0]
     gpus.xid(gpu, 79)  # the fault, before any judgement
 
+    checker.before_failed_exit(parts[0])  # the agent, before it reports the exit
     for _ in range(2):
-        per_node, _lines = policy.gather(attempt, parts)
+        per_node, _lines = policy.gather(attempt, parts)  # the control plane: stored evidence only
 
     [evidence] = per_node.values()
     assert [(f.kind, f.gpu, f.xid) for f in evidence.findings] == [(FindingKind.XID, gpu, 79)]

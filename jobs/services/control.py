@@ -46,8 +46,10 @@ def control_round() -> Round:
     round after round (looking ``WIDER_WINDOW`` times as far), until a round leaves nothing more
     or ``QUEUE_ROUND_BUDGET`` seconds have passed (a round started runs to its end), rather than
     a window per beat. Each round commits on its own, so its launches leave at once."""
-    dues = [hook() for hook in extensions.control_round_hooks]
+    # Closed attempts whose job did not move on are moved first, so the hooks (Job Failover's
+    # judge) see their exits in this same round.
     finish_closed_attempts()
+    dues = [hook() for hook in extensions.control_round_hooks]
     deadline = time.monotonic() + settings.QUEUE_ROUND_BUDGET
     placed = place_waiting_jobs()
     attempts = list(placed)
