@@ -88,17 +88,20 @@ class HealthChecker:
             if close is not None:
                 close()
 
-    def check(self, node: Node, kernel_lines: Sequence[str] = (), *, on_change: bool = False) -> tuple[HealthReport, str]:
+    def check(
+        self, node: Node, kernel_lines: Sequence[str] = (), *, on_change: bool = False, news: bool = False
+    ) -> tuple[HealthReport, str]:
         """Probe a node now, store the reading, mark it (and its GPUs) unhealthy on a hardware
         fault. ``kernel_lines``: new kernel-log lines the monitor just read (past its cursor).
-        ``on_change``: store it only if it differs from the last reading stored."""
+        ``on_change``: store it only if it differs from the last reading stored. ``news``: the
+        monitor just stored events (health is derived from them whatever the reading adds)."""
         probe = self.probe(node)
         report = probe.check()
         kernel_log = "\n".join(filter(None, [probe.kernel_log(), *kernel_lines]))
         shown = (json.dumps([f.to_dict() for f in report.findings], sort_keys=True), kernel_log)
-        if not on_change or self.stored.get(node.name) != shown:
+        if news or not on_change or self.stored.get(node.name) != shown:
             since = datetime.fromtimestamp(self.monitor.started, tz=dt_timezone.utc)
-            record_health(node, report, kernel_log, probe.gpu_by_pci(), since=since)
+            record_health(node, report, kernel_log, probe.gpu_by_pci(), since=since, news=news)
             self.stored[node.name] = shown
         self.last_check[node.name] = timezone.now()
         return report, kernel_log
@@ -194,7 +197,13 @@ def reading_key(kind: str, gpu: int | None, xid: int | None, value: int | None, 
 
 
 def record_health(
-    node: Node, report: HealthReport, kernel_log: str, gpu_by_pci: Mapping[str, int] | None = None, *, since: datetime | None = None
+    node: Node,
+    report: HealthReport,
+    kernel_log: str,
+    gpu_by_pci: Mapping[str, int] | None = None,
+    *,
+    since: datetime | None = None,
+    news: bool = False,
 ) -> bool:
     """Store a reading as health events, then derive the node's health from its evidence.
 
@@ -205,17 +214,22 @@ def record_health(
     never flags a cleared node again. ``NodeHealth`` keeps only when and how the node was last
     read. ``since``: the evidence health is derived from starts no earlier (the monitor's start:
     a kernel line written before it is history an earlier agent judged). Returns whether the
-    evidence shows a fault.
+    evidence shows a fault (False when the reading added nothing: health was derived when the
+    events it repeats were stored). ``news``: events were just stored by their reader (the
+    monitor): derive health even if the reading adds none.
     """
     now = timezone.now()
     health = NodeHealth.objects.filter(node=node).first()
     cleared_at = health.cleared_at if health else None
     events: list[HealthEvent] = []
     if report.findings:
-        stored = HealthEvent.objects.filter(node=node).exclude(source__in=KERNEL_SOURCES)
+        kinds = {finding.kind for finding in report.findings}
+        stored = HealthEvent.objects.filter(node=node, kind__in=kinds).exclude(source__in=KERNEL_SOURCES)
         if cleared_at is not None:
             stored = stored.filter(at__gte=cleared_at)
-        known = {reading_key(*row) for row in stored.values_list("kind", "gpu", "xid", "value", "message")}
+        # Distinct keys only: a standing condition the monitor stores again every minute is one row here.
+        rows = stored.order_by().values_list("kind", "gpu", "xid", "value", "message").distinct()
+        known = {reading_key(*row) for row in rows}
         for finding in report.findings:
             message = (finding.detail or finding.kind)[:500]
             key = reading_key(finding.kind, finding.gpu, finding.xid, finding.value, message)
@@ -236,6 +250,8 @@ def record_health(
         if events:
             HealthEvent.objects.bulk_create(events)
         NodeHealth.objects.update_or_create(node=node, defaults={"checked_at": now, "source": report.source})
+    if not events and not news and health is not None:
+        return False  # nothing new: health (sticky) was derived when the events were stored
     return derive_health(node, cleared_at=cleared_at, since=since) is not None
 
 

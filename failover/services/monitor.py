@@ -196,8 +196,10 @@ class HealthMonitor:
             HealthEvent.objects.bulk_create(fresh)
         events.clear()  # stored
         kernel_lines = [line.text for line in lines if line.at >= self.started]
-        if stop_gpus or injected or kernel_lines:
-            self.checker.check(node, kernel_lines)  # a reading now: a faulty node leaves placement at once
+        if stop_gpus or injected or kernel_lines or fresh:
+            # A reading now, and health derived from the events just stored (``record_health``):
+            # a faulty GPU or node leaves placement at once.
+            self.checker.check(node, kernel_lines, news=True)
         if injected:
             wake = getattr(self.checker.agent, "wake", None)
             if wake is not None:

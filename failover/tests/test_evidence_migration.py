@@ -1,0 +1,49 @@
+"""Migration 0004 moves NodeHealth's JSON evidence into HealthEvent rows (the one store) and
+drops the JSON fields: nothing a node had shown is lost, and each keeps when it was first seen."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+BEFORE = [("failover", "0003_failover_health_events")]
+AFTER = [("failover", "0004_health_events_only_store")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_json_evidence_becomes_events_with_their_first_seen_times() -> None:
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes()
+    executor.migrate(BEFORE)
+    try:
+        old = executor.loader.project_state(BEFORE).apps
+        from jobs.models import Node  # the jobs tables stay at their latest migration
+
+        node = Node.objects.create(name="node-m")
+        seen = timezone.now() - timedelta(hours=2)
+        line = "NVRM: Xid (PCI:0000:18:00): 79, pid=0, name=python, GPU has fallen off the bus."
+        old.get_model("failover", "NodeHealth").objects.create(
+            node_id=node.pk, source="nvml",
+            findings=[{"kind": "ecc_uncorrected", "gpu": 2, "value": 3, "detail": "3 uncorrected", "seen": seen.isoformat()},
+                      {"kind": "xid", "gpu": 0, "xid": 79, "detail": line, "seen": seen.isoformat(), "from_kernel": True},
+                      "not a finding"],
+            kernel_seen={line: seen.isoformat()},
+        )  # fmt: skip
+
+        executor = MigrationExecutor(connection)
+        executor.migrate(AFTER)
+        new = executor.loader.project_state(AFTER).apps
+        events = {(e.kind, e.gpu, e.value, e.source, e.message, e.at) for e in new.get_model("failover", "HealthEvent").objects.all()}
+        assert events == {
+            ("ecc_uncorrected", 2, 3, "nvml", "3 uncorrected", seen),
+            ("kernel", None, None, "kmsg", line, seen),  # its Xid is read from the text, as every line's
+        }
+        fields = {f.name for f in new.get_model("failover", "NodeHealth")._meta.get_fields()}
+        assert not fields & {"findings", "kernel_seen", "kernel_log"}
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(latest)
