@@ -1,0 +1,172 @@
+"""A Slurm cluster on one host, for tests and development: ``munged``, ``slurmctld`` and one
+``slurmd -N node-x`` per node, every file under one directory, every port free at start.
+
+Made from the configuration that ran on the CI kind of machine (Debian 12's ``slurm-wlm`` 22.05,
+``munge``): fake GPUs are GRES backed by character devices (``mknod … c 195 N``: plain files are
+refused), so a ``--gres=gpu:2`` job gets ``CUDA_VISIBLE_DEVICES=0,1``. Process tracking is
+``proctrack/linuxproc`` with ``task/none``, the portable pair (``proctrack/cgroup`` needs the
+host's cgroup layout). A requeued job would wait ``cred_expire`` + 1 s and the scheduler's
+intervals: they are set short (``cred_expire=10``, ``sched_interval=2``, ``bf_interval=1``).
+Needs root (``mknod``; slurmd runs jobs as their submitting user).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from jobs.backends.slurm.client import SlurmClient
+
+DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
+
+
+def missing_tools() -> list[str]:
+    """The Slurm and munge commands this machine lacks (Debian: ``apt-get install slurm-wlm munge``)."""
+    return [tool for tool in DAEMONS if shutil.which(tool) is None]
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class LocalSlurmCluster:
+    """``start()`` brings the cluster up (nodes ``idle``), ``stop()`` ends every daemon it started.
+
+    Args:
+        root: Directory for its configuration, state, logs, fake devices and munge key.
+        nodes: Node names (listed, never as a range: ``node-[a-c]`` is fatal to Slurm).
+        gpus: Fake GPUs per node.
+        cpus: CPUs each node declares.
+    """
+
+    def __init__(self, root: Path, *, nodes: Sequence[str] = ("node-a", "node-b", "node-c"), gpus: int = 4, cpus: int = 4) -> None:
+        self.root = root
+        self.nodes = list(nodes)
+        self.gpus = gpus
+        self.cpus = cpus
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.conf = root / "etc" / "slurm.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.client = SlurmClient(env={"SLURM_CONF": str(self.conf)})
+
+    # --- set-up ----------------------------------------------------------------------------
+    def write_config(self) -> None:
+        root = self.root
+        for sub in ("etc", "state", "run", "log", "munge", "spool", "jobs"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(root / "munge", 0o700)
+        key = root / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
+        lines = [
+            "ClusterName=console",
+            "SlurmctldHost=localhost",
+            f"SlurmctldPort={ctld_port}",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={root}/munge/munge.socket,cred_expire=10",
+            "CredType=cred/munge",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={root}/state",
+            f"SlurmdSpoolDir={root}/spool/%n",
+            f"SlurmctldPidFile={root}/run/slurmctld.pid",
+            f"SlurmdPidFile={root}/run/slurmd-%n.pid",
+            f"SlurmctldLogFile={root}/log/slurmctld.log",
+            f"SlurmdLogFile={root}/log/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SlurmdParameters=config_overrides",
+            "GresTypes=gpu",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=nohold_on_prolog_fail,sched_interval=2,bf_interval=1",
+            "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "ReturnToService=2",
+            "SlurmdTimeout=10",
+            "InactiveLimit=0",
+            "KillWait=5",
+            "MinJobAge=300",
+        ]  # fmt: skip
+        gres = ["AutoDetect=off"]
+        for name, port in zip(self.nodes, node_ports, strict=True):
+            lines.append(
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} "
+                f"RealMemory=2000 Gres=gpu:{self.gpus} State=UNKNOWN"
+            )
+            devices = root / "dev" / name
+            devices.mkdir(parents=True, exist_ok=True)
+            for index in range(self.gpus):
+                device = devices / f"nvidia{index}"
+                if not device.exists():
+                    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(195, index))
+            gres.append(f"NodeName={name} Name=gpu File={devices}/nvidia[0-{self.gpus - 1}]")
+        lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+        (root / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.write_config()
+        root = self.root
+        subprocess.run(
+            ["munged", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={root}/munge/munge.key",
+             f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log", f"--seed-file={root}/munge/munged.seed"],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
+        for name in self.nodes:
+            self._spawn(["slurmd", "-D", "-N", name, "-f", str(self.conf)], f"slurmd-{name}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                states = {node.name: node.state for node in self.client.nodes()}
+            except Exception:  # noqa: BLE001 - not up yet
+                states = {}
+            if len(states) == len(self.nodes) and all(state.startswith("IDLE") for state in states.values()):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the Slurm cluster did not come up in {timeout:.0f}s: {states}; see {root}/log")
+
+    def _spawn(self, command: list[str], name: str) -> None:
+        log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - kept open for the daemon's life
+        self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
+        log.close()
+
+    # --- tear-down ---------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ends every job, then every daemon (slurmd first), then munged."""
+        try:
+            for job in self.client.jobs():
+                self.client.cancel(job.job_id)
+        except Exception:  # noqa: BLE001 - stopping anyway
+            pass
+        for process in reversed(self.processes):
+            process.terminate()
+        for process in reversed(self.processes):
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        self.processes.clear()
+        subprocess.run(["munged", "--stop", f"--socket={self.root}/munge/munge.socket"], capture_output=True, timeout=30, check=False)

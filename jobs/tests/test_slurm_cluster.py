@@ -1,0 +1,118 @@
+"""A real Slurm cluster (three ``slurmd`` on this host, fake GPUs as GRES) driven by the
+console's Slurm client: placement with GPUs, the failover verbs (drain with a reason, requeue,
+exclude, start now), output kept across a requeue, and a drained node returned to service.
+
+Needs root and Debian's ``slurm-wlm`` and ``munge``; CI installs them (``REQUIRE_SLURM=1``),
+elsewhere the tests are skipped with what is missing."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobs.backends.slurm.client import SlurmClient, Submission, expand_nodes, parse_record
+from jobs.backends.slurm.cluster import LocalSlurmCluster, missing_tools
+
+
+def test_scontrol_records_are_read_with_spaces_in_values() -> None:
+    record = parse_record("JobId=7 JobName=train it JobState=PENDING Reason=ReqNodeNotAvail, UnavailableNodes:node-a ExcNodeList=(null) Restarts=1")
+    assert record == {"JobId": "7", "JobName": "train it", "JobState": "PENDING",
+                      "Reason": "ReqNodeNotAvail, UnavailableNodes:node-a", "ExcNodeList": "", "Restarts": "1"}  # fmt: skip
+    assert expand_nodes("node-a,gpu[01-03],cpu[7,9]") == ["node-a", "gpu01", "gpu02", "gpu03", "cpu7", "cpu9"]
+    assert expand_nodes("") == []
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurmCluster]:
+    missing = missing_tools()
+    reason = f"Slurm is not installed ({', '.join(missing)} missing: apt-get install slurm-wlm munge)" if missing else ""
+    if not reason and os.geteuid() != 0:
+        reason = "a local Slurm cluster needs root (mknod, slurmd)"
+    if reason:
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    local = LocalSlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+def wait_for(client: SlurmClient, job_id: int, states: set[str], timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.job(job_id)
+        if job is not None and job.state in states:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} never reached {states}: {job}"
+        time.sleep(0.1)
+
+
+def wait_for_line(path: Path, text: str, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        content = path.read_text() if path.exists() else ""
+        if text in content:
+            return content
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}: {content[-2000:]!r}"
+        time.sleep(0.1)
+
+
+SCRIPT = """#!/bin/bash
+echo "start restart=${SLURM_RESTART_COUNT:-0} node=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES token=${TOKEN:-unset} home=${CONSOLE_SECRET:-unset}"
+trap 'echo "got SIGTERM on $SLURMD_NODENAME"; exit 143' TERM
+for i in $(seq 1 600); do sleep 0.1; done
+"""
+
+
+@pytest.mark.slow
+def test_a_gpu_job_runs_with_its_gpus_and_only_its_own_environment(cluster: LocalSlurmCluster, tmp_path: Path) -> None:
+    client = cluster.client
+    output = tmp_path / "job.log"
+    os.environ["CONSOLE_SECRET"] = "never in a job"
+    try:
+        job_id = client.submit(Submission(name="gpus", script=SCRIPT, output=str(output), workdir=str(tmp_path),
+                                          gpus_per_node=2, environment={"TOKEN": "t-1"}))  # fmt: skip
+    finally:
+        del os.environ["CONSOLE_SECRET"]
+    job = wait_for(client, job_id, {"RUNNING"})
+    assert len(job.nodes) == 1
+    line = wait_for_line(output, "start restart=0")
+    assert f"node={job.nodes[0]} gpus=0,1 token=t-1 home=unset" in line
+    client.cancel(job_id)
+    assert wait_for(client, job_id, {"CANCELLED"}).state == "CANCELLED"
+
+
+@pytest.mark.slow
+def test_failover_drains_the_node_requeues_and_runs_elsewhere_with_the_log_kept(cluster: LocalSlurmCluster, tmp_path: Path) -> None:
+    client = cluster.client
+    output = tmp_path / "job.log"
+    job_id = client.submit(Submission(name="failover", script=SCRIPT, output=str(output), workdir=str(tmp_path), gpus_per_node=1))
+    first = wait_for(client, job_id, {"RUNNING"}).nodes[0]
+    wait_for_line(output, "start restart=0")
+    began = time.monotonic()
+
+    client.drain(first, "Xid 79 on GPU 0: GPU has fallen off the bus")
+    client.requeue(job_id)
+    pending = wait_for(client, job_id, {"PENDING"})
+    client.exclude_and_start(job_id, [*pending.excluded, first])
+    second = wait_for(client, job_id, {"RUNNING"})
+    content = wait_for_line(output, "start restart=1")
+    moved_in = time.monotonic() - began
+
+    assert second.nodes[0] != first and second.restarts == 1 and first in second.excluded
+    assert f"got SIGTERM on {first}" in content  # the first run was asked to stop, its lines kept
+    assert content.index("start restart=0") < content.index("start restart=1")
+    drained = {node.name: node for node in client.nodes()}[first]
+    assert drained.drained and drained.reason == "Xid 79 on GPU 0: GPU has fallen off the bus"
+    assert moved_in < 30, moved_in
+
+    client.resume(first)  # an operator's Mark healthy
+    assert not {node.name: node for node in client.nodes()}[first].drained
+    client.cancel(job_id)
