@@ -116,3 +116,107 @@ def test_failover_drains_the_node_requeues_and_runs_elsewhere_with_the_log_kept(
     client.resume(first)  # an operator's Mark healthy
     assert not {node.name: node for node in client.nodes()}[first].drained
     client.cancel(job_id)
+
+
+# --- the Backend interface on Slurm ---------------------------------------------------------------
+
+
+def observe_until(backend, handle: str, phases: set[str], timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = backend.observe([handle])[handle]
+        if seen.phase in phases:
+            return seen
+        assert time.monotonic() < deadline, f"{handle} never reached {phases}: {seen}"
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def backend(cluster: LocalSlurmCluster):
+    from jobs.backends.slurm.backend import SlurmBackend
+
+    return SlurmBackend(cluster.client)
+
+
+def spec(tmp_path: Path, command: str, **fields):
+    from jobs.backends.base import AttemptSpec
+
+    return AttemptSpec(key=f"job-1-attempt-{len(list(tmp_path.iterdir()))}", command=command, workdir=str(tmp_path),
+                       output=str(tmp_path / "out.log"), **fields)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_an_attempt_runs_exits_with_its_code_and_a_quoted_command_arrives_whole(backend, tmp_path: Path) -> None:
+    handle = backend.submit(spec(tmp_path, "echo \"it's $((6*7))\" 'a;b' $STEP; exit 3", gpus_per_node=1, environment={"STEP": "s1"}))
+    seen = observe_until(backend, handle, {"exited"})
+    assert (seen.exit_code, seen.exit_signal, seen.state) == (3, None, "FAILED")
+    assert "it's 42 a;b s1" in (tmp_path / "out.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_stop_sends_sigterm_and_the_grace_period_ends_with_a_kill(backend, tmp_path: Path) -> None:
+    handle = backend.submit(spec(tmp_path, "trap 'echo TERM seen' TERM; echo ready; while true; do sleep 0.1; done"))
+    observe_until(backend, handle, {"running"})
+    wait_for_line(tmp_path / "out.log", "ready")  # the trap is set (RUNNING comes before the script runs)
+    backend.stop(handle, grace_s=1)
+    wait_for_line(tmp_path / "out.log", "TERM seen")
+    time.sleep(1.2)
+    seen = observe_until(backend, handle, {"exited"})  # observe cancels it once the grace is over
+    assert seen.state == "CANCELLED"
+
+
+@pytest.mark.slow
+def test_waiting_says_why_in_slurms_words_and_a_failover_requeues_elsewhere(backend, cluster, tmp_path: Path) -> None:
+    from jobs.backends.slurm.client import SlurmError
+
+    # No node could ever hold it: Slurm refuses it at once, in its own words.
+    with pytest.raises(SlurmError, match="Requested node configuration is not available"):
+        backend.submit(spec(tmp_path, "true", gpus_per_node=5))
+    # Every GPU busy: the next one waits, and says why.
+    fillers = [backend.submit(spec(tmp_path, "sleep 60", gpus_per_node=4)) for _ in cluster.nodes]
+    for filler in fillers:
+        observe_until(backend, filler, {"running"})
+    queued = backend.submit(spec(tmp_path, "true", gpus_per_node=1))
+    time.sleep(2.5)  # a scheduler pass (sched_interval=2)
+    seen = backend.observe([queued])[queued]
+    assert seen.phase == "waiting" and seen.reason in ("Resources", "Priority"), seen
+    for handle in [*fillers, queued]:
+        cluster.client.cancel(int(handle))
+
+    handle = backend.submit(spec(tmp_path, "echo started on $SLURMD_NODENAME; sleep 60", gpus_per_node=4))
+    first = observe_until(backend, handle, {"running"}).nodes[0]
+    backend.drain(first, "Xid 79 on GPU 0")
+    backend.requeue_excluding(handle, [first])
+    again = observe_until(backend, handle, {"running"})
+    assert again.nodes[0] != first and again.restarts == 1
+    views = {node.name: node for node in backend.nodes()}
+    assert not views[first].takes_work and views[first].reason == "Xid 79 on GPU 0" and views[first].gpus == 4
+    backend.resume(first)
+    assert {node.name: node for node in backend.nodes()}[first].takes_work
+    cluster.client.cancel(int(handle))
+
+
+@pytest.mark.slow
+def test_a_spot_job_is_preempted_by_on_demand_work_gets_sigterm_and_waits_again(cluster, tmp_path: Path) -> None:
+    from jobs.backends.slurm.backend import SlurmBackend
+    from jobs.backends.slurm.cluster import SPOT_PARTITION
+
+    backend = SlurmBackend(cluster.client, spot_partition=SPOT_PARTITION)
+    script = "trap 'echo SIGTERM: saving; sleep 1; exit 143' TERM; echo spot start $SLURM_RESTART_COUNT; while true; do sleep 0.1; done"
+    spots = []
+    for index, _ in enumerate(cluster.nodes):
+        (tmp_path / f"spot{index}").mkdir()
+        spots.append(backend.submit(spec(tmp_path / f"spot{index}", script, gpus_per_node=4, spot=True)))
+    for index, handle in enumerate(spots):
+        observe_until(backend, handle, {"running"})
+        wait_for_line(tmp_path / f"spot{index}" / "out.log", "spot start")  # its trap is set
+    on_demand = backend.submit(spec(tmp_path, "echo on-demand; sleep 30", gpus_per_node=4))
+    assert observe_until(backend, on_demand, {"running"}, timeout=60).phase == "running"
+    seen = backend.observe(spots)
+    preempted = [h for h in spots if seen[h].phase == "waiting" or seen[h].restarts > 0]
+    assert len(preempted) == 1, seen
+    [victim] = preempted
+    log = tmp_path / f"spot{spots.index(victim)}" / "out.log"
+    assert "SIGTERM: saving" in wait_for_line(log, "SIGTERM: saving")
+    for handle in [*spots, on_demand]:
+        cluster.client.cancel(int(handle))

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from jobs.backends.slurm.client import SlurmClient
 
+SPOT_PARTITION = "spot"
+SPOT_GRACE_S = 5
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
 
 
@@ -99,6 +101,8 @@ class LocalSlurmCluster:
             "SlurmdParameters=config_overrides",
             "GresTypes=gpu",
             "SchedulerType=sched/backfill",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
             "SchedulerParameters=nohold_on_prolog_fail,sched_interval=2,bf_interval=1",
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none",
@@ -121,7 +125,11 @@ class LocalSlurmCluster:
                 if not device.exists():
                     os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(195, index))
             gres.append(f"NodeName={name} Name=gpu File={devices}/nvidia[0-{self.gpus - 1}]")
-        lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+        # Spot: a preemptible partition on the same nodes. On-Demand work (the higher tier)
+        # requeues a Spot job it needs the GPUs of, SIGTERM first and GraceTime to save.
+        nodes = ",".join(self.nodes)
+        lines.append(f"PartitionName=gpu Nodes={nodes} Default=YES MaxTime=INFINITE State=UP PriorityTier=2")
+        lines.append(f"PartitionName=spot Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={SPOT_GRACE_S}")
         self.conf.write_text("\n".join(lines) + "\n")
         (root / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
 
@@ -155,9 +163,15 @@ class LocalSlurmCluster:
     # --- tear-down ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ends every job, then every daemon (slurmd first), then munged."""
+        # Jobs first, and waited for: a slurmd ended under a running job leaves its slurmstepd
+        # and processes behind.
         try:
             for job in self.client.jobs():
-                self.client.cancel(job.job_id)
+                if job.state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED"):
+                    self.client.cancel(job.job_id)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and any(job.state in ("RUNNING", "COMPLETING") for job in self.client.jobs()):
+                time.sleep(0.2)
         except Exception:  # noqa: BLE001 - stopping anyway
             pass
         for process in reversed(self.processes):

@@ -1,0 +1,123 @@
+"""Slurm as a backend (``jobs.backends.base.Backend``): each attempt is one Slurm batch job.
+
+* ``submit``: ``sbatch`` with the GPUs as GRES (``--gres=gpu:N``), ``--nodes``, the job's
+  exclusions as ``--exclude``, CPUs and memory, the max run time as ``--time`` with SIGTERM
+  ``grace_s`` before it (``--signal=B:TERM@N``), the project as the Slurm account, Spot as the
+  preemptible partition or QOS the operator named (``SLURM_SPOT_PARTITION`` / ``SLURM_SPOT_QOS``),
+  the output appended to one file (a requeue keeps what was printed), ``--requeue``, and only the
+  run's own environment (``--export``). The batch script ``exec``s the command on one node; on
+  several, ``srun --label`` starts one rank per node (each line prefixed with its rank).
+* ``stop``: SIGTERM to every process of the job (``scancel --signal=TERM --full``); an attempt
+  still running ``grace_s`` later is cancelled at the next ``observe`` (SIGKILL after Slurm's
+  ``KillWait``).
+* ``observe``: ``scontrol show job``: PENDING, REQUEUED, CONFIGURING → waiting with Slurm's reason;
+  RUNNING, COMPLETING → running on its nodes; NODE_FAIL → lost; any other end → exited with its
+  code or signal (``ExitCode=code:signal``); a job Slurm has forgotten → exited, unknown.
+* ``requeue_excluding``: ``scontrol requeue`` (SIGTERM, then PENDING with ``Restarts`` + 1), then,
+  once PENDING, ``ExcNodeList`` = its exclusions and ``nodes``, ``StartTime=now``.
+* ``drain`` / ``resume`` / ``nodes``: ``scontrol update nodename=… state=drain reason=…`` /
+  ``state=resume`` / ``scontrol show node``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from collections.abc import Sequence
+
+from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView
+from jobs.backends.slurm.client import SlurmClient, SlurmError, SlurmJob, Submission
+
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING", "SUSPENDED", "PREEMPTED"}
+RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
+LOST = {"NODE_FAIL", "BOOT_FAIL"}
+REQUEUE_WAIT_S = 10.0
+
+
+class SlurmBackend:
+    """The Backend of one Slurm cluster, through its commands (``client``)."""
+
+    def __init__(self, client: SlurmClient, *, spot_partition: str | None = None, spot_qos: str | None = None) -> None:
+        self.client = client
+        self.spot_partition = spot_partition
+        self.spot_qos = spot_qos
+        self.kill_after: dict[str, float] = {}  # handle → monotonic time its grace period ends
+
+    def submit(self, spec: AttemptSpec) -> str:
+        command = shlex.quote(spec.command)
+        if spec.nodes > 1:
+            run = f"exec srun --nodes={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --label bash -c {command}"
+        else:
+            run = f"exec bash -c {command}"
+        script = f"#!/bin/bash\n{run}\n"
+        submission = Submission(
+            name=spec.key, script=script, output=spec.output, workdir=spec.workdir, gpus_per_node=spec.gpus_per_node,
+            nodes=spec.nodes, exclude=tuple(spec.exclude), time_limit_minutes=spec.max_run_minutes, grace_s=spec.grace_s,
+            cpus_per_task=spec.cpus, memory_mb=spec.memory_mb, account=spec.project,
+            partition=self.spot_partition if spec.spot else None, qos=self.spot_qos if spec.spot else None,
+            environment=dict(spec.environment),
+        )  # fmt: skip
+        return str(self.client.submit(submission))
+
+    def stop(self, handle: str, *, grace_s: int = 30) -> None:
+        self.client.cancel(int(handle), signal="TERM")
+        self.kill_after[handle] = time.monotonic() + max(0, grace_s)
+
+    def observe(self, handles: Sequence[str]) -> dict[str, AttemptObservation]:
+        seen: dict[str, AttemptObservation] = {}
+        now = time.monotonic()
+        for handle in handles:
+            job = self.client.job(int(handle))
+            seen[handle] = observation(handle, job)
+            deadline = self.kill_after.get(handle)
+            if deadline is None:
+                continue
+            if seen[handle].phase in ("exited", "lost"):
+                del self.kill_after[handle]
+            elif now >= deadline:
+                self.client.cancel(int(handle))  # the grace period is over
+                del self.kill_after[handle]
+        return seen
+
+    def requeue_excluding(self, handle: str, nodes: Sequence[str]) -> None:
+        job_id = int(handle)
+        self.client.requeue(job_id)
+        deadline = time.monotonic() + REQUEUE_WAIT_S
+        while True:  # scontrol requeue returns before the job is PENDING
+            job = self.client.job(job_id)
+            if job is not None and job.state in WAITING:
+                break
+            if time.monotonic() > deadline:
+                raise SlurmError(f"job {job_id} was not pending {REQUEUE_WAIT_S:.0f}s after its requeue: {job.state if job else 'gone'}")
+            time.sleep(0.05)
+        excluded = list(dict.fromkeys([*job.excluded, *nodes]))
+        self.client.exclude_and_start(job_id, excluded)
+
+    def drain(self, node: str, reason: str) -> None:
+        self.client.drain(node, reason)
+
+    def resume(self, node: str) -> None:
+        self.client.resume(node)
+
+    def nodes(self) -> list[NodeView]:
+        return [
+            NodeView(name=node.name, gpus=node.gpus, takes_work=not node.drained and not node.state.startswith(("DOWN", "FAIL")),
+                     state=node.state, reason=node.reason)  # fmt: skip
+            for node in self.client.nodes()
+        ]
+
+
+def observation(handle: str, job: SlurmJob | None) -> AttemptObservation:
+    if job is None:
+        return AttemptObservation(handle=handle, phase="exited", reason="Slurm no longer knows the job", state="UNKNOWN")
+    base = AttemptObservation(handle=handle, phase="waiting", nodes=tuple(job.nodes), restarts=job.restarts, state=job.state)
+    if job.state in WAITING:
+        return dataclasses.replace(base, reason=job.reason)
+    if job.state in RUNNING:
+        return dataclasses.replace(base, phase="running")
+    if job.state in LOST:
+        return dataclasses.replace(base, phase="lost", reason=job.reason)
+    # ExitCode=code:signal; a job ended by a signal has code 0 and the signal.
+    signal = job.exit_signal or None
+    return dataclasses.replace(base, phase="exited", exit_code=None if signal else job.exit_code, exit_signal=signal, reason=job.reason)
