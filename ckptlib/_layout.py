@@ -233,6 +233,12 @@ def rank_manifest_name(rank: int) -> str:
     return f"ckptlib-rank{rank}.json"
 
 
+def _rank_manifests(directory: int) -> list[str]:
+    """The rank manifests' names in an open directory, sorted (scandir reads a duplicate fd)."""
+    with os.scandir(directory) as entries:
+        return sorted(entry.name for entry in entries if _RANK_MANIFEST_RE.match(entry.name))
+
+
 def file_entry(path: Path) -> tuple[int, int]:
     """A file's size and sampled CRC-32, as a manifest records them (read without following a link)."""
     fd = os.open(path, _NO_FOLLOW)
@@ -256,8 +262,7 @@ def tag_problem(tag_dir: Path) -> str | None:
         except OSError as error:
             return f"{tag_dir}: {error.strerror or error}"
         try:
-            with os.scandir(directory) as entries:
-                names = sorted(entry.name for entry in entries if _RANK_MANIFEST_RE.match(entry.name))
+            names = _rank_manifests(directory)
         finally:
             os.close(directory)
         for name in names:
@@ -279,9 +284,7 @@ def file_problem(path: Path) -> str | None:
     except OSError as error:
         return f"{path.parent}: {error.strerror or error}"
     try:
-        with os.scandir(directory) as entries:
-            names = sorted(entry.name for entry in entries if _RANK_MANIFEST_RE.match(entry.name))
-        for name in names:
+        for name in _rank_manifests(directory):
             read = _read_manifest_at(directory, f"{path.parent}/{name}", name)
             if isinstance(read, str):
                 return read
