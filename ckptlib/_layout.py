@@ -160,24 +160,30 @@ def sampled_crc32(fd: int, size: int) -> int:
     return crc
 
 
-def checkpoint_problem(root_fd: int, name: str, manifest_name: str = MANIFEST_NAME) -> str | None:
+def checkpoint_problem(root_fd: int, name: str) -> str | None:
     """Why the checkpoint directory ``name`` must not be resumed, naming the file; None if its
-    files have the sizes (and the checksums) its manifest (``manifest_name``) records."""
+    files have the sizes (and the checksums) its manifest records."""
     try:
         directory = _open_dir(name, dir_fd=root_fd)
     except OSError as error:
         return f"{name}: {error.strerror or error}"
     try:
-        read = _read_manifest_at(directory, f"{name}/{manifest_name}", manifest_name)
-        if isinstance(read, str):
-            return read
-        files, checksums = read
-        for file_name, size in files.items():
-            problem = _entry_problem(directory, f"{name}/{file_name}", file_name, size, checksums.get(file_name))
-            if problem is not None:
-                return problem
+        return _manifest_problem(directory, name, MANIFEST_NAME)
     finally:
         os.close(directory)
+
+
+def _manifest_problem(directory: int, where: str, manifest_name: str) -> str | None:
+    """What is wrong with the files the manifest ``manifest_name`` of the open ``directory``
+    lists (``where``: how messages name the directory), or None."""
+    read = _read_manifest_at(directory, f"{where}/{manifest_name}", manifest_name)
+    if isinstance(read, str):
+        return read
+    files, checksums = read
+    for file_name, size in files.items():
+        problem = _entry_problem(directory, f"{where}/{file_name}", file_name, size, checksums.get(file_name))
+        if problem is not None:
+            return problem
     return None
 
 
@@ -253,26 +259,18 @@ def tag_problem(tag_dir: Path) -> str | None:
     """``checkpoint_problem`` for a DeepSpeed tag directory: every rank's manifest in it is
     checked (a tag no ckptlib rank wrote has none, and nothing to check)."""
     try:
-        parent = _open_dir(tag_dir.parent)
+        directory = _open_dir(tag_dir)
     except OSError as error:
-        return f"{tag_dir.parent}: {error.strerror or error}"
+        return f"{tag_dir}: {error.strerror or error}"
     try:
-        try:
-            directory = _open_dir(tag_dir.name, dir_fd=parent)
-        except OSError as error:
-            return f"{tag_dir}: {error.strerror or error}"
-        try:
-            names = _rank_manifests(directory)
-        finally:
-            os.close(directory)
-        for name in names:
-            problem = checkpoint_problem(parent, tag_dir.name, name)
+        for name in _rank_manifests(directory):
+            problem = _manifest_problem(directory, str(tag_dir), name)
             if problem is not None:
-                return f"{tag_dir.parent}/{problem}"
+                return problem
     except OSError as error:
         return f"{tag_dir}: cannot be listed ({error})"
     finally:
-        os.close(parent)
+        os.close(directory)
     return None
 
 

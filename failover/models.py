@@ -72,6 +72,7 @@ class HealthEvent(models.Model):
     nic = models.CharField(max_length=64, blank=True)
     xid = models.PositiveIntegerField(null=True, blank=True)
     value = models.BigIntegerField(null=True, blank=True)
+    expected = models.BigIntegerField(null=True, blank=True)  # what ``value`` should be (GPUs visible, link width)
     source = models.CharField(max_length=16)  # nvml | simulated | kmsg | journalctl | dmesg | simulated-kmsg
     message = models.CharField(max_length=500, blank=True)
     fatal = models.BooleanField(default=False)  # the runs on its GPU were stopped at once

@@ -262,10 +262,9 @@ def raw_write_bandwidth(directory: Path, nbytes: int, writers: int = 1) -> float
                 tail = os.open(path, os.O_WRONLY)
                 try:
                     os.pwrite(tail, view[: size - aligned], aligned)
-                    os.fsync(tail)
                 finally:
                     os.close(tail)
-            os.fsync(fd)
+            os.fsync(fd)  # the file's data, whichever descriptor wrote it
         finally:
             os.close(fd)
 

@@ -1,9 +1,10 @@
 """NodeHealth's JSON evidence (findings, kernel lines) moves into HealthEvent rows, the one store
-of node evidence; what a reading first showed keeps the time it was first seen."""
+of node evidence (which gains a finding's ``expected``); what a reading first showed keeps the
+time it was first seen."""
 
 from datetime import datetime
 
-from django.db import migrations
+from django.db import migrations, models
 
 
 def move_evidence(apps, schema_editor):
@@ -28,6 +29,7 @@ def move_evidence(apps, schema_editor):
                 gpu=data.get("gpu") if isinstance(data.get("gpu"), int) else None,
                 xid=data.get("xid") if isinstance(data.get("xid"), int) else None,
                 value=data.get("value") if isinstance(data.get("value"), int) else None,
+                expected=data.get("expected") if isinstance(data.get("expected"), int) else None,
                 source=health.source[:16], message=message,
             ))  # fmt: skip
         for line, stamp in (health.kernel_seen or {}).items():
@@ -46,6 +48,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AddField(model_name="healthevent", name="expected", field=models.BigIntegerField(blank=True, null=True)),
         migrations.RunPython(move_evidence, migrations.RunPython.noop),
         migrations.RemoveField(model_name="nodehealth", name="findings"),
         migrations.RemoveField(model_name="nodehealth", name="kernel_log"),

@@ -88,16 +88,14 @@ class HealthChecker:
             if close is not None:
                 close()
 
-    def check(
-        self, node: Node, kernel_lines: Sequence[str] = (), *, on_change: bool = False, news: bool = False
-    ) -> tuple[HealthReport, str]:
+    def check(self, node: Node, *, on_change: bool = False, news: bool = False) -> tuple[HealthReport, str]:
         """Probe a node now, store the reading, mark it (and its GPUs) unhealthy on a hardware
-        fault. ``kernel_lines``: new kernel-log lines the monitor just read (past its cursor).
-        ``on_change``: store it only if it differs from the last reading stored. ``news``: the
-        monitor just stored events (health is derived from them whatever the reading adds)."""
+        fault. ``on_change``: store it only if it differs from the last reading stored. ``news``:
+        the monitor just stored events (its kernel lines among them; health is derived from them
+        whatever the reading adds)."""
         probe = self.probe(node)
         report = probe.check()
-        kernel_log = "\n".join(filter(None, [probe.kernel_log(), *kernel_lines]))
+        kernel_log = probe.kernel_log()
         shown = (json.dumps([f.to_dict() for f in report.findings], sort_keys=True), kernel_log)
         if news or not on_change or self.stored.get(node.name) != shown:
             since = datetime.fromtimestamp(self.monitor.started, tz=dt_timezone.utc)
@@ -192,8 +190,8 @@ _checkers: weakref.WeakSet = weakref.WeakSet()
 KERNEL_LINES_KEPT = 500
 
 
-def reading_key(kind: str, gpu: int | None, xid: int | None, value: int | None, message: str) -> tuple:
-    return (kind, gpu, xid, value, message[:500])
+def reading_key(kind: str, gpu: int | None, xid: int | None, value: int | None, expected: int | None, message: str) -> tuple:
+    return (kind, gpu, xid, value, expected, message[:500])
 
 
 def record_health(
@@ -228,15 +226,16 @@ def record_health(
         if cleared_at is not None:
             stored = stored.filter(at__gte=cleared_at)
         # Distinct keys only: a standing condition the monitor stores again every minute is one row here.
-        rows = stored.order_by().values_list("kind", "gpu", "xid", "value", "message").distinct()
+        rows = stored.order_by().values_list("kind", "gpu", "xid", "value", "expected", "message").distinct()
         known = {reading_key(*row) for row in rows}
         for finding in report.findings:
             message = (finding.detail or finding.kind)[:500]
-            key = reading_key(finding.kind, finding.gpu, finding.xid, finding.value, message)
+            key = reading_key(finding.kind, finding.gpu, finding.xid, finding.value, finding.expected, message)
             if key not in known:
                 known.add(key)
                 events.append(HealthEvent(node=node, at=now, kind=finding.kind, gpu=finding.gpu, xid=finding.xid,
-                                          value=finding.value, source=report.source, message=message))  # fmt: skip
+                                          value=finding.value, expected=finding.expected, source=report.source,
+                                          message=message))  # fmt: skip
     lines = [line.strip()[:500] for line in (kernel_log or "").splitlines() if line.strip()][-KERNEL_LINES_KEPT:]
     if lines:
         seen = set(HealthEvent.objects.filter(node=node, message__in=lines).values_list("message", flat=True))
@@ -261,7 +260,7 @@ def derive_health(node: Node, *, cleared_at: datetime | None = None, since: date
     itself, scoped as the Xid table scopes it), mark what they show broken (``mark_unhealthy``).
     Health is sticky: only an operator's Mark healthy (``faults.clear_node``) returns it."""
     starts = [moment for moment in (cleared_at, since) if moment is not None]
-    evidence = evidence_of(node, gpus=None, since=max(starts) if starts else None)
+    evidence = scoped_evidence(node, gpus=None, since=max(starts) if starts else None)
     fault = node_fault(evidence.findings, evidence.kernel_findings, evidence.kernel_log)
     if fault is not None:
         mark_unhealthy(node, fault)
@@ -304,20 +303,16 @@ class ScopedEvidence:
 KERNEL_SOURCES = ("kmsg", "journalctl", "dmesg", "simulated-kmsg")
 
 
-def scoped_evidence(node: Node, *, gpus: Sequence[int], since: datetime) -> ScopedEvidence:
-    """The node's health events on ``gpus`` (or node-wide) since ``since``: what a verdict on an
-    attempt placed then may count."""
-    return evidence_of(node, gpus=gpus, since=since)
-
-
-def evidence_of(node: Node, *, gpus: Sequence[int] | None, since: datetime | None) -> ScopedEvidence:
-    """Findings from the node's events (on ``gpus`` or node-wide; all GPUs for None) since
-    ``since``: readings as findings, kernel Xid/SXid lines as kernel findings (parsed once more,
-    ``parse_kernel_xids``, for the cause an Xid line may name), other kernel lines as text."""
+def scoped_evidence(node: Node, *, gpus: Sequence[int] | None, since: datetime | None) -> ScopedEvidence:
+    """Findings from the node's health events on ``gpus`` or node-wide (every GPU for None) since
+    ``since``: what a verdict on an attempt placed then may count, or (``gpus`` None) what node
+    health is derived from. Readings become findings, kernel Xid/SXid lines kernel findings (parsed
+    once more, ``parse_kernel_xids``, for the cause an Xid line may name), other kernel lines text;
+    each once, in the order first stored."""
     mine = None if gpus is None else set(gpus)
-    findings: list[Finding] = []
-    kernel_findings: list[Finding] = []
-    lines: list[str] = []
+    findings: dict[Finding, None] = {}
+    kernel_findings: dict[Finding, None] = {}
+    lines: dict[str, None] = {}
     events = HealthEvent.objects.filter(node=node)
     if since is not None:
         events = events.filter(at__gte=since)
@@ -327,18 +322,15 @@ def evidence_of(node: Node, *, gpus: Sequence[int] | None, since: datetime | Non
         if event.source in KERNEL_SOURCES:
             if event.kind in (FindingKind.XID, FindingKind.SXID):
                 for finding in parse_kernel_xids(event.message):
-                    finding = dataclasses.replace(finding, gpu=event.gpu) if finding.kind == FindingKind.XID else finding
-                    if finding not in kernel_findings:
-                        kernel_findings.append(finding)
-            elif event.message not in lines:
-                lines.append(event.message)
+                    kernel_findings[dataclasses.replace(finding, gpu=event.gpu) if finding.kind == FindingKind.XID else finding] = None
+            else:
+                lines[event.message] = None
             continue
-        if event.kind not in FindingKind.ALL:
-            continue
-        finding = Finding(kind=event.kind, gpu=event.gpu, xid=event.xid, value=event.value, detail=event.message)
-        if finding not in findings:
-            findings.append(finding)
-    return ScopedEvidence(findings, kernel_findings, "\n".join(lines))
+        if event.kind in FindingKind.ALL:
+            finding = Finding(kind=event.kind, gpu=event.gpu, xid=event.xid, value=event.value, expected=event.expected,
+                              detail=event.message)  # fmt: skip
+            findings[finding] = None
+    return ScopedEvidence(list(findings), list(kernel_findings), "\n".join(lines))
 
 
 def attempt_events(attempt, *, limit: int = 5) -> list[HealthEvent]:

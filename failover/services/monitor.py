@@ -195,11 +195,10 @@ class HealthMonitor:
         if fresh:
             HealthEvent.objects.bulk_create(fresh)
         events.clear()  # stored
-        kernel_lines = [line.text for line in lines if line.at >= self.started]
-        if stop_gpus or injected or kernel_lines or fresh:
+        if stop_gpus or injected or fresh:
             # A reading now, and health derived from the events just stored (``record_health``):
             # a faulty GPU or node leaves placement at once.
-            self.checker.check(node, kernel_lines, news=True)
+            self.checker.check(node, news=True)
         if injected:
             wake = getattr(self.checker.agent, "wake", None)
             if wake is not None:
@@ -209,7 +208,7 @@ class HealthMonitor:
     def event(self, node: Node, finding: Finding, source: str, at: datetime, *, fatal: bool) -> HealthEvent:
         return HealthEvent(
             node=node, at=at, kind=finding.kind, gpu=finding.gpu, xid=finding.xid, value=finding.value,
-            source=source, message=(finding.detail or finding.kind)[:500], fatal=fatal,
+            expected=finding.expected, source=source, message=(finding.detail or finding.kind)[:500], fatal=fatal,
         )
 
     def kernel_event(self, node: Node, line: KernelLine) -> HealthEvent:
@@ -280,9 +279,10 @@ def kernel_line_event(node: Node, text: str, *, at: datetime, source: str, gpu_b
 def gpu_named(text: str, gpu_by_pci: dict[str, int] | None) -> int | None:
     """The GPU a kernel line names by PCI address, domain kept (the last one that is a GPU: an AER
     line names the port first, the device last); None for a node-wide line."""
+    by_pci = gpu_by_pci or {}
     for address in reversed(_PCI.findall(text)):
-        if bus_id(address) in (gpu_by_pci or {}):
-            return (gpu_by_pci or {})[bus_id(address)]
+        if (gpu := by_pci.get(bus_id(address))) is not None:
+            return gpu
     return None
 
 

@@ -29,6 +29,7 @@ def test_the_json_evidence_becomes_events_with_their_first_seen_times() -> None:
         old.get_model("failover", "NodeHealth").objects.create(
             node_id=node.pk, source="nvml",
             findings=[{"kind": "ecc_uncorrected", "gpu": 2, "value": 3, "detail": "3 uncorrected", "seen": seen.isoformat()},
+                      {"kind": "gpu_count", "value": 3, "expected": 4, "detail": "fewer GPUs than expected", "seen": seen.isoformat()},
                       {"kind": "xid", "gpu": 0, "xid": 79, "detail": line, "seen": seen.isoformat(), "from_kernel": True},
                       "not a finding"],
             kernel_seen={line: seen.isoformat()},
@@ -37,10 +38,12 @@ def test_the_json_evidence_becomes_events_with_their_first_seen_times() -> None:
         executor = MigrationExecutor(connection)
         executor.migrate(AFTER)
         new = executor.loader.project_state(AFTER).apps
-        events = {(e.kind, e.gpu, e.value, e.source, e.message, e.at) for e in new.get_model("failover", "HealthEvent").objects.all()}
+        events = {(e.kind, e.gpu, e.value, e.expected, e.source, e.message, e.at)
+                  for e in new.get_model("failover", "HealthEvent").objects.all()}  # fmt: skip
         assert events == {
-            ("ecc_uncorrected", 2, 3, "nvml", "3 uncorrected", seen),
-            ("kernel", None, None, "kmsg", line, seen),  # its Xid is read from the text, as every line's
+            ("ecc_uncorrected", 2, 3, None, "nvml", "3 uncorrected", seen),
+            ("gpu_count", None, 3, 4, "nvml", "fewer GPUs than expected", seen),
+            ("kernel", None, None, None, "kmsg", line, seen),  # its Xid is read from the text, as every line's
         }
         fields = {f.name for f in new.get_model("failover", "NodeHealth")._meta.get_fields()}
         assert not fields & {"findings", "kernel_seen", "kernel_log"}

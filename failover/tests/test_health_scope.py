@@ -158,3 +158,15 @@ def test_the_plan_names_unhealthy_capacity_only_when_it_would_let_the_job_fit():
         "excluded after faults from node-b"
     )
     assert plan.reasons[3] == "1st for 8 GPUs; no free capacity fits it"
+
+
+def test_a_reading_keeps_what_a_finding_expected_through_the_event_store(nodes):
+    """``expected`` (GPUs visible, a link's width) is stored with the event, so a verdict still says
+    "Only 3 of 4 GPUs visible"."""
+    node = Node.objects.get(name="node-a")
+    since = timezone.now()
+    report = HealthReport(node=node.name, findings=(Finding(kind=FindingKind.GPU_COUNT, value=3, expected=4, detail="fewer GPUs than expected"),), source="nvml")
+    health.record_health(node, report, "")
+    [finding] = health.scoped_evidence(node, gpus=[0], since=since).findings
+    assert (finding.value, finding.expected) == (3, 4)
+    assert "Only 3 of 4 GPUs visible" in health.scoped_evidence(node, gpus=[0], since=since).judge(exit_signal=9).reason

@@ -136,8 +136,8 @@ class SlurmClient:
         self.env = dict(env or {})
         self.timeout = timeout
 
-    def run(self, *command: str, stdin: str | None = None) -> str:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", **self.env}
+    def run(self, *command: str, stdin: str | None = None, extra_env: Mapping[str, str] | None = None) -> str:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", **self.env, **(extra_env or {})}
         try:
             done = subprocess.run(list(command), input=stdin, capture_output=True, text=True, env=env, timeout=self.timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as error:
@@ -171,12 +171,8 @@ class SlurmClient:
                 args.append(f"{option}={value}")
         names = sorted(submission.environment)
         args.append("--export=" + (",".join(names) if names else "NIL"))
-        env_before = dict(self.env)
-        self.env.update(submission.environment)
-        try:
-            out = self.run(*args, stdin=submission.script)
-        finally:
-            self.env = env_before
+        # sbatch takes the named variables' values from its own environment.
+        out = self.run(*args, stdin=submission.script, extra_env=submission.environment)
         return int(out.strip().split(";")[0])
 
     def job(self, job_id: int) -> SlurmJob | None:
