@@ -5,7 +5,8 @@ module never imports a fixture by name: ``console/tests/test_architecture.py`` c
 * ``console.tests.api_fixtures``: REST API clients;
 * ``console.tests.page_fixtures``: signed-in page clients;
 * ``console.tests.browser``: one live console server and one Chromium for every browser test;
-* ``failover.tests.run_cleanup``: ``no_run_outlives_its_test`` for tests that start real runs.
+* ``failover.tests.run_cleanup``: ``no_run_outlives_its_test`` for tests that start real runs;
+* ``jobs.tests.slurm_fixtures``: a real Slurm cluster and the console on it (``BACKEND=slurm``).
 """
 
 pytest_plugins = [
@@ -15,4 +16,5 @@ pytest_plugins = [
     "console.tests.browser",
     "failover.tests.run_cleanup",
     "failover.tests.fake_gpus",
+    "jobs.tests.slurm_fixtures",
 ]

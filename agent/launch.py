@@ -278,6 +278,8 @@ class Launcher:
             for part in claimed:
                 part.attempt = attempt
                 pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
+                if pid is None:
+                    continue  # queued by the cluster's scheduler: its start is reported when seen (agent.slurm)
                 logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, pid)
                 started = runs.part_started(part, runner_pid=pid, workdir=str(dirs["work"]), resume_step=resume_step) and started
         except (PathRefused, SecretUnreadable) as exc:
@@ -313,8 +315,9 @@ class Launcher:
     def start_runner(
         self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, dirs: dict, *, image_ref: str, uid: int | None,
         resume_step: int | None = None,
-    ) -> int:
-        """Start the rank's detached supervisor on its spec (``agent.runfiles``); returns its pid."""
+    ) -> int | None:
+        """Start the rank's detached supervisor on its spec (``agent.runfiles``); returns its pid
+        (None: the supervisor was handed to a cluster's scheduler, which starts it later)."""
         work_root = Path(settings.JOB_WORK_ROOT)
         directory = workdirs.make_private(work_root, runfiles.run_dir_parts(job.pk, attempt.number, part.rank))
         runfiles.clear_stale(directory)
@@ -338,6 +341,10 @@ class Launcher:
             preamble=preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
         )
         spec_path = runfiles.write_spec(directory, spec)
+        return self.spawn(job, attempt, part, directory, spec_path)
+
+    def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int | None:
+        """Start ``agent.runner`` on the spec, detached; its pid."""
         with runfiles.open_runner_log(directory) as err:
             child = subprocess.Popen(
                 [sys.executable, "-m", RUNNER_MODULE, str(spec_path)],

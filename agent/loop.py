@@ -24,7 +24,14 @@ TIMED_MARGIN = 0.05
 
 
 def start_local_agent(*, name: str = "embedded") -> NodeAgent:
-    """Register this machine's nodes (real or simulated) and return the agent serving them."""
+    """Register this machine's nodes (real or simulated) and return the agent serving them; on
+    ``BACKEND=slurm`` the cluster's nodes, served through Slurm (``agent.slurm``)."""
+    if settings.BACKEND == "slurm":
+        from agent.slurm import SlurmAgent, slurm_backend, slurm_nodes
+
+        backend = slurm_backend()
+        nodes = register_nodes(slurm_nodes(backend.nodes()), agent="slurm")
+        return SlurmAgent([n.name for n in nodes], backend=backend)
     nodes = register_nodes(discover_nodes(), agent=name)
     return NodeAgent([n.name for n in nodes], name=name)
 

@@ -214,6 +214,10 @@ def run(spec_path: Path) -> int:
     notes: list[str] = []
     parent = None
     popen: dict = {}
+    scheduler_job = os.environ.get("SLURM_JOB_ID", "")
+    if policy and scheduler_job.isdigit():
+        # The cluster's epilog finds the container of a job Slurm ended by this label.
+        policy = {**policy, "labels": {**(policy.get("labels") or {}), SLURM_JOB_LABEL: int(scheduler_job)}}
     if policy:
         env_text, left_out = env_file_text(spec.env)
         if left_out:
@@ -245,6 +249,10 @@ def run(spec_path: Path) -> int:
     runfiles.write_pid(run_dir, record)
     watch = Watch(run_dir, record, bool(policy), cgroup, proc)
     watch.start()
+    if scheduler_job:
+        # Run by a cluster's scheduler (Slurm), the runner is the batch job: its SIGTERM (a
+        # preemption's grace, a cancel) is the run's, passed on so the training can checkpoint.
+        signal.signal(signal.SIGTERM, lambda *_: forward_term(watch.record, bool(policy)))
     skipped = 0
     last_skipped = False
     cap = OutputCap(spec.max_lines, spec.max_bytes)
@@ -305,6 +313,42 @@ def run(spec_path: Path) -> int:
         ),
     )
     return 0
+
+
+SLURM_JOB_LABEL = "io.satrain.slurm-job"
+
+
+def forward_term(record: PidRecord, container: bool) -> None:
+    """SIGTERM to the run's processes as ``agent.processes.signal_run`` sends it, from /proc alone:
+    in a container every process but its init and the command's own shell (the container ends
+    with them), else the run's process group."""
+    if not container:
+        try:
+            os.killpg(record.pgid or 0, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    init = record.container_pid
+    if init is None:
+        return
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    todo = [(pid, init) for pid in children.get(init, [])]
+    while todo:
+        pid, parent = todo.pop()
+        todo += [(child, pid) for child in children.get(pid, [])]
+        try:
+            if parent == init and Path(f"/proc/{pid}/comm").read_text().strip() == "bash":
+                continue
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ProcessLookupError):
+            pass
 
 
 def make_cgroup(limits: RunLimits) -> tuple[list[str], str]:

@@ -251,6 +251,17 @@ SIMULATED_GPUS = env_str("SIMULATED_GPUS", "auto")  # auto | 1 | 0
 SIMULATED_NODES = env_int("SIMULATED_NODES", 3)
 SIMULATED_GPUS_PER_NODE = env_int("SIMULATED_GPUS_PER_NODE", 4)
 SIMULATED_GPU_MODEL = env_str("SIMULATED_GPU_MODEL", "Simulated H100 80GB")
+# Where attempts run: "agents" (this console's node agents: embedded or scale-out) or "slurm" (a
+# Slurm cluster: each attempt one batch job, its nodes mirrored; docs/slurm.md). SLURM_CONF names
+# the cluster's slurm.conf (empty: Slurm's default); Spot jobs go to SLURM_SPOT_PARTITION (and/or
+# SLURM_SPOT_QOS), On-Demand ones to SLURM_PARTITION (empty: the cluster's default).
+BACKEND = env_str("BACKEND", "agents")
+SLURM_CONF = env_str("SLURM_CONF", "")
+SLURM_PARTITION = env_str("SLURM_PARTITION", "")
+SLURM_SPOT_PARTITION = env_str("SLURM_SPOT_PARTITION", "spot")
+SLURM_SPOT_QOS = env_str("SLURM_SPOT_QOS", "")
+# How often the Slurm agent reads the cluster's nodes and jobs (seconds): one scontrol call each.
+SLURM_POLL_INTERVAL = env_float("SLURM_POLL_INTERVAL", 1.0)
 # How often the embedded control loop places jobs and polls runs (seconds).
 AGENT_POLL_INTERVAL = env_float("AGENT_POLL_INTERVAL", 0.5)
 # How often the node agent samples each run's GPU and host usage (seconds; 0 turns sampling off).

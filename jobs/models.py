@@ -168,6 +168,10 @@ class Node(models.Model):
     # When node-side evidence made it unhealthy (None while healthy): waiting jobs say since when.
     unhealthy_since = models.DateTimeField(null=True, blank=True)
     cordoned = models.BooleanField(default=False)
+    # A cluster backend's own view of the node (Slurm: "IDLE", "MIXED+DRAIN", "DOWN*") and its
+    # reason; empty on the console's own agents. Placement skips a node its backend drained or lost.
+    backend_state = models.CharField(max_length=64, blank=True)
+    backend_reason = models.CharField(max_length=300, blank=True)
     simulated = models.BooleanField(default=False)
     agent = models.CharField(max_length=100, blank=True, help_text="The node agent that serves this node")
     address = models.CharField(max_length=255, default="127.0.0.1", help_text="Where ranks reach this node (MASTER_ADDR)")
@@ -430,6 +434,8 @@ class AttemptNode(models.Model):
     workdir = models.CharField(max_length=500, blank=True)
     # None: not launched; 0: an agent claimed it and is starting it; > 0: its supervisor's pid.
     runner_pid = models.IntegerField(null=True, blank=True)
+    # The backend's handle of this rank's run (Slurm: the batch job's id); empty on the agents.
+    backend_job = models.CharField(max_length=64, blank=True)
     pgid = models.IntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     exit_signal = models.IntegerField(null=True, blank=True)

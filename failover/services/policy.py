@@ -342,16 +342,31 @@ def sweep_lost_nodes() -> None:
         return
     for pk, name, last in lost:
         reason = f"no heartbeat for {int(now.timestamp() - last)}s" if last else "no heartbeat"
-        if not Node.objects.filter(pk=pk, state=Node.State.READY).update(state=Node.State.NOT_READY, health_reason=f"lost: {reason}"):
-            continue
-        if settings.SCALE_OUT:
-            try:
-                heartbeats.mark_lost([name])  # its agent, beating again, learns it must come back
-            except Exception:
-                logger.warning("could not mark %s lost in Redis", name, exc_info=True)
-        logger.warning("node %s lost: %s", name, reason)
-        for part in AttemptNode.objects.filter(node_id=pk, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]).select_related("attempt"):
-            end_lost_part(part, cause=f"node {name} lost ({reason})", last_heartbeat=last or None)
+        lose_node(pk, name, reason, last)
+
+
+def sweep_backend_down_nodes() -> None:
+    """Nodes a cluster's scheduler took as down (Slurm: ``DOWN``, its slurmd silent past
+    ``SlurmdTimeout``) are lost, whoever beats for them: their runs end and fail over, as a node
+    whose agent stopped beating. Slurm's own record, not a guess from our heartbeats."""
+    for pk, name, state, why, last in Node.objects.filter(state=Node.State.READY, backend_state__contains="DOWN").values_list(
+        "pk", "name", "backend_state", "backend_reason", "last_heartbeat"
+    ):
+        lose_node(pk, name, f"Slurm has it {state}" + (f": {why}" if why else ""), last.timestamp() if last else 0.0)
+
+
+def lose_node(pk: int, name: str, reason: str, last: float) -> None:
+    """The node is NotReady (lost) and each of its runs ends as lost."""
+    if not Node.objects.filter(pk=pk, state=Node.State.READY).update(state=Node.State.NOT_READY, health_reason=f"lost: {reason}"[:300]):
+        return
+    if settings.SCALE_OUT:
+        try:
+            heartbeats.mark_lost([name])  # its agent, beating again, learns it must come back
+        except Exception:
+            logger.warning("could not mark %s lost in Redis", name, exc_info=True)
+    logger.warning("node %s lost: %s", name, reason)
+    for part in AttemptNode.objects.filter(node_id=pk, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]).select_related("attempt"):
+        end_lost_part(part, cause=f"node {name} lost ({reason})", last_heartbeat=last or None)
 
 
 _last_outage: float | None = None  # unix time this process last saw a mass heartbeat loss
@@ -404,6 +419,7 @@ def terminate_orphan(part: AttemptNode) -> None:
 def control_round() -> float | None:
     """The failover share of a control round; returns when it next has timed work (embedded)."""
     sweep_lost_nodes()
+    sweep_backend_down_nodes()
     judge_exited()
     end_stranded_failovers()
     return next_timed_work() if timed_rounds() else None

@@ -44,6 +44,8 @@ class AttemptSpec:
     memory_mb: int | None = None
     project: str | None = None  # a Slurm account
     spot: bool = False  # preemptible capacity
+    nodelist: Sequence[str] = ()  # run exactly there (the console placed it); empty: the backend places it
+    requeue: bool = True  # the backend may run it again after a preemption or a node failure
 
 
 @dataclass(frozen=True)

@@ -54,11 +54,14 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
     schedulable nodes here (no list of a thousand node ids, no join whose plan rests on fresh
     statistics)."""
     rows = list(
-        Node.objects.order_by("name").values_list("id", "name", "address", "state", "healthy", "cordoned", "health_reason", "unhealthy_since")
+        Node.objects.order_by("name").values_list(
+            "id", "name", "address", "state", "healthy", "cordoned", "health_reason", "unhealthy_since", "backend_state"
+        )
     )
     names = {node_id: name for node_id, name, *_ in rows}
-    usable = {row[0]: row for row in rows if row[3] == Node.State.READY and not row[5]}
-    schedulable = {node_id for node_id, row in usable.items() if row[4]}
+    usable = {row[0]: row[:8] for row in rows if row[3] == Node.State.READY and not row[5]}
+    # A cluster backend's drained or lost node (Slurm's DRAIN, DOWN) takes no new attempt.
+    schedulable = {row[0] for row in rows if row[0] in usable and row[4] and backend_takes_work(row[8])}
     free: dict[int, list[int]] = defaultdict(list)
     held: dict[int, list[tuple[int, str, object]]] = defaultdict(list)  # node → its free unhealthy GPUs
     gpu_ids: dict[tuple[int, int], int] = {}
@@ -86,6 +89,11 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
         addresses={n: row[2] for n, row in usable.items() if n in schedulable}, held_out=tuple(held_out), names=names,
     )
     return capacity, gpu_ids
+
+
+def backend_takes_work(state: str) -> bool:
+    """Whether a cluster backend's node state lets it take work ("": the console's own agents)."""
+    return not state or not any(word in state for word in ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "*"))
 
 
 _CAUSE = re.compile(r"\b(S?Xid \d+)")

@@ -14,13 +14,14 @@ import signal as signals
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from jobs.extensions import extensions
-from jobs.models import AttemptNode, JobAttempt, TrainingJob
-from jobs.services.lifecycle import transition
+from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
+from jobs.services.lifecycle import record_reason, transition
 from jobs.services.limits import format_memory
 from jobs.services.messages import request_placement, wake_agents
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull, release_gpus
@@ -162,6 +163,22 @@ def image_unavailable(attempt: JobAttempt, claimed: Sequence[AttemptNode], why: 
     else:
         abandon_open_attempts(attempt.job_id, cause=why)
     back_off_image_pull(attempt.job_id, why)
+
+
+def queued_by_scheduler(attempt: JobAttempt, reason: str) -> bool:
+    """A cluster's scheduler (Slurm) holds the attempt's run in its queue: the job keeps waiting,
+    with the scheduler's own reason (``Resources``, ``Priority``, ``ReqNodeNotAvail``, …)."""
+    return record_reason(attempt.job_id, reason=reason, expected=WAITING, actor=AGENT, attempt=attempt.number)
+
+
+def preempted_by_scheduler(attempt: JobAttempt, node_ids: Sequence[int]) -> None:
+    """The cluster's scheduler preempted the attempt's Spot run for other work: its exit takes the
+    job back to ``Pending`` (never a failover, ``record_exit``), and its nodes hold off Spot work
+    for ``SPOT_RECLAIM_HOLD`` seconds, as an operator's reclaim does."""
+    until = timezone.now() + timedelta(seconds=settings.SPOT_RECLAIM_HOLD)
+    JobAttempt.objects.filter(pk=attempt.pk).update(reclaimed=True)
+    Node.objects.filter(pk__in=list(node_ids)).update(spot_reclaimed_until=until)
+    attempt.reclaimed = True
 
 
 def launch_failed(attempt: JobAttempt, error: str) -> None:

@@ -38,8 +38,11 @@ REQUEUE_WAIT_S = 10.0
 class SlurmBackend:
     """The Backend of one Slurm cluster, through its commands (``client``)."""
 
-    def __init__(self, client: SlurmClient, *, spot_partition: str | None = None, spot_qos: str | None = None) -> None:
+    def __init__(
+        self, client: SlurmClient, *, spot_partition: str | None = None, spot_qos: str | None = None, partition: str | None = None
+    ) -> None:
         self.client = client
+        self.partition = partition or None
         self.spot_partition = spot_partition
         self.spot_qos = spot_qos
         self.kill_after: dict[str, float] = {}  # handle → monotonic time its grace period ends
@@ -55,8 +58,8 @@ class SlurmBackend:
             name=spec.key, script=script, output=spec.output, workdir=spec.workdir, gpus_per_node=spec.gpus_per_node,
             nodes=spec.nodes, exclude=tuple(spec.exclude), time_limit_minutes=spec.max_run_minutes, grace_s=spec.grace_s,
             cpus_per_task=spec.cpus, memory_mb=spec.memory_mb, account=spec.project,
-            partition=self.spot_partition if spec.spot else None, qos=self.spot_qos if spec.spot else None,
-            environment=dict(spec.environment),
+            partition=self.spot_partition if spec.spot else self.partition, qos=self.spot_qos if spec.spot else None,
+            environment=dict(spec.environment), nodelist=tuple(spec.nodelist), requeue=spec.requeue,
         )  # fmt: skip
         return str(self.client.submit(submission))
 
@@ -67,8 +70,9 @@ class SlurmBackend:
     def observe(self, handles: Sequence[str]) -> dict[str, AttemptObservation]:
         seen: dict[str, AttemptObservation] = {}
         now = time.monotonic()
+        known = {str(job.job_id): job for job in self.client.jobs()} if len(handles) > 1 else {}
         for handle in handles:
-            job = self.client.job(int(handle))
+            job = known.get(handle) if known else self.client.job(int(handle))
             seen[handle] = observation(handle, job)
             deadline = self.kill_after.get(handle)
             if deadline is None:

@@ -127,6 +127,10 @@ class Submission:
     account: str | None = None
     qos: str | None = None
     environment: Mapping[str, str] = field(default_factory=dict)
+    nodelist: Sequence[str] = ()  # the nodes it must run on (``--nodelist``): the console placed it there
+    # Requeued by Slurm when preempted or its node fails (False: it ends PREEMPTED or NODE_FAIL,
+    # and the console places a new attempt itself).
+    requeue: bool = True
 
 
 class SlurmClient:
@@ -154,8 +158,11 @@ class SlurmClient:
         args = [
             "sbatch", "--parsable", f"--job-name={submission.name}", f"--output={submission.output}",
             "--open-mode=append", f"--chdir={submission.workdir}", f"--nodes={submission.nodes}",
-            "--ntasks-per-node=1", "--requeue", f"--signal=B:TERM@{max(1, submission.grace_s)}",
+            "--ntasks-per-node=1", "--requeue" if submission.requeue else "--no-requeue",
+            f"--signal=B:TERM@{max(1, submission.grace_s)}",
         ]  # fmt: skip
+        if submission.nodelist:
+            args.append(f"--nodelist={','.join(submission.nodelist)}")
         if submission.gpus_per_node:
             args.append(f"--gres=gpu:{submission.gpus_per_node}")
         if submission.exclude:

@@ -1,0 +1,283 @@
+"""The node agent on a Slurm cluster (``BACKEND=slurm``; docs/slurm.md).
+
+The console still decides which job goes where (its fair share across projects, the job's
+exclusions, the nodes' health) and the agent still prepares each rank as on its own nodes: the
+image pulled, the run's directories, the fence, the checkpoint it resumes from, its container
+and environment (``agent.launch``). What changes is who starts and ends the run: **Slurm**. Each
+rank is one batch job (``jobs.backends.slurm``): ``sbatch`` on the placed node (``--nodelist``)
+with its GPUs as GRES, the job's exclusions, its CPUs and memory, the max run time as ``--time``
+with SIGTERM the grace period before it, Spot work in the preemptible partition; the batch job
+runs ``agent.runner`` on the spec, which starts the run's container as on the agents, so the
+output, banners, resource samples and exit record are the same files (``agent.runfiles``).
+
+What only Slurm knows comes from Slurm's own records, read once per ``SLURM_POLL_INTERVAL`` for
+every run (one ``scontrol show job`` and one ``scontrol show node``):
+
+* a run still queued shows Slurm's reason on the job (``Resources``, ``Priority``,
+  ``ReqNodeNotAvail``…); one Slurm ended before it started fails its launch with Slurm's words;
+* how a run ended: a run Slurm preempted for On-Demand work (``PREEMPTED``) is a Spot reclaim,
+  back to ``Pending`` and never a failover; a job Slurm cancelled or timed out says so;
+* each node's Slurm state and reason (``Node.backend_state``): a drained or down node takes no new
+  attempt, and a node Slurm took as down (slurmd silent) is lost, its runs failed over
+  (``failover.services.policy.sweep_lost_nodes``);
+* the console's health verdicts reach Slurm: a node with an unhealthy GPU (an Xid 79) or cordoned
+  is drained with the fault's reason, and returned (``state=resume``) once an operator marks it
+  healthy.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db.models import Q
+
+from agent import runfiles
+from agent.inventory import GpuSpec, NodeSpec, nvml_nodes
+from agent.launch import Launcher
+from agent.node_agent import NodeAgent
+from agent.processes import RUNNER_MODULE, run_dir
+from agent.sandbox import root_tool_env
+from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView
+from jobs.backends.slurm.backend import SlurmBackend
+from jobs.backends.slurm.client import SlurmClient, SlurmError
+from jobs.models import GPU, AttemptNode, JobAttempt, Node, TrainingJob
+from jobs.services import runs, wakeups
+from jobs.services.limits import limits_of
+from jobs.services.paths import job_dir
+from jobs.services.placement import backend_takes_work
+
+logger = logging.getLogger(__name__)
+
+# The prefix of the reasons the console drains nodes with: only those does it resume.
+DRAIN_PREFIX = "console:"
+# How long a rank's exit waits for Slurm to record how the job ended (seconds; a preemption or a
+# cancel is known only from Slurm's record), before it is reported as the run's exit record says.
+FINAL_STATE_WAIT = 20.0
+FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "UNKNOWN"})
+
+
+def slurm_backend() -> SlurmBackend:
+    env = {"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {}
+    return SlurmBackend(
+        SlurmClient(env=env), spot_partition=settings.SLURM_SPOT_PARTITION or None, spot_qos=settings.SLURM_SPOT_QOS or None,
+        partition=settings.SLURM_PARTITION or None,
+    )  # fmt: skip
+
+
+def slurm_nodes(views: list[NodeView]) -> list[NodeSpec]:
+    """The cluster's nodes as the console registers them: their GPUs are Slurm's GRES count, real
+    where this machine's NVML sees GPUs, simulated (faults injectable) where it has none."""
+    mode = str(settings.SIMULATED_GPUS).lower()
+    real = None if mode in {"1", "true", "yes"} else nvml_nodes()
+    model = real[0].gpu_model if real else settings.SIMULATED_GPU_MODEL
+    return [
+        NodeSpec(
+            name=view.name, gpu_model=model, simulated=real is None,
+            gpus=tuple(GpuSpec(index=i, uuid=f"GPU-slurm-{view.name}-{i}", model=model, memory_mb=81559) for i in range(view.gpus)),
+        )  # fmt: skip
+        for view in views
+    ]
+
+
+@dataclass
+class Queued:
+    """A rank handed to Slurm whose runner has not started yet."""
+
+    part: AttemptNode
+    handle: str
+    workdir: str
+    resume_step: int | None
+    reason: str = ""
+
+
+class SlurmLauncher(Launcher):
+    """Starts each rank as a Slurm batch job running ``agent.runner`` on its spec."""
+
+    def __init__(self, node_names, backend: SlurmBackend) -> None:
+        super().__init__(node_names)
+        self.backend = backend
+        self.queued: dict[int, Queued] = {}  # AttemptNode id → its queued batch job
+        self.handles: dict[int, str] = {}
+
+    def start_runner(self, job, attempt, part, dirs, *, image_ref, uid, resume_step=None) -> int | None:
+        super().start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
+        self.queued[part.pk] = Queued(part=part, handle=self.handles.pop(part.pk), workdir=str(dirs["work"]), resume_step=resume_step)
+        return None
+
+    def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int | None:
+        limits = limits_of(job)
+        excluded = sorted(set(job.exclusions.filter(gpu__isnull=True).values_list("node__name", flat=True)) - {part.node.name})
+        spec = AttemptSpec(
+            key=f"satrain-{job.pk}-{attempt.number}-{part.rank}",
+            command=f"{sys.executable} -m {RUNNER_MODULE} {spec_path}",
+            workdir=str(settings.BASE_DIR),
+            output=str(directory / runfiles.RUNNER_LOG_FILE),
+            environment=root_tool_env({"PYTHONPATH": str(settings.BASE_DIR)}),
+            gpus_per_node=len(part.gpu_indices),
+            nodes=1,
+            nodelist=(part.node.name,),
+            exclude=tuple(excluded),
+            max_run_minutes=job.max_run_minutes or None,
+            grace_s=int(settings.STOP_GRACE_PERIOD),
+            cpus=int(limits.cpus + 0.999) if limits.cpus and not limits.cpus_default else None,
+            memory_mb=limits.memory_mb if limits.memory_mb and not limits.memory_default else None,
+            spot=job.job_type == TrainingJob.JobType.SPOT,
+            requeue=False,  # a new attempt is the console's to place
+        )
+        try:
+            handle = self.backend.submit(spec)
+        except SlurmError as error:
+            raise OSError(f"Slurm refused the run: {error}") from error
+        AttemptNode.objects.filter(pk=part.pk).update(backend_job=handle)
+        part.backend_job = handle
+        self.handles[part.pk] = handle
+        logger.info("job %s: attempt %s rank %s queued in Slurm as job %s on %s", job.pk, attempt.number, part.rank, handle, part.node.name)
+        return None
+
+    def cancel(self, handle: str) -> None:
+        try:
+            self.backend.client.cancel(int(handle))
+        except SlurmError as error:
+            logger.warning("Slurm job %s: cancel failed: %s", handle, error)
+
+
+class SlurmAgent(NodeAgent):
+    """The agent of a Slurm cluster's nodes (in the embedded console: every node of the cluster)."""
+
+    def __init__(self, node_names: list[str], *, name: str = "slurm", backend: SlurmBackend | None = None) -> None:
+        self.backend = backend or slurm_backend()
+        super().__init__(node_names, name=name, launcher=SlurmLauncher(node_names, self.backend))
+        self.slurm: SlurmLauncher = self.launcher  # type: ignore[assignment]
+        self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last
+        self.next_poll = 0.0
+        self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
+        self.down: set[str] = set()  # nodes Slurm has DOWN
+
+    def start(self) -> None:
+        """Ranks queued in Slurm by an earlier run of the console are watched again."""
+        super().start()
+        for part in queued_parts(self.node_names):
+            self.slurm.queued.setdefault(part.pk, Queued(part=part, handle=part.backend_job, workdir=str(job_dir(part.attempt.job_id) / "work"), resume_step=None))
+
+    def heartbeat(self) -> None:
+        """Beats only for the nodes Slurm has up: one Slurm took as down is lost to the console too
+        (``sweep_lost_nodes``), and Ready again once Slurm has it back."""
+        every = self.node_names
+        self.node_names = [name for name in every if name not in self.down]
+        try:
+            super().heartbeat()
+        finally:
+            self.node_names = every
+
+    # --- Slurm's records -------------------------------------------------------------------
+    def step(self) -> int:
+        if time.monotonic() >= self.next_poll:
+            self.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
+            try:
+                self.poll_slurm()
+            except SlurmError as error:
+                logger.warning("agent %s: Slurm unavailable this round: %s", self.name, error)
+        return super().step()
+
+    def delay(self) -> float:
+        wait = super().delay()
+        if self.slurm.queued or self.ending:
+            wait = min(wait, max(0.0, self.next_poll - time.monotonic()), settings.OUTPUT_POLL_INTERVAL * 5)
+        return wait
+
+    def poll_slurm(self) -> None:
+        self.mirror_nodes(self.backend.nodes())
+        handles = [q.handle for q in self.slurm.queued.values()] + [p.backend_job for p in self.live.values() if p.backend_job]
+        self.jobs = self.backend.observe(handles) if handles else {}
+        self.settle_queued()
+
+    def mirror_nodes(self, views: list[NodeView]) -> None:
+        """Slurm's node states into ``Node.backend_state``; the console's health and cordons into
+        Slurm's drains (with the fault's reason), and back once healthy."""
+        by_name = {view.name: view for view in views}
+        self.down = {view.name for view in views if "DOWN" in view.state}
+        for node in Node.objects.filter(name__in=self.node_names):
+            view = by_name.get(node.name)
+            if view is None:
+                continue
+            if (node.backend_state, node.backend_reason) != (view.state, view.reason[:300]):
+                Node.objects.filter(pk=node.pk).update(backend_state=view.state[:64], backend_reason=view.reason[:300])
+                if backend_takes_work(node.backend_state) != backend_takes_work(view.state) or "DOWN" in view.state:
+                    wakeups.round_wanted()  # placement (or the lost-node sweep) has a new answer
+            bad_gpu = GPU.objects.filter(node=node, healthy=False).exclude(health_reason="").values_list("health_reason", flat=True).first()
+            why = node.health_reason if not node.healthy else (bad_gpu or ("cordoned in the console" if node.cordoned else ""))
+            drained = "DRAIN" in view.state
+            if why and not drained and not node.health_reason.startswith("lost:"):
+                self.backend.drain(node.name, f"{DRAIN_PREFIX} {why}")
+                logger.warning("agent %s: node %s drained in Slurm: %s", self.name, node.name, why)
+            elif not why and drained and view.reason.startswith(DRAIN_PREFIX):
+                self.backend.resume(node.name)
+                logger.info("agent %s: node %s returned to service in Slurm", self.name, node.name)
+
+    def settle_queued(self) -> None:
+        """Ranks Slurm has started are reported started (their runner wrote its pid record); the
+        others show Slurm's reason, or end as Slurm ended them."""
+        if not self.slurm.queued:
+            return
+        closed = set(AttemptNode.objects.filter(pk__in=list(self.slurm.queued), ended_at__isnull=False).values_list("pk", flat=True))
+        for pk, queued in list(self.slurm.queued.items()):
+            part = queued.part
+            if pk in closed:  # stopped or deleted while queued
+                del self.slurm.queued[pk]
+                self.slurm.cancel(queued.handle)
+                continue
+            record = runfiles.read_pid(run_dir(part))
+            if record is not None and record.runner_pid:
+                del self.slurm.queued[pk]
+                if runs.part_started(part, runner_pid=record.runner_pid, workdir=queued.workdir, resume_step=queued.resume_step):
+                    self.live[part.pk] = part
+                    part.attempt = JobAttempt.objects.select_related("job").get(pk=part.attempt_id)
+                else:
+                    self.slurm.signal(part, signal.SIGKILL)
+                    self.slurm.cancel(queued.handle)
+                continue
+            seen = self.jobs.get(queued.handle)
+            if seen is None:
+                continue
+            if seen.phase == "waiting" and seen.reason != queued.reason:
+                queued.reason = seen.reason
+                runs.queued_by_scheduler(part.attempt, f"queued in Slurm (job {queued.handle}) on {part.node.name}: {seen.reason or seen.state}")
+            elif seen.phase in ("exited", "lost"):
+                del self.slurm.queued[pk]
+                runs.launch_failed(part.attempt, f"Slurm ended job {queued.handle} before its run started: {seen.state} {seen.reason}".strip())
+
+    # --- exits -----------------------------------------------------------------------------
+    def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
+        """As on the agents, once Slurm has recorded how the batch job ended: a preemption is a
+        Spot reclaim, a cancel or a time limit by Slurm says so."""
+        seen = self.jobs.get(part.backend_job) if part.backend_job else None
+        first = self.ending.setdefault(part.pk, time.monotonic())
+        if part.backend_job and (seen is None or seen.state not in FINAL) and time.monotonic() - first < FINAL_STATE_WAIT:
+            self.next_poll = min(self.next_poll, time.monotonic() + 0.2)
+            return  # reported at a later collect, once Slurm's record is final
+        self.ending.pop(part.pk, None)
+        if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:
+            runs.preempted_by_scheduler(part.attempt, [part.node_id])
+            cause = cause or f"preempted by Slurm (job {part.backend_job}) for higher-priority work"
+        elif seen is not None and seen.state in ("CANCELLED", "TIMEOUT", "NODE_FAIL") and part.attempt.stop_requested_at is None and not cause:
+            cause = f"Slurm ended job {part.backend_job}: {seen.state}" + (f" ({seen.reason})" if seen.reason and seen.reason != "None" else "")
+        super().part_ended(part, exit_code, exit_signal, cause)
+
+    def forget(self, part_id: int) -> None:
+        super().forget(part_id)
+        self.ending.pop(part_id, None)
+
+
+def queued_parts(node_names) -> list[AttemptNode]:
+    """Ranks handed to Slurm and not started (a restarted console finds them again)."""
+    return list(
+        AttemptNode.objects.filter(node__name__in=node_names, ended_at__isnull=True, runner_pid=runs.CLAIMED)
+        .exclude(backend_job="")
+        .filter(Q(attempt__state=JobAttempt.State.PLACED))
+        .select_related("attempt", "attempt__job", "node")
+    )

@@ -1,0 +1,97 @@
+"""The console on a real Slurm cluster (``BACKEND=slurm``, three slurmd on this host with fake
+GPUs): each rank a Slurm batch job, and the same scenarios as on the agents — a run to its end,
+the guide's Spot script failed over on an Xid 79 with its node drained in Slurm, a user error
+refused without a drain, the failover limit, a Spot run preempted by On-Demand work, slurmd
+killed under a run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+import ckptlib
+from console.testing import job_output, needs_sandbox
+from failover.services.faults import clear_node, inject_fault
+from failover.tests.test_spot_script_in_a_container import ENV as SPOT_ENV
+from jobs.models import AttemptNode, JobAttempt, Node
+from jobs.statuses import JobStatus
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, needs_sandbox, pytest.mark.usefixtures("no_run_outlives_its_test")]
+
+
+@pytest.fixture
+def nodes(db, slurm, settings):
+    """The cluster's nodes, registered from Slurm (simulated GPUs: faults can be injected)."""
+    from agent.inventory import register_nodes
+    from agent.slurm import slurm_backend, slurm_nodes
+
+    settings.SIMULATED_GPUS = "1"
+    return register_nodes(slurm_nodes(slurm_backend().nodes()), agent="slurm")
+
+
+@pytest.fixture
+def agent(nodes, settings):
+    from agent.slurm import SlurmAgent
+
+    settings.STOP_GRACE_PERIOD = 5.0
+    return SlurmAgent([n.name for n in nodes])
+
+
+def slurm_node(slurm, name: str):
+    return next(node for node in slurm.client.nodes() if node.name == name)
+
+
+def ready_line_count(job) -> int:
+    return sum(1 for line in job.loglines.values_list("text", flat=True) if "environment ready: starting the command" in line)
+
+
+def test_a_job_runs_as_a_slurm_batch_job_to_its_end(make_job, drive, slurm):
+    job = make_job(command="echo hello from $SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES; exit 0", gpus_per_node=2)
+    job = drive(job, JobStatus.COMPLETED, timeout=120)
+    part = AttemptNode.objects.get(attempt__job=job)
+    assert part.backend_job, "the rank was not a Slurm job"
+    record = slurm.client.job(int(part.backend_job))
+    assert record is not None and record.state == "COMPLETED" and record.nodes == [part.node.name]
+    assert record.record.get("TresPerNode", "").endswith("gpu:2"), record.record
+    assert job_output(job) == [f"hello from gpus={','.join(map(str, part.gpu_indices))}"], job_output(job)
+
+
+def commits(job, attempt: int) -> list[int]:
+    return [e.step for line in job_output(job, attempt=attempt) if (e := ckptlib.parse_commit_line(line))]
+
+
+def test_the_spot_script_fails_over_on_xid_79_with_its_node_drained_in_slurm(make_job, drive, agent, slurm):
+    from agent.loop import embedded_round
+
+    job = make_job(command="PYTHONPATH=$CHECKPOINT_VENDOR python /opt/examples/spot_train.py", env=SPOT_ENV, gpus_per_node=1)
+    job = drive(job, JobStatus.RUNNING, timeout=120)
+    deadline = time.monotonic() + 300
+    while not commits(job, 1):
+        assert time.monotonic() < deadline, job_output(job)[-20:]
+        embedded_round(agent)
+        time.sleep(0.2)
+    first = JobAttempt.objects.get(job=job, number=1)
+    part = first.placements.get()
+    inject_fault(part.node, gpu=part.gpu_indices[0], xid=79, actor="test")
+    job = drive(job, {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INTERNAL_ERROR}, timeout=600)
+    assert job.status == JobStatus.COMPLETED, (job.status_reason, job_output(job)[-30:])
+    assert job.failover_count == 1
+    drained = slurm_node(slurm, part.node.name)
+    assert "DRAIN" in drained.state and "Xid 79" in drained.reason, drained
+    second = JobAttempt.objects.get(job=job, number=2)
+    moved = second.placements.get()
+    assert moved.node != part.node and moved.backend_job and moved.backend_job != part.backend_job
+    assert second.resume_step is not None and second.resume_step >= 6 and second.resume_step % 6 == 0
+    resumed = [line for line in job_output(job, attempt=2) if "resuming from" in line]
+    assert resumed and resumed[0].endswith(f"/job/work/results/concurrent_checkpoint/checkpoint-{second.resume_step}"), resumed
+    assert ready_line_count(job) == 2
+    # Mark healthy returns the node to Slurm.
+    clear_node(Node.objects.get(pk=part.node_id), actor="test")
+    deadline = time.monotonic() + 30
+    while "DRAIN" in slurm_node(slurm, part.node.name).state:
+        assert time.monotonic() < deadline, slurm_node(slurm, part.node.name)
+        embedded_round(agent)
+        time.sleep(0.2)

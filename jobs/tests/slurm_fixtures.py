@@ -1,0 +1,54 @@
+"""A real Slurm cluster for the tests that run the console on it (``BACKEND=slurm``): one
+``LocalSlurmCluster`` per test session (munged, slurmctld, three slurmd on this host, fake GPUs),
+and a Slurm agent serving its nodes. Needs root and Debian's ``slurm-wlm`` and ``munge``; CI
+installs them and sets ``REQUIRE_SLURM=1``, so there a missing piece fails instead of skipping."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from jobs.backends.slurm.cluster import LocalSlurmCluster, missing_tools
+
+
+def slurm_missing() -> str:
+    missing = missing_tools()
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing: apt-get install slurm-wlm munge)"
+    if os.geteuid() != 0:
+        return "a local Slurm cluster needs root (mknod, slurmd)"
+    return ""
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurmCluster]:
+    reason = slurm_missing()
+    if reason:
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = LocalSlurmCluster(tmp_path_factory.mktemp("slurm-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: LocalSlurmCluster, settings) -> Iterator[LocalSlurmCluster]:
+    """The console on the cluster: ``BACKEND=slurm``; every node returned to service after the test."""
+    settings.BACKEND = "slurm"
+    settings.SLURM_CONF = str(slurm_cluster.conf)
+    settings.SLURM_SPOT_PARTITION = "spot"
+    settings.SLURM_POLL_INTERVAL = 0.3
+    yield slurm_cluster
+    client = slurm_cluster.client
+    for job in client.jobs():
+        if job.state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
+            client.cancel(job.job_id)
+    for node in client.nodes():
+        if "DRAIN" in node.state or "DOWN" in node.state:
+            client.resume(node.name)
