@@ -244,7 +244,7 @@ class SlurmAgent(NodeAgent):
             seen = self.jobs.get(queued.handle)
             if seen is None:
                 continue
-            if seen.phase == "waiting" and seen.reason != queued.reason:
+            if seen.phase == "waiting" and seen.reason not in (queued.reason, "None", ""):
                 queued.reason = seen.reason
                 runs.queued_by_scheduler(part.attempt, f"queued in Slurm (job {queued.handle}) on {part.node.name}: {seen.reason or seen.state}")
             elif seen.phase in ("exited", "lost"):

@@ -45,7 +45,7 @@ def slurm_node(slurm, name: str):
 
 
 def ready_line_count(job) -> int:
-    return sum(1 for line in job.loglines.values_list("text", flat=True) if "environment ready: starting the command" in line)
+    return sum(1 for line in job.log_lines.values_list("text", flat=True) if "environment ready: starting the command" in line)
 
 
 def test_a_job_runs_as_a_slurm_batch_job_to_its_end(make_job, drive, slurm):
@@ -95,3 +95,89 @@ def test_the_spot_script_fails_over_on_xid_79_with_its_node_drained_in_slurm(mak
         assert time.monotonic() < deadline, slurm_node(slurm, part.node.name)
         embedded_round(agent)
         time.sleep(0.2)
+
+
+SLEEPER = "echo started attempt $JOB_ATTEMPT on $SLURMD_NODENAME; sleep 600"
+
+
+def wait_until(agent, predicate, what: str, timeout: float = 120.0) -> None:
+    from agent.loop import embedded_round
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"never: {what}"
+        embedded_round(agent)
+        time.sleep(0.1)
+
+
+def running_attempt(job, number: int) -> AttemptNode:
+    return AttemptNode.objects.select_related("node").get(attempt__job=job, attempt__number=number)
+
+
+def test_a_user_error_is_refused_without_draining_a_node(make_job, drive, slurm):
+    job = make_job(command="echo starting; python -c 'import no_such_module'", gpus_per_node=1)
+    job = drive(job, JobStatus.INTERNAL_ERROR, timeout=120)
+    assert "ModuleNotFoundError" in job.status_reason and job.failover_count == 0
+    assert not any("DRAIN" in node.state for node in slurm.client.nodes()), slurm.client.nodes()
+
+
+def test_three_hardware_faults_spend_the_failover_limit(make_job, drive, agent, slurm, settings):
+    settings.MAX_FAILOVERS = 2  # three nodes: the third fault is the one past the limit
+    job = drive(make_job(command=SLEEPER, gpus_per_node=1), JobStatus.RUNNING, timeout=120)
+    for number in (1, 2, 3):
+        wait_until(agent, lambda n=number: JobAttempt.objects.filter(job=job, number=n, state="running").exists(), f"attempt {number} running")
+        part = running_attempt(job, number)
+        inject_fault(part.node, gpu=part.gpu_indices[0], xid=79, actor="test")
+        if number < 3:
+            wait_until(agent, lambda n=number: JobAttempt.objects.filter(job=job, number=n + 1).exists(), f"attempt {number + 1}")
+    job = drive(job, JobStatus.MAX_RETRIES_EXCEEDED, timeout=120)
+    assert job.failover_count == 2
+    assert [running_attempt(job, n).node.name for n in (1, 2, 3)] == ["node-a", "node-b", "node-c"]
+    assert all("DRAIN" in node.state and "Xid 79" in node.reason for node in slurm.client.nodes()), slurm.client.nodes()
+
+
+SPOT_SCRIPT = (
+    "trap 'echo saving a checkpoint on SIGTERM; exit 0' TERM; echo started attempt $JOB_ATTEMPT on $SLURMD_NODENAME; "
+    "for i in $(seq 1 3000); do sleep 0.1; done"
+)
+
+
+def test_a_spot_run_preempted_by_on_demand_work_waits_and_resumes_without_a_failover(make_job, drive, agent, slurm):
+    from jobs.backends.slurm.client import Submission
+    from jobs.models import TrainingJob
+
+    job = make_job(command=SPOT_SCRIPT, gpus_per_node=2, job_type=TrainingJob.JobType.SPOT)
+    job = drive(job, JobStatus.RUNNING, timeout=120)
+    first = running_attempt(job, 1)
+    wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the Spot run's first line")
+    # Another Slurm user's On-Demand work needs every GPU of that node.
+    slurm.client.submit(Submission(
+        name="on-demand", script="#!/bin/bash\nsleep 20\n", output="/dev/null", workdir="/tmp", gpus_per_node=4,
+        nodelist=(first.node.name,), partition="gpu",
+    ))  # fmt: skip
+    wait_until(agent, lambda: JobAttempt.objects.filter(job=job, number=2).exists(), "a second attempt", timeout=90)
+    job.refresh_from_db()
+    assert job.failover_count == 0
+    reasons = list(job.events.values_list("reason", flat=True))
+    assert any("preempted by Slurm" in r for r in reasons), reasons
+    job = drive(job, JobStatus.RUNNING, timeout=120)
+    second = running_attempt(job, 2)
+    assert second.node != first.node and job.failover_count == 0
+    wait_until(agent, lambda: any("started attempt 2" in line for line in job_output(job)), "the second run's first line")
+    assert "saving a checkpoint on SIGTERM" in job_output(job, attempt=1)
+
+
+def test_slurmd_killed_under_a_run_fails_it_over(make_job, drive, agent, slurm):
+    job = drive(make_job(command=SLEEPER, gpus_per_node=1), JobStatus.RUNNING, timeout=120)
+    first = running_attempt(job, 1)
+    wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the run's first line")
+    slurm.kill_node(first.node.name)
+    try:
+        wait_until(agent, lambda: JobAttempt.objects.filter(job=job, number=2, state="running").exists(), "attempt 2 running", timeout=120)
+        job.refresh_from_db()
+        assert job.failover_count == 1
+        assert running_attempt(job, 2).node != first.node
+        reasons = list(job.events.values_list("reason", flat=True))
+        assert any("Slurm has it DOWN" in r for r in reasons), reasons
+    finally:
+        slurm.start_node(first.node.name)

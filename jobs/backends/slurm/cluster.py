@@ -155,6 +155,27 @@ class LocalSlurmCluster:
             time.sleep(0.2)
         raise RuntimeError(f"the Slurm cluster did not come up in {timeout:.0f}s: {states}; see {root}/log")
 
+    def kill_node(self, name: str) -> None:
+        """SIGKILL one node's slurmd (its runs go on as orphans, as on a node that lost its daemon)."""
+        for process in self.processes:
+            if process.args[:3] == ["slurmd", "-D", "-N"] and process.args[3] == name and process.poll() is None:
+                process.kill()
+                process.wait(10)
+
+    def start_node(self, name: str, timeout: float = 60.0) -> None:
+        """Start the node's slurmd again and wait until Slurm takes work there (``resume`` if needed)."""
+        self.processes = [p for p in self.processes if p.poll() is None]
+        self._spawn(["slurmd", "-D", "-N", name, "-f", str(self.conf)], f"slurmd-{name}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            node = next((n for n in self.client.nodes() if n.name == name), None)
+            if node is not None and node.state.startswith(("IDLE", "MIXED", "ALLOCATED")) and "*" not in node.state and "DRAIN" not in node.state:
+                return
+            if node is not None and "DOWN" in node.state and "*" not in node.state:
+                self.client.resume(name)
+            time.sleep(0.3)
+        raise RuntimeError(f"slurmd of {name} did not come back in {timeout:.0f}s")
+
     def _spawn(self, command: list[str], name: str) -> None:
         log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - kept open for the daemon's life
         self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
