@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -366,7 +367,27 @@ def make_cgroup(limits: RunLimits) -> tuple[list[str], str]:
     return [str(d) for d in directories], ""
 
 
+def slurm_epilog() -> int:
+    """Slurm's ``Epilog`` on the node (root, after the job ended): the run's container is removed.
+    Podman's monitor escapes the job's processes, so a runner Slurm killed outright (the end of a
+    preemption's grace, ``scancel``) leaves its container behind. The run directory is the one the
+    console submitted the job with (its output file, ``StdOut``): the agent's own, no job's."""
+    job_id = os.environ.get("SLURM_JOB_ID", "")
+    if not job_id.isdigit():
+        return 0
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    found = re.search(r"\bStdOut=(\S+)", shown)
+    if found and found.group(1).endswith("/" + runfiles.RUNNER_LOG_FILE):
+        remove_container(Path(found.group(1)).parent)
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--slurm-epilog"]:
+        return slurm_epilog()
     # The run outlives whoever started us: a console restart's SIGHUP/SIGINT must not stop it.
     for sig in (signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)

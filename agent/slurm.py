@@ -133,8 +133,7 @@ class SlurmLauncher(Launcher):
             handle = self.backend.submit(spec)
         except SlurmError as error:
             raise OSError(f"Slurm refused the run: {error}") from error
-        AttemptNode.objects.filter(pk=part.pk).update(backend_job=handle)
-        part.backend_job = handle
+        runs.part_submitted(part, handle)
         self.handles[part.pk] = handle
         logger.info("job %s: attempt %s rank %s queued in Slurm as job %s on %s", job.pk, attempt.number, part.rank, handle, part.node.name)
         return None
@@ -263,7 +262,8 @@ class SlurmAgent(NodeAgent):
         self.ending.pop(part.pk, None)
         if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:
             runs.preempted_by_scheduler(part.attempt, [part.node_id])
-            cause = cause or f"preempted by Slurm (job {part.backend_job}) for higher-priority work"
+            # Slurm's word first: a runner killed at the end of the grace period left no exit record.
+            cause = f"preempted by Slurm (job {part.backend_job}) for higher-priority work" + (f"; {cause}" if cause else "")
         elif seen is not None and seen.state in ("CANCELLED", "TIMEOUT", "NODE_FAIL") and part.attempt.stop_requested_at is None and not cause:
             cause = f"Slurm ended job {part.backend_job}: {seen.state}" + (f" ({seen.reason})" if seen.reason and seen.reason != "None" else "")
         super().part_ended(part, exit_code, exit_signal, cause)

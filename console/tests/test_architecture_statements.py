@@ -399,7 +399,7 @@ WRITERS = {
     "Registry": [],
     "RegistryCredential": [],
     "Image": ["console.management.commands.bootstrap"],
-    "Node": ["agent.inventory", "agent.node_agent", "console.management.commands.nodeagent", "jobs.services.nodes", "failover.services"],
+    "Node": ["agent.inventory", "agent.node_agent", "agent.slurm", "console.management.commands.nodeagent", "jobs.services.nodes", "jobs.services.runs", "failover.services"],
     "GPU": ["agent.inventory", "jobs.services.placement", "failover.services"],
     "LogLine": ["logs.services"],
     "LogVolume": ["logs.services"],

@@ -6,7 +6,6 @@ killed under a run."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 
@@ -136,9 +135,14 @@ def test_three_hardware_faults_spend_the_failover_limit(make_job, drive, agent, 
     assert all("DRAIN" in node.state and "Xid 79" in node.reason for node in slurm.client.nodes()), slurm.client.nodes()
 
 
+# A training process that saves on SIGTERM, as ckptlib's scripts do (the platform's SIGTERM goes
+# to the run's processes, not to the command's own shell).
 SPOT_SCRIPT = (
-    "trap 'echo saving a checkpoint on SIGTERM; exit 0' TERM; echo started attempt $JOB_ATTEMPT on $SLURMD_NODENAME; "
-    "for i in $(seq 1 3000); do sleep 0.1; done"
+    "echo started attempt $JOB_ATTEMPT on $SLURMD_NODENAME; python -c '"
+    "import signal, sys, time\n"
+    "def save(*_):\n    print(\"saving a checkpoint on SIGTERM\", flush=True); sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, save)\n"
+    "time.sleep(300)'"
 )
 
 
@@ -181,3 +185,25 @@ def test_slurmd_killed_under_a_run_fails_it_over(make_job, drive, agent, slurm):
         assert any("Slurm has it DOWN" in r for r in reasons), reasons
     finally:
         slurm.start_node(first.node.name)
+
+
+def test_the_container_of_a_run_slurm_killed_is_removed_by_the_epilog(make_job, drive, agent, slurm):
+    from agent import runfiles
+    from agent.processes import run_dir
+    from agent.sandbox import root_tool_env
+
+    job = drive(make_job(command=SLEEPER, gpus_per_node=1, failover_enabled=False), JobStatus.RUNNING, timeout=120)
+    part = running_attempt(job, 1)
+    wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the run's first line")
+    policy = runfiles.spec_container(run_dir(part)) or {}
+
+    def container_exists() -> bool:
+        found = subprocess.run([policy["podman"], "container", "exists", policy["name"]], env=root_tool_env(policy["engine_env"]), check=False)
+        return found.returncode == 0
+
+    assert container_exists()
+    # SIGKILL to every process Slurm tracks for the job: the runner dies at once, Podman's
+    # monitor (outside the job) keeps the container.
+    slurm.client.run("scancel", "--signal=KILL", "--full", part.backend_job)
+    wait_until(agent, lambda: not container_exists(), "the container removed", timeout=60)
+    job = drive(job, {JobStatus.FAILED}, timeout=60)

@@ -165,6 +165,12 @@ def image_unavailable(attempt: JobAttempt, claimed: Sequence[AttemptNode], why: 
     back_off_image_pull(attempt.job_id, why)
 
 
+def part_submitted(part: AttemptNode, handle: str) -> None:
+    """The rank was handed to a cluster's scheduler as its job ``handle`` (Slurm's job id)."""
+    AttemptNode.objects.filter(pk=part.pk).update(backend_job=handle)
+    part.backend_job = handle
+
+
 def queued_by_scheduler(attempt: JobAttempt, reason: str) -> bool:
     """A cluster's scheduler (Slurm) holds the attempt's run in its queue: the job keeps waiting,
     with the scheduler's own reason (``Resources``, ``Priority``, ``ReqNodeNotAvail``, …)."""

@@ -17,6 +17,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 from jobs.backends.slurm.client import SlurmClient
 
 SPOT_PARTITION = "spot"
-SPOT_GRACE_S = 5
+SPOT_GRACE_S = 15  # a contained run's SIGTERM, its checkpoint and Podman's clean-up fit in it
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
 
 
@@ -111,6 +112,7 @@ class LocalSlurmCluster:
             "InactiveLimit=0",
             "KillWait=5",
             "MinJobAge=300",
+            f"Epilog={root}/etc/epilog.sh",
         ]  # fmt: skip
         gres = ["AutoDetect=off"]
         for name, port in zip(self.nodes, node_ports, strict=True):
@@ -131,6 +133,13 @@ class LocalSlurmCluster:
         lines.append(f"PartitionName=gpu Nodes={nodes} Default=YES MaxTime=INFINITE State=UP PriorityTier=2")
         lines.append(f"PartitionName=spot Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={SPOT_GRACE_S}")
         self.conf.write_text("\n".join(lines) + "\n")
+        # The console's runs' containers outlive a runner Slurm killed: the epilog removes them.
+        epilog = root / "etc" / "epilog.sh"
+        base = Path(__file__).resolve().parents[3]
+        epilog.write_text(
+            f"#!/bin/sh\nexport SLURM_CONF={self.conf} PYTHONPATH={base}\nexec {sys.executable} -m agent.runner --slurm-epilog\n"
+        )
+        epilog.chmod(0o755)
         (root / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
 
     def start(self, timeout: float = 60.0) -> None:
@@ -158,7 +167,8 @@ class LocalSlurmCluster:
     def kill_node(self, name: str) -> None:
         """SIGKILL one node's slurmd (its runs go on as orphans, as on a node that lost its daemon)."""
         for process in self.processes:
-            if process.args[:3] == ["slurmd", "-D", "-N"] and process.args[3] == name and process.poll() is None:
+            args = list(process.args) if isinstance(process.args, list) else []
+            if args[:4] == ["slurmd", "-D", "-N", name] and process.poll() is None:
                 process.kill()
                 process.wait(10)
 
