@@ -71,7 +71,7 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
         if node_id in schedulable and healthy:
             free[node_id].append(index)
             gpu_ids[(node_id, index)] = gpu_id
-        elif node_id in usable:
+        elif node_id in usable and (not healthy or not usable[node_id][4]):  # health holds it out (not a backend's drain)
             held[node_id].append((index, reason, since))
     held_out: list[HeldOut] = []
     for node_id, (_, name, _, _, healthy, _, reason, since) in usable.items():
