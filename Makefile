@@ -50,10 +50,13 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/mypy --config-file mypy.ini
 	$(VENV)/bin/mypy --config-file .mypy/strict.ini
 
-# The gate, the whole suite on SQLite, then its database tests again on PostgreSQL where one answers.
+# The gate, the whole suite on SQLite, the browser tests again with the console on a one-host Slurm
+# cluster (skipped, saying why, where Slurm or root is missing), then the apps' database tests again
+# on PostgreSQL where one answers.
 test: lint
 	@$(SERVICES_WARNING)
 	$(PY) -m pytest $(PYTEST_ARGS)
+	BROWSER_BACKEND=slurm $(PY) -m pytest $(PYTEST_ARGS) console/tests/test_browser_*.py
 	$(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
 
 # The fast lane: pyflakes' rules and import order, then every test not marked slow, on every

@@ -14,6 +14,7 @@ from django.db import close_old_connections
 
 from agent.inventory import discover_nodes, register_nodes
 from agent.node_agent import NodeAgent
+from jobs.models import Node
 from jobs.services import wakeups
 from jobs.services.control import control_round
 
@@ -23,16 +24,23 @@ logger = logging.getLogger(__name__)
 TIMED_MARGIN = 0.05
 
 
-def start_local_agent(*, name: str = "embedded") -> NodeAgent:
-    """Register this machine's nodes (real or simulated) and return the agent serving them; on
-    ``BACKEND=slurm`` the cluster's nodes, served through Slurm (``agent.slurm``)."""
+def register_local_nodes(*, name: str = "embedded") -> list[Node]:
+    """This machine's nodes (real or simulated); on ``BACKEND=slurm`` the Slurm cluster's."""
     if settings.BACKEND == "slurm":
-        from agent.slurm import SlurmAgent, slurm_backend, slurm_nodes
+        from agent.slurm import slurm_backend, slurm_nodes
 
-        backend = slurm_backend()
-        nodes = register_nodes(slurm_nodes(backend.nodes()), agent="slurm")
-        return SlurmAgent([n.name for n in nodes], backend=backend)
-    nodes = register_nodes(discover_nodes(), agent=name)
+        return register_nodes(slurm_nodes(slurm_backend().nodes()), agent="slurm")
+    return register_nodes(discover_nodes(), agent=name)
+
+
+def start_local_agent(*, name: str = "embedded") -> NodeAgent:
+    """Register the local nodes and return the agent serving them; on ``BACKEND=slurm`` the
+    cluster's nodes, served through Slurm (``agent.slurm``)."""
+    nodes = register_local_nodes(name=name)
+    if settings.BACKEND == "slurm":
+        from agent.slurm import SlurmAgent
+
+        return SlurmAgent([n.name for n in nodes])
     return NodeAgent([n.name for n in nodes], name=name)
 
 

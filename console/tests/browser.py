@@ -52,6 +52,9 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 ADMIN_PASSWORD = "admin-pass-1"
+# Where the live console runs its jobs: its own node agents ("agents"), or a one-host Slurm
+# cluster ("slurm": ``make test`` runs the browser tests again so).
+BACKEND = os.environ.get("BROWSER_BACKEND", "agents")
 
 
 def chromium_path() -> str:
@@ -117,6 +120,20 @@ class LiveConsole:
                 "NOTIFY_WEBHOOK_ALLOW_PRIVATE": "1",
             }
         )
+        self.slurm = None
+        if BACKEND == "slurm":
+            # The same pages on the Slurm backend: a one-host cluster whose three nodes have
+            # four (fake) GPUs each, as the simulated ones.
+            from jobs.backends.slurm.cluster import LocalSlurmCluster
+            from jobs.tests.slurm_fixtures import slurm_missing
+
+            reason = slurm_missing()
+            if reason:
+                if os.environ.get("REQUIRE_SLURM") == "1":
+                    pytest.fail(reason)
+                pytest.skip(reason)
+            self.slurm = LocalSlurmCluster(workdir / "slurm")
+            env.update({"BACKEND": "slurm", "SLURM_CONF": str(self.slurm.conf), "SLURM_POLL_INTERVAL": "0.5"})
         self.env = env
         self.log_path = workdir / "console.log"
         self.proc: subprocess.Popen | None = None
@@ -125,6 +142,8 @@ class LiveConsole:
     # --- process --------------------------------------------------------------------------
     def start(self) -> None:
         (self.workdir / "var").mkdir(parents=True, exist_ok=True)
+        if self.slurm is not None:
+            self.slurm.start()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [PY, "manage.py", "runconsole", "--port", str(self.port)],
@@ -155,6 +174,8 @@ class LiveConsole:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=5)
         self.kill_runs()
+        if self.slurm is not None:
+            self.slurm.stop()
 
     def kill_runs(self) -> None:
         """Runs live in their own sessions (they outlive a console restart): kill what is left."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.browser import login, save_screenshot, wait
+from console.tests.browser import BACKEND, login, save_screenshot, wait
 
 pytestmark = pytest.mark.slow
 
@@ -40,12 +40,21 @@ def test_an_injected_fault_shows_on_the_nodes_page_without_a_reload(users, page)
         assert "pending" not in section.locator("[data-node-region='jobs']").inner_text()
         assert section.locator("[data-action='clear']").inner_text().strip().startswith("Mark healthy")
         assert page.evaluate("window.__noReload") == "same page"
-        save_screenshot(page, "nodes-page-after-fault", full_page=True)
+        if BACKEND == "slurm":
+            # The fault drained the node in Slurm, with its reason, shown live.
+            badge = section.locator("[data-field='backend']")
+            wait(lambda: "DRAIN" in badge.inner_text(), "the node drained in Slurm", timeout=20)
+            assert "Xid 79" in section.locator("[data-field='backend-reason']").inner_text()
+        else:
+            assert section.locator("[data-field='backend']").count() == 0
+        save_screenshot(page, f"nodes-page-after-fault-{BACKEND}", full_page=True)
 
         section.locator("[data-action='clear']").click()
         page.wait_for_selector(".message--success:has-text('cleared')")
         wait(lambda: "Unhealthy" not in section.locator("tr[data-gpu='0']").inner_text(), "GPU 0 healthy again", timeout=20)
         assert section.locator("[data-action='clear']").count() == 0
+        if BACKEND == "slurm":  # Mark healthy returned it to Slurm
+            wait(lambda: "DRAIN" not in section.locator("[data-field='backend']").inner_text(), "the node resumed in Slurm", timeout=20)
         assert page.js_errors == []
     finally:
         console.shell(f"from jobs.models import Node; from failover.services.faults import clear_node; clear_node(Node.objects.get(name={node!r}))")

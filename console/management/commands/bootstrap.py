@@ -13,8 +13,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from agent import default_image
-from agent.inventory import discover_nodes, register_nodes
 from agent.launch import containers_ready
+from agent.loop import register_local_nodes
 from console.env import env_str
 from jobs.models import Image
 from jobs.services.images import qualify
@@ -95,5 +95,5 @@ class Command(BaseCommand):
         elif settings.EMBEDDED_AGENT and not no_image:
             self.build_default_image()
         if not no_nodes and settings.EMBEDDED_AGENT:
-            nodes = register_nodes(discover_nodes(), agent="embedded")
+            nodes = register_local_nodes()
             self.stdout.write(f"Nodes: {', '.join(n.name for n in nodes)}")
