@@ -175,12 +175,16 @@ class SlurmAgent(NodeAgent):
 
     # --- Slurm's records -------------------------------------------------------------------
     def step(self) -> int:
+        polled = False
         if time.monotonic() >= self.next_poll:
             self.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
             try:
                 self.poll_slurm()
+                polled = True
             except SlurmError as error:
                 logger.warning("agent %s: Slurm unavailable this round: %s", self.name, error)
+        if not polled:
+            self.settle_queued(slurm=False)  # a runner up since: its pid record (files only)
         return super().step()
 
     def delay(self) -> float:
@@ -218,12 +222,15 @@ class SlurmAgent(NodeAgent):
                 self.backend.resume(node.name)
                 logger.info("agent %s: node %s returned to service in Slurm", self.name, node.name)
 
-    def settle_queued(self) -> None:
-        """Ranks Slurm has started are reported started (their runner wrote its pid record); the
-        others show Slurm's reason, or end as Slurm ended them."""
+    def settle_queued(self, *, slurm: bool = True) -> None:
+        """Ranks Slurm has started are reported started (their runner wrote its pid record); with
+        Slurm's records just read (``slurm``), the others show Slurm's reason, or end as Slurm
+        ended them, or are cancelled if the console closed them meanwhile."""
         if not self.slurm.queued:
             return
-        closed = set(AttemptNode.objects.filter(pk__in=list(self.slurm.queued), ended_at__isnull=False).values_list("pk", flat=True))
+        closed: set[int] = set()
+        if slurm:
+            closed = set(AttemptNode.objects.filter(pk__in=list(self.slurm.queued), ended_at__isnull=False).values_list("pk", flat=True))
         for pk, queued in list(self.slurm.queued.items()):
             part = queued.part
             if pk in closed:  # stopped or deleted while queued
@@ -240,7 +247,7 @@ class SlurmAgent(NodeAgent):
                     self.slurm.signal(part, signal.SIGKILL)
                     self.slurm.cancel(queued.handle)
                 continue
-            seen = self.jobs.get(queued.handle)
+            seen = self.jobs.get(queued.handle) if slurm else None
             if seen is None:
                 continue
             if seen.phase == "waiting" and seen.reason not in (queued.reason, "None", ""):
@@ -257,7 +264,7 @@ class SlurmAgent(NodeAgent):
         seen = self.jobs.get(part.backend_job) if part.backend_job else None
         first = self.ending.setdefault(part.pk, time.monotonic())
         if part.backend_job and (seen is None or seen.state not in FINAL) and time.monotonic() - first < FINAL_STATE_WAIT:
-            self.next_poll = min(self.next_poll, time.monotonic() + 0.2)
+            self.next_poll = time.monotonic()  # Slurm's record read at the next step
             return  # reported at a later collect, once Slurm's record is final
         self.ending.pop(part.pk, None)
         if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:

@@ -58,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=None, help="also write all samples and figures to this file")
     p.add_argument("--keep", action="store_true", help="keep the temporary console directory")
+    p.add_argument("--backend", choices=["agents", "slurm", "both"], default="agents",
+                   help="where the runs run: the console's own agents (default), a one-host Slurm cluster (root, slurm-wlm, munge), "
+                        "or both, one after the other in this run, their latency side by side (Slurm: latency only)")
     p.add_argument("--verbose", action="store_true", help="show the console's own log (LOG_LEVEL=INFO unless set)")
     args = p.parse_args(argv)
     args.runs = args.runs if args.runs is not None else (3 if args.quick else 20)
@@ -145,6 +148,22 @@ def latency_report(samples, args, out: dict) -> tuple[bool, list[str]]:
     return ok_running and ok_detect, lines
 
 
+def side_by_side(by_backend: dict[str, list]) -> list[str]:
+    """The same failover measured on each backend in this run: medians and p95s, and Slurm's
+    figure as a ratio of the agents'."""
+    names = ["TOTAL fault → Running", "TOTAL fault → first new line (ts)", "launch (placed → Running)", "detection (process died → attempt ended)"]
+    lines = ["Failover on each backend, this run (seconds; the first new line is the new run's first step's line):",
+             f"  {'phase':<42} {'agents median':>13} {'p95':>7} {'slurm median':>13} {'p95':>7} {'slurm/agents (median)':>22}"]
+    for name in names:
+        a = [s.phases()[name] for s in by_backend["agents"] if s.phases()[name] is not None]
+        b = [s.phases()[name] for s in by_backend["slurm"] if s.phases()[name] is not None]
+        if not a or not b:
+            continue
+        ratio = median(b) / median(a) if median(a) else float("nan")
+        lines.append(f"  {name:<42} {median(a):>13.3f} {p95(a):>7.3f} {median(b):>13.3f} {p95(b):>7.3f} {ratio:>21.2f}×")
+    return lines
+
+
 def goodput_report(baseline, faulted, args, out: dict) -> tuple[bool, list[str]]:
     lines = [f"Goodput, jobs.examples.train_ckpt --sleep {args.train_sleep} --save-every {args.save_every} (OMP_NUM_THREADS={args.train_threads or 'default'}), "
              f"{args.goodput_minutes:g}-minute window from submission, a fault every {args.fault_every:g} min "
@@ -198,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     report: list[str] = []
     status = 0
     began = time.monotonic()
+    cluster = None
     try:
         console.start()
         from django.conf import settings
@@ -213,18 +233,43 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(header))
         print(flush=True)
 
-        if not args.skip_latency:
+        if args.backend != "agents":
+            from jobs.backends.slurm.cluster import LocalSlurmCluster
+
+            cluster = LocalSlurmCluster(var_dir / "slurm", nodes=[f"node-{chr(ord('a') + n)}" for n in range(settings.SIMULATED_NODES)],
+                                        gpus=settings.SIMULATED_GPUS_PER_NODE)  # fmt: skip
+            cluster.start()
+        by_backend: dict[str, list] = {}
+        for backend in ["agents", "slurm"] if args.backend == "both" else [args.backend]:
+            if args.skip_latency:
+                break
             from bench.failover.latency import run_latency
 
-            print(f"Latency: {args.runs} runs …", flush=True)
-            samples = run_latency(console, runs=args.runs, workload=args.workload, every=args.line_every, seed=args.seed, timeout=args.timeout, die_first=args.die_first)
+            if backend == "slurm":
+                console.use_backend("slurm", cluster)
+            print(f"Latency ({backend}): {args.runs} runs …", flush=True)
+            samples = run_latency(
+                console, runs=args.runs, workload=args.workload, every=args.line_every, seed=args.seed, timeout=args.timeout,
+                die_first=args.die_first, prefix=f"latency-{backend}",
+            )  # fmt: skip
             if len(samples) < args.runs:
                 status = 2
-            ok, lines = latency_report(samples, args, out)
+            by_backend[backend] = samples
+            ok, lines = latency_report(samples, args, out.setdefault(backend, {}) if args.backend == "both" else out)
             results.append(ok)
+            lines = [f"[{backend}] " + lines[0], *lines[1:]]
             report += lines + [""]
             print("\n".join(lines), flush=True)
             print()
+        if len(by_backend) == 2:
+            lines = side_by_side(by_backend)
+            report += lines + [""]
+            print("\n".join(lines), flush=True)
+            print()
+        if args.backend == "slurm":
+            args.skip_hung = args.skip_goodput = True
+        elif args.backend == "both":
+            console.use_backend("agents")
 
         if not args.skip_hung:
             from bench.failover.hung import hung_report, run_hung
@@ -262,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         status = 2
     finally:
         console.shutdown()
+        if cluster is not None:
+            cluster.stop()
         print(load_line("load at end"))
         if args.json:
             args.json.write_text(json.dumps(out, indent=2, default=str))

@@ -98,6 +98,23 @@ class EmbeddedConsole:
             time.sleep(0.05)
         return TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)
 
+    def use_backend(self, backend: str, cluster=None) -> None:
+        """Serve the nodes through ``backend`` from now on ("agents", or "slurm" on ``cluster``, a
+        started ``LocalSlurmCluster``): the loop is stopped and one on the new backend started,
+        exactly as ``runconsole`` would with ``BACKEND`` set so."""
+        from django.conf import settings
+
+        from agent.loop import EmbeddedControlLoop, start_local_agent
+
+        if self.loop is not None:
+            self.loop.stop()
+            self.loop.join(timeout=10)
+        settings.BACKEND = backend
+        if cluster is not None:
+            settings.SLURM_CONF = str(cluster.conf)
+        self.loop = EmbeddedControlLoop(start_local_agent())
+        self.loop.start()
+
     def shutdown(self) -> None:
         """Stop every job still active, stop the loop, and kill any run left behind."""
         try:

@@ -21,14 +21,17 @@ def workload_command(workload: str, every: float) -> str:
     return f"python {TICKER} --every {every}"
 
 
-def one_run(console: EmbeddedConsole, index: int, *, workload: str, every: float, rng: random.Random, timeout: float, die_first: bool = False) -> Failover:
+def one_run(
+    console: EmbeddedConsole, index: int, *, workload: str, every: float, rng: random.Random, timeout: float, die_first: bool = False,
+    prefix: str = "latency",
+) -> Failover:
     from django.conf import settings
 
     from failover.services.faults import clear_node, inject_fault
     from jobs.models import AttemptNode, JobAttempt, Node
     from logs.models import LogLine
 
-    job = console.create_job(f"latency-{index:03d}", workload_command(workload, every))
+    job = console.create_job(f"{prefix}-{index:03d}", workload_command(workload, every))
     # Running with output: attempt 1 runs and a few of its lines are stored.
     wait_for(
         lambda: LogLine.objects.filter(job_id=job.pk, attempt=1).count() >= 3
@@ -64,13 +67,14 @@ def num(value: float | None) -> str:
 
 
 def run_latency(
-    console: EmbeddedConsole, *, runs: int, workload: str, every: float, seed: int, timeout: float, die_first: bool = False, log=print
+    console: EmbeddedConsole, *, runs: int, workload: str, every: float, seed: int, timeout: float, die_first: bool = False, log=print,
+    prefix: str = "latency",
 ) -> list[Failover]:
     rng = random.Random(seed)
     samples: list[Failover] = []
     for i in range(1, runs + 1):
         try:
-            fo = one_run(console, i, workload=workload, every=every, rng=rng, timeout=timeout, die_first=die_first)
+            fo = one_run(console, i, workload=workload, every=every, rng=rng, timeout=timeout, die_first=die_first, prefix=prefix)
         except TimeoutError as exc:
             log(f"  run {i:>2}: FAILED: {exc}")
             fo = None
