@@ -285,6 +285,9 @@ class PidRecord:
     cgroup: tuple[str, ...] = ()
     container: str | None = None
     container_pid: int | None = None
+    # The GPUs a cluster's scheduler gave the run (Slurm's SLURM_JOB_GPUS), when not the ones
+    # placement chose: the run uses these (``agent.runner.follow_scheduler_gpus``).
+    gpus: tuple[int, ...] | None = None
 
 
 def write_pid(directory: Path, record: PidRecord) -> None:
@@ -311,7 +314,16 @@ def read_pid(directory: Path) -> PidRecord | None:
         cgroup=tuple(d for d in cgroup if isinstance(d, str)) if isinstance(cgroup, list) else (),
         container=text_or_none(raw.get("container")),
         container_pid=int_in(raw.get("container_pid"), 2, MAX_PID),  # never 1: the node's own init
+        gpus=gpu_list(raw.get("gpus")),
     )
+
+
+def gpu_list(value: object) -> tuple[int, ...] | None:
+    """GPU indices from a run's record (at most 64, each below 1024), or None."""
+    if not isinstance(value, list) or not value or len(value) > 64:
+        return None
+    indices = [int_in(v, 0, 1024) for v in value]
+    return None if any(i is None for i in indices) else tuple(i for i in indices if i is not None)
 
 
 def read_container_pid(directory: Path) -> int | None:

@@ -216,6 +216,9 @@ def run(spec_path: Path) -> int:
     parent = None
     popen: dict = {}
     scheduler_job = os.environ.get("SLURM_JOB_ID", "")
+    moved = follow_scheduler_gpus(spec.env, policy, os.environ.get("SLURM_JOB_GPUS", "")) if scheduler_job else None
+    if moved is not None:
+        spec, policy = dataclasses.replace(spec, env=moved[0]), moved[1]
     if policy and scheduler_job.isdigit():
         # The cluster's epilog finds the container of a job Slurm ended by this label.
         policy = {**policy, "labels": {**(policy.get("labels") or {}), SLURM_JOB_LABEL: int(scheduler_job)}}
@@ -245,7 +248,8 @@ def run(spec_path: Path) -> int:
         argv = [a for a in argv if a != "--cgroup-parent" and a != parent] if policy else argv
         proc = subprocess.Popen(argv, **popen)
     record = PidRecord(
-        runner_pid=os.getpid(), pgid=proc.pid, started_at=time.time(), cgroup=tuple(cgroup), container=policy["name"] if policy else None
+        runner_pid=os.getpid(), pgid=proc.pid, started_at=time.time(), cgroup=tuple(cgroup), container=policy["name"] if policy else None,
+        gpus=moved[2] if moved is not None else None,
     )
     runfiles.write_pid(run_dir, record)
     watch = Watch(run_dir, record, bool(policy), cgroup, proc)
@@ -317,6 +321,44 @@ def run(spec_path: Path) -> int:
 
 
 SLURM_JOB_LABEL = "io.satrain.slurm-job"
+_GPU_NAME = re.compile(r"(nvidia(?:\.com/gpu=)?)(\d+)$")
+
+
+def index_list(text: str) -> list[int]:
+    """GPU indices as Slurm lists them: "0,1", "0-2,5"."""
+    indices: list[int] = []
+    for piece in text.split(","):
+        low, _, high = piece.strip().partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            indices += range(int(low), int(high or low) + 1)
+    return indices
+
+
+def follow_scheduler_gpus(env: dict[str, str], policy, slurm_gpus: str):
+    """The run uses the GPUs Slurm allocated (``SLURM_JOB_GPUS``), which may not be the ones the
+    console placed it on (the cluster's other work holds those): its ``CUDA_VISIBLE_DEVICES`` and
+    its container's GPU devices are moved index for index. Returns (env, policy, the indices), or
+    None where nothing moves."""
+    given = index_list(slurm_gpus)
+    placed = index_list(env.get("CUDA_VISIBLE_DEVICES", ""))
+    if not given or not placed or given == placed or len(given) != len(placed):
+        return None
+    moves = dict(zip(placed, given, strict=True))
+
+    def moved(path: str) -> str:
+        found = _GPU_NAME.search(path)
+        if found is None or int(found.group(2)) not in moves:
+            return path
+        return path[: found.start(2)] + str(moves[int(found.group(2))])
+
+    if policy:
+        policy = {
+            **policy,
+            "devices": [[moved(host), moved(inside)] for host, inside in policy.get("devices") or []],
+            "mounts": [[moved(host), moved(inside), mode] if inside.startswith("/dev/nvidia") else [host, inside, mode]
+                       for host, inside, mode in policy.get("mounts") or []],
+        }  # fmt: skip
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, given))}, policy, tuple(given)
 
 
 def forward_term(record: PidRecord, container: bool) -> None:

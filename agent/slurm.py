@@ -240,6 +240,9 @@ class SlurmAgent(NodeAgent):
             record = runfiles.read_pid(run_dir(part))
             if record is not None and record.runner_pid:
                 del self.slurm.queued[pk]
+                if record.gpus is not None and list(record.gpus) != list(part.gpu_indices):
+                    logger.warning("job %s: Slurm runs rank %s on GPUs %s of %s, not %s", part.attempt.job_id, part.rank, record.gpus, part.node.name, part.gpu_indices)
+                    runs.part_gpus_moved(part, list(record.gpus))
                 if runs.part_started(part, runner_pid=record.runner_pid, workdir=queued.workdir, resume_step=queued.resume_step):
                     self.live[part.pk] = part
                     part.attempt = JobAttempt.objects.select_related("job").get(pk=part.attempt_id)

@@ -207,3 +207,40 @@ def test_the_container_of_a_run_slurm_killed_is_removed_by_the_epilog(make_job, 
     slurm.client.run("scancel", "--signal=KILL", "--full", part.backend_job)
     wait_until(agent, lambda: not container_exists(), "the container removed", timeout=60)
     job = drive(job, {JobStatus.FAILED}, timeout=60)
+
+
+def only_node_a_takes_work() -> None:
+    Node.objects.exclude(name="node-a").update(cordoned=True)
+
+
+def test_a_run_slurm_holds_shows_slurms_reason_until_it_starts(make_job, drive, agent, slurm):
+    from jobs.backends.slurm.client import Submission
+
+    only_node_a_takes_work()
+    other = slurm.client.submit(Submission(
+        name="someone-else", script="#!/bin/bash\nsleep 8\n", output="/dev/null", workdir="/tmp", gpus_per_node=4, nodelist=("node-a",),
+    ))  # fmt: skip
+    job = make_job(command="echo ran", gpus_per_node=1)
+    wait_until(agent, lambda: "Resources" in type(job).objects.get(pk=job.pk).status_reason, "Slurm's reason on the job", timeout=60)
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING and "queued in Slurm" in job.status_reason and "node-a" in job.status_reason, job.status_reason
+    assert slurm.client.job(other).state == "RUNNING"
+    job = drive(job, JobStatus.COMPLETED, timeout=120)
+    assert job_output(job) == ["ran"]
+
+
+def test_a_run_uses_the_gpus_slurm_gave_it_and_the_console_follows(make_job, drive, agent, slurm):
+    from jobs.backends.slurm.client import Submission
+    from jobs.models import GPU
+
+    only_node_a_takes_work()
+    slurm.client.submit(Submission(
+        name="someone-else", script="#!/bin/bash\nsleep 30\n", output="/dev/null", workdir="/tmp", gpus_per_node=1, nodelist=("node-a",),
+    ))  # fmt: skip
+    wait_until(agent, lambda: "ALLOCATED" in slurm_node(slurm, "node-a").state or "MIXED" in slurm_node(slurm, "node-a").state, "GPU 0 taken")
+    job = make_job(command="echo gpus=$CUDA_VISIBLE_DEVICES; ls /dev | grep '^nvidia[0-9]'", gpus_per_node=1)
+    job = drive(job, JobStatus.COMPLETED, timeout=120)
+    part = AttemptNode.objects.get(attempt__job=job)
+    assert part.node.name == "node-a" and part.gpu_indices == [1], part.gpu_indices
+    assert job_output(job) == ["gpus=1", "nvidia1"], job_output(job)
+    assert not GPU.objects.filter(allocated_to__isnull=False).exists()  # released at the end, GPU 1's hold with it

@@ -91,6 +91,16 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
     return capacity, gpu_ids
 
 
+def move_holds(part: AttemptNode, indices: list[int]) -> None:
+    """A cluster's scheduler runs the rank on other GPUs of its node than placement held (its
+    other work holds those): the holds follow the scheduler, which is the authority there."""
+    with transaction.atomic():
+        GPU.objects.filter(allocated_to=part).update(allocated_to=None)
+        GPU.objects.filter(node_id=part.node_id, index__in=indices).update(allocated_to=part)
+        AttemptNode.objects.filter(pk=part.pk).update(gpu_indices=list(indices))
+    part.gpu_indices = list(indices)
+
+
 def backend_takes_work(state: str) -> bool:
     """Whether a cluster backend's node state lets it take work ("": the console's own agents)."""
     return not state or not any(word in state for word in ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "*"))

@@ -24,7 +24,7 @@ from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
 from jobs.services.lifecycle import record_reason, transition
 from jobs.services.limits import format_memory
 from jobs.services.messages import request_placement, wake_agents
-from jobs.services.placement import abandon_open_attempts, back_off_image_pull, release_gpus
+from jobs.services.placement import abandon_open_attempts, back_off_image_pull, move_holds, release_gpus
 from jobs.statuses import WAITING, JobStatus
 
 logger = logging.getLogger(__name__)
@@ -169,6 +169,11 @@ def part_submitted(part: AttemptNode, handle: str) -> None:
     """The rank was handed to a cluster's scheduler as its job ``handle`` (Slurm's job id)."""
     AttemptNode.objects.filter(pk=part.pk).update(backend_job=handle)
     part.backend_job = handle
+
+
+def part_gpus_moved(part: AttemptNode, indices: list[int]) -> None:
+    """The cluster's scheduler gave the rank other GPUs of its node (the run follows them)."""
+    move_holds(part, indices)
 
 
 def queued_by_scheduler(attempt: JobAttempt, reason: str) -> bool:
