@@ -285,9 +285,7 @@ class PidRecord:
     cgroup: tuple[str, ...] = ()
     container: str | None = None
     container_pid: int | None = None
-    # The GPUs a cluster's scheduler gave the run (Slurm's SLURM_JOB_GPUS), when not the ones
-    # placement chose: the run uses these (``agent.runner.follow_scheduler_gpus``).
-    gpus: tuple[int, ...] | None = None
+    gpus: tuple[int, ...] | None = None  # the GPUs Slurm gave it, not placement's (agent.runner.follow_scheduler_gpus)
 
 
 def write_pid(directory: Path, record: PidRecord) -> None:
@@ -320,10 +318,8 @@ def read_pid(directory: Path) -> PidRecord | None:
 
 def gpu_list(value: object) -> tuple[int, ...] | None:
     """GPU indices from a run's record (at most 64, each below 1024), or None."""
-    if not isinstance(value, list) or not value or len(value) > 64:
-        return None
-    indices = [int_in(v, 0, 1024) for v in value]
-    return None if any(i is None for i in indices) else tuple(i for i in indices if i is not None)
+    ok = isinstance(value, list) and 0 < len(value) <= 64 and all(int_in(v, 0, 1024) is not None for v in value)
+    return tuple(value) if ok and isinstance(value, list) else None
 
 
 def read_container_pid(directory: Path) -> int | None:
