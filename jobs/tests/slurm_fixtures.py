@@ -45,7 +45,19 @@ def slurm(slurm_cluster: LocalSlurmCluster, settings) -> Iterator[LocalSlurmClus
     settings.SLURM_SPOT_PARTITION = "spot"
     settings.SLURM_POLL_INTERVAL = 0.3
     yield slurm_cluster
-    client = slurm_cluster.client
+    reset(slurm_cluster)
+
+
+@pytest.fixture
+def cluster(slurm_cluster: LocalSlurmCluster) -> Iterator[LocalSlurmCluster]:
+    """The cluster alone (the Slurm client's tests), left as it was found."""
+    yield slurm_cluster
+    reset(slurm_cluster)
+
+
+def reset(cluster: LocalSlurmCluster) -> None:
+    """Every job cancelled, every node returned to service: the next test finds the cluster idle."""
+    client = cluster.client
     for job in client.jobs():
         if job.state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
             client.cancel(job.job_id)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from jobs.backends.slurm.client import SlurmClient, Submission, expand_nodes, parse_record
-from jobs.backends.slurm.cluster import LocalSlurmCluster, missing_tools
+from jobs.backends.slurm.cluster import LocalSlurmCluster
 
 
 def test_scontrol_records_are_read_with_spaces_in_values() -> None:
@@ -24,24 +23,6 @@ def test_scontrol_records_are_read_with_spaces_in_values() -> None:
                       "Reason": "ReqNodeNotAvail, UnavailableNodes:node-a", "ExcNodeList": "", "Restarts": "1"}  # fmt: skip
     assert expand_nodes("node-a,gpu[01-03],cpu[7,9]") == ["node-a", "gpu01", "gpu02", "gpu03", "cpu7", "cpu9"]
     assert expand_nodes("") == []
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurmCluster]:
-    missing = missing_tools()
-    reason = f"Slurm is not installed ({', '.join(missing)} missing: apt-get install slurm-wlm munge)" if missing else ""
-    if not reason and os.geteuid() != 0:
-        reason = "a local Slurm cluster needs root (mknod, slurmd)"
-    if reason:
-        if os.environ.get("REQUIRE_SLURM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    local = LocalSlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
 
 
 def wait_for(client: SlurmClient, job_id: int, states: set[str], timeout: float = 60.0):
