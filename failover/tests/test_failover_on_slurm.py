@@ -11,10 +11,9 @@ import time
 
 import pytest
 
-import ckptlib
 from console.testing import job_output, needs_sandbox
 from failover.services.faults import clear_node, inject_fault
-from failover.tests.test_spot_script_in_a_container import ENV as SPOT_ENV
+from failover.tests.test_spot_script_in_a_container import fault_after_first_commit
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 
@@ -58,24 +57,8 @@ def test_a_job_runs_as_a_slurm_batch_job_to_its_end(make_job, drive, slurm):
     assert job_output(job) == [f"hello from gpus={','.join(map(str, part.gpu_indices))}"], job_output(job)
 
 
-def commits(job, attempt: int) -> list[int]:
-    return [e.step for line in job_output(job, attempt=attempt) if (e := ckptlib.parse_commit_line(line))]
-
-
 def test_the_spot_script_fails_over_on_xid_79_with_its_node_drained_in_slurm(make_job, drive, agent, slurm):
-    from agent.loop import embedded_round
-
-    job = make_job(command="PYTHONPATH=$CHECKPOINT_VENDOR python /opt/examples/spot_train.py", env=SPOT_ENV, gpus_per_node=1)
-    job = drive(job, JobStatus.RUNNING, timeout=120)
-    deadline = time.monotonic() + 300
-    while not commits(job, 1):
-        assert time.monotonic() < deadline, job_output(job)[-20:]
-        embedded_round(agent)
-        time.sleep(0.2)
-    first = JobAttempt.objects.get(job=job, number=1)
-    part = first.placements.get()
-    inject_fault(part.node, gpu=part.gpu_indices[0], xid=79, actor="test")
-    job = drive(job, {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INTERNAL_ERROR}, timeout=600)
+    job, part = fault_after_first_commit(make_job, drive, agent)
     assert job.status == JobStatus.COMPLETED, (job.status_reason, job_output(job)[-30:])
     assert job.failover_count == 1
     drained = slurm_node(slurm, part.node.name)
@@ -89,11 +72,7 @@ def test_the_spot_script_fails_over_on_xid_79_with_its_node_drained_in_slurm(mak
     assert ready_line_count(job) == 2
     # Mark healthy returns the node to Slurm.
     clear_node(Node.objects.get(pk=part.node_id), actor="test")
-    deadline = time.monotonic() + 30
-    while "DRAIN" in slurm_node(slurm, part.node.name).state:
-        assert time.monotonic() < deadline, slurm_node(slurm, part.node.name)
-        embedded_round(agent)
-        time.sleep(0.2)
+    wait_until(agent, lambda: "DRAIN" not in slurm_node(slurm, part.node.name).state, "the node resumed in Slurm", timeout=30)
 
 
 SLEEPER = "echo started attempt $JOB_ATTEMPT on $SLURMD_NODENAME; sleep 600"

@@ -36,7 +36,10 @@ def commits(job, attempt: int) -> list[int]:
     return [e.step for line in job_output(job, attempt=attempt) if (e := ckptlib.parse_commit_line(line))]
 
 
-def test_the_spot_script_fails_over_on_xid_79_and_resumes_from_its_checkpoint(make_job, drive, agent):
+def fault_after_first_commit(make_job, drive, agent):
+    """The guide's Spot script run until it has committed a checkpoint, then an Xid 79 on its
+    GPU, then driven to its end: the job, and its first attempt's rank (on the agents and on
+    Slurm alike)."""
     from agent.loop import embedded_round
 
     job = make_job(command="PYTHONPATH=$CHECKPOINT_VENDOR python /opt/examples/spot_train.py", env=ENV, gpus_per_node=1)
@@ -46,10 +49,14 @@ def test_the_spot_script_fails_over_on_xid_79_and_resumes_from_its_checkpoint(ma
         assert time.monotonic() < deadline, job_output(job)[-20:]
         embedded_round(agent)
         time.sleep(0.2)
-    first = JobAttempt.objects.get(job=job, number=1)
-    part = first.placements.get()
+    part = JobAttempt.objects.get(job=job, number=1).placements.select_related("node").get()
     inject_fault(part.node, gpu=part.gpu_indices[0], xid=79, actor="test")
-    job = drive(job, {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INTERNAL_ERROR}, timeout=600)
+    return drive(job, {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INTERNAL_ERROR}, timeout=600), part
+
+
+def test_the_spot_script_fails_over_on_xid_79_and_resumes_from_its_checkpoint(make_job, drive, agent):
+    job, part = fault_after_first_commit(make_job, drive, agent)
+    first = part.attempt
     assert job.status == JobStatus.COMPLETED, (job.status_reason, job_output(job)[-30:])
     assert job.failover_count == 1
     second = JobAttempt.objects.get(job=job, number=2)
