@@ -219,6 +219,11 @@ def run(spec_path: Path) -> int:
     moved = follow_scheduler_gpus(spec.env, policy, os.environ.get("SLURM_JOB_GPUS", "")) if scheduler_job else None
     if moved is not None:
         spec, policy = dataclasses.replace(spec, env=moved[0]), moved[1]
+    if scheduler_job:
+        # Slurm's own names about the job (its id, node, node list, GPUs, restarts), as a batch
+        # script there would see them; never over the run's own.
+        slurm = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_")) and k not in spec.env and k != "SLURM_CONF"}
+        spec = dataclasses.replace(spec, env={**spec.env, **slurm})
     if policy and scheduler_job.isdigit():
         # The cluster's epilog finds the container of a job Slurm ended by this label.
         policy = {**policy, "labels": {**(policy.get("labels") or {}), SLURM_JOB_LABEL: int(scheduler_job)}}

@@ -32,6 +32,8 @@ class Command(BaseCommand):
             loop.start()
 
         self.stdout.write(f"Simple AI Training console on http://{host}:{port}/  (Ctrl-C to stop; running jobs keep running)")
+        if settings.BACKEND == "slurm":
+            self.stdout.write(f"Jobs run as Slurm batch jobs on the cluster of {settings.SLURM_CONF or 'the default slurm.conf'}")
         try:
             Server(
                 application=application,
