@@ -27,6 +27,8 @@ every run (one ``scontrol show job`` and one ``scontrol show node``):
 from __future__ import annotations
 
 import logging
+import math
+import shlex
 import signal
 import sys
 import time
@@ -34,7 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Q
 
 from agent import runfiles
 from agent.inventory import GpuSpec, NodeSpec, nvml_nodes
@@ -114,7 +115,7 @@ class SlurmLauncher(Launcher):
         excluded = sorted(set(job.exclusions.filter(gpu__isnull=True).values_list("node__name", flat=True)) - {part.node.name})
         spec = AttemptSpec(
             key=f"satrain-{job.pk}-{attempt.number}-{part.rank}",
-            command=f"{sys.executable} -m {RUNNER_MODULE} {spec_path}",
+            command=shlex.join([sys.executable, "-m", RUNNER_MODULE, str(spec_path)]),
             workdir=str(settings.BASE_DIR),
             output=str(directory / runfiles.RUNNER_LOG_FILE),
             environment=root_tool_env({"PYTHONPATH": str(settings.BASE_DIR)}),
@@ -124,7 +125,7 @@ class SlurmLauncher(Launcher):
             exclude=tuple(excluded),
             max_run_minutes=job.max_run_minutes or None,
             grace_s=int(settings.STOP_GRACE_PERIOD),
-            cpus=int(limits.cpus + 0.999) if limits.cpus and not limits.cpus_default else None,
+            cpus=math.ceil(limits.cpus) if limits.cpus and not limits.cpus_default else None,
             memory_mb=limits.memory_mb if limits.memory_mb and not limits.memory_default else None,
             spot=job.job_type == TrainingJob.JobType.SPOT,
             requeue=False,  # a new attempt is the console's to place
@@ -204,6 +205,9 @@ class SlurmAgent(NodeAgent):
         Slurm's drains (with the fault's reason), and back once healthy."""
         by_name = {view.name: view for view in views}
         self.down = {view.name for view in views if "DOWN" in view.state}
+        bad_gpus = dict(
+            GPU.objects.filter(node__name__in=self.node_names, healthy=False).exclude(health_reason="").values_list("node_id", "health_reason")
+        )
         for node in Node.objects.filter(name__in=self.node_names):
             view = by_name.get(node.name)
             if view is None:
@@ -212,8 +216,7 @@ class SlurmAgent(NodeAgent):
                 Node.objects.filter(pk=node.pk).update(backend_state=view.state[:64], backend_reason=view.reason[:300])
                 if backend_takes_work(node.backend_state) != backend_takes_work(view.state) or "DOWN" in view.state:
                     wakeups.round_wanted()  # placement (or the lost-node sweep) has a new answer
-            bad_gpu = GPU.objects.filter(node=node, healthy=False).exclude(health_reason="").values_list("health_reason", flat=True).first()
-            why = node.health_reason if not node.healthy else (bad_gpu or ("cordoned in the console" if node.cordoned else ""))
+            why = node.health_reason if not node.healthy else (bad_gpus.get(node.pk) or ("cordoned in the console" if node.cordoned else ""))
             drained = "DRAIN" in view.state
             if why and not drained and not node.health_reason.startswith("lost:"):
                 self.backend.drain(node.name, f"{DRAIN_PREFIX} {why}")
@@ -286,8 +289,7 @@ class SlurmAgent(NodeAgent):
 def queued_parts(node_names) -> list[AttemptNode]:
     """Ranks handed to Slurm and not started (a restarted console finds them again)."""
     return list(
-        AttemptNode.objects.filter(node__name__in=node_names, ended_at__isnull=True, runner_pid=runs.CLAIMED)
+        AttemptNode.objects.filter(node__name__in=node_names, ended_at__isnull=True, runner_pid=runs.CLAIMED, attempt__state=JobAttempt.State.PLACED)
         .exclude(backend_job="")
-        .filter(Q(attempt__state=JobAttempt.State.PLACED))
         .select_related("attempt", "attempt__job", "node")
     )
