@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+import ckptlib
 from console.testing import job_output, needs_sandbox
 from failover.services.faults import clear_node, inject_fault
 from failover.tests.test_spot_script_in_a_container import fault_after_first_commit
@@ -115,40 +116,38 @@ def test_three_hardware_faults_spend_the_failover_limit(make_job, drive, agent, 
     assert all("DRAIN" in node.state and "Xid 79" in node.reason for node in slurm.client.nodes()), slurm.client.nodes()
 
 
-# A training process that saves on SIGTERM, as ckptlib's scripts do (the platform's SIGTERM goes
-# to the run's processes, not to the command's own shell).
-SPOT_SCRIPT = (
-    "echo started attempt $JOB_ATTEMPT on $SLURMD_NODENAME; python -c '"
-    "import signal, sys, time\n"
-    "def save(*_):\n    print(\"saving a checkpoint on SIGTERM\", flush=True); sys.exit(0)\n"
-    "signal.signal(signal.SIGTERM, save)\n"
-    "time.sleep(300)'"
-)
-
-
-def test_a_spot_run_preempted_by_on_demand_work_waits_and_resumes_without_a_failover(make_job, drive, agent, slurm):
+def test_the_spot_script_preempted_by_on_demand_work_waits_and_resumes_from_its_checkpoint_without_a_failover(make_job, drive, agent, slurm):
+    """The guide's Spot script as a Spot job (Slurm's preemptible partition): another user's
+    On-Demand job needs its node's GPUs, Slurm preempts it (SIGTERM, GraceTime), the job is
+    Pending again, never a failover, and its next attempt resumes from the last checkpoint."""
+    from console.tests.spot import ENV, SPOT
     from jobs.backends.slurm.client import Submission
     from jobs.models import TrainingJob
 
-    job = make_job(command=SPOT_SCRIPT, gpus_per_node=2, job_type=TrainingJob.JobType.SPOT)
+    job = make_job(command=SPOT, env=ENV, gpus_per_node=1, job_type=TrainingJob.JobType.SPOT)
     job = drive(job, JobStatus.RUNNING, timeout=120)
     first = running_attempt(job, 1)
-    wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the Spot run's first line")
-    # Another Slurm user's On-Demand work needs every GPU of that node.
+    wait_until(agent, lambda: commits(job, 1), "attempt 1's first checkpoint", timeout=300)
+    assert slurm.client.job(int(first.backend_job)).record.get("Partition") == "spot"
     slurm.client.submit(Submission(
         name="on-demand", script="#!/bin/bash\nsleep 20\n", output="/dev/null", workdir="/tmp", gpus_per_node=4,
         nodelist=(first.node.name,), partition="gpu",
     ))  # fmt: skip
-    wait_until(agent, lambda: JobAttempt.objects.filter(job=job, number=2).exists(), "a second attempt", timeout=90)
+    wait_until(agent, lambda: JobAttempt.objects.filter(job=job, number=2).exists(), "a second attempt", timeout=120)
     job.refresh_from_db()
     assert job.failover_count == 0
     reasons = list(job.events.values_list("reason", flat=True))
     assert any("preempted by Slurm" in r for r in reasons), reasons
-    job = drive(job, JobStatus.RUNNING, timeout=120)
-    second = running_attempt(job, 2)
-    assert second.node != first.node and job.failover_count == 0
-    wait_until(agent, lambda: any("started attempt 2" in line for line in job_output(job)), "the second run's first line")
-    assert "saving a checkpoint on SIGTERM" in job_output(job, attempt=1)
+    wait_until(agent, lambda: JobAttempt.objects.filter(job=job, number=2, state="running").exists(), "attempt 2 running", timeout=120)
+    second = JobAttempt.objects.get(job=job, number=2)
+    job.refresh_from_db()
+    assert job.status == JobStatus.RUNNING and job.failover_count == 0
+    assert second.placements.get().node != first.node  # the preempted node holds off Spot work
+    assert second.resume_step is not None and second.resume_step >= max(commits(job, 1)), (second.resume_step, commits(job, 1))
+
+
+def commits(job, attempt: int) -> list[int]:
+    return [e.step for line in job_output(job, attempt=attempt) if (e := ckptlib.parse_commit_line(line))]
 
 
 def test_slurmd_killed_under_a_run_fails_it_over(make_job, drive, agent, slurm):
