@@ -43,14 +43,13 @@ from agent.launch import Launcher
 from agent.node_agent import NodeAgent
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
-from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView
+from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView, state_takes_work
 from jobs.backends.slurm.backend import SlurmBackend
 from jobs.backends.slurm.client import SlurmClient, SlurmError
 from jobs.models import GPU, AttemptNode, JobAttempt, Node, TrainingJob
 from jobs.services import runs, wakeups
 from jobs.services.limits import limits_of
 from jobs.services.paths import job_dir
-from jobs.services.placement import backend_takes_work
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +213,7 @@ class SlurmAgent(NodeAgent):
                 continue
             if (node.backend_state, node.backend_reason) != (view.state, view.reason[:300]):
                 Node.objects.filter(pk=node.pk).update(backend_state=view.state[:64], backend_reason=view.reason[:300])
-                if backend_takes_work(node.backend_state) != backend_takes_work(view.state) or "DOWN" in view.state:
+                if state_takes_work(node.backend_state) != state_takes_work(view.state) or "DOWN" in view.state:
                     wakeups.round_wanted()  # placement (or the lost-node sweep) has a new answer
             why = node.health_reason if not node.healthy else (bad_gpus.get(node.pk) or ("cordoned in the console" if node.cordoned else ""))
             drained = "DRAIN" in view.state

@@ -60,6 +60,12 @@ class AttemptObservation:
     state: str = ""  # the backend's own state name (RUNNING, NODE_FAIL, PREEMPTED, …)
 
 
+def state_takes_work(state: str) -> bool:
+    """Whether a backend's node state lets the node take new work ("": the console's own agents,
+    which have none): not drained, down, failed or not responding (Slurm's trailing ``*``)."""
+    return not state or not any(word in state for word in ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "*"))
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str

@@ -13,6 +13,7 @@ from django.db.models import F, Max, OuterRef, Q, Subquery, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
+from jobs.backends.base import state_takes_work
 from jobs.fairshare import Capacity, HeldOut, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, Project, TrainingJob
 from jobs.services.bulk import update_each
@@ -61,7 +62,7 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
     names = {node_id: name for node_id, name, *_ in rows}
     usable = {row[0]: row[:8] for row in rows if row[3] == Node.State.READY and not row[5]}
     # A cluster backend's drained or lost node (Slurm's DRAIN, DOWN) takes no new attempt.
-    schedulable = {row[0] for row in rows if row[0] in usable and row[4] and backend_takes_work(row[8])}
+    schedulable = {row[0] for row in rows if row[0] in usable and row[4] and state_takes_work(row[8])}
     free: dict[int, list[int]] = defaultdict(list)
     held: dict[int, list[tuple[int, str, object]]] = defaultdict(list)  # node → its free unhealthy GPUs
     gpu_ids: dict[tuple[int, int], int] = {}
@@ -99,11 +100,6 @@ def move_holds(part: AttemptNode, indices: list[int]) -> None:
         GPU.objects.filter(node_id=part.node_id, index__in=indices).update(allocated_to=part)
         AttemptNode.objects.filter(pk=part.pk).update(gpu_indices=list(indices))
     part.gpu_indices = list(indices)
-
-
-def backend_takes_work(state: str) -> bool:
-    """Whether a cluster backend's node state lets it take work ("": the console's own agents)."""
-    return not state or not any(word in state for word in ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "*"))
 
 
 _CAUSE = re.compile(r"\b(S?Xid \d+)")
