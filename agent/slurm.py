@@ -26,13 +26,14 @@ every run (one ``scontrol show job`` and one ``scontrol show node``):
 """
 from __future__ import annotations
 
+import getpass
 import logging
 import math
 import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.conf import settings
@@ -46,7 +47,7 @@ from agent.sandbox import root_tool_env
 from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView, state_takes_work
 from jobs.backends.slurm.backend import SlurmBackend
 from jobs.backends.slurm.client import SlurmClient, SlurmError
-from jobs.models import GPU, AttemptNode, JobAttempt, Node, TrainingJob
+from jobs.models import GPU, AttemptNode, JobAttempt, Node, Project, TrainingJob
 from jobs.services import runs, wakeups
 from jobs.services.limits import limits_of
 from jobs.services.paths import job_dir
@@ -84,6 +85,63 @@ def slurm_nodes(views: list[NodeView]) -> list[NodeSpec]:
     ]
 
 
+class ProjectAccounts:
+    """Each project as a Slurm account (``SLURM_ACCOUNT_PREFIX`` + its name) whose
+    ``GrpTRES=gres/gpu=N`` is the project's ceiling, its quota plus its borrow limit (none where it
+    may borrow without limit): Slurm then holds the project's work beyond it, whoever submits."""
+
+    def __init__(self, client: SlurmClient) -> None:
+        self.client = client
+        self.user = getpass.getuser()  # sbatch's user: it must be a user of each account
+        self.applied: dict[str, int | None] = {}  # account → the GPU limit set on it
+
+    @staticmethod
+    def name(project: Project) -> str:
+        return f"{settings.SLURM_ACCOUNT_PREFIX}{project.name}"
+
+    @staticmethod
+    def limit(project: Project) -> int | None:
+        return None if project.gpu_borrow_limit is None else project.gpu_quota + project.gpu_borrow_limit
+
+    def ensure(self, project: Project) -> str:
+        """The project's account, created or its limit updated if it changed since last set."""
+        name, limit = self.name(project), self.limit(project)
+        if name not in self.applied or self.applied[name] != limit:
+            self.client.set_account(name, gpu_limit=limit, user=self.user, description=f"console project {project.name}")
+            self.applied[name] = limit
+            logger.info("Slurm account %s: GrpTRES=gres/gpu=%s", name, "none" if limit is None else limit)
+        return name
+
+    def sync(self) -> None:
+        """Quota or borrow limit changed in the console since: the accounts follow."""
+        for project in Project.objects.filter(name__in=[n.removeprefix(settings.SLURM_ACCOUNT_PREFIX) for n in self.applied]):
+            if self.applied.get(self.name(project), -1) != self.limit(project):
+                self.ensure(project)
+
+
+def project_accounts(client: SlurmClient) -> ProjectAccounts | None:
+    """``SLURM_ACCOUNTS``: on, off, or (auto) on where the cluster keeps accounts."""
+    mode = str(settings.SLURM_ACCOUNTS).lower()
+    if mode in {"off", "0", "false", "no"}:
+        return None
+    if mode == "auto":
+        try:
+            if not client.accounting():
+                return None
+        except SlurmError as error:
+            logger.warning("Slurm: could not tell whether the cluster keeps accounts (%s): jobs go to the default account", error)
+            return None
+    return ProjectAccounts(client)
+
+
+# Slurm's waiting reasons that need words for a console user.
+REASONS = {
+    "AssocGrpGRES": "the project's Slurm account is at its GPU limit (GrpTRES)",
+    "AssocGrpGRESRunMinutes": "the project's Slurm account is at its GPU-minutes limit",
+    "AssocGrpCpuLimit": "the project's Slurm account is at its CPU limit (GrpTRES)",
+}
+
+
 @dataclass
 class Queued:
     """A rank handed to Slurm whose runner has not started yet."""
@@ -102,6 +160,7 @@ class SlurmLauncher(Launcher):
         super().__init__(node_names)
         self.backend = backend
         self.queued: dict[int, Queued] = {}  # AttemptNode id → its queued batch job
+        self.accounts = project_accounts(backend.client)
         self.handles: dict[int, str] = {}
 
     def start_runner(self, job, attempt, part, dirs, *, image_ref, uid, resume_step=None) -> int | None:
@@ -130,6 +189,8 @@ class SlurmLauncher(Launcher):
             requeue=False,  # a new attempt is the console's to place
         )
         try:
+            if self.accounts is not None:
+                spec = replace(spec, project=self.accounts.ensure(job.project))
             handle = self.backend.submit(spec)
         except SlurmError as error:
             raise OSError(f"Slurm refused the run: {error}") from error
@@ -161,7 +222,10 @@ class SlurmAgent(NodeAgent):
         """Ranks queued in Slurm by an earlier run of the console are watched again."""
         super().start()
         for part in queued_parts(self.node_names):
-            self.slurm.queued.setdefault(part.pk, Queued(part=part, handle=part.backend_job, workdir=str(job_dir(part.attempt.job_id) / "work"), resume_step=None))
+            self.slurm.queued.setdefault(
+                part.pk,
+                Queued(part=part, handle=part.backend_job, workdir=str(job_dir(part.attempt.job_id) / "work"), resume_step=spec_resume_step(run_dir(part))),
+            )  # fmt: skip
 
     def heartbeat(self) -> None:
         """Beats only for the nodes Slurm has up: one Slurm took as down is lost to the console too
@@ -195,6 +259,8 @@ class SlurmAgent(NodeAgent):
 
     def poll_slurm(self) -> None:
         self.mirror_nodes(self.backend.nodes())
+        if self.slurm.accounts is not None:
+            self.slurm.accounts.sync()
         handles = [q.handle for q in self.slurm.queued.values()] + [p.backend_job for p in self.live.values() if p.backend_job]
         self.jobs = self.backend.observe(handles) if handles else {}
         self.settle_queued()
@@ -217,12 +283,16 @@ class SlurmAgent(NodeAgent):
                     wakeups.round_wanted()  # placement (or the lost-node sweep) has a new answer
             why = node.health_reason if not node.healthy else (bad_gpus.get(node.pk) or ("cordoned in the console" if node.cordoned else ""))
             drained = "DRAIN" in view.state
-            if why and not drained and not node.health_reason.startswith("lost:"):
-                self.backend.drain(node.name, f"{DRAIN_PREFIX} {why}")
-                logger.warning("agent %s: node %s drained in Slurm: %s", self.name, node.name, why)
-            elif not why and drained and view.reason.startswith(DRAIN_PREFIX):
-                self.backend.resume(node.name)
-                logger.info("agent %s: node %s returned to service in Slurm", self.name, node.name)
+            try:
+                if why and not drained and not node.health_reason.startswith("lost:"):
+                    self.backend.drain(node.name, f"{DRAIN_PREFIX} {why}")
+                    logger.warning("agent %s: node %s drained in Slurm: %s", self.name, node.name, why)
+                elif not why and drained and view.reason.startswith(DRAIN_PREFIX):
+                    self.backend.resume(node.name)
+                    logger.info("agent %s: node %s returned to service in Slurm", self.name, node.name)
+            except SlurmError as error:
+                # The node changed state since it was read (a slurmd registering): next round.
+                logger.warning("agent %s: node %s: %s (tried again next round)", self.name, node.name, error)
 
     def settle_queued(self, *, slurm: bool = True) -> None:
         """Ranks Slurm has started are reported started (their runner wrote its pid record); with
@@ -257,7 +327,8 @@ class SlurmAgent(NodeAgent):
                 continue
             if seen.phase == "waiting" and seen.reason not in (queued.reason, "None", ""):
                 queued.reason = seen.reason
-                runs.queued_by_scheduler(part.attempt, f"queued in Slurm (job {queued.handle}) on {part.node.name}: {seen.reason or seen.state}")
+                why = f"{seen.reason}: {REASONS[seen.reason]}" if seen.reason in REASONS else seen.reason or seen.state
+                runs.queued_by_scheduler(part.attempt, f"queued in Slurm (job {queued.handle}) on {part.node.name}: {why}")
             elif seen.phase in ("exited", "lost"):
                 del self.slurm.queued[pk]
                 runs.launch_failed(part.attempt, f"Slurm ended job {queued.handle} before its run started: {seen.state} {seen.reason}".strip())
@@ -283,6 +354,15 @@ class SlurmAgent(NodeAgent):
     def forget(self, part_id: int) -> None:
         super().forget(part_id)
         self.ending.pop(part_id, None)
+
+
+def spec_resume_step(directory: Path) -> int | None:
+    """The checkpoint step a rank's spec resumes from (its ``CKPT_LAST_STEP``), or None."""
+    try:
+        value = runfiles.read_spec(directory / runfiles.SPEC_FILE).env.get("CKPT_LAST_STEP", "")
+    except runfiles.SpecRefused:
+        return None
+    return int(value) if value.isdigit() and len(value) < 16 else None
 
 
 def queued_parts(node_names) -> list[AttemptNode]:

@@ -260,6 +260,12 @@ SLURM_CONF = env_str("SLURM_CONF", "")
 SLURM_PARTITION = env_str("SLURM_PARTITION", "")
 SLURM_SPOT_PARTITION = env_str("SLURM_SPOT_PARTITION", "spot")
 SLURM_SPOT_QOS = env_str("SLURM_SPOT_QOS", "")
+# Each project is a Slurm account, SLURM_ACCOUNT_PREFIX + its name, with its GPU quota plus borrow
+# limit as the account's GrpTRES=gres/gpu=N: "auto" where the cluster keeps accounts (slurmdbd),
+# "on", or "off" (jobs go to the submitting user's default account). Only accounts with the prefix
+# are ever created or changed.
+SLURM_ACCOUNTS = env_str("SLURM_ACCOUNTS", "auto")
+SLURM_ACCOUNT_PREFIX = env_str("SLURM_ACCOUNT_PREFIX", "satrain-")
 # How often the Slurm agent reads the cluster's nodes and jobs (seconds): one scontrol call each.
 SLURM_POLL_INTERVAL = env_float("SLURM_POLL_INTERVAL", 1.0)
 # How often the embedded control loop places jobs and polls runs (seconds).

@@ -204,8 +204,25 @@ def test_a_run_slurm_holds_shows_slurms_reason_until_it_starts(make_job, drive, 
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING and "queued in Slurm" in job.status_reason and "node-a" in job.status_reason, job.status_reason
     assert slurm.client.job(other).state == "RUNNING"
-    job = drive(job, JobStatus.COMPLETED, timeout=120)
+    # The console restarts meanwhile: its new agent finds the rank Slurm still holds.
+    from agent.slurm import SlurmAgent
+
+    restarted = SlurmAgent(list(agent.node_names))
+    restarted.start()
+    assert [q.handle for q in restarted.slurm.queued.values()] == [AttemptNode.objects.get(attempt__job=job).backend_job]
+    wait_until(restarted, lambda: type(job).objects.get(pk=job.pk).status == JobStatus.COMPLETED, "completed", timeout=120)
     assert job_output(job) == ["ran"]
+
+
+def test_a_restarted_console_reads_a_queued_ranks_resume_step_from_its_spec(tmp_path):
+    from agent import runfiles
+    from agent.slurm import spec_resume_step
+
+    assert spec_resume_step(tmp_path) is None  # no spec
+    runfiles.write_spec(tmp_path, runfiles.RunSpec(command="true", cwd="/", env={"CKPT_LAST_STEP": "120"}))
+    assert spec_resume_step(tmp_path) == 120
+    runfiles.write_spec(tmp_path, runfiles.RunSpec(command="true", cwd="/", env={"CKPT_LAST_STEP": "-1; rm"}))
+    assert spec_resume_step(tmp_path) is None
 
 
 def test_a_run_uses_the_gpus_slurm_gave_it_and_the_console_follows(make_job, drive, agent, slurm):

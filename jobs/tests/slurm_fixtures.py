@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from jobs.backends.slurm.client import SlurmError
 from jobs.backends.slurm.cluster import LocalSlurmCluster, missing_tools
 
 
@@ -30,6 +31,26 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlu
             pytest.fail(reason)
         pytest.skip(reason)
     cluster = LocalSlurmCluster(tmp_path_factory.mktemp("slurm-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm_accounting_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurmCluster]:
+    """A second cluster that keeps accounts (MariaDB and slurmdbd, limits enforced), for the
+    tests of one module: the session's cluster stays as simple as most clusters start."""
+    reason = slurm_missing() or (
+        f"Slurm accounting is not installed ({', '.join(missing)} missing: apt-get install slurmdbd mariadb-server)"
+        if (missing := missing_tools(accounting=True)) else ""
+    )  # fmt: skip
+    if reason:
+        if os.environ.get("REQUIRE_SLURM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = LocalSlurmCluster(tmp_path_factory.mktemp("slurm-accounting"), accounting=True)
     try:
         cluster.start()
         yield cluster
@@ -63,4 +84,7 @@ def reset(cluster: LocalSlurmCluster) -> None:
             client.cancel(job.job_id)
     for node in client.nodes():
         if "DRAIN" in node.state or "DOWN" in node.state:
-            client.resume(node.name)
+            try:
+                client.resume(node.name)
+            except SlurmError:
+                pass  # its slurmd registered meanwhile and Slurm returned it itself

@@ -133,6 +133,15 @@ class Submission:
     requeue: bool = True
 
 
+@dataclass
+class Account:
+    """A Slurm account as ``sacctmgr`` lists it: its GPU limit (None: none) and its users."""
+
+    name: str
+    gpu_limit: int | None = None
+    users: set[str] = field(default_factory=set)
+
+
 class SlurmClient:
     """The Slurm commands of one cluster (``env``: ``SLURM_CONF`` and whatever else they need)."""
 
@@ -211,6 +220,42 @@ class SlurmClient:
     def exclude_and_start(self, job_id: int, nodes: Sequence[str]) -> None:
         """A pending job: never on ``nodes`` (its exclusions so far kept), and eligible now."""
         self.run("scontrol", "update", f"jobid={int(job_id)}", f"ExcNodeList={','.join(nodes)}", "StartTime=now")
+
+    # --- accounts (slurmdbd) --------------------------------------------------------------------
+    def accounting(self) -> bool:
+        """Whether the cluster keeps accounts (``AccountingStorageType=accounting_storage/slurmdbd``):
+        only then do accounts and their limits exist."""
+        out = self.run("scontrol", "show", "config")
+        return any(line.split("=", 1)[0].strip() == "AccountingStorageType" and "slurmdbd" in line for line in out.splitlines())
+
+    def accounts(self) -> dict[str, Account]:
+        """The cluster's accounts with their GPU limit (``GrpTRES=gres/gpu=N``) and their users."""
+        out = self.run("sacctmgr", "--noheader", "--parsable2", "list", "associations", "format=account,user,grptres")
+        found: dict[str, Account] = {}
+        for line in out.splitlines():
+            fields = line.split("|")
+            if len(fields) != 3 or not fields[0]:
+                continue
+            name, user, tres = fields
+            account = found.setdefault(name, Account(name=name))
+            if user:
+                account.users.add(user)
+            else:
+                limits = dict(item.split("=", 1) for item in tres.split(",") if "=" in item)
+                account.gpu_limit = int(limits["gres/gpu"]) if limits.get("gres/gpu", "").isdigit() else None
+        return found
+
+    def set_account(self, name: str, *, gpu_limit: int | None, user: str, description: str = "") -> None:
+        """The account exists with ``GrpTRES=gres/gpu=<gpu_limit>`` (None: no limit) and ``user``
+        may submit to it; an existing account keeps its other settings."""
+        known = self.accounts().get(name)
+        if known is None:
+            self.run("sacctmgr", "--immediate", "add", "account", name, f"Description={_one_line(description or name)}", "Organization=console")
+            known = Account(name=name)
+        if known.gpu_limit != gpu_limit:
+            self.run("sacctmgr", "--immediate", "modify", "account", "where", f"name={name}", "set", f"GrpTRES=gres/gpu={-1 if gpu_limit is None else gpu_limit}")
+        if user not in known.users:
+            self.run("sacctmgr", "--immediate", "add", "user", user, f"account={name}")
 
     # --- nodes ---------------------------------------------------------------------------------
     def nodes(self) -> list[SlurmNode]:

@@ -8,11 +8,18 @@ refused), so a ``--gres=gpu:2`` job gets ``CUDA_VISIBLE_DEVICES=0,1``. Process t
 host's cgroup layout). A requeued job would wait ``cred_expire`` + 1 s and the scheduler's
 intervals: they are set short (``cred_expire=10``, ``sched_interval=2``, ``bf_interval=1``).
 Needs root (``mknod``; slurmd runs jobs as their submitting user).
+
+With ``accounting=True`` it also keeps accounts: a private MariaDB (its own data directory,
+loopback port and password) and ``slurmdbd``, limits enforced
+(``AccountingStorageEnforce=associations,limits,safe``, ``gres/gpu`` a TRES). Clients reach
+slurmdbd through the cluster's own munged: ``AccountingStoragePass`` names its socket (without
+it, ``sacctmgr`` authenticates through munge's default socket and slurmdbd refuses it).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import stat
@@ -22,16 +29,18 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from jobs.backends.slurm.client import SlurmClient
+from jobs.backends.slurm.client import SlurmClient, SlurmError
 
 SPOT_PARTITION = "spot"
 SPOT_GRACE_S = 15  # a contained run's SIGTERM, its checkpoint and Podman's clean-up fit in it
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
+# Accounting's (Debian: ``apt-get install slurmdbd mariadb-server``).
+ACCOUNTING = ("slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")
 
 
-def missing_tools() -> list[str]:
+def missing_tools(*, accounting: bool = False) -> list[str]:
     """The Slurm and munge commands this machine lacks (Debian: ``apt-get install slurm-wlm munge``)."""
-    return [tool for tool in DAEMONS if shutil.which(tool) is None]
+    return [tool for tool in DAEMONS + (ACCOUNTING if accounting else ()) if shutil.which(tool) is None]
 
 
 def _free_ports(count: int) -> list[int]:
@@ -55,10 +64,14 @@ class LocalSlurmCluster:
         nodes: Node names (listed, never as a range: ``node-[a-c]`` is fatal to Slurm).
         gpus: Fake GPUs per node.
         cpus: CPUs each node declares.
+        accounting: Keep accounts (MariaDB and slurmdbd), enforcing their limits.
     """
 
-    def __init__(self, root: Path, *, nodes: Sequence[str] = ("node-a", "node-b", "node-c"), gpus: int = 4, cpus: int = 4) -> None:
+    def __init__(
+        self, root: Path, *, nodes: Sequence[str] = ("node-a", "node-b", "node-c"), gpus: int = 4, cpus: int = 4, accounting: bool = False
+    ) -> None:
         self.root = root
+        self.accounting = accounting
         self.nodes = list(nodes)
         self.gpus = gpus
         self.cpus = cpus
@@ -70,14 +83,14 @@ class LocalSlurmCluster:
     # --- set-up ----------------------------------------------------------------------------
     def write_config(self) -> None:
         root = self.root
-        for sub in ("etc", "state", "run", "log", "munge", "spool", "jobs"):
+        for sub in ("etc", "state", "run", "log", "munge", "spool", "jobs", "db"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(root / "munge", 0o700)
         key = root / "munge" / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-        ctld_port, *node_ports = _free_ports(1 + len(self.nodes))
+        ctld_port, dbd_port, self.db_port, *node_ports = _free_ports(3 + len(self.nodes))
         lines = [
             "ClusterName=console",
             "SlurmctldHost=localhost",
@@ -105,7 +118,7 @@ class LocalSlurmCluster:
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
             "SchedulerParameters=nohold_on_prolog_fail,sched_interval=2,bf_interval=1",
-            "AccountingStorageType=accounting_storage/none",
+            *(self._accounting_lines(dbd_port) if self.accounting else ["AccountingStorageType=accounting_storage/none"]),
             "JobAcctGatherType=jobacct_gather/none",
             "ReturnToService=2",
             "SlurmdTimeout=10",
@@ -142,6 +155,64 @@ class LocalSlurmCluster:
         epilog.chmod(0o755)
         (root / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
 
+    def _accounting_lines(self, dbd_port: int) -> list[str]:
+        root = self.root
+        self.db_password = secrets.token_hex(16)
+        dbd = root / "etc" / "slurmdbd.conf"
+        dbd.write_text(
+            "\n".join([
+                "AuthType=auth/munge", f"AuthInfo=socket={root}/munge/munge.socket", "DbdHost=localhost", "DbdAddr=127.0.0.1",
+                f"DbdPort={dbd_port}", "SlurmUser=root", f"PidFile={root}/run/slurmdbd.pid", f"LogFile={root}/log/slurmdbd.log",
+                "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={self.db_port}", "StorageUser=slurm",
+                f"StoragePass={self.db_password}", "StorageLoc=slurm_acct_db",
+            ]) + "\n"
+        )  # fmt: skip
+        dbd.chmod(0o600)
+        return [
+            "AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1", f"AccountingStoragePort={dbd_port}",
+            f"AccountingStoragePass={root}/munge/munge.socket", "AccountingStorageEnforce=associations,limits,safe",
+            "AccountingStorageTRES=gres/gpu",
+        ]  # fmt: skip
+
+    def _start_accounting(self, deadline: float) -> None:
+        """MariaDB under ``db/`` on its own loopback port, then slurmdbd; returns once it answers."""
+        db = self.root / "db"
+        if not (db / "data" / "mysql").exists():
+            subprocess.run(
+                ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={db}/data", "--auth-root-authentication-method=socket", "--skip-test-db"],
+                check=True, capture_output=True, timeout=120,
+            )  # fmt: skip
+        self._spawn(
+            ["mariadbd", "--no-defaults", "--user=root", f"--datadir={db}/data", f"--socket={db}/mysqld.sock", f"--port={self.db_port}",
+             "--bind-address=127.0.0.1", f"--pid-file={db}/mysqld.pid", f"--log-error={self.root}/log/mariadb.log"],
+            "mariadbd",
+        )  # fmt: skip
+        grant = (
+            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{self.db_password}';"
+            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{self.db_password}';"
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
+        )
+        self._until(deadline, "MariaDB", lambda: subprocess.run(
+            ["mariadb", "--no-defaults", f"--socket={db}/mysqld.sock", "-u", "root", "-e", grant], capture_output=True, timeout=30
+        ).returncode == 0)  # fmt: skip
+        self._spawn(["slurmdbd", "-D"], "slurmdbd")
+
+        def cluster_known() -> bool:
+            subprocess.run(["sacctmgr", "--immediate", "add", "cluster", "console"], capture_output=True, env=self.env, timeout=30, check=False)
+            return "console" in self.client.run("sacctmgr", "--noheader", "list", "cluster", "format=cluster").split()
+
+        self._until(deadline, "slurmdbd", cluster_known)
+
+    def _until(self, deadline: float, what: str, ready) -> None:
+        while time.monotonic() < deadline:
+            try:
+                if ready():
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{what} of the Slurm cluster did not come up; see {self.root}/log")
+
     def start(self, timeout: float = 60.0) -> None:
         self.write_config()
         root = self.root
@@ -150,6 +221,8 @@ class LocalSlurmCluster:
              f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log", f"--seed-file={root}/munge/munged.seed"],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
+        if self.accounting:
+            self._start_accounting(time.monotonic() + timeout)
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
         for name in self.nodes:
             self._spawn(["slurmd", "-D", "-N", name, "-f", str(self.conf)], f"slurmd-{name}")
@@ -182,7 +255,10 @@ class LocalSlurmCluster:
             if node is not None and node.state.startswith(("IDLE", "MIXED", "ALLOCATED")) and "*" not in node.state and "DRAIN" not in node.state:
                 return
             if node is not None and "DOWN" in node.state and "*" not in node.state:
-                self.client.resume(name)
+                try:
+                    self.client.resume(name)
+                except SlurmError:
+                    pass  # slurmd registered meanwhile and Slurm returned the node itself (ReturnToService=2)
             time.sleep(0.3)
         raise RuntimeError(f"slurmd of {name} did not come back in {timeout:.0f}s")
 
