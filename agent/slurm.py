@@ -94,6 +94,7 @@ class ProjectAccounts:
         self.client = client
         self.user = getpass.getuser()  # sbatch's user: it must be a user of each account
         self.applied: dict[str, int | None] = {}  # account → the GPU limit set on it
+        self.refused: dict[str, int | None] = {}  # account → the GPU limit sacctmgr refused (not retried by ``sync``)
 
     @staticmethod
     def name(project: Project) -> str:
@@ -107,15 +108,22 @@ class ProjectAccounts:
         """The project's account, created or its limit updated if it changed since last set."""
         name, limit = self.name(project), self.limit(project)
         if name not in self.applied or self.applied[name] != limit:
-            self.client.set_account(name, gpu_limit=limit, user=self.user, description=f"console project {project.name}")
+            try:
+                self.client.set_account(name, gpu_limit=limit, user=self.user, description=f"console project {project.name}")
+            except SlurmError:
+                self.refused[name] = limit
+                raise
             self.applied[name] = limit
+            self.refused.pop(name, None)
             logger.info("Slurm account %s: GrpTRES=gres/gpu=%s", name, "none" if limit is None else limit)
         return name
 
     def sync(self) -> None:
         """Quota or borrow limit changed in the console since: the accounts follow."""
-        for project in Project.objects.filter(name__in=[n.removeprefix(settings.SLURM_ACCOUNT_PREFIX) for n in self.applied]):
-            if self.applied.get(self.name(project), -1) != self.limit(project):
+        names = [n.removeprefix(settings.SLURM_ACCOUNT_PREFIX) for n in {*self.applied, *self.refused}]
+        for project in Project.objects.filter(name__in=names):
+            name, limit = self.name(project), self.limit(project)
+            if self.applied.get(name, -1) != limit and self.refused.get(name, -1) != limit:
                 self.ensure(project)
 
 
@@ -188,9 +196,12 @@ class SlurmLauncher(Launcher):
             spot=job.job_type == TrainingJob.JobType.SPOT,
             requeue=False,  # a new attempt is the console's to place
         )
-        try:
-            if self.accounts is not None:
+        if self.accounts is not None:
+            try:
                 spec = replace(spec, project=self.accounts.ensure(job.project))
+            except SlurmError as error:  # e.g. the console's user may not create accounts
+                logger.warning("job %s: Slurm account of project %s not set (%s): submitted to the default account", job.pk, job.project.name, error)
+        try:
             handle = self.backend.submit(spec)
         except SlurmError as error:
             raise OSError(f"Slurm refused the run: {error}") from error
@@ -260,7 +271,10 @@ class SlurmAgent(NodeAgent):
     def poll_slurm(self) -> None:
         self.mirror_nodes(self.backend.nodes())
         if self.slurm.accounts is not None:
-            self.slurm.accounts.sync()
+            try:
+                self.slurm.accounts.sync()
+            except SlurmError as error:
+                logger.warning("agent %s: Slurm accounts not updated this round: %s", self.name, error)
         handles = [q.handle for q in self.slurm.queued.values()] + [p.backend_job for p in self.live.values() if p.backend_job]
         self.jobs = self.backend.observe(handles) if handles else {}
         self.settle_queued()
