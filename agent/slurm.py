@@ -222,6 +222,9 @@ class SlurmAgent(NodeAgent):
 
     def __init__(self, node_names: list[str], *, name: str = "slurm", backend: SlurmBackend | None = None) -> None:
         self.backend = backend or slurm_backend()
+        # Each node's kernel log reaches the health monitor through this directory (Slurm's
+        # HealthCheckProgram on the node: failover.nodecheck), never this machine's own.
+        self.node_evidence_dir = Path(settings.SLURM_HEALTH_DIR) if settings.SLURM_HEALTH_DIR else settings.VAR_DIR / "slurm-health"
         super().__init__(node_names, name=name, launcher=SlurmLauncher(node_names, self.backend))
         self.slurm: SlurmLauncher = self.launcher  # type: ignore[assignment]
         self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last

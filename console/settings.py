@@ -266,6 +266,10 @@ SLURM_SPOT_QOS = env_str("SLURM_SPOT_QOS", "")
 # are ever created or changed.
 SLURM_ACCOUNTS = env_str("SLURM_ACCOUNTS", "auto")
 SLURM_ACCOUNT_PREFIX = env_str("SLURM_ACCOUNT_PREFIX", "satrain-")
+# Where each Slurm node's health check (HealthCheckProgram: python -m failover.nodecheck) hands its
+# kernel log's fault lines to the console (empty: VAR_DIR/slurm-health); on a real cluster a
+# directory every node mounts, written by root only.
+SLURM_HEALTH_DIR = env_str("SLURM_HEALTH_DIR", "")
 # How often the Slurm agent reads the cluster's nodes and jobs (seconds): one scontrol call each.
 SLURM_POLL_INTERVAL = env_float("SLURM_POLL_INTERVAL", 1.0)
 # How often the embedded control loop places jobs and polls runs (seconds).

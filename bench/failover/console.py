@@ -112,6 +112,7 @@ class EmbeddedConsole:
         settings.BACKEND = backend
         if cluster is not None:
             settings.SLURM_CONF = str(cluster.conf)
+            settings.SLURM_HEALTH_DIR = str(cluster.health_dir)
         self.loop = EmbeddedControlLoop(start_local_agent())
         self.loop.start()
 

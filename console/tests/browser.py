@@ -133,7 +133,7 @@ class LiveConsole:
                     pytest.fail(reason)
                 pytest.skip(reason)
             self.slurm = LocalSlurmCluster(workdir / "slurm")
-            env.update({"BACKEND": "slurm", "SLURM_CONF": str(self.slurm.conf), "SLURM_POLL_INTERVAL": "0.5"})
+            env.update({"BACKEND": "slurm", "SLURM_CONF": str(self.slurm.conf), "SLURM_HEALTH_DIR": str(self.slurm.health_dir), "SLURM_POLL_INTERVAL": "0.5"})
         self.env = env
         self.log_path = workdir / "console.log"
         self.proc: subprocess.Popen | None = None

@@ -39,7 +39,7 @@ from failover.classify import NodeFault, Verdict, classify_failure, node_fault, 
 from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import HealthEvent, NodeHealth
 from failover.probes import HealthProbe, probe_for
-from failover.services.monitor import HealthMonitor, kernel_line_event
+from failover.services.monitor import HealthMonitor, NodeEvidenceMonitor, kernel_line_event
 from jobs.models import GPU, Node
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,10 @@ class HealthChecker:
         self.next_check: dict[str, float] = {}
         self.next_poll = 0.0
         self.lock = threading.Lock()
-        self.monitor = HealthMonitor(self)
+        # A cluster's nodes that are not this machine (Slurm's) are watched through what each
+        # node's own health check hands over (the agent names the directory).
+        evidence = getattr(agent, "node_evidence_dir", None)
+        self.monitor = NodeEvidenceMonitor(self, directory=evidence) if evidence is not None else HealthMonitor(self)
         _checkers.add(self)
         use_gpu_reader(ProbeUsageReader())
 

@@ -15,7 +15,9 @@ takes a fresh reading at once, so the node leaves placement before anything land
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import re
 import signal
 import threading
@@ -23,15 +25,18 @@ import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from agent.processes import signal_run
+from agent.runfiles import read_json
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
+from failover.nodecheck import evidence_paths
 from failover.probes import simulated_findings
 from failover.xids import bus_id, parse_kernel_line, xid_fatal
 from jobs.models import AttemptNode, Node
@@ -48,6 +53,9 @@ BACKLOG_KEPT = 2000
 FATAL_EXIT_WAIT = 10.0  # seconds a SIGKILLed run's supervisor gets to report its exit
 REPEAT_AFTER = 60.0  # the same standing condition (a GPU still lost) is stored again after this
 PRUNE_EVERY = 600.0
+EVIDENCE_READ_MAX = 4 * 1024 * 1024  # bytes of a node's evidence file read per pass
+FIRST_READ_SKIP = 60.0  # a node's evidence older than the monitor's start by more than this is not read
+NODECHECK_STALE = 600.0  # seconds after which a node's silent health check is said on its page
 _PCI = re.compile(r"\b((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]\b")
 
 
@@ -84,6 +92,7 @@ class HealthMonitor:
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()  # one poll at a time
+        self.local_nvml = True  # this machine's NVML events are its real nodes'
 
     # --- the thread ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -119,24 +128,35 @@ class HealthMonitor:
         """Drain every source once, act on fatal events; returns how many events were stored."""
         with self.lock:
             nodes = self.checker.nodes()  # as the agent's reconcile read them: no query per pass
-            lines = []
-            if any(not n.simulated for n in nodes):
-                if self.kernel is None:
-                    self.kernel = KernelLogReader(settings.KERNEL_LOG_PATH)
-                lines, self.backlog = self.backlog + self.kernel.read(), []
+            lines = self.kernel_lines(nodes)
             stored = 0
             for node in nodes:
                 try:
-                    stored += self.poll_node(node, lines if not node.simulated else [])
+                    stored += self.poll_node(node, lines.get(node.name, []))
                 except DatabaseError:
                     logger.warning("health monitor: database unavailable while polling %s; retrying", node.name)
-                    if not node.simulated:
-                        self.backlog = lines[-BACKLOG_KEPT:]  # read again at the next pass
+                    self.keep_back(node, lines.get(node.name, []))
             self.escalate()
             if time.monotonic() - self.last_prune > PRUNE_EVERY:
                 self.last_prune = time.monotonic()
                 prune_events()
             return stored
+
+    def kernel_lines(self, nodes: list[Node]) -> dict[str, list[KernelLine]]:
+        """Each node's new kernel lines: this machine's kernel log is its real nodes' (a simulated
+        node has none)."""
+        real = [n.name for n in nodes if not n.simulated]
+        if not real:
+            return {}
+        if self.kernel is None:
+            self.kernel = KernelLogReader(settings.KERNEL_LOG_PATH)
+        lines, self.backlog = self.backlog + self.kernel.read(), []
+        return dict.fromkeys(real, lines)
+
+    def keep_back(self, node: Node, lines: list[KernelLine]) -> None:
+        """Lines a refused write kept from being stored: read again at the next pass."""
+        if lines:
+            self.backlog = lines[-BACKLOG_KEPT:]
 
     def poll_node(self, node: Node, lines: list[KernelLine]) -> int:
         now = timezone.now()
@@ -167,25 +187,25 @@ class HealthMonitor:
                 stop_gpus.add(fault.gpu)  # an injected fault ends the runs on its GPU, as the real one would
                 for finding in simulated_findings(fault.kind, fault.gpu, fault.xid):
                     events.append(self.event(node, finding, "simulated", now, fatal=True))
-        else:
+        elif self.local_nvml:
             probe = self.checker.probe(node)
             for finding in probe.drain_events():
                 fatal = is_fatal(finding)
                 if fatal:
                     stop_gpus.add(finding.gpu)
                 events.append(self.event(node, finding, "nvml", now, fatal=fatal))
-            if lines and node.name not in self.pci:
-                self.pci[node.name] = probe.gpu_by_pci()
-            for line in lines:
-                event = self.kernel_event(node, line)
-                event.fatal = event.fatal and line.at >= self.started  # fatal: the runs on it were stopped
-                if event.fatal:
-                    stop_gpus.add(event.gpu)
-                events.append(event)
-            note = self.kernel.problem if self.kernel is not None else ""
-            if self.notes.get(node.name) != note:  # written when it changes, not every pass
-                NodeHealth.objects.filter(node=node).exclude(kernel_log_note=note).update(kernel_log_note=note)
-                self.notes[node.name] = note
+        if lines and node.name not in self.pci:
+            self.pci[node.name] = self.checker.probe(node).gpu_by_pci()
+        for line in lines:
+            event = self.kernel_event(node, line)
+            event.fatal = event.fatal and line.at >= self.started  # fatal: the runs on it were stopped
+            if event.fatal:
+                stop_gpus.add(event.gpu)
+            events.append(event)
+        note = self.kernel_note(node)
+        if note is not None and self.notes.get(node.name) != note:  # written when it changes, not every pass
+            NodeHealth.objects.filter(node=node).exclude(kernel_log_note=note).update(kernel_log_note=note)
+            self.notes[node.name] = note
         if stop_gpus:
             why = "; ".join(sorted({e.message or e.kind for e in carried + events if e.fatal}))[:300]
             self.stop_runs(node, stop_gpus, why)
@@ -204,6 +224,12 @@ class HealthMonitor:
             if wake is not None:
                 wake()  # its reconcile reads the fault as applied: no more fault reads per pass
         return len(fresh)
+
+    def kernel_note(self, node: Node) -> str | None:
+        """Why the node's kernel log could not be read ("" when it could; None: not its to say)."""
+        if node.simulated:
+            return None
+        return self.kernel.problem if self.kernel is not None else ""
 
     def event(self, node: Node, finding: Finding, source: str, at: datetime, *, fatal: bool) -> HealthEvent:
         return HealthEvent(
@@ -259,6 +285,79 @@ class HealthMonitor:
             for other in runs.part_exited(part, exit_code=None, exit_signal=signal.SIGKILL, cause=cause):
                 if other.node.name in self.checker.agent.node_names:  # others' agents end theirs (stop request)
                     signal_run(other, signal.SIGTERM)
+
+
+class NodeEvidenceMonitor(HealthMonitor):
+    """The monitor of a cluster's nodes that are not this machine (Slurm's): each node's kernel
+    lines are those the node's own health check handed over (``failover.nodecheck``, Slurm's
+    ``HealthCheckProgram``: ``<node>.jsonl`` in ``directory``), never this machine's kernel log
+    or NVML. Lines written before the monitor started are stored without stopping runs, as the
+    kernel ring's backlog is at an agent's start."""
+
+    def __init__(self, checker, *, directory: Path, interval: float | None = None) -> None:
+        super().__init__(checker, interval=interval)
+        self.directory = directory
+        self.local_nvml = False
+        self.offsets: dict[str, int] = {}  # node → bytes of its file already read
+        self.kept_back: dict[str, list[KernelLine]] = {}
+        self.node_checks: dict[str, dict] = {}
+        self.read_before: dict[str, bool] = {}
+
+    def kernel_lines(self, nodes: list[Node]) -> dict[str, list[KernelLine]]:
+        found: dict[str, list[KernelLine]] = {}
+        for node in nodes:
+            lines = self.kept_back.pop(node.name, []) + self.read_node(node.name)
+            if lines:
+                found[node.name] = lines
+        return found
+
+    def keep_back(self, node: Node, lines: list[KernelLine]) -> None:
+        if lines:
+            self.kept_back[node.name] = lines[-BACKLOG_KEPT:]
+
+    def read_node(self, name: str) -> list[KernelLine]:
+        paths = evidence_paths(self.directory, name)
+        self.node_checks[name] = read_json(paths["status"], 64 * 1024) or {}
+        pci = self.node_checks[name].get("gpus_by_pci")
+        if isinstance(pci, dict) and pci and all(isinstance(k, str) and type(v) is int for k, v in pci.items()):
+            self.pci[name] = pci
+        try:
+            fd = os.open(paths["lines"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return []
+        with os.fdopen(fd, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            offset = self.offsets.get(name)
+            if offset is None or offset > size:  # first sight (or the file started again)
+                offset = 0
+            fh.seek(offset)
+            data = fh.read(min(size - offset, EVIDENCE_READ_MAX))
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offsets[name] = offset + len(complete)
+        lines = []
+        for raw in complete.splitlines():
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                continue
+            at, text, seq = (record.get(k) for k in ("at", "text", "seq")) if isinstance(record, dict) else (None, None, None)
+            if not isinstance(at, int | float) or isinstance(at, bool) or not isinstance(text, str):
+                continue
+            if not self.read_before.get(name) and at < self.started - FIRST_READ_SKIP:
+                continue  # from before the console watched this node: read once, not news
+            lines.append(KernelLine(seq=seq if type(seq) is int else None, at=float(at), text=text[:500], source="kmsg"))
+        self.read_before[name] = True
+        return lines
+
+    def kernel_note(self, node: Node) -> str | None:
+        status = self.node_checks.get(node.name) or {}
+        problem = status.get("problem")
+        checked = status.get("checked_at")
+        if not status:
+            return "no health check from the node yet (Slurm's HealthCheckProgram: failover.nodecheck)"
+        if isinstance(checked, int | float) and time.time() - checked > NODECHECK_STALE:
+            return f"the node's health check last ran {int(time.time() - checked)} s ago"
+        return problem[:300] if isinstance(problem, str) else ""
 
 
 def kernel_line_event(node: Node, text: str, *, at: datetime, source: str, gpu_by_pci: dict[str, int] | None) -> HealthEvent:

@@ -166,6 +166,30 @@ def test_slurmd_killed_under_a_run_fails_it_over(make_job, drive, agent, slurm):
         slurm.start_node(first.node.name)
 
 
+def test_an_xid_in_the_nodes_own_kernel_log_reaches_the_console_and_fails_the_run_over(make_job, drive, agent, slurm):
+    """No fault injected into the console: the Xid is a line in the node's kernel log. Slurm's
+    HealthCheckProgram on the node (``failover.nodecheck``) hands it over, the console's monitor
+    stops the run and marks the GPU, the node is drained in Slurm, the job runs elsewhere."""
+    from failover.kmsg import boot_time
+    from failover.models import HealthEvent
+    from failover.probes import simulated_bus
+
+    job = drive(make_job(command=SLEEPER, gpus_per_node=1), JobStatus.RUNNING, timeout=120)
+    first = running_attempt(job, 1)
+    wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the run's first line")
+    gpu = first.gpu_indices[0]
+    text = f"NVRM: Xid (PCI:{simulated_bus(gpu)}): 79, pid=4242, name=python, GPU has fallen off the bus."
+    usec = int((time.time() - boot_time()) * 1e6)
+    with open(slurm.kernel_log(first.node.name), "a") as kmsg:
+        kmsg.write(f"12,1,{usec},-;{text} (written by a process, not the kernel: ignored)\n3,2,{usec},-;{text}\n")
+    wait_until(agent, lambda: JobAttempt.objects.filter(job=job, number=2, state="running").exists(), "attempt 2 running", timeout=90)
+    job.refresh_from_db()
+    assert job.failover_count == 1 and running_attempt(job, 2).node != first.node
+    events = list(HealthEvent.objects.filter(node=first.node, source="kmsg").values_list("gpu", "xid", "message"))
+    assert events == [(gpu, 79, text)], events
+    wait_until(agent, lambda: "Xid 79" in slurm_node(slurm, first.node.name).reason, "the node drained in Slurm with the Xid", timeout=30)
+
+
 def test_the_container_of_a_run_slurm_killed_is_removed_by_the_epilog(make_job, drive, agent, slurm):
     from agent import runfiles
     from agent.processes import run_dir

@@ -63,6 +63,7 @@ def slurm(slurm_cluster: LocalSlurmCluster, settings) -> Iterator[LocalSlurmClus
     """The console on the cluster: ``BACKEND=slurm``; every node returned to service after the test."""
     settings.BACKEND = "slurm"
     settings.SLURM_CONF = str(slurm_cluster.conf)
+    settings.SLURM_HEALTH_DIR = str(slurm_cluster.health_dir)
     settings.SLURM_SPOT_PARTITION = "spot"
     settings.SLURM_POLL_INTERVAL = 0.3
     yield slurm_cluster

@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, needs_s
 def accounted(slurm_accounting_cluster, settings):
     settings.BACKEND = "slurm"
     settings.SLURM_CONF = str(slurm_accounting_cluster.conf)
+    settings.SLURM_HEALTH_DIR = str(slurm_accounting_cluster.health_dir)
     settings.SLURM_SPOT_PARTITION = "spot"
     settings.SLURM_POLL_INTERVAL = 0.3
     settings.SLURM_ACCOUNTS = "auto"

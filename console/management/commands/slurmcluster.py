@@ -45,7 +45,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Slurm cluster up in {time.monotonic() - started:.1f} s: {', '.join(names)} × {options['gpus']} GPUs, partitions gpu "
             f"(default) and spot (preemptible){'; accounts kept (sacctmgr)' if options['accounting'] else ''}.\nStart the console on it with:\n\n"
-            f"  BACKEND=slurm SLURM_CONF={cluster.conf} make run\n\n"
+            f"  BACKEND=slurm SLURM_CONF={cluster.conf} SLURM_HEALTH_DIR={cluster.health_dir} make run\n\n"
             f"and use Slurm's commands with SLURM_CONF={cluster.conf} (sinfo, squeue, scontrol). Ctrl-C stops it."
         )
         stop = threading.Event()

@@ -32,6 +32,7 @@ from pathlib import Path
 from jobs.backends.slurm.client import SlurmClient, SlurmError
 
 SPOT_PARTITION = "spot"
+HEALTH_CHECK_INTERVAL_S = 3
 SPOT_GRACE_S = 15  # a contained run's SIGTERM, its checkpoint and Podman's clean-up fit in it
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
 # Accounting's (Debian: ``apt-get install slurmdbd mariadb-server``).
@@ -126,6 +127,9 @@ class LocalSlurmCluster:
             "KillWait=5",
             "MinJobAge=300",
             f"Epilog={root}/etc/epilog.sh",
+            # Each node's own health check hands its kernel log's fault lines to the console.
+            f"HealthCheckProgram={root}/etc/healthcheck.sh",
+            f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}",
         ]  # fmt: skip
         gres = ["AutoDetect=off"]
         for name, port in zip(self.nodes, node_ports, strict=True):
@@ -153,6 +157,16 @@ class LocalSlurmCluster:
             f"#!/bin/sh\nexport SLURM_CONF={self.conf} PYTHONPATH={base}\nexec {sys.executable} -m agent.runner --slurm-epilog\n"
         )
         epilog.chmod(0o755)
+        # The nodes' kernel logs are as fake as their GPUs: one file per node (``kernel_log``).
+        (root / "kmsg").mkdir(exist_ok=True)
+        for name in self.nodes:
+            (root / "kmsg" / name).touch()
+        check = root / "etc" / "healthcheck.sh"
+        check.write_text(
+            f"#!/bin/sh\nexport SATRAIN_HEALTH_DIR={self.health_dir} SATRAIN_KERNEL_LOG={root}/kmsg/$SLURMD_NODENAME PYTHONPATH={base}\n"
+            f"exec {sys.executable} -m failover.nodecheck\n"
+        )
+        check.chmod(0o755)
         (root / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
 
     def _accounting_lines(self, dbd_port: int) -> list[str]:
@@ -236,6 +250,15 @@ class LocalSlurmCluster:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"the Slurm cluster did not come up in {timeout:.0f}s: {states}; see {root}/log")
+
+    @property
+    def health_dir(self) -> Path:
+        """Where the nodes' health checks hand over their kernel lines (``SLURM_HEALTH_DIR``)."""
+        return self.root / "health"
+
+    def kernel_log(self, name: str) -> Path:
+        """The node's (fake) kernel log, in ``/dev/kmsg``'s record format."""
+        return self.root / "kmsg" / name
 
     def kill_node(self, name: str) -> None:
         """SIGKILL one node's slurmd (its runs go on as orphans, as on a node that lost its daemon)."""

@@ -1,0 +1,130 @@
+"""The health check a cluster runs on each of its nodes (Slurm's ``HealthCheckProgram``): the
+node's own kernel log, read where the last check stopped, its fault lines handed to the console.
+
+Slurm runs it as root on every node each ``HealthCheckInterval`` seconds, with only
+``SLURMD_NODENAME`` in its environment; the cluster's wrapper script sets the rest
+(``SATRAIN_HEALTH_DIR``, and ``SATRAIN_KERNEL_LOG`` where the kernel log is not ``/dev/kmsg``).
+One pass:
+
+* reads the kernel log (``failover.kmsg``: the kernel's own NVRM Xid / SXid, fallen-off-the-bus,
+  PCIe AER, link-down, thermal … lines) after the sequence number the last pass kept in
+  ``<node>.cursor``; on the first pass, only lines of the last ``FIRST_PASS_WINDOW`` seconds;
+* appends each as one JSON record ``{"seq", "at", "text"}`` to ``<node>.jsonl``;
+* writes ``<node>.status.json``: when it ran, why the kernel log could not be read (if so), and
+  the node's GPU index by PCI bus id where NVML answers (so an Xid line names its GPU).
+
+It judges nothing and drains nothing: the console's health monitor reads these files
+(``failover.services.monitor.NodeEvidenceMonitor``), and its one verdict drains the node in Slurm
+with the fault's reason. Standard library only (``pynvml`` where installed): no Django, no
+database. The directory is the cluster's (root's), never a job's; paths are opened without
+following links.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from failover.kmsg import KMSG_PATH, KernelLogReader
+
+FIRST_PASS_WINDOW = 60.0
+RECORD_MAX_TEXT = 500
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def evidence_paths(directory: Path, node: str) -> dict[str, Path]:
+    """The node's files in the evidence directory (shared by the console and the nodes)."""
+    return {
+        "lines": directory / f"{node}.jsonl",
+        "cursor": directory / f"{node}.cursor",
+        "status": directory / f"{node}.status.json",
+    }
+
+
+def _write_atomic(path: Path, payload: dict) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(payload))
+    os.replace(temporary, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as fh:
+            value = json.loads(fh.read(64 * 1024))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _read_cursor(path: Path) -> int | None:
+    value = (_read_json(path) or {}).get("seq")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def gpus_by_pci(node: str) -> dict[str, int]:
+    """GPU index by PCI bus id from NVML, or {} where there is no driver (or no pynvml)."""
+    try:
+        from failover.nvml import NvmlProbe
+
+        probe = NvmlProbe(node, expected_gpus=0)
+    except Exception:  # noqa: BLE001 - no NVML here: Xid lines then name no GPU
+        return {}
+    try:
+        return probe.gpu_by_pci()
+    finally:
+        probe.close()
+
+
+def check(node: str, directory: Path, *, kernel_log: str = KMSG_PATH, now: float | None = None) -> int:
+    """One pass for ``node``; returns how many lines it handed over."""
+    if not NODE_NAME.match(node):
+        raise ValueError(f"not a node name: {node!r}")
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    paths = evidence_paths(directory, node)
+    now = time.time() if now is None else now
+    cursor = _read_cursor(paths["cursor"])
+    reader = KernelLogReader(kernel_log, fallbacks=False)
+    reader.seq = cursor
+    try:
+        lines = reader.read()
+    finally:
+        reader.close()
+    if cursor is None:  # the first pass: the ring's old lines are not news
+        lines = [line for line in lines if line.at >= now - FIRST_PASS_WINDOW]
+    if lines:
+        fd = os.open(paths["lines"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "a") as fh:
+            for line in lines:
+                fh.write(json.dumps({"seq": line.seq, "at": line.at, "text": line.text[:RECORD_MAX_TEXT]}) + "\n")
+    if reader.seq is not None and reader.seq != cursor:
+        _write_atomic(paths["cursor"], {"seq": reader.seq})
+    # NVML is asked once, then again only when a pass has lines to attribute.
+    known = (_read_json(paths["status"]) or {}).get("gpus_by_pci")
+    pci = gpus_by_pci(node) if lines or not isinstance(known, dict) else known
+    _write_atomic(paths["status"], {"checked_at": now, "problem": reader.problem, "gpus_by_pci": pci})
+    return len(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    node = os.environ.get("SLURMD_NODENAME", "")
+    directory = os.environ.get("SATRAIN_HEALTH_DIR", "")
+    if not node or not directory:
+        print("nodecheck: SLURMD_NODENAME and SATRAIN_HEALTH_DIR must be set", file=sys.stderr)
+        return 2
+    try:
+        check(node, Path(directory), kernel_log=os.environ.get("SATRAIN_KERNEL_LOG") or KMSG_PATH)
+    except (OSError, ValueError) as error:
+        print(f"nodecheck: {node}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
