@@ -210,6 +210,22 @@ class SlurmLauncher(Launcher):
         logger.info("job %s: attempt %s rank %s queued in Slurm as job %s on %s", job.pk, attempt.number, part.rank, handle, part.node.name)
         return None
 
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        """Through Slurm, on the run's node (its pid record's numbers are that node's, not this
+        machine's). SIGTERM goes to the runner alone, which passes it on to the training as
+        ``signal_run`` does; SIGKILL to every process of the batch step, and the cluster's Epilog
+        removes the container. False where Slurm has no job for it or refuses."""
+        if not part.backend_job:
+            return False
+        name = signal.Signals(sig).name.removeprefix("SIG")
+        try:
+            self.backend.client.cancel(int(part.backend_job), signal=name, full=sig == signal.SIGKILL)
+        except (SlurmError, ValueError) as error:
+            logger.warning("job %s: %s to Slurm job %s failed: %s", part.attempt.job_id, name, part.backend_job, error)
+            return False
+        logger.info("job %s: sent SIG%s to attempt %s rank %s (Slurm job %s)", part.attempt.job_id, name, part.attempt.number, part.rank, part.backend_job)
+        return True
+
     def cancel(self, handle: str) -> None:
         try:
             self.backend.client.cancel(int(handle))
@@ -351,6 +367,18 @@ class SlurmAgent(NodeAgent):
                 runs.launch_failed(part.attempt, f"Slurm ended job {queued.handle} before its run started: {seen.state} {seen.reason}".strip())
 
     # --- exits -----------------------------------------------------------------------------
+    def runner_alive(self, part: AttemptNode, directory: Path) -> bool:
+        """Whether the rank's batch job is still on, in Slurm's words: its runner's pid is the
+        node's, not this machine's. Alive until Slurm's records say otherwise; a job lost with
+        its node while Slurm has the node DOWN is the lost-node sweep's to end (it names the
+        node's loss as the cause)."""
+        if not part.backend_job:
+            return super().runner_alive(part, directory)
+        seen = self.jobs.get(part.backend_job)
+        if seen is None or seen.phase in ("waiting", "running") or runfiles.exit_written(directory):
+            return True
+        return seen.phase == "lost" and part.node.name in self.down
+
     def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
         """As on the agents, once Slurm has recorded how the batch job ended: a preemption is a
         Spot reclaim, a cancel or a time limit by Slurm says so."""

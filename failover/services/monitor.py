@@ -54,7 +54,6 @@ FATAL_EXIT_WAIT = 10.0  # seconds a SIGKILLed run's supervisor gets to report it
 REPEAT_AFTER = 60.0  # the same standing condition (a GPU still lost) is stored again after this
 PRUNE_EVERY = 600.0
 EVIDENCE_READ_MAX = 4 * 1024 * 1024  # bytes of a node's evidence file read per pass
-FIRST_READ_SKIP = 60.0  # a node's evidence older than the monitor's start by more than this is not read
 NODECHECK_STALE = 600.0  # seconds after which a node's silent health check is said on its page
 _PCI = re.compile(r"\b((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2})\.[0-7]\b")
 
@@ -254,6 +253,11 @@ class HealthMonitor:
         return True
 
     # --- stopping runs ----------------------------------------------------------------------
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        """As the agent signals its runs (its launcher: on a cluster, through the scheduler)."""
+        launcher = getattr(self.checker.agent, "launcher", None) if self.checker is not None else None
+        return launcher.signal(part, sig) if launcher is not None else signal_run(part, sig)
+
     def stop_runs(self, node: Node, gpus: Iterable[int | None], why: str) -> None:
         """SIGKILL every process of each run on ``gpus`` (None: the whole node)."""
         wanted = set(gpus)
@@ -261,7 +265,7 @@ class HealthMonitor:
         for part in parts:
             if None not in wanted and not wanted & set(part.gpu_indices):
                 continue
-            if signal_run(part, signal.SIGKILL):
+            if self.signal(part, signal.SIGKILL):
                 logger.warning("job %s: fatal GPU event on %s (%s); its run was killed", part.attempt.job_id, node.name, why)
             # Kept even when the run has not recorded its processes yet: the kill is sent again
             # at every pass until the rank has ended (``escalate``).
@@ -277,22 +281,22 @@ class HealthMonitor:
                 del self.killed[pk]
                 continue
             if time.monotonic() - when < FATAL_EXIT_WAIT:
-                signal_run(part, signal.SIGKILL)  # a process started since (or a run just launched)
+                self.signal(part, signal.SIGKILL)  # a process started since (or a run just launched)
                 continue
             del self.killed[pk]
             cause = f"fatal GPU event ({why}); the run did not exit after SIGKILL"
             logger.warning("job %s: %s", part.attempt.job_id, cause)
             for other in runs.part_exited(part, exit_code=None, exit_signal=signal.SIGKILL, cause=cause):
                 if other.node.name in self.checker.agent.node_names:  # others' agents end theirs (stop request)
-                    signal_run(other, signal.SIGTERM)
+                    self.signal(other, signal.SIGTERM)
 
 
 class NodeEvidenceMonitor(HealthMonitor):
     """The monitor of a cluster's nodes that are not this machine (Slurm's): each node's kernel
     lines are those the node's own health check handed over (``failover.nodecheck``, Slurm's
     ``HealthCheckProgram``: ``<node>.jsonl`` in ``directory``), never this machine's kernel log
-    or NVML. Lines written before the monitor started are stored without stopping runs, as the
-    kernel ring's backlog is at an agent's start."""
+    or NVML. Lines written before the monitor started (a few seconds' grace aside) are not read:
+    an earlier console read them, or they are history."""
 
     def __init__(self, checker, *, directory: Path, interval: float | None = None) -> None:
         super().__init__(checker, interval=interval)
@@ -343,8 +347,8 @@ class NodeEvidenceMonitor(HealthMonitor):
             at, text, seq = (record.get(k) for k in ("at", "text", "seq")) if isinstance(record, dict) else (None, None, None)
             if not isinstance(at, int | float) or isinstance(at, bool) or not isinstance(text, str):
                 continue
-            if not self.read_before.get(name) and at < self.started - FIRST_READ_SKIP:
-                continue  # from before the console watched this node: read once, not news
+            if not self.read_before.get(name) and at < self.started:
+                continue  # from before this console watched the node (an earlier one read it): history
             lines.append(KernelLine(seq=seq if type(seq) is int else None, at=float(at), text=text[:500], source="kmsg"))
         self.read_before[name] = True
         return lines

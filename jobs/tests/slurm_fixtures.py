@@ -78,7 +78,9 @@ def cluster(slurm_cluster: LocalSlurmCluster) -> Iterator[LocalSlurmCluster]:
 
 
 def reset(cluster: LocalSlurmCluster) -> None:
-    """Every job cancelled, every node returned to service: the next test finds the cluster idle."""
+    """Every job cancelled, every node returned to service, every kernel log quiet: the next
+    test finds the cluster idle."""
+    cluster.clear_health()
     client = cluster.client
     for job in client.jobs():
         if job.state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):

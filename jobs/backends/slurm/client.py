@@ -206,10 +206,12 @@ class SlurmClient:
         out = self.run("scontrol", "show", "job", "-o")
         return [SlurmJob.from_record(parse_record(line)) for line in out.splitlines() if line.startswith("JobId=")]
 
-    def cancel(self, job_id: int, *, signal: str | None = None) -> None:
+    def cancel(self, job_id: int, *, signal: str | None = None, full: bool = True) -> None:
+        """Cancel the job, or with ``signal`` send it to the batch script on its node: to every
+        process of the batch step (``full``), or to the batch shell alone."""
         args = ["scancel", str(int(job_id))]
         if signal:
-            args[1:1] = [f"--signal={signal}", "--batch", "--full"]
+            args[1:1] = [f"--signal={signal}", "--batch", *(["--full"] if full else [])]
         self.run(*args)
 
     def requeue(self, job_id: int) -> None:

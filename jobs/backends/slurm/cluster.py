@@ -260,6 +260,14 @@ class LocalSlurmCluster:
         """The node's (fake) kernel log, in ``/dev/kmsg``'s record format."""
         return self.root / "kmsg" / name
 
+    def clear_health(self) -> None:
+        """Every node's kernel log emptied and its health check's files removed (its cursor with
+        them): the next test starts from a quiet cluster."""
+        for name in self.nodes:
+            self.kernel_log(name).write_text("")
+        for path in self.health_dir.glob("*"):
+            path.unlink(missing_ok=True)
+
     def kill_node(self, name: str) -> None:
         """SIGKILL one node's slurmd (its runs go on as orphans, as on a node that lost its daemon)."""
         for process in self.processes:
