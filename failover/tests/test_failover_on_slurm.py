@@ -2,7 +2,8 @@
 GPUs): each rank a Slurm batch job, and the same scenarios as on the agents — a run to its end,
 the guide's Spot script failed over on an Xid 79 with its node drained in Slurm, a user error
 refused without a drain, the failover limit, a Spot run preempted by On-Demand work, slurmd
-killed under a run."""
+killed under a run; and, on a cluster that keeps accounts, each project a Slurm account with its
+GPU limit."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import ckptlib
 from console.testing import job_output, needs_sandbox
 from failover.services.faults import clear_node, inject_fault
 from failover.tests.test_spot_script_in_a_container import fault_after_first_commit
-from jobs.models import AttemptNode, JobAttempt, Node
+from jobs.models import AttemptNode, JobAttempt, Node, Project
 from jobs.statuses import JobStatus
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, needs_sandbox, pytest.mark.usefixtures("no_run_outlives_its_test")]
@@ -264,3 +265,53 @@ def test_a_run_uses_the_gpus_slurm_gave_it_and_the_console_follows(make_job, dri
     assert part.node.name == "node-a" and part.gpu_indices == [1], part.gpu_indices
     assert job_output(job) == ["gpus=1", "nvidia1"], job_output(job)
     assert not GPU.objects.filter(allocated_to__isnull=False).exists()  # released at the end, GPU 1's hold with it
+
+
+# --- projects as Slurm accounts (a cluster that keeps accounts) ----------------------------
+@pytest.fixture
+def team(owner):
+    project = Project.objects.create(name="team", gpu_quota=1, gpu_borrow_limit=1)
+    project.members.add(owner)
+    return project
+
+
+@pytest.mark.slurm_accounting
+def test_a_projects_job_runs_under_its_account_whose_gpu_limit_slurm_enforces(make_job, drive, agent, slurm, team):
+    from jobs.backends.slurm.client import Submission
+    client = slurm.client
+    # The project's account exists already (an operator made it, with a looser limit), and
+    # someone outside the console runs on it with 2 GPUs.
+    client.set_account("satrain-team", gpu_limit=3, user="root")
+    other = client.submit(Submission(
+        name="outside", script="#!/bin/bash\nsleep 6\n", output="/dev/null", workdir="/tmp", gpus_per_node=2, account="satrain-team",
+    ))  # fmt: skip
+    job = make_job(command="echo on $SLURM_JOB_ACCOUNT; exit 0", gpus_per_node=1, project=team)
+    # The console sets the account's limit to the project's quota plus borrow limit (2): Slurm
+    # holds the job beyond it, and the job says why in Slurm's words and ours.
+    wait_until(agent, lambda: "AssocGrpGRES" in (job.refresh_from_db() or job.status_reason), "Slurm's limit shown on the job", timeout=60)
+    assert job.status == JobStatus.PENDING and "GPU limit" in job.status_reason, job.status_reason
+    account = client.accounts()["satrain-team"]
+    assert account.gpu_limit == 2 and "root" in account.users, account
+    part = running_attempt(job, 1)
+    record = client.job(int(part.backend_job))
+    assert record is not None and record.record.get("Account") == "satrain-team" and record.reason == "AssocGrpGRES", record.record
+    # Once the outside job ends, the account has room: the job runs and completes under it.
+    job = drive(job, JobStatus.COMPLETED, timeout=120)
+    assert client.job(other) is None or client.job(other).state == "COMPLETED"
+    assert job_output(job) == ["on satrain-team"], job_output(job)
+
+
+@pytest.mark.slurm_accounting
+def test_the_console_creates_the_account_and_it_follows_the_projects_quota(make_job, drive, agent, slurm, owner):
+    lab = Project.objects.create(name="lab", gpu_quota=2, gpu_borrow_limit=0)
+    lab.members.add(owner)
+    assert "satrain-lab" not in slurm.client.accounts()
+    job = drive(make_job(command="exit 0", gpus_per_node=1, project=lab), JobStatus.COMPLETED, timeout=120)
+    assert job.failover_count == 0
+    assert slurm.client.accounts()["satrain-lab"].gpu_limit == 2
+    Project.objects.filter(pk=lab.pk).update(gpu_quota=3, gpu_borrow_limit=1)
+    wait_until(agent, lambda: slurm.client.accounts()["satrain-lab"].gpu_limit == 4, "GrpTRES gres/gpu=4", timeout=30)
+    Project.objects.filter(pk=lab.pk).update(gpu_borrow_limit=None)  # borrows without limit: no GPU limit in Slurm
+    wait_until(agent, lambda: slurm.client.accounts()["satrain-lab"].gpu_limit is None, "no GPU limit", timeout=30)
+    # Accounts without the prefix are the cluster's own: never touched.
+    assert slurm.client.accounts()["root"].gpu_limit is None

@@ -41,7 +41,8 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlu
 @pytest.fixture(scope="module")
 def slurm_accounting_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurmCluster]:
     """A second cluster that keeps accounts (MariaDB and slurmdbd, limits enforced), for the
-    tests of one module: the session's cluster stays as simple as most clusters start."""
+    tests marked ``slurm_accounting`` of one module: the session's cluster stays as simple as
+    most clusters start."""
     reason = slurm_missing() or (
         f"Slurm accounting is not installed ({', '.join(missing)} missing: apt-get install slurmdbd mariadb-server)"
         if (missing := missing_tools(accounting=True)) else ""
@@ -59,15 +60,18 @@ def slurm_accounting_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 @pytest.fixture
-def slurm(slurm_cluster: LocalSlurmCluster, settings) -> Iterator[LocalSlurmCluster]:
-    """The console on the cluster: ``BACKEND=slurm``; every node returned to service after the test."""
+def slurm(request: pytest.FixtureRequest, settings) -> Iterator[LocalSlurmCluster]:
+    """The console on the cluster: ``BACKEND=slurm``; every node returned to service after the
+    test. A test marked ``slurm_accounting`` gets the cluster that keeps accounts."""
+    accounting = request.node.get_closest_marker("slurm_accounting") is not None
+    cluster: LocalSlurmCluster = request.getfixturevalue("slurm_accounting_cluster" if accounting else "slurm_cluster")
     settings.BACKEND = "slurm"
-    settings.SLURM_CONF = str(slurm_cluster.conf)
-    settings.SLURM_HEALTH_DIR = str(slurm_cluster.health_dir)
+    settings.SLURM_CONF = str(cluster.conf)
+    settings.SLURM_HEALTH_DIR = str(cluster.health_dir)
     settings.SLURM_SPOT_PARTITION = "spot"
     settings.SLURM_POLL_INTERVAL = 0.3
-    yield slurm_cluster
-    reset(slurm_cluster)
+    yield cluster
+    reset(cluster)
 
 
 @pytest.fixture
