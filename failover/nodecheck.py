@@ -53,18 +53,19 @@ def _write_atomic(path: Path, payload: dict) -> None:
     os.replace(temporary, path)
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json_file(path: Path, limit: int = 64 * 1024) -> dict | None:
+    """A JSON object from a file (not through a link, at most ``limit`` bytes), or None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd) as fh:
-            value = json.loads(fh.read(64 * 1024))
+            value = json.loads(fh.read(limit))
     except (OSError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 
 
 def _read_cursor(path: Path) -> int | None:
-    value = (_read_json(path) or {}).get("seq")
+    value = (read_json_file(path) or {}).get("seq")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
@@ -106,7 +107,7 @@ def check(node: str, directory: Path, *, kernel_log: str = KMSG_PATH, now: float
     if reader.seq is not None and reader.seq != cursor:
         _write_atomic(paths["cursor"], {"seq": reader.seq})
     # NVML is asked once, then again only when a pass has lines to attribute.
-    known = (_read_json(paths["status"]) or {}).get("gpus_by_pci")
+    known = (read_json_file(paths["status"]) or {}).get("gpus_by_pci")
     pci = gpus_by_pci(node) if lines or not isinstance(known, dict) else known
     _write_atomic(paths["status"], {"checked_at": now, "problem": reader.problem, "gpus_by_pci": pci})
     return len(lines)

@@ -32,11 +32,10 @@ from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
 from agent.processes import signal_run
-from agent.runfiles import read_json
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
-from failover.nodecheck import evidence_paths
+from failover.nodecheck import evidence_paths, read_json_file
 from failover.probes import simulated_findings
 from failover.xids import bus_id, parse_kernel_line, xid_fatal
 from jobs.models import AttemptNode, Node
@@ -321,7 +320,7 @@ class NodeEvidenceMonitor(HealthMonitor):
 
     def read_node(self, name: str) -> list[KernelLine]:
         paths = evidence_paths(self.directory, name)
-        self.node_checks[name] = read_json(paths["status"], 64 * 1024) or {}
+        self.node_checks[name] = read_json_file(paths["status"]) or {}
         pci = self.node_checks[name].get("gpus_by_pci")
         if isinstance(pci, dict) and pci and all(isinstance(k, str) and type(v) is int for k, v in pci.items()):
             self.pci[name] = pci
