@@ -381,7 +381,8 @@ class SlurmAgent(NodeAgent):
 
     def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
         """As on the agents, once Slurm has recorded how the batch job ended: a preemption is a
-        Spot reclaim, a cancel or a time limit by Slurm says so."""
+        Spot reclaim, a cancel or a time limit by Slurm says so, and a run whose runner left no
+        exit record ended as Slurm recorded it (its exit code or signal)."""
         seen = self.jobs.get(part.backend_job) if part.backend_job else None
         first = self.ending.setdefault(part.pk, time.monotonic())
         if part.backend_job and (seen is None or seen.state not in FINAL) and time.monotonic() - first < FINAL_STATE_WAIT:
@@ -394,6 +395,12 @@ class SlurmAgent(NodeAgent):
             cause = f"preempted by Slurm (job {part.backend_job}) for higher-priority work" + (f"; {cause}" if cause else "")
         elif seen is not None and seen.state in ("CANCELLED", "TIMEOUT", "NODE_FAIL") and part.attempt.stop_requested_at is None and not cause:
             cause = f"Slurm ended job {part.backend_job}: {seen.state}" + (f" ({seen.reason})" if seen.reason and seen.reason != "None" else "")
+        elif exit_code is None and exit_signal is None and seen is not None and seen.state in FINAL and (seen.exit_signal or seen.exit_code):
+            # The runner died with its run (a SIGKILL to the whole batch step: the health monitor's
+            # kill, a stop's grace spent, anyone's scancel) and wrote no exit record: Slurm's
+            # record says how the batch job ended.
+            exit_code, exit_signal = seen.exit_code, seen.exit_signal
+            cause = f"{runs.describe_exit(exit_code, exit_signal)}: Slurm job {part.backend_job} {seen.state}, its runner left no exit record"
         super().part_ended(part, exit_code, exit_signal, cause)
 
     def forget(self, part_id: int) -> None:

@@ -7,6 +7,7 @@ GPU limit."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 
@@ -188,6 +189,10 @@ def test_an_xid_in_the_nodes_own_kernel_log_reaches_the_console_and_fails_the_ru
     assert job.failover_count == 1 and running_attempt(job, 2).node != first.node
     events = list(HealthEvent.objects.filter(node=first.node, source="kmsg").values_list("gpu", "xid", "message"))
     assert events == [(gpu, 79, text)], events
+    # The kill went through Slurm to the whole batch step (the runner with it): the first
+    # attempt's exit is Slurm's record of it, as an agent's runner would have reported it.
+    killed = JobAttempt.objects.get(job=job, number=1)
+    assert killed.exit_signal == signal.SIGKILL and killed.cause.startswith("killed by SIGKILL: Slurm job"), (killed.exit_signal, killed.cause)
     wait_until(agent, lambda: "Xid 79" in slurm_node(slurm, first.node.name).reason, "the node drained in Slurm with the Xid", timeout=30)
 
 
