@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.backends.slurm.client import SlurmClient, Submission, expand_nodes, parse_record
+from jobs.backends.slurm.client import SlurmClient, SlurmError, Submission, expand_nodes, parse_record
 from jobs.backends.slurm.cluster import LocalSlurmCluster
 
 
@@ -23,6 +23,15 @@ def test_scontrol_records_are_read_with_spaces_in_values() -> None:
                       "Reason": "ReqNodeNotAvail, UnavailableNodes:node-a", "ExcNodeList": "", "Restarts": "1"}  # fmt: skip
     assert expand_nodes("node-a,gpu[01-03],cpu[7,9]") == ["node-a", "gpu01", "gpu02", "gpu03", "cpu7", "cpu9"]
     assert expand_nodes("") == []
+
+
+def test_a_jobs_environment_never_names_what_sbatch_itself_reads() -> None:
+    """Its values reach sbatch's own environment: SBATCH_* and SLURM_* there are options (another
+    partition, account, config file), LD_* the loader's. Refused before anything runs."""
+    client = SlurmClient(env={"SLURM_CONF": "/nonexistent/slurm.conf"})
+    for name in ("SBATCH_PARTITION", "SLURM_CONF", "LD_PRELOAD", "SPANK_X", "A,B", "1X"):
+        with pytest.raises(SlurmError, match="not submitted: the job's environment names"):
+            client.submit(Submission(name="env", script="#!/bin/bash\ntrue\n", output="/dev/null", workdir="/", environment={name: "x"}))
 
 
 def wait_for(client: SlurmClient, job_id: int, states: set[str], timeout: float = 60.0):
@@ -66,6 +75,15 @@ def test_a_gpu_job_runs_with_its_gpus_and_only_its_own_environment(cluster: Loca
     assert len(job.nodes) == 1
     line = wait_for_line(output, "start restart=0")
     assert f"node={job.nodes[0]} gpus=0,1 token=t-1 home=unset" in line
+    client.cancel(job_id)
+    # A PATH in the job's environment is the job's, not where the console finds sbatch.
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "sbatch"
+    fake.write_text(f"#!/bin/sh\ntouch {tmp_path / 'fake-ran'}\necho 999999\n")
+    fake.chmod(0o755)
+    job_id = client.submit(Submission(name="path", script=SCRIPT, output=str(output), workdir=str(tmp_path),
+                                      environment={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}))  # fmt: skip
+    assert job_id != 999999 and not (tmp_path / "fake-ran").exists()
     client.cancel(job_id)
     assert wait_for(client, job_id, {"CANCELLED"}).state == "CANCELLED"
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,11 @@ TIMEOUT_S = 30.0
 # A key of ``scontrol show -o``: a word (``JobId``, ``ExcNodeList``, ``CfgTRES``, ``OS``), maybe
 # with ``:`` or ``/`` (``Gres``…): each pair starts at a space followed by such a key and ``=``.
 _PAIR = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+# Names a job's environment may not carry to ``sbatch``: its values reach sbatch's own environment
+# (``--export=<names>``), where SBATCH_*/SLURM_* are read as options (another partition, account,
+# QOS, config file) and LD_* by the loader. Slurm sets the job's own SLURM_* names itself.
+_SLURM_READS = re.compile(r"^(?:SBATCH|SLURM|SALLOC|SRUN|SPANK|LD)_")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class SlurmError(RuntimeError):
@@ -150,9 +156,12 @@ class SlurmClient:
         self.timeout = timeout
 
     def run(self, *command: str, stdin: str | None = None, extra_env: Mapping[str, str] | None = None) -> str:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", **self.env, **(extra_env or {})}
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        env = {"PATH": path, "LANG": "C.UTF-8", **(extra_env or {}), **self.env}  # the cluster's names win
+        # The command is found on the console's PATH, not on one the job's environment gives.
+        executable = shutil.which(command[0], path=self.env.get("PATH", path)) or command[0]
         try:
-            done = subprocess.run(list(command), input=stdin, capture_output=True, text=True, env=env, timeout=self.timeout, check=False)
+            done = subprocess.run([executable, *command[1:]], input=stdin, capture_output=True, text=True, env=env, timeout=self.timeout, check=False)
         except (OSError, subprocess.TimeoutExpired) as error:
             raise SlurmError(f"{command[0]}: {error}") from error
         if done.returncode != 0:
@@ -186,6 +195,9 @@ class SlurmClient:
             if value:
                 args.append(f"{option}={value}")
         names = sorted(submission.environment)
+        refused = [name for name in names if not _ENV_NAME.match(name) or _SLURM_READS.match(name)]
+        if refused:
+            raise SlurmError(f"sbatch: not submitted: the job's environment names {', '.join(refused)[:200]} (Slurm's own names, the loader's, or not a variable name)")
         args.append("--export=" + (",".join(names) if names else "NIL"))
         # sbatch takes the named variables' values from its own environment.
         out = self.run(*args, stdin=submission.script, extra_env=submission.environment)
