@@ -35,7 +35,7 @@ from agent.processes import signal_run
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
-from failover.nodecheck import evidence_paths, read_json_file
+from failover.nodecheck import RECORD_MAX_TEXT, evidence_paths, read_json_file
 from failover.probes import simulated_findings
 from failover.xids import bus_id, parse_kernel_line, xid_fatal
 from jobs.models import AttemptNode, Node
@@ -254,7 +254,7 @@ class HealthMonitor:
     # --- stopping runs ----------------------------------------------------------------------
     def signal(self, part: AttemptNode, sig: int) -> bool:
         """As the agent signals its runs (its launcher: on a cluster, through the scheduler)."""
-        launcher = getattr(self.checker.agent, "launcher", None) if self.checker is not None else None
+        launcher = getattr(self.checker.agent, "launcher", None)
         return launcher.signal(part, sig) if launcher is not None else signal_run(part, sig)
 
     def stop_runs(self, node: Node, gpus: Iterable[int | None], why: str) -> None:
@@ -348,7 +348,7 @@ class NodeEvidenceMonitor(HealthMonitor):
                 continue
             if not self.read_before.get(name) and at < self.started:
                 continue  # from before this console watched the node (an earlier one read it): history
-            lines.append(KernelLine(seq=seq if type(seq) is int else None, at=float(at), text=text[:500], source="kmsg"))
+            lines.append(KernelLine(seq=seq if type(seq) is int else None, at=float(at), text=text[:RECORD_MAX_TEXT], source="kmsg"))
         self.read_before[name] = True
         return lines
 

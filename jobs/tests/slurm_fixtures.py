@@ -14,28 +14,35 @@ from jobs.backends.slurm.client import SlurmError
 from jobs.backends.slurm.cluster import LocalSlurmCluster, missing_tools
 
 
-def slurm_missing() -> str:
-    missing = missing_tools()
+def slurm_missing(*, accounting: bool = False) -> str:
+    missing = missing_tools(accounting=accounting)
     if missing:
-        return f"Slurm is not installed ({', '.join(missing)} missing: apt-get install slurm-wlm munge)"
+        packages = "slurm-wlm munge" + (" slurmdbd mariadb-server" if accounting else "")
+        return f"Slurm is not installed ({', '.join(missing)} missing: apt-get install {packages})"
     if os.geteuid() != 0:
         return "a local Slurm cluster needs root (mknod, slurmd)"
     return ""
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurmCluster]:
-    reason = slurm_missing()
+def running_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, *, accounting: bool = False) -> Iterator[LocalSlurmCluster]:
+    """A started cluster, stopped after its scope; skipped (failed with ``REQUIRE_SLURM=1``) where
+    this machine cannot run one."""
+    reason = slurm_missing(accounting=accounting)
     if reason:
         if os.environ.get("REQUIRE_SLURM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    cluster = LocalSlurmCluster(tmp_path_factory.mktemp("slurm-cluster"))
+    cluster = LocalSlurmCluster(tmp_path_factory.mktemp(name), accounting=accounting)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurmCluster]:
+    yield from running_cluster(tmp_path_factory, "slurm-cluster")
 
 
 @pytest.fixture(scope="module")
@@ -43,20 +50,7 @@ def slurm_accounting_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     """A second cluster that keeps accounts (MariaDB and slurmdbd, limits enforced), for the
     tests marked ``slurm_accounting`` of one module: the session's cluster stays as simple as
     most clusters start."""
-    reason = slurm_missing() or (
-        f"Slurm accounting is not installed ({', '.join(missing)} missing: apt-get install slurmdbd mariadb-server)"
-        if (missing := missing_tools(accounting=True)) else ""
-    )  # fmt: skip
-    if reason:
-        if os.environ.get("REQUIRE_SLURM") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    cluster = LocalSlurmCluster(tmp_path_factory.mktemp("slurm-accounting"), accounting=True)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from running_cluster(tmp_path_factory, "slurm-accounting", accounting=True)
 
 
 @pytest.fixture

@@ -160,7 +160,7 @@ class LocalSlurmCluster:
         # The nodes' kernel logs are as fake as their GPUs: one file per node (``kernel_log``).
         (root / "kmsg").mkdir(exist_ok=True)
         for name in self.nodes:
-            (root / "kmsg" / name).touch()
+            self.kernel_log(name).touch()
         check = root / "etc" / "healthcheck.sh"
         check.write_text(
             f"#!/bin/sh\nexport SATRAIN_HEALTH_DIR={self.health_dir} SATRAIN_KERNEL_LOG={root}/kmsg/$SLURMD_NODENAME PYTHONPATH={base}\n"
