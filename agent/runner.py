@@ -263,6 +263,9 @@ def run(spec_path: Path) -> int:
         # Run by a cluster's scheduler (Slurm), the runner is the batch job: its SIGTERM (a
         # preemption's grace, a cancel) is the run's, passed on so the training can checkpoint.
         signal.signal(signal.SIGTERM, lambda *_: forward_term(watch.record, bool(policy)))
+        # Its SIGUSR1 is the console's SIGKILL for the run (a fatal GPU event): the run dies, the
+        # runner lives to pass on the run's last lines and record its exit.
+        signal.signal(signal.SIGUSR1, lambda *_: forward_kill(watch.record))
     skipped = 0
     last_skipped = False
     cap = OutputCap(spec.max_lines, spec.max_bytes)
@@ -364,6 +367,17 @@ def follow_scheduler_gpus(env: dict[str, str], policy, slurm_gpus: str):
                        for host, inside, mode in policy.get("mounts") or []],
         }  # fmt: skip
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, given))}, policy, tuple(given)
+
+
+def forward_kill(record: PidRecord) -> None:
+    """SIGKILL to the run as ``agent.processes.signal_run`` sends it: the container's init (its
+    death ends the whole container) and the run's process group (Podman's client)."""
+    for kill, target in ((os.kill, record.container_pid), (os.killpg, record.pgid)):
+        if target:
+            try:
+                kill(target, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def forward_term(record: PidRecord, container: bool) -> None:

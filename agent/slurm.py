@@ -212,14 +212,16 @@ class SlurmLauncher(Launcher):
 
     def signal(self, part: AttemptNode, sig: int) -> bool:
         """Through Slurm, on the run's node (its pid record's numbers are that node's, not this
-        machine's). SIGTERM goes to the runner alone, which passes it on to the training as
-        ``signal_run`` does; SIGKILL to every process of the batch step, and the cluster's Epilog
-        removes the container. False where Slurm has no job for it or refuses."""
+        machine's), to the runner alone (the batch shell), which passes it on to the run as
+        ``signal_run`` does: SIGTERM as itself, SIGKILL as SIGUSR1 (the runner outlives the run
+        to pass on its last lines and record its exit; a runner not yet watching a run dies of
+        it, and the cluster's Epilog removes any container). False where Slurm has no job for it
+        or refuses."""
         if not part.backend_job:
             return False
         name = signal.Signals(sig).name.removeprefix("SIG")
         try:
-            self.backend.client.cancel(int(part.backend_job), signal=name, full=sig == signal.SIGKILL)
+            self.backend.client.cancel(int(part.backend_job), signal="USR1" if sig == signal.SIGKILL else name, full=False)
         except (SlurmError, ValueError) as error:
             logger.warning("job %s: %s to Slurm job %s failed: %s", part.attempt.job_id, name, part.backend_job, error)
             return False

@@ -189,10 +189,15 @@ def test_an_xid_in_the_nodes_own_kernel_log_reaches_the_console_and_fails_the_ru
     assert job.failover_count == 1 and running_attempt(job, 2).node != first.node
     events = list(HealthEvent.objects.filter(node=first.node, source="kmsg").values_list("gpu", "xid", "message"))
     assert events == [(gpu, 79, text)], events
-    # The kill went through Slurm to the whole batch step (the runner with it): the first
-    # attempt's exit is Slurm's record of it, as an agent's runner would have reported it.
+    # The kill went through Slurm to the runner, which killed the run and outlived it: the run's
+    # exit is the runner's own record (its last lines passed on), as on the agents.
+    from agent import runfiles
+    from agent.processes import run_dir
+
     killed = JobAttempt.objects.get(job=job, number=1)
-    assert killed.exit_signal == signal.SIGKILL and killed.cause.startswith("killed by SIGKILL: Slurm job"), (killed.exit_signal, killed.cause)
+    assert killed.exit_signal == signal.SIGKILL and killed.cause == "killed by SIGKILL", (killed.exit_signal, killed.cause)
+    record = runfiles.read_exit(run_dir(first))
+    assert record is not None and record.signal == signal.SIGKILL
     wait_until(agent, lambda: "Xid 79" in slurm_node(slurm, first.node.name).reason, "the node drained in Slurm with the Xid", timeout=30)
 
 
