@@ -339,11 +339,23 @@ SIMULATED_DEVICE_DIR = Path(env_str("SIMULATED_DEVICE_DIR", str(VAR_DIR / "sim-d
 # enforced with a cgroup per run where the node allows it (agent.cgroups). JOB_CGROUP_PARENT: the
 # cgroup runs' cgroups go below (empty: the agent's own; cgroup v2 usually needs a prepared one).
 JOB_DEFAULT_CPUS = env_float("JOB_DEFAULT_CPUS", 0.0)
-JOB_DEFAULT_MEMORY_MB = env_int("JOB_DEFAULT_MEMORY_MB", 0)
+JOB_DEFAULT_MEMORY_MB = env_int("JOB_DEFAULT_MEMORY_MB", 16384)
 JOB_CGROUP_PARENT = env_str("JOB_CGROUP_PARENT", "")
-# A single-node job's container has a network of its own with loopback only; "host" gives every job
-# the node's network (multi-node jobs always have it, for their rendezvous).
-JOB_NETWORK = env_str("JOB_NETWORK", "loopback")  # loopback | host
+# Every job has a network of its own, shared by its ranks on one host (agent.netns): it reaches
+# its own ranks and, where its project's egress (or this default) is "outbound", the outside
+# world; never the node's own addresses or services. JOB_EGRESS_DENY: ranges an "outbound" job
+# never reaches (the private and link-local ranges by default: the cluster, a cloud's metadata
+# service); the console's and the node's own addresses are refused whatever this says.
+JOB_EGRESS = env_str("JOB_EGRESS", "outbound")  # none | outbound
+JOB_EGRESS_DENY = env_str(
+    "JOB_EGRESS_DENY", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,169.254.0.0/16,fc00::/7,fe80::/10"
+)
+# The addresses jobs' networks are carved from (a /26 per job network: 61 ranks on one host).
+JOB_NETWORK_POOL = env_str("JOB_NETWORK_POOL", "10.213.0.0/16")
+# Disk a run may use (its work and output directories and its container's own layer, GiB; 0: no
+# limit), measured as the kubelet measures ephemeral storage; a run over it is stopped.
+JOB_STORAGE_LIMIT_GIB = env_float("JOB_STORAGE_LIMIT_GIB", 10.0)
+JOB_STORAGE_CHECK_INTERVAL = env_float("JOB_STORAGE_CHECK_INTERVAL", 10.0)
 # Longest log line kept; longer lines are cut with a visible marker.
 LOG_MAX_LINE_CHARS = env_int("LOG_MAX_LINE_CHARS", 16384)
 MAX_FAILOVERS = 3

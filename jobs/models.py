@@ -56,9 +56,22 @@ class Project(models.Model):
         null=True, blank=True, help_text="Concurrent CPU-only (0-GPU) jobs; empty: the QUEUE_CPU_JOBS_PER_PROJECT setting."
     )
     multi_node_host_network = models.BooleanField(
-        default=True,
-        help_text="Multi-node jobs of this project run on their nodes' network (their ranks' rendezvous needs it); "
-        "off: this project may run single-node jobs only, whose containers have loopback only.",
+        default=False,
+        help_text="Ranks of one job on different hosts may use their hosts' network for their rendezvous (docs/security.md: "
+        "they then reach the hosts' services). Off: a multi-node job runs only where its ranks share one host, each job "
+        "in a network of its own.",
+    )
+    # What a job's network reaches beyond its own ranks (docs/security.md, "Networks").
+    egress = models.CharField(
+        max_length=10,
+        blank=True,
+        choices=[("", "platform default (JOB_EGRESS)"), ("none", "none: its own ranks only"), ("outbound", "outbound: the internet, never the node or private ranges")],
+        default="",
+        help_text="Where this project's jobs may connect besides their own ranks.",
+    )
+    storage_limit_gib = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="Disk the project's running jobs may use together (work, output and container layers, GiB); empty: no project total.",
     )
     # Fair share: GPU-seconds used, decayed with QUEUE_USAGE_HALF_LIFE, as of usage_at (placement writes it).
     usage_gpu_seconds = models.FloatField(default=0.0, editable=False)
@@ -71,6 +84,11 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def effective_egress(self) -> str:
+        """``none`` or ``outbound``: the project's choice, else the platform's (JOB_EGRESS)."""
+        return self.egress or (settings.JOB_EGRESS if settings.JOB_EGRESS in ("none", "outbound") else "none")
 
 
 class ProjectVolume(models.Model):
