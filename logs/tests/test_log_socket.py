@@ -192,7 +192,7 @@ async def test_the_session_cookie_authenticates_too(running_job, owner):
     client = Client()
     await database_sync_to_async(client.force_login)(owner)
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    ws = await connect(running_job.pk, headers=[(b"cookie", cookie), (b"origin", b"http://127.0.0.1:8000")])
+    ws = await connect(running_job.pk, headers=[(b"cookie", cookie), (b"host", b"127.0.0.1:8000"), (b"origin", b"http://127.0.0.1:8000")])
     assert (await ws.receive_json_from())["type"] == "attempts"
     await ws.disconnect()
 
