@@ -16,8 +16,8 @@ from typing import Any, NoReturn, Optional, ParamSpec, TypeVar
 import typer
 import yaml
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from satrain import config
 from satrain.api import JOBS, ApiError, Client, JsonObject
@@ -46,8 +46,22 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+def shown(value: Any) -> Text:
+    """A value as plain text: what the console returns (names, descriptions, commands, reasons …)
+    is user-chosen, so no Rich markup or emoji code in it is interpreted and its control
+    characters are shown as ``\\xNN`` escapes (``satrain.terminal.visible``), never sent to the terminal."""
+    if value is None:
+        return Text("")
+    return Text(visible(json.dumps(value) if isinstance(value, (dict, list)) else str(value)))
+
+
+def say(console: Console, message: str, style: str = "") -> None:
+    """Print a message holding values from the console (or the user) as plain text."""
+    console.print(Text(visible(message), style=style), highlight=False)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]Error:[/] {message}", highlight=False, markup=True)
+    err.print(Text.assemble(("Error:", "bold red"), " ", shown(message)), highlight=False)
     raise typer.Exit(code)
 
 
@@ -62,8 +76,13 @@ def call(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         fail(exc.message)
 
 
+# JSON escapes C0 controls itself; DEL and C1 controls (CSI is U+009B) are escaped here, so that
+# no value of -o json drives the terminal either (they occur only inside JSON strings).
+JSON_CONTROLS = {code: f"\\u{code:04x}" for code in range(0x7F, 0xA0)}
+
+
 def emit_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False).translate(JSON_CONTROLS) + "\n")
 
 
 # --- login --------------------------------------------------------------------------------------
@@ -81,7 +100,7 @@ def login(
     answer = call(Client(settings).token, username, password)
     settings.token, settings.username = answer["token"], username
     path = config.save(settings)
-    out.print(f"Logged in to {settings.url} as {username}; token expires {answer.get('expiry')}; kept in {path}", highlight=False)
+    say(out, f"Logged in to {settings.url} as {username}; token expires {answer.get('expiry')}; kept in {path}")
 
 
 @app.command()
@@ -107,8 +126,9 @@ def read_spec(path: str) -> JsonObject:
         fail(f"{path} must hold one mapping of job fields ({', '.join(JOB_FIELDS)})", 2)
     unknown = sorted(set(spec) - set(JOB_FIELDS))
     if unknown:  # sent anyway (a newer console may know them); the API ignores fields it does not know
-        err.print(f"[yellow]Warning:[/] {path}: field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-                  f"not known to this client (it knows {', '.join(JOB_FIELDS)})", highlight=False)
+        err.print(Text.assemble(("Warning:", "yellow"), " ", shown(
+            f"{path}: field{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))} "
+            f"not known to this client (it knows {', '.join(JOB_FIELDS)})")), highlight=False)
     return spec
 
 
@@ -128,8 +148,7 @@ def show_job(job: JsonObject) -> None:
                 "gpus_per_node", "node_count", "failover_enabled", "failover_attempts", "output_dir",
                 "max_run_minutes", "created_at", "started_at", "finished_at", "running_time_seconds", "description"):
         if key in job:
-            value = job[key]
-            table.add_row(f"[bold]{key}[/]", json.dumps(value) if isinstance(value, (dict, list)) else ("" if value is None else str(value)))
+            table.add_row(Text(key, style="bold"), shown(job[key]))
     out.print(table)
 
 
@@ -162,7 +181,7 @@ def jobs_create(
     if output == "json":
         emit_json(job)
     else:
-        out.print(f"Created job {job['id']} ({job['name']}): {job['status']}", highlight=False)
+        say(out, f"Created job {job['id']} ({job['name']}): {job['status']}")
 
 
 @jobs_app.command("list")
@@ -181,9 +200,9 @@ def jobs_list(
         return
     table = Table("ID", "NAME", "STATUS", "TYPE", "GPUS", "FAILOVERS", "OWNER", "CREATED")
     for job in jobs:
-        table.add_row(str(job["id"]), job["name"], job["status"], job["job_type"],
-                      f"{job['gpus_per_node']}×{job['node_count']}", job["failover_attempts"], job["owner"],
-                      (job["created_at"] or "")[:19].replace("T", " "))
+        table.add_row(*map(shown, (job["id"], job["name"], job["status"], job["job_type"],
+                                   f"{job['gpus_per_node']}×{job['node_count']}", job["failover_attempts"], job["owner"],
+                                   (job["created_at"] or "")[:19].replace("T", " "))))
     out.print(table)
 
 
@@ -223,10 +242,10 @@ def jobs_logs(
 
     def banner(number: str, text: str) -> None:
         if attempt is None or int(number) == attempt:
-            err.print(f"[dim]── {escape(visible(text))}[/]", highlight=False)
+            say(err, f"── {text}", "dim")
 
     def reconnect(seq: int, why: str) -> None:
-        err.print(f"[yellow]{why}; reconnecting after line {seq}[/]", highlight=False)
+        say(err, f"{why}; reconnecting after line {seq}", "yellow")
 
     def inserted(seq: int) -> None:
         err.print(f"[yellow]lines of an earlier attempt arrived late (its node came back) and were stored before line {seq}; "
@@ -234,7 +253,7 @@ def jobs_logs(
 
     status = call(follow, api, job_id, stream=stream, tail=tail, on_line=emit, on_banner=banner, on_reconnect=reconnect,
                   on_inserted=inserted)
-    err.print(f"[bold]job {job_id}: {status}[/]", highlight=False)
+    say(err, f"job {job_id}: {status}", "bold")
 
 
 def act(job_id: int, action: str) -> JsonObject:
@@ -246,14 +265,14 @@ def act(job_id: int, action: str) -> JsonObject:
 def jobs_stop(job_id: int) -> None:
     """Stop a job (SIGTERM, then SIGKILL after the grace period)."""
     job = act(job_id, "stop")
-    out.print(f"job {job_id}: {job['status']}", highlight=False)
+    say(out, f"job {job_id}: {job['status']}")
 
 
 @jobs_app.command("clone")
 def jobs_clone(job_id: int, name: Optional[str] = typer.Option(None, "--name")) -> None:
     """A new job with the same settings."""
     job = call(client().post, f"{JOBS}{job_id}/clone/", {"name": name} if name else {})
-    out.print(f"Created job {job['id']} ({job['name']}): {job['status']}", highlight=False)
+    say(out, f"Created job {job['id']} ({job['name']}): {job['status']}")
 
 
 @jobs_app.command("delete")
@@ -274,7 +293,7 @@ def jobs_resume(job_id: int) -> None:
         if exc.status == 405 or (exc.status == 404 and "training job" not in exc.message.lower()):
             fail(RESUME_MISSING)
         fail(exc.message)
-    out.print(f"job {job['id']} ({job['name']}): {job['status']}", highlight=False)
+    say(out, f"job {job['id']} ({job['name']}): {job['status']}")
 
 
 @jobs_app.command("events")
@@ -286,8 +305,8 @@ def jobs_events(job_id: int, output: str = typer.Option("table", "--output", "-o
         return
     table = Table("TIME", "FROM", "TO", "ATTEMPT", "ACTOR", "REASON")
     for event in events:
-        table.add_row(event["created_at"][:19].replace("T", " "), event["from_status"], event["to_status"],
-                      "" if event["attempt"] is None else str(event["attempt"]), event["actor"], event["reason"])
+        table.add_row(*map(shown, ((event["created_at"] or "")[:19].replace("T", " "), event["from_status"], event["to_status"],
+                                   event["attempt"], event["actor"], event["reason"])))
     out.print(table)
 
 
@@ -305,13 +324,13 @@ def jobs_wait(
     while True:
         job = call(api.job, job_id)
         if job["status"] != last and not quiet:
-            err.print(f"job {job_id}: {job['status']} {('— ' + job['status_reason']) if job.get('status_reason') else ''}", highlight=False)
+            say(err, f"job {job_id}: {job['status']} {('— ' + job['status_reason']) if job.get('status_reason') else ''}")
         last = job["status"]
         if last in TERMINAL:
-            out.print(last, highlight=False)
+            say(out, last)
             raise typer.Exit(WAIT_EXIT.get(last, 3))
         if deadline is not None and time.monotonic() >= deadline:
-            err.print(f"job {job_id} is still {last} after {timeout:g} s")
+            say(err, f"job {job_id} is still {last} after {timeout:g} s")
             raise typer.Exit(124)
         time.sleep(interval)
 
@@ -333,8 +352,8 @@ def nodes_list(output: str = typer.Option("table", "--output", "-o")) -> None:
         gpus = node["gpus"]
         free = sum(1 for g in gpus if g["healthy"] and not g["allocated"])
         bad = [str(g["index"]) for g in gpus if not g["healthy"]]
-        table.add_row(node["name"], node["state"], "yes" if node["healthy"] else "NO", "yes" if node["cordoned"] else "",
-                      f"{free}/{len(gpus)}", ",".join(bad), node["health_reason"])
+        table.add_row(*map(shown, (node["name"], node["state"], "yes" if node["healthy"] else "NO", "yes" if node["cordoned"] else "",
+                                   f"{free}/{len(gpus)}", ",".join(bad), node["health_reason"])))
     out.print(table)
 
 
@@ -342,7 +361,7 @@ def nodes_list(output: str = typer.Option("table", "--output", "-o")) -> None:
 def nodes_cordon(name: str, undo: bool = typer.Option(False, "--undo", help="uncordon")) -> None:
     """Place no new jobs on a node (--undo: uncordon)."""
     node = call(client().post, f"{NODES}{name}/{'uncordon' if undo else 'cordon'}/")
-    out.print(f"{node['name']}: {'cordoned' if node['cordoned'] else 'schedulable'}")
+    say(out, f"{node['name']}: {'cordoned' if node['cordoned'] else 'schedulable'}")
 
 
 @nodes_app.command("uncordon")
@@ -361,14 +380,14 @@ def nodes_inject_fault(
     """Inject a hardware fault into a simulated node's GPU."""
     fault = call(client().post, f"{NODES}{name}/inject-fault/", {"kind": kind, "gpu": gpu, "xid": xid})
     where = f"GPU {fault['gpu']}" if fault.get("gpu") is not None else "the whole node"
-    out.print(f"fault {fault['id']} ({fault['kind']}{' ' + str(fault['xid']) if fault.get('xid') else ''}) injected into {fault['node']}, {where}")
+    say(out, f"fault {fault['id']} ({fault['kind']}{' ' + str(fault['xid']) if fault.get('xid') else ''}) injected into {fault['node']}, {where}")
 
 
 @nodes_app.command("clear")
 def nodes_clear(name: str) -> None:
     """Mark a node healthy again (its faults repaired)."""
     answer = call(client().post, f"{NODES}{name}/clear/")
-    out.print(answer["detail"])
+    say(out, str(answer["detail"]))
 
 
 def main() -> None:
