@@ -15,16 +15,17 @@ from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agent.resume import commit_outside_storage, resumable_step, storage_names
+from agent.resume import commit_outside_storage, resumable_step
 from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, statuses_of_group, visible_volumes_text
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
+from console.pages import run_dirs
 from console.paging import COUNT_CAP, CappedPaginator, list_branches
 from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob, TrainingJobQuerySet
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
 from jobs.services.creation import JobRefused, clone_name, create_job, personal_project_for
 from jobs.services.limits import limits_of, unenforced_nodes
-from jobs.services.paths import default_output_dir, volumes_of
+from jobs.services.paths import volumes_of
 from jobs.services.samples import samples_of
 from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, TERMINAL, JobStatus
 from logs.models import Checkpoint, JobProgress
@@ -242,11 +243,13 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "nav": "jobs",
     }
     context["progress"] = JobProgress.objects.filter(job=job).first()
-    context["output_dir"] = job.output_dir or default_output_dir(job.pk)
+    # The paths the run sees; a node's host paths are for staff (console.pages.run_dirs).
+    context["output_dir"] = run_dirs.output_dir(job)
+    context["show_host_paths"] = request.user.is_staff
     context["volumes"] = volumes_of(job.project)
     # Checkpoints the run commits where a re-placed run cannot find them: said while it runs.
     context["checkpoints_lost"] = commit_outside_storage(job) if job.status == JobStatus.RUNNING else None
-    context["storage_names"] = storage_names(job)
+    context["storage_names"] = run_dirs.visible_storage_names(job, staff=request.user.is_staff)
     context["limits"] = limits_of(job)
     context["limits_unenforced"] = unenforced_nodes(job) if context["limits"].any else []
     if tab == "details":
