@@ -15,17 +15,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
 from django.conf import settings
 
-from agent import engine, resume, runfiles, sandbox, uids, workdirs
+from agent import engine, networks, resume, runfiles, sandbox, uids, workdirs
 from agent.processes import RUNNER_MODULE, is_runner, signal_run
 from agent.runfiles import ContainerPolicy, RunLimits, RunSpec
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
 from jobs.secret_env import SecretUnreadable
 from jobs.services import images, runs
+from jobs.services.capacity import job_network
 from jobs.services.limits import limits_of
 from jobs.services.paths import OutputLocation, PathRefused, job_dir, output_location, volumes_of
 
@@ -79,6 +81,10 @@ def run_uid(job: TrainingJob) -> int | None:
     return uids.uid_for(Path(settings.JOB_UID_REGISTRY), install, job.project_id, settings.JOB_UID_RANGE)
 
 
+class NetworkRefused(PathRefused):
+    """The project's current settings do not allow the network its placed ranks need."""
+
+
 def mountable(path: str) -> str:
     """A host path Podman's ``--mount`` can name (its options are comma-separated)."""
     if "," in path or "\n" in path:
@@ -90,6 +96,10 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
     """What the run's container is: its image by digest, its mounts (an allow-list), devices,
     user, network and limits (``agent.sandbox.container_argv``)."""
     node = part.node
+    agents = set(AttemptNode.objects.filter(attempt=attempt).values_list("node__agent", flat=True))
+    network, refusal = job_network(job.project, agents, job.node_count)
+    if refusal:
+        raise NetworkRefused(f"the job cannot start: {refusal}")
     mounts = [[mountable(str(dirs["work"])), sandbox.WORK_DIR, "rw"]]
     if dirs["output_mount"]:
         mounts.append([mountable(str(dirs["output"])), sandbox.OUTPUT_DIR, "rw"])
@@ -111,17 +121,54 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
         "engine_env": engine_env(),
         "image": image_ref,
         # Unique on the node: consoles, jobs, attempts and ranks, and a fresh suffix per start.
-        "name": f"sac-{uids.install_id(Path(settings.VAR_DIR))}-{job.pk}-{attempt.number}-{part.rank}-{secrets.token_hex(3)}",
+        "name": f"{container_prefix()}{job.pk}-{attempt.number}-{part.rank}-{secrets.token_hex(3)}",
         "user": uid if uid is not None else os.geteuid(),
         "mounts": mounts,
         "devices": devices,
         "workdir": sandbox.WORK_DIR,
         "pids_limit": settings.JOB_PIDS_LIMIT,
-        # Ranks on several nodes meet over the network; one node's processes meet on loopback.
-        "network": "host" if job.node_count > 1 or settings.JOB_NETWORK == "host" else "loopback",
+        "network": network,
+        "job_network": {
+            # This console's, this job's (a job id is used again by another database) and attempt's.
+            "name": f"{container_prefix()}{job.pk}-{attempt.number}-{zlib.crc32(repr(job.created_at.timestamp()).encode()):08x}",
+            "rank": part.rank,
+            "egress": job.project.effective_egress,
+            "pool": settings.JOB_NETWORK_POOL,
+            "deny": [d.strip() for d in settings.JOB_EGRESS_DENY.split(",") if d.strip()],
+        },
         "hostname": node.name,
         "labels": {"io.satrain.job": job.pk, "io.satrain.attempt": attempt.number, "io.satrain.rank": part.rank},
     }
+
+
+def container_prefix() -> str:
+    """What this console's containers' and job networks' names start with on the node."""
+    return f"sac-{uids.install_id(Path(settings.VAR_DIR))}-"
+
+
+def sweep_strays(live: set[str]) -> tuple[int, int]:
+    """At an agent's start: remove this console's containers no live run holds (a runner killed
+    outright leaves its container, its secrets file and its writable layer) and its job networks
+    no container is in. Returns how many of each were removed."""
+    if settings.JOB_SANDBOX == "off" or not sandbox.podman_path():
+        return 0, 0
+    podman, env, prefix = str(sandbox.podman_path()), sandbox.root_tool_env(engine_env()), container_prefix()
+    try:
+        listed = subprocess.run([podman, "ps", "-a", "--format", "{{.Names}}"], env=env, capture_output=True, text=True, timeout=120)
+        names = [n for n in listed.stdout.split() if n.startswith(prefix) and n not in live]
+        for name in names:
+            subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=env, capture_output=True, timeout=120)
+            sandbox.remove_secret_env(name)
+        listed = subprocess.run([podman, "network", "ls", "--format", "{{.Name}}"], env=env, capture_output=True, text=True, timeout=120)
+        removed = 0
+        for name in [n for n in listed.stdout.split() if n.startswith(prefix)]:
+            removed += networks.remove_unused(name, podman=podman, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.warning("sweeping stray containers failed: %s", exc)
+        return 0, 0
+    if names or removed:
+        logger.info("removed %d stray container(s) and %d job network(s) left by runs that ended", len(names), removed)
+    return len(names), removed
 
 
 def run_limits(job: TrainingJob) -> RunLimits:
@@ -154,7 +201,8 @@ def run_env(
         env["PATH"] = f"{Path(sys.prefix) / 'bin'}:{os.environ.get('PATH', '/usr/local/bin:/usr/bin:/bin')}"
         env["HOME"] = os.environ.get("HOME", str(workdir))
     env.update(job.env)
-    env.update(job.secret_env.reveal())  # decrypted only here, for the run's own environment
+    for name in job.secret_env.names:
+        env.pop(name, None)  # the secret's value reaches the run by its own path (run_secrets)
     env.update(
         {
             "CUDA_VISIBLE_DEVICES": ",".join(map(str, part.gpu_indices)),
@@ -176,6 +224,13 @@ def run_env(
     if resume_step is not None:
         env["CKPT_LAST_STEP"] = str(resume_step)
     return env
+
+
+def run_secrets(job: TrainingJob, env: dict[str, str]) -> dict[str, str]:
+    """The job's secret variables, decrypted only here, for the run alone: never a name the
+    platform sets (``env`` holds them). The runner hands them to the run without writing them
+    where they outlive it (``agent.sandbox.write_secret_env``)."""
+    return {name: value for name, value in job.secret_env.reveal().items() if name not in env}
 
 
 PULL_LINES_KEPT = 20  # of Podman's progress lines, shown in the run's log
@@ -326,13 +381,15 @@ class Launcher:
         if contained and not dirs["output_mount"]:
             # An output directory in a writable volume: made by the run itself, as its own user.
             command = 'mkdir -p -- "$OUTPUT_DIR" 2>/dev/null\n' + command
+        env = run_env(
+            job, attempt, part, dirs["output_in_run"], contained=contained, resume_step=resume_step,
+            fence=f"{sandbox.FENCE_DIR}/{workdirs.FENCE_FILE}" if contained else str(dirs["fence"] / workdirs.FENCE_FILE),
+        )
         spec = RunSpec(
             command=command,
             cwd=str(dirs["work"]),
-            env=run_env(
-                job, attempt, part, dirs["output_in_run"], contained=contained, resume_step=resume_step,
-                fence=f"{sandbox.FENCE_DIR}/{workdirs.FENCE_FILE}" if contained else str(dirs["fence"] / workdirs.FENCE_FILE),
-            ),
+            env=env,
+            secret_env=run_secrets(job, env),
             max_line_chars=settings.LOG_MAX_LINE_CHARS,
             max_lines=settings.LOG_MAX_LINES_PER_JOB,
             max_bytes=settings.LOG_MAX_BYTES_PER_JOB,
@@ -369,6 +426,9 @@ class Launcher:
         lines: list[str] = []
         self.pull_lines = {attempt.pk: lines}
         return pull_image(job, attempt, progress=lambda line: lines.append(line.strip()[:300]) if line.strip() else None)
+
+    def sweep_strays(self, live: set[str]) -> None:
+        sweep_strays(live)
 
     def alive(self, pid: int) -> bool:
         """Whether a run's supervisor still runs."""

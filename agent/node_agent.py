@@ -145,6 +145,14 @@ class NodeAgent:
                 pass
             self.output.forget(part.pk)
             self.live.pop(part.pk, None)
+        # Then what no live run holds: containers and job networks left by runs killed outright
+        # (every agent of this console on this host shares the container engine: any of its runs).
+        live = set()
+        for part in AttemptNode.objects.filter(ended_at__isnull=True).select_related("attempt"):
+            policy = runfiles.spec_container(run_dir(part)) or {}
+            if policy.get("name"):
+                live.add(str(policy["name"]))
+        self.launcher.sweep_strays(live)
 
     # --- rounds --------------------------------------------------------------------------------
     def tick(self) -> int:

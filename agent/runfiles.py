@@ -150,11 +150,11 @@ def read_json(path: Path, limit: int = RECORD_MAX_BYTES) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def write_json_atomic(path: Path, payload: dict) -> None:
+def write_json_atomic(path: Path, payload: dict, *, mode: int = 0o644) -> None:
     """``payload`` as ``path``, replaced whole: a reader sees the old file, the new one, or none."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     with os.fdopen(fd, "w") as fh:
         json.dump(payload, fh)
         fh.flush()
@@ -182,6 +182,16 @@ class RunLimits(TypedDict):
     same_path: bool  # Podman's --cgroup-parent is one path for every v1 controller
 
 
+class JobNetworkPolicy(TypedDict):
+    """The attempt's own network: its name, this rank, its egress and the node's address pool."""
+
+    name: str
+    rank: int
+    egress: str  # "none" | "outbound"
+    pool: str
+    deny: list[str]
+
+
 class ContainerPolicy(TypedDict, total=False):
     """The run's container (``agent.sandbox.container_argv``)."""
 
@@ -194,7 +204,8 @@ class ContainerPolicy(TypedDict, total=False):
     devices: list[tuple[str, str]]
     workdir: str
     pids_limit: int
-    network: str  # "loopback" | "host"
+    network: str  # "loopback" | "job" | "host"
+    job_network: JobNetworkPolicy  # where network is "job" (agent.networks.join)
     hostname: str
     labels: dict[str, int | str]
     shm_size: str
@@ -215,6 +226,8 @@ class RunSpec:
     container: ContainerPolicy | None = None
     limits: RunLimits | None = None
     preamble: list[str] = field(default_factory=list)
+    # The job's secret variables: read once by the runner, which rewrites the spec without them.
+    secret_env: dict[str, str] = field(default_factory=dict)
 
 
 class SpecRefused(ValueError):
@@ -229,6 +242,11 @@ def write_spec(directory: Path, spec: RunSpec) -> Path:
     with os.fdopen(fd, "w") as fh:
         fh.write(json.dumps(asdict(spec)))
     return path
+
+
+def rewrite_spec(path: Path, spec: RunSpec) -> None:
+    """Replace the spec whole (the runner: once it has read what must not stay on disk)."""
+    write_json_atomic(path, asdict(spec), mode=0o600)
 
 
 def read_spec(path: Path) -> RunSpec:
@@ -251,6 +269,9 @@ def read_spec(path: Path) -> RunSpec:
         raise SpecRefused("the spec's limits are not an object")
     if not isinstance(preamble, list) or not all(isinstance(line, str) for line in preamble):
         raise SpecRefused("the spec's preamble is not lines")
+    secret_env = raw.get("secret_env") or {}
+    if not isinstance(secret_env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in secret_env.items()):
+        raise SpecRefused("the spec's secret environment is not names and strings")
     return RunSpec(
         command=command,
         cwd=cwd,
@@ -261,6 +282,7 @@ def read_spec(path: Path) -> RunSpec:
         container=container,  # type: ignore[arg-type]  # its fields are read by agent.sandbox
         limits=limits,  # type: ignore[arg-type]
         preamble=preamble,
+        secret_env=secret_env,
     )
 
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent import cgroups, runfiles
+from agent import cgroups, networks, runfiles, sandbox
 from agent.runfiles import ExitRecord, OutputWriter, PidRecord, RunLimits
 from agent.sandbox import container_argv, env_file_text, root_tool_env
 from logs.progress_parser import may_tell
@@ -210,6 +210,12 @@ class Watch(threading.Thread):
 def run(spec_path: Path) -> int:
     spec = runfiles.read_spec(spec_path)
     run_dir = spec_path.parent
+    secrets = spec.secret_env
+    if secrets:
+        # Read once: the spec left on disk names no secret (the agent reads it again for the
+        # container's name and the resume step, never for these).
+        spec = dataclasses.replace(spec, secret_env={})
+        runfiles.rewrite_spec(spec_path, spec)
     limit, policy, limits = spec.max_line_chars, spec.container, spec.limits
     cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
     notes: list[str] = []
@@ -227,22 +233,35 @@ def run(spec_path: Path) -> int:
     if policy and scheduler_job.isdigit():
         # The cluster's epilog finds the container of a job Slurm ended by this label.
         policy = {**policy, "labels": {**(policy.get("labels") or {}), SLURM_JOB_LABEL: int(scheduler_job)}}
+    network: networks.JobNetwork | None = None
+    engine_env: dict[str, str] = {}
     if policy:
+        engine_env = root_tool_env(policy.get("engine_env"))
+        # A container of this name left by a runner killed outright would refuse the name.
+        subprocess.run([str(policy["podman"]), "rm", "--force", "--ignore", policy["name"]], env=engine_env, capture_output=True, timeout=120)
+        try:
+            network = join_network(policy, engine_env)
+            seccomp = sandbox.seccomp_profile()
+        except (networks.NetworkUnavailable, OSError, ValueError) as exc:
+            return refuse_start(run_dir, spec, cgroup, f"[console] the run could not start: {exc}")
+        if network is not None:
+            spec = dataclasses.replace(spec, env={**spec.env, "MASTER_ADDR": network.master_addr})
         env_text, left_out = env_file_text(spec.env)
         if left_out:
             notes.append(f"[console] not passed to the run (a newline in the value): {', '.join(sorted(left_out))}")
         env_file = runfiles.write_env(run_dir, env_text)
+        secret_file = sandbox.write_secret_env(policy["name"], secrets, int(policy["user"])) if secrets else None
         pidfile = runfiles.container_pidfile(run_dir)
         parent = cgroups.relative(Path(cgroup[0])) if cgroup else None
-        argv = container_argv(spec.command, policy=policy, env_file=str(env_file), cgroup_parent=parent, pidfile=str(pidfile))
-        engine_env = root_tool_env(policy.get("engine_env"))
-        # A container of this name left by a runner killed outright would refuse the name.
-        subprocess.run([str(policy["podman"]), "rm", "--force", "--ignore", policy["name"]], env=engine_env, capture_output=True, timeout=120)
+        argv = container_argv(
+            spec.command, policy=policy, env_file=str(env_file), cgroup_parent=parent, pidfile=str(pidfile),
+            network=(network.name, network.address) if network is not None else None, secret_file=secret_file, seccomp=seccomp,
+        )
         popen = dict(cwd=str(run_dir), env=engine_env)
     else:
         Path(spec.cwd).mkdir(parents=True, exist_ok=True)
         argv = ["bash", "-c", spec.command]
-        popen = dict(cwd=spec.cwd, env=spec.env)
+        popen = dict(cwd=spec.cwd, env={**spec.env, **secrets})
     popen.update(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # The child joins the cgroup before it runs anything: the whole run starts inside.
@@ -313,6 +332,9 @@ def run(spec_path: Path) -> int:
             cgroups.remove_everywhere(parent)
     if policy:
         runfiles.remove_env(run_dir)
+        # Nothing the run was given outlives it: its container (Podman's record of its
+        # environment, its writable layer), its secrets file, and, with the last rank, its network.
+        remove_run_container(policy, engine_env, network)
     runfiles.write_exit(
         run_dir,
         ExitRecord(
@@ -488,6 +510,46 @@ def kill_unfinished_runs(work_root: Path) -> int:
     return killed
 
 
+def join_network(policy: dict, engine_env: dict[str, str]) -> networks.JobNetwork | None:
+    """The attempt's network for a run whose policy asks for one (``agent.networks``)."""
+    wanted = policy.get("job_network") if policy.get("network") == "job" else None
+    if not wanted:
+        return None
+    return networks.join(
+        str(wanted["name"]), rank=int(wanted["rank"]), egress=str(wanted["egress"]), pool=str(wanted["pool"]),
+        deny=[str(d) for d in wanted.get("deny") or []], podman=str(policy["podman"]), env=engine_env,
+        labels=policy.get("labels") or {},
+    )
+
+
+def remove_run_container(policy: dict, engine_env: dict[str, str], network: networks.JobNetwork | None) -> None:
+    name = str(policy.get("name") or "")
+    try:
+        subprocess.run([str(policy["podman"]), "rm", "--force", "--ignore", "--time", "0", name], env=engine_env, capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    sandbox.remove_secret_env(name)
+    if network is not None:
+        try:
+            networks.leave(network, podman=str(policy["podman"]), env=engine_env)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
+def refuse_start(run_dir: Path, spec: runfiles.RunSpec, cgroup: list[str], line: str) -> int:
+    """A run the node could not start (its network, its seccomp profile): its log says why and
+    its exit record is the container engine's 'could not start' (125)."""
+    if cgroup:
+        cgroups.remove([Path(d) for d in cgroup])
+    runfiles.write_pid(run_dir, PidRecord(runner_pid=os.getpid(), pgid=None, started_at=time.time()))
+    with OutputWriter(run_dir) as out:
+        for note in [*spec.preamble, line]:
+            out.emit(note, time.time())
+        count = out.count
+    runfiles.write_exit(run_dir, ExitRecord(exit_code=125, signal=None, ended_at=time.time(), lines=count))
+    return 0
+
+
 def remove_container(run_dir: Path) -> None:
     """Remove a killed run's container (its runner could not: Podman keeps a container whose
     monitor was killed)."""
@@ -499,6 +561,7 @@ def remove_container(run_dir: Path) -> None:
         subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=root_tool_env(policy.get("engine_env")), capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         pass
+    sandbox.remove_secret_env(name)
 
 
 if __name__ == "__main__":

@@ -14,15 +14,25 @@ allow-list; nothing else of the host is there to hide):
 * every capability dropped, ``no-new-privileges``, Podman's default seccomp profile, a PID
   limit, the project's own unprivileged uid, an init (``catatonit``) as PID 1 that forwards signals
   and reaps, a private ``/tmp`` and ``/dev/shm``;
-* a network of its own with only the loopback interface (``--network=none``) for single-node
-  jobs; multi-node jobs keep the node's network, which their rendezvous needs.
+* a network of its own (``agent.networks``): a Podman bridge per attempt shared by its ranks on
+  this host, reaching the outside world only with its project's ``outbound`` egress and never the
+  node; a single-rank job without egress has loopback only (``--network=none``); the hosts'
+  network only where an operator let a project's ranks on different hosts meet there;
+* a seccomp profile that refuses new namespaces (user, mount, network …), ``mount``, ``setns`` and
+  the kernel keyring, as Docker's default profile does for a container without CAP_SYS_ADMIN.
 
 The job's environment reaches only the container (``--env-file``, read by Podman, never set in
-the environment of a tool run as root). The runner puts the container in the run's cgroup
+the environment of a tool run as root); its secret variables never reach Podman's records: they
+are a file on the node's ``/run`` (memory), mounted read-only and read by the command's shell, and
+removed with the container when the run ends. The runner puts the container in the run's cgroup
 (``--cgroup-parent``) where its CPU, memory and PID limits are enforced.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shlex
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -36,6 +46,10 @@ FENCE_DIR = "/job/fence"  # the job's fence, read-only (agent.workdirs.write_fen
 CKPTLIB_ROOT = "/opt/ckptlib"  # holds the ckptlib package; its vendor directory is CHECKPOINT_VENDOR
 VENDOR_DIR = f"{CKPTLIB_ROOT}/ckptlib/vendor"
 HOME_DIR = "/tmp"
+SECRET_ENV_FILE = "/run/satrain/secret-env"  # the run's secret variables, read by its shell
+# Where the node keeps what a run must not leave on disk (a tmpfs: gone at the latest on reboot).
+NODE_RUN_DIR = Path("/run/satrain")
+PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
 # The only environment a tool run as root gets: never the job's (GCONV_PATH, GLIBC_TUNABLES,
 # LD_PRELOAD … would act on a root process).
 ROOT_TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -85,11 +99,16 @@ def cdi_spec_present(kind: str = "nvidia.com/gpu") -> bool:
     return False
 
 
-def container_argv(command: str, *, policy: Mapping, env_file: str, cgroup_parent: str | None, pidfile: str) -> list[str]:
+def container_argv(
+    command: str, *, policy: Mapping, env_file: str, cgroup_parent: str | None, pidfile: str,
+    network: tuple[str, str] | None = None, secret_file: str | None = None, seccomp: str | None = None,
+) -> list[str]:
     """The ``podman run`` argv that runs ``command`` (with ``bash -c``) in the container
     ``policy`` describes (see ``agent.launch.container_policy``): ``podman``, ``image``,
     ``name``, ``user``, ``mounts`` ([host, inside, "ro"|"rw"]), ``devices``, ``network``
-    ("loopback" | "host"), ``workdir``, ``pids_limit``, ``labels``."""
+    ("loopback" | "job" | "host"), ``workdir``, ``pids_limit``, ``labels``. ``network``: the
+    job network's name and this rank's address there (``agent.networks.join``); ``secret_file``:
+    the run's secret variables on the node (``write_secret_env``); ``seccomp``: the profile."""
     uid = int(policy["user"])
     argv = [
         policy["podman"], "run",
@@ -108,10 +127,17 @@ def container_argv(command: str, *, policy: Mapping, env_file: str, cgroup_paren
         "--pidfile", pidfile,
         "--log-driver", "none",
         "--stop-signal", "TERM",
-        "--network", "host" if policy.get("network") == "host" else "none",
     ]
-    if policy.get("network") == "host":
+    if seccomp:
+        argv += ["--security-opt", f"seccomp={seccomp}"]
+    mode = policy.get("network")
+    if mode == "job" and network is not None:
+        argv += ["--network", network[0], "--ip", network[1], "--sysctl", "net.ipv6.conf.all.disable_ipv6=1"]
         argv += ["--hostname", str(policy.get("hostname") or "job")]
+    elif mode == "host":
+        argv += ["--network", "host", "--hostname", str(policy.get("hostname") or "job")]
+    else:
+        argv += ["--network", "none"]
     if cgroup_parent:
         argv += ["--cgroup-parent", cgroup_parent]
     for key, value in sorted((policy.get("labels") or {}).items()):
@@ -119,11 +145,75 @@ def container_argv(command: str, *, policy: Mapping, env_file: str, cgroup_paren
     for host, inside, mode in policy.get("mounts", ()):
         options = "ro" if mode == "ro" else "rw"
         argv += ["--mount", f"type=bind,source={host},target={inside},{options}"]
+    if secret_file:
+        argv += ["--mount", f"type=bind,source={secret_file},target={SECRET_ENV_FILE},ro"]
     for host, inside in policy.get("devices", ()):
         argv += ["--device", f"{host}:{inside}" if inside else host]
     # stderr joins stdout inside the container, so their order is the order they were written.
-    argv += [policy["image"], "bash", "-c", "exec 2>&1\n" + command]
+    prologue = "exec 2>&1\n"
+    if secret_file:
+        prologue += f"set -a; . {SECRET_ENV_FILE}; set +a\n"
+    argv += [policy["image"], "bash", "-c", prologue + command]
     return argv
+
+
+def write_secret_env(name: str, secrets: Mapping[str, str], uid: int) -> str:
+    """The run's secret variables as a file the container's shell sources (``NAME='value'``, one a
+    line), on the node's ``/run`` (memory), readable by the run's uid alone; its path."""
+    NODE_RUN_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
+    directory = NODE_RUN_DIR / "secrets"
+    directory.mkdir(mode=0o711, exist_ok=True)
+    path = directory / f"{name}.env"
+    text = "".join(f"{key}={shlex.quote(value)}\n" for key, value in secrets.items() if key.isidentifier() and key.isascii())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+    try:
+        os.write(fd, text.encode())
+        if os.geteuid() == 0:
+            os.fchown(fd, uid, uid)
+    finally:
+        os.close(fd)
+    return str(path)
+
+
+def remove_secret_env(name: str) -> None:
+    (NODE_RUN_DIR / "secrets" / f"{name}.env").unlink(missing_ok=True)
+
+
+# Docker's default profile refuses these to a container without CAP_SYS_ADMIN; Podman's allows
+# them (for rootless nesting): a job would get every capability in a user namespace of its own.
+REFUSED_SYSCALLS = ("unshare", "setns", "mount", "umount", "umount2", "pivot_root", "keyctl", "add_key", "request_key", "fsopen", "fsmount", "move_mount", "open_tree", "mount_setattr")
+# clone(2) flags that make a namespace: refused, as Docker's profile refuses them (flags & mask == 0).
+CLONE_NEW_MASK = 0x7E020000
+EPERM, ENOSYS = 1, 38
+
+
+def seccomp_profile(base: Path = PODMAN_SECCOMP) -> str:
+    """Podman's default profile without new namespaces, mounts or keyrings, written once to the
+    node's run directory; its path. ``clone3`` answers ENOSYS, so the C library falls back to
+    ``clone``, whose namespace flags are refused."""
+    profile = json.loads(base.read_text())
+    refused = {*REFUSED_SYSCALLS, "clone", "clone3"}
+    syscalls = []
+    for rule in profile.get("syscalls", []):
+        if rule.get("action") == "SCMP_ACT_ALLOW":
+            names = [n for n in rule.get("names", []) if n not in refused]
+            if not names:
+                continue
+            rule = {**rule, "names": names}
+        syscalls.append(rule)
+    syscalls += [
+        {"names": ["clone"], "action": "SCMP_ACT_ALLOW", "args": [{"index": 0, "value": CLONE_NEW_MASK, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}]},
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
+        {"names": sorted(REFUSED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
+    ]
+    text = json.dumps({**profile, "syscalls": syscalls}, sort_keys=True)
+    NODE_RUN_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
+    path = NODE_RUN_DIR / f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.exists():
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(text)
+        os.replace(scratch, path)
+    return str(path)
 
 
 def env_file_text(env: Mapping[str, str]) -> tuple[str, list[str]]:
