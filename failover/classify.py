@@ -10,6 +10,14 @@ the run's own output ("uncorrectable ECC error encountered", "GPU is lost", "fal
 A bare mention of a component ("Using NVLink for all-reduce", "ECC mode enabled", an ``nvidia-smi``
 table) is not evidence, and neither is a user's own exception that merely quotes hardware words.
 
+Kernel text (``kernel_log``) is read by one parser, ``failover.xids.parse_kernel_line``: a record counts
+only when its message starts with the driver's text (``NVRM: Xid …``, ``nvidia-nvswitchN: SXid …``,
+``pcieport <dev>: AER: …``, ``mlx5_core …``); a user process's record (``traps: <comm>[<pid>] … in
+<file>[…]``, ``<comm>[<pid>]: segfault at …``, ``general protection``) is no evidence of anything,
+whatever its process or file name spells, and of the other kernel records only the OOM killer's may
+give a non-hardware reason (the host OOM kill). The run's own log lines are another matter: they may
+explain this run's own verdict (step 2), never mark a node.
+
 Precedence:
 
 1. node-side evidence: NVML findings and kernel-log Xids / hardware messages, judged by
@@ -40,7 +48,7 @@ from failover.logscan import (  # noqa: F401  (the tables are part of this modul
     _most_specific_internal_error,
     _trim,
 )
-from failover.xids import KERNEL_SIGNATURES, SXIDS, XIDS, bus_id, parse_kernel_line
+from failover.xids import KERNEL_SIGNATURES, SXIDS, XIDS, bus_id, kernel_message, parse_kernel_line
 
 KERNEL_REASONS = {name: reason for name, _pattern, reason in KERNEL_SIGNATURES}
 # NVRx's rule for NVLink counters: growing in this many of the last NVLINK_WINDOWS readings is a fault.
@@ -187,7 +195,7 @@ def parse_kernel_xids(kernel_log: str, gpu_by_pci: Mapping[str, int] | None = No
         event = parse_kernel_line(line)
         if event is None or event.kind not in ("xid", "sxid"):
             continue
-        detail = _trim(_without_prefix(line, event.kind))
+        detail = _trim(kernel_message(line))
         if event.kind == "sxid":
             findings.append(Finding(kind=FindingKind.SXID, xid=event.code, detail=detail))
             continue
@@ -196,12 +204,6 @@ def parse_kernel_xids(kernel_log: str, gpu_by_pci: Mapping[str, int] | None = No
         if event.cause is not None:
             findings.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=event.cause, detail=f"(named as cause) {detail}"))
     return findings
-
-
-def _without_prefix(line: str, kind: str) -> str:
-    marker = "NVRM: Xid" if kind == "xid" else "nvidia-nvswitch"
-    at = line.find(marker)
-    return line[at:] if at >= 0 else line
 
 
 def classify_failure(
@@ -250,7 +252,7 @@ def classify_failure(
         return _hardware(_Candidate(f"log:{name}", f"run log: {reason}", evidence), exit_facts, supporting)
 
     # 3. Ambiguous failures with supporting node evidence.
-    non_hw = _most_specific_internal_error(log_lines, kernel_lines)
+    non_hw = _most_specific_internal_error(log_lines, _oom_killer_records(kernel_lines))
     if supporting:
         support_text = _describe_support(supporting)
         # An application Xid is the run's own unless the memory says otherwise (a remap pending or
@@ -490,6 +492,17 @@ def _kernel_signature_candidates(kernel_lines: Sequence[str]) -> list[_Candidate
         candidates.append(_Candidate(f"kernel:{event.kind}", f"kernel log: {KERNEL_REASONS[event.kind]}", evidence,
                                      "node"))
     return candidates
+
+
+def _oom_killer_records(kernel_lines: Sequence[str]) -> list[str]:
+    """The kernel's own OOM-killer records (``parse_kernel_line``: as the kernel writes them): the only
+    kernel text a non-hardware reason may come from, and only the host OOM kill's."""
+    out = []
+    for line in kernel_lines:
+        event = parse_kernel_line(line)
+        if event is not None and event.kind == "oom_kill":
+            out.append(event.text)
+    return out
 
 
 # --- exit status ---------------------------------------------------------------------------------

@@ -4,9 +4,14 @@
 ``failover.xids.parse_kernel_line`` knows: NVRM Xid and NVSwitch SXid lines, "fallen off the bus",
 PCIe AER fatal / uncorrectable errors, InfiniBand link down, thermal shutdown, GSP timeouts and the
 OOM killer. Only the kernel's own records count (facility 0: ``prio >> 3 == 0``); a record a process
-wrote (``/dev/kmsg`` gives every user-space writer a facility of its own, never 0) is dropped. Each
-source keeps a cursor, so a line is returned once: an old Xid still in the ring never re-flags a
-node an operator has cleared.
+wrote (``/dev/kmsg`` gives every user-space writer a facility of its own, never 0) is dropped. And a
+kernel record counts only as its driver writes it: the message *starts* with the driver's text
+(``NVRM: …``, ``nvidia-nvswitchN: SXid …``, ``pcieport <dev>: AER: …``, ``mlx5_core …``); the kernel's
+records of a user process (``traps: <comm>[<pid>] trap … in <file>[…]``, ``<comm>[<pid>]: segfault at
+…``, ``general protection``) are dropped whatever the job named its process or its files. Each record
+is one line (a line break the journal restored in it is escaped again, ``failover.xids.one_line``), so
+no part of one is ever read as a record of its own. Each source keeps a cursor, so a line is returned
+once: an old Xid still in the ring never re-flags a node an operator has cleared.
 
 Sources, in order: ``/dev/kmsg`` (records ``prio,seq,usec,flags;message``; the cursor is the
 sequence number; read non-blocking), then ``journalctl -k`` (the cursor is the journal's), then
@@ -23,7 +28,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from failover.xids import parse_kernel_line
+from failover.xids import one_line, parse_kernel_line
 
 KMSG_PATH = "/dev/kmsg"
 KERNEL_FACILITY = 0
@@ -139,7 +144,7 @@ class KernelLogReader:
         self.seq = seq
         if not from_kernel(prio) or not kept(message):
             return None
-        return KernelLine(seq=seq, at=self.booted + usec / 1e6, text=message, source="kmsg")
+        return KernelLine(seq=seq, at=self.booted + usec / 1e6, text=one_line(message), source="kmsg")
 
     # --- fallbacks --------------------------------------------------------------------------
     def read_journal(self) -> list[KernelLine]:
@@ -159,7 +164,7 @@ class KernelLogReader:
             transport = entry.get("_TRANSPORT", "kernel")
             if isinstance(message, str) and transport == "kernel" and str(facility) == "0" and kept(message):
                 at = int(entry.get("__REALTIME_TIMESTAMP", 0)) / 1e6 or time.time()
-                out.append(KernelLine(seq=None, at=at, text=message, source="journalctl"))
+                out.append(KernelLine(seq=None, at=at, text=one_line(message), source="journalctl"))
         return out
 
     def read_dmesg(self) -> list[KernelLine]:
@@ -176,5 +181,5 @@ class KernelLogReader:
                 continue
             self.dmesg_stamp = stamp
             if from_kernel(int(match[1])) and kept(match[3]):
-                out.append(KernelLine(seq=None, at=self.booted + stamp, text=match[3], source="dmesg"))
+                out.append(KernelLine(seq=None, at=self.booted + stamp, text=one_line(match[3]), source="dmesg"))
         return out

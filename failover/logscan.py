@@ -1,6 +1,10 @@
 """The run's own output, scanned for the classifier (stdlib only): Table 4, hardware signatures
 (``LOG_HARDWARE_SIGNATURES``), and Table 5, internal errors most specific first
 (``NON_HARDWARE_SIGNATURES``). ``failover.classify`` applies them; docs/failover.md lists them.
+
+These read the run's own output, which may explain that run's own verdict only. The one kernel text
+read here is the kernel's own OOM-killer records (picked by ``failover.xids.parse_kernel_line``), and
+only for the host OOM kill (``KERNEL_OOM_SIGNATURE``): a process name they quote spells nothing else.
 """
 from __future__ import annotations
 
@@ -77,6 +81,8 @@ NON_HARDWARE_SIGNATURES: tuple[tuple[str, str, str | None, bool], ...] = (
      None, False),
 )
 
+KERNEL_OOM_SIGNATURE = "host_oom_kill"  # the one Table 5 row the kernel's own records may match
+
 
 # --- scanning the run's own output -----------------------------------------------------------------
 
@@ -117,12 +123,16 @@ def _runtime_says(regex: re.Pattern, line: str) -> bool:
 
 
 def _most_specific_internal_error(
-    log_lines: Sequence[str], kernel_lines: Sequence[str]
+    log_lines: Sequence[str], oom_records: Sequence[str]
 ) -> tuple[str, str, str, bool] | None:
-    lines = _log_lines_to_scan(log_lines) + [line.strip() for line in kernel_lines]
+    """The most specific internal error in the run's own output; ``oom_records``, the kernel's own
+    OOM-killer records (``failover.classify`` picks them with ``failover.xids.parse_kernel_line``), count
+    for the host OOM kill alone: the process name they quote never spells another signature."""
+    lines = _log_lines_to_scan(log_lines)
+    kernel = [line.strip() for line in oom_records]
     for name, pattern, reason, ambiguous in NON_HARDWARE_SIGNATURES:
         regex = re.compile(pattern)
-        hits = [line for line in lines if regex.search(line)]
+        hits = [line for line in lines + (kernel if name == KERNEL_OOM_SIGNATURE else []) if regex.search(line)]
         if not hits:
             continue
         line = hits[-1]  # the last occurrence is closest to the failure

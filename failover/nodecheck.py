@@ -7,14 +7,17 @@ Slurm runs it as root on every node each ``HealthCheckInterval`` seconds, with o
 One pass:
 
 * reads the kernel log (``failover.kmsg``: the kernel's own NVRM Xid / SXid, fallen-off-the-bus,
-  PCIe AER, link-down, thermal … lines) after the sequence number the last pass kept in
+  PCIe AER, link-down, thermal … lines, each only as its driver writes it, the message *starting*
+  with the driver's text; a job's trap or segfault record, ``traps: <comm>[<pid>] … in <file>[…]``,
+  is never handed over, whatever its names spell) after the sequence number the last pass kept in
   ``<node>.cursor``; on the first pass, only lines of the last ``FIRST_PASS_WINDOW`` seconds;
 * appends each as one JSON record ``{"seq", "at", "text"}`` to ``<node>.jsonl``;
 * writes ``<node>.status.json``: when it ran, why the kernel log could not be read (if so), and
   the node's GPU index by PCI bus id where NVML answers (so an Xid line names its GPU).
 
 It judges nothing and drains nothing: the console's health monitor reads these files
-(``failover.services.monitor.NodeEvidenceMonitor``), and its one verdict drains the node in Slurm
+(``failover.services.monitor.NodeEvidenceMonitor``, which parses each line again with the same
+``failover.xids.parse_kernel_line``), and its one verdict drains the node in Slurm
 with the fault's reason. Standard library only (``pynvml`` where installed): no Django, no
 database. The directory is the cluster's (root's), never a job's; paths are opened without
 following links.

@@ -20,11 +20,21 @@ A code's row says which rule made it (``source``); :data:`OVERRIDES` lists, with
 judged otherwise than its catalogue bucket says. ``docs/failover.md`` shows the table made from this one
 (``python -m failover.xids``); a test checks that they agree.
 
-Kernel lines count only as the driver writes them (:func:`parse_kernel_line`): the message starts with
-``NVRM: Xid (PCI:…): N,`` or ``nvidia-nvswitchN: SXid (PCI:…): N,`` (after at most a timestamp or a
-syslog prefix), never a process name: a job that names itself ``Xid (3b:00): 79`` and crashes makes the
-kernel print ``Xid (3b:00): 79[pid]: segfault at …``, which is no Xid. The kernel-log reader also drops
-every record not from the kernel's own facility (``failover.kmsg``).
+Kernel records count only as the driver writes them (:func:`parse_kernel_line`, the one reader of
+kernel text: the health monitor's, the Slurm node check's, the classifier's). The record's message,
+after the kmsg header or a text log's timestamp / syslog prefix only (:data:`PREFIX`), must *start*
+with the driver's text: ``NVRM: Xid (PCI:…): N,``, ``nvidia-nvswitchN: SXid (PCI:…): N,``, ``NVRM: …``
+(fallen off the bus, GPU is lost, GSP timeouts), ``pcieport|nvidia|pci <dev>: … AER …``, ``mlx5_core
+…`` / ``mlx5_ib …`` / ``ib_core …`` / an InfiniBand device's ``mlx5_N:`` / ``ibN:``, ``thermal <zone>:``, the OOM
+killer's words. The kernel's records of a user process (:data:`USER_RECORD`: ``traps: <comm>[<pid>]
+trap invalid opcode … in <file>[…]``, ``<comm>[<pid>]: segfault at … in <file>[…]``, ``general
+protection``) name a process and a file the job chose, and are never evidence, whatever driver text
+those names spell: a job that runs from a file named ``NVRM: GPU has fallen off the bus`` and traps
+makes the kernel print that text after ``traps: python3[pid] … in``, which is no driver's record. An
+Xid line's own ``pid=…, name=<comm>`` is the driver's record quoting a process: its code, device and
+severity are read where the driver prints them, before the name. Each record is one line
+(:func:`one_line`). The kernel-log reader also drops every record not from the kernel's own
+facility (``failover.kmsg``).
 """
 from __future__ import annotations
 
@@ -155,40 +165,64 @@ def bus_id(address: str) -> str:
 
 # --- kernel lines --------------------------------------------------------------------------------
 
-# What may stand before the driver's own words in a text log: a /dev/kmsg priority, dmesg's
-# timestamp ("[ 12.3]", "-T"'s "[Sun Feb 23 16:24:18 2025]"), a journal or syslog "<date> <host>
-# kernel:" prefix. Nothing a process names itself.
-_PREFIX = (r"^(?:<\d+>)?(?:\[[^\]]*\]\s*)?(?:[A-Z][a-z]{2} [ \d]\d [\d:]{8} )?(?:\S+ kernel: |kernel: )?"
-           r"(?:\[\s*\d+\.\d+\]\s*)?")
+# What may stand before a record's message in a text log, and nothing else: a continuation line's
+# indent, a /dev/kmsg or ``dmesg -r`` priority, dmesg's timestamp ("[ 12.3]", "[  +0.000001]", -T's
+# "[Sun Feb 23 16:24:18 2025]"), a syslog or journal "<date> [<host>] kernel:" prefix. Never a
+# process's name: a host is a host name's characters only ("traps:" is none).
+_DATE = r"(?:[A-Z][a-z]{2} [ \d]\d [\d:]{8}|\d{4}-\d\d-\d\dT[\d:.,]+(?:Z|[+-][\d:]+)?) "
+PREFIX = re.compile(r"\s*(?:<\d+>)?(?:\[[^\]]*\]\s*)?(?:" + _DATE + r")?(?:(?:[A-Za-z0-9][\w.-]* )?kernel: )?"
+                    r"(?:\[\s*\d+\.\d+\]\s*)?")
 _PCI = r"(?:PCI:)?(?P<pci>(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
-XID_LINE = re.compile(_PREFIX + r"NVRM: Xid \(" + _PCI + r"\): (?P<xid>\d+)(?:,\s*(?P<rest>.*))?$")
-SXID_LINE = re.compile(_PREFIX + r"nvidia-nvswitch\d*: SXid \(" + _PCI + r"\): (?P<sxid>\d+)(?:,\s*(?P<rest>.*))?$")
+XID_LINE = re.compile(r"NVRM: Xid \(" + _PCI + r"\): (?P<xid>\d+)(?:,\s*(?P<rest>.*))?$")
+SXID_LINE = re.compile(r"nvidia-nvswitch\d*: SXid \(" + _PCI + r"\): (?P<sxid>\d+)(?:,\s*(?P<rest>.*))?$")
 _NVLINK5_SEVERITY = re.compile(r"^[A-Z0-9_]+(?:/[A-Z0-9_]+)?\s+(?P<severity>Nonfatal|Fatal)\b")
 _SXID_SEVERITY = re.compile(r"^(?P<severity>Fatal|Non-fatal)\b")
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
-# A process's own name in a kernel line ("<comm>[<pid>]: segfault at …"): never evidence.
-USER_COMM = re.compile(_PREFIX + r".{1,16}?\[\d+\]: ")
+# A user process's record: its name and what it did (x86's ``traps: <comm>[<pid>] trap invalid opcode
+# … in <file>[<addr>+<size>]`` and ``… general protection fault …``, ``<comm>[<pid>]: segfault at … in
+# <file>[…]``, arm64's ``<comm>[<pid>]: unhandled …``). The process's name and the mapped file's are
+# the job's choice: such a record is never evidence, whatever it quotes.
+USER_RECORD = re.compile(
+    r"^traps: |\[\d+\]: |\[\d+\] (?:trap|general protection)|\bsegfault at\b|\bgeneral protection\b"
+    r"|\[[0-9a-fA-F]+\+[0-9a-fA-F]+\]",  # the mapped file's "<name>[<start>+<size>]"
+    re.IGNORECASE,
+)
 
-# Kernel messages besides Xid lines, each only in the words its driver writes (after the prefix).
-# (name, pattern, reason, fatal). Corrected / non-fatal AER messages are deliberately not listed.
+# Kernel messages besides Xid lines, each only as its driver writes it: the message *starts* with the
+# driver's text (NVRM, pcieport / nvidia / pci with its device, mlx5_core / mlx5_ib / ib_core or the
+# InfiniBand device, the thermal core). (name, pattern, reason). Corrected / non-fatal AER messages
+# are deliberately not listed.
 KERNEL_SIGNATURES: tuple[tuple[str, str, str], ...] = (
-    ("fallen_off_bus", r"NVRM: .*fallen off the bus|^\s*NVRM: .*GPU has fallen off the bus",
-     "GPU has fallen off the bus"),
+    ("fallen_off_bus", r"NVRM: .*fallen off the bus", "GPU has fallen off the bus"),
     ("gpu_lost", r"NVRM: .*\bGPU is lost\b", "GPU is lost"),
     ("pcie_fatal", r"(?:pcieport|nvidia|pci) \S+.*Uncorrect(?:ed|able) \(Fatal\)", "PCIe fatal (uncorrected) error"),
     ("network_link_down", r"(?:mlx5_core|mlx5_ib|ib_core) \S+ (?P<nic>mlx5_\d+|ibp?\w*)(?::| ).*\blink\s+down\b|"
      r"(?P<nic2>mlx5_\d+|ibp?\w*): .*\bport \d+ .*\b(?:state|link)\b.*\bDOWN\b",
      "InfiniBand link down"),
-    ("thermal_shutdown", r"thermal \S+: critical temperature reached.*shutting down|\bthermal shutdown\b",
+    ("thermal_shutdown", r"thermal \S+: critical temperature reached.*shutting down|(?:thermal \S+|NVRM): .*\bthermal shutdown\b",
      "thermal shutdown"),
     ("gsp_timeout", r"NVRM: .*(?:Timeout waiting for RPC from GSP|\bGSP\b.*\bheartbeat\b.*(?:timeout|timed out|missed)|"
      r"\bGSP (?:RPC )?Timeout\b)", "GSP firmware not responding (RPC / heartbeat timeout)"),
 )
-_SIGNATURES = [(name, re.compile(_PREFIX + r"(?:.*?\s)?(?:" + pattern + ")", re.IGNORECASE), reason)
-               for name, pattern, reason in KERNEL_SIGNATURES]
+_SIGNATURES = [(name, re.compile(r"(?:" + pattern + ")", re.IGNORECASE), reason) for name, pattern, reason in KERNEL_SIGNATURES]
 FATAL_KERNEL = frozenset({"fallen_off_bus", "gpu_lost"})
-OOM_KILL = re.compile(_PREFIX + r"(?:Out of memory: Kill(?:ed)? process|\S+ invoked oom-killer|oom-kill:|oom_reaper)")
-PCIE_UNCORRECTABLE = re.compile(_PREFIX + r"(?:pcieport|nvidia|pci) \S+.*Uncorrect(?:ed|able)", re.IGNORECASE)
+OOM_KILL = re.compile(r"(?:Out of memory: Kill(?:ed)? process|\S+ invoked oom-killer|oom-kill:|oom_reaper)")
+PCIE_UNCORRECTABLE = re.compile(r"(?:pcieport|nvidia|pci) \S+.*Uncorrect(?:ed|able)", re.IGNORECASE)
+_BREAKS = re.compile(r"[\r\n\x0b\x0c\x1c-\x1e\x85\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """One record's text on one line: a line break inside it escaped as ``/dev/kmsg`` escapes it
+    (``\\x0a``), so no part of a record is ever read as a record of its own."""
+    return _BREAKS.sub(lambda found: f"\\x{ord(found[0]):02x}", text.strip("\r\n"))
+
+
+def kernel_message(text: str) -> str:
+    """A record's message: its text (one line, :func:`one_line`) less the text log's prefix
+    (:data:`PREFIX`: a timestamp, a priority, a syslog prefix) and nothing more."""
+    line = one_line(text)
+    found = PREFIX.match(line)
+    return line[found.end():] if found else line
 
 
 @dataclass(frozen=True)
@@ -223,32 +257,40 @@ def xid_fatal(code: int | None, severity: str) -> bool:
 
 
 def parse_kernel_line(text: str) -> KernelEvent | None:
-    """The event a kernel line carries, or None: Xid and SXid lines, the hardware messages of
-    :data:`KERNEL_SIGNATURES`, PCIe uncorrectable errors and the OOM killer."""
-    line = text.rstrip("\n")
-    match = XID_LINE.match(line)
+    """The event one kernel record carries, or None: the one reader of kernel text (the health
+    monitor's, the Slurm node check's, the classifier's).
+
+    The record's message (:func:`kernel_message`: after the kmsg header, dmesg's timestamp or a
+    syslog prefix only) must *start* with its driver's text: ``NVRM: Xid (PCI:…): N, …``,
+    ``nvidia-nvswitchN: SXid (PCI:…): N, …``, then the hardware messages of :data:`KERNEL_SIGNATURES`,
+    PCIe uncorrectable errors and the OOM killer. A user process's record (:data:`USER_RECORD`: ``traps:``,
+    ``segfault``, ``general protection``, ``<comm>[<pid>]``, ``in <file>[…]``) is never one, whatever
+    driver text its process or file name spells. An Xid's or SXid's code, device and severity are read
+    where the driver prints them, before the ``pid=…, name=…`` it may quote."""
+    line = one_line(text)
+    message, line = kernel_message(line), line.strip()
+    match = XID_LINE.match(message)
     if match:
         rest = match["rest"] or ""
-        severity = _NVLINK5_SEVERITY.match(rest)
-        cause = _CAUSED_BY.search(rest)
-        return KernelEvent("xid", line.strip(), int(match["xid"]), bus_id(match["pci"]),
+        severity = _NVLINK5_SEVERITY.match(rest)  # where the driver prints it: before any pid= / name=
+        cause = _CAUSED_BY.search(rest)  # a quoted name (a comm: 15 bytes at most) cannot spell it
+        return KernelEvent("xid", line, int(match["xid"]), bus_id(match["pci"]),
                            severity["severity"] if severity else "", int(cause[1]) if cause else None)
-    match = SXID_LINE.match(line)
+    match = SXID_LINE.match(message)
     if match:
         severity = _SXID_SEVERITY.match(match["rest"] or "")
-        return KernelEvent("sxid", line.strip(), int(match["sxid"]), bus_id(match["pci"]),
-                           severity["severity"] if severity else "")
-    if USER_COMM.match(line):
-        return None  # a process's name and what it did: whatever it calls itself
+        return KernelEvent("sxid", line, int(match["sxid"]), bus_id(match["pci"]), severity["severity"] if severity else "")
+    if USER_RECORD.search(message):
+        return None  # a process's name, a file's, and what the process did: whatever they are called
     for name, regex, _reason in _SIGNATURES:
-        found = regex.match(line)
+        found = regex.match(message)
         if found:
             nic = (found.groupdict().get("nic") or found.groupdict().get("nic2") or "") if name == "network_link_down" else ""
-            return KernelEvent(name, line.strip(), nic=nic)
-    if PCIE_UNCORRECTABLE.match(line):
-        return KernelEvent("pcie_uncorrectable", line.strip())
-    if OOM_KILL.match(line):
-        return KernelEvent("oom_kill", line.strip())
+            return KernelEvent(name, line, nic=nic)
+    if PCIE_UNCORRECTABLE.match(message):
+        return KernelEvent("pcie_uncorrectable", line)
+    if OOM_KILL.match(message):
+        return KernelEvent("oom_kill", line)
     return None
 
 

@@ -12,6 +12,14 @@ hung on a dead GPU cannot keep its job ``Running``. Its exit then reaches Job Fa
 does; if the run's supervisor has still not reported an exit ``FATAL_EXIT_WAIT`` seconds later
 (processes stuck in the driver), the monitor reports the rank ended itself. A fatal event also
 takes a fresh reading at once, so the node leaves placement before anything lands on it.
+
+Kernel text becomes evidence in one place, :func:`kernel_line_event`, through one parser
+(``failover.xids.parse_kernel_line``): a record counts only as its driver writes it, its message
+*starting* with the driver's text (``NVRM: Xid …``, ``nvidia-nvswitchN: SXid …``, ``NVRM: … fallen off
+the bus``, ``pcieport <dev>: AER: …``, ``mlx5_core …``). The kernel's record of a job's own trap or
+segfault (``traps: <comm>[<pid>] … in <file>[…]``) quotes names the job chose and is never evidence:
+it stops no run and marks nothing, whatever driver text those names spell. The same holds for the
+lines a Slurm node's own check hands over (:class:`NodeEvidenceMonitor`): they are parsed again here.
 """
 from __future__ import annotations
 
@@ -37,7 +45,7 @@ from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
 from failover.nodecheck import RECORD_MAX_TEXT, evidence_paths, read_json_file
 from failover.probes import simulated_findings
-from failover.xids import bus_id, parse_kernel_line, xid_fatal
+from failover.xids import bus_id, one_line, parse_kernel_line, xid_fatal
 from jobs.models import AttemptNode, Node
 from jobs.services import runs
 
@@ -365,9 +373,13 @@ class NodeEvidenceMonitor(HealthMonitor):
 
 def kernel_line_event(node: Node, text: str, *, at: datetime, source: str, gpu_by_pci: dict[str, int] | None) -> HealthEvent:
     """The health event of one kernel-log line, parsed once (``failover.xids.parse_kernel_line``:
-    only lines as the driver writes them): an Xid names its GPU by bus id (domain kept), an SXid is
-    the fabric's (node-wide); another hardware line (PCIe AER, a NIC link, thermal) names the GPU of
-    the last PCI address in it that is one, else none. ``fatal`` is the line's own severity."""
+    only records whose message starts with the driver's text; a user process's trap or segfault
+    record is none, whatever it quotes): an Xid names its GPU by bus id (domain kept), an SXid is the
+    fabric's (node-wide); another hardware line (PCIe AER, a NIC link, thermal) names the GPU of the
+    last PCI address in it that is one, else none. ``fatal`` is the line's own severity; a line the
+    parser does not know is a ``kernel`` event, never fatal, kept on one line (``one_line``) so that
+    no part of it is read later as a record of its own."""
+    text = one_line(text)
     event = parse_kernel_line(text)
     if event is not None and event.kind in ("xid", "sxid"):
         gpu = (gpu_by_pci or {}).get(event.pci) if event.kind == "xid" else None
