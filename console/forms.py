@@ -19,14 +19,14 @@ from jobs.job_fields import (
     parse_env_text,
     text_refusal,
     validate_command,
+    without_assignments,
 )
 from jobs.models import Project, TrainingJob, validate_job_name
 from jobs.secret_env import MASK, SecretEnv, SecretUnreadable, is_secret_name, seal, split_secrets, unseal
-from jobs.services.capacity import network_refusal, shape_refusal
-from jobs.services.creation import JOB_SETTINGS, personal_project_for
+from jobs.services.creation import JOB_SETTINGS, JobSettingsRefused, check_settings, command_secrets
 from jobs.services.images import validate_reference
-from jobs.services.limits import LimitRefused, check_limits, default_limits, format_cpus, format_memory, parse_memory
-from jobs.services.paths import PathRefused, check_output_dir, volumes_of
+from jobs.services.limits import default_limits, format_cpus, format_memory, parse_memory
+from jobs.services.paths import volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
 
 
@@ -50,6 +50,13 @@ class TextField(forms.CharField):
         if why:
             raise forms.ValidationError(f"This field {why}.", code="text")
         return text
+
+
+# The form's fields that ``check_settings`` judges, and the job field each one is.
+CHECKED_FIELDS = ("project", "command", "env_text", "secret_env_text", "gpus_per_node", "node_count", "output_dir",
+                  "cpu_limit", "memory_limit_mb")
+FORM_FIELD = {"env_text": "env", "secret_env_text": "secret_env"}
+FIELD_OF = {job_field: form_field for form_field, job_field in FORM_FIELD.items()}
 
 
 class TrainingJobForm(forms.Form):
@@ -243,6 +250,15 @@ class TrainingJobForm(forms.Form):
                     sealed[name.strip()] = value.strip()
                 lines[field].append(f"{name.strip()}={MASK}" if sep and secret else raw)
         shown = cast(Any, self.data).copy()
+        # The command's secret assignments as the job will have them: out of the command, ••••
+        # among the secret variables (left as typed where the form refuses them).
+        command = str(self.data.get("command") or "")
+        taken, values, refusals = command_secrets(command)
+        typed = {raw.partition("=")[0].strip() for field in lines for raw in lines[field]}
+        if taken and not refusals and not typed & set(values):
+            sealed.update(values)
+            lines["secret_env_text"] += [f"{name}={MASK}" for name in values]
+            shown["command"] = without_assignments(command, taken).strip()
         shown["env_text"] = "\n".join(lines["env_text"])
         shown["secret_env_text"] = "\n".join(lines["secret_env_text"])
         shown["secret_env_kept"] = seal(sealed, owner_pk=self.owner.pk) if sealed else ""
@@ -258,26 +274,14 @@ class TrainingJobForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         self.resolve_secrets(data)
-        for name in ("cpu_limit", "memory_limit_mb"):
-            if data.get(name) is not None:
-                try:
-                    data[name] = check_limits(**{name: data[name]})[name]
-                except LimitRefused as exc:
-                    self.add_error(name, forms.ValidationError(str(exc), code="limit"))
-        if data.get("gpus_per_node") is not None and data.get("node_count"):
-            refusal = shape_refusal(data["gpus_per_node"], data["node_count"])
-            if refusal:
-                self.add_error("gpus_per_node", forms.ValidationError(refusal, code="shape"))
-        if data.get("node_count"):
-            refusal = network_refusal(data.get("project") or personal_project_for(self.owner), data["node_count"])
-            if refusal:
-                self.add_error("node_count", forms.ValidationError(refusal, code="network"))
-        if data.get("output_dir"):
-            project = data.get("project") or personal_project_for(self.owner)
-            try:
-                data["output_dir"] = check_output_dir(data["output_dir"], project)
-            except PathRefused as exc:
-                self.add_error("output_dir", forms.ValidationError(str(exc), code="output_dir"))
+        # The settings a job may have are the creation service's to judge (every route's).
+        given = {FORM_FIELD.get(name, name): data[name] for name in CHECKED_FIELDS if name in data}
+        try:
+            data.update({FIELD_OF.get(name, name): value for name, value in check_settings(given, owner=self.owner).items()})
+        except JobSettingsRefused as exc:
+            for field, reasons in exc.problems.items():
+                name = FIELD_OF.get(field, field)
+                self.add_error(name if name in self.fields else None, [forms.ValidationError(r, code="settings") for r in reasons])
         return data
 
     def cleaned_job_fields(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -163,6 +164,145 @@ def validate_command(command: str) -> None:
             rest = rest[1:]
         if not rest and number == len(lines):
             raise CommandError(f"Line {number}: only variable assignments; add the program to run.")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A ``NAME=value`` word at the start of one of the command's lines, where it is in the text
+    (``start``/``end``: the word and the blanks after it) and what it means. ``literal``: the
+    value is exactly the text (no ``$``, backquote, leading ``~`` or continuation to expand), so
+    it may move to the run's environment unchanged. ``then``: what follows the assignments there
+    ("" for another word or the line's end, else the shell operator, e.g. ``;`` or ``>``)."""
+
+    name: str
+    value: str
+    start: int
+    end: int
+    literal: bool
+    then: str
+
+
+SHELL_OPERATORS = frozenset(";&|<>()")
+BLANKS = " \t"
+
+
+def skip_blanks(text: str, i: int) -> int:
+    """The index after blanks and backslash-newline continuations from ``i``."""
+    while i < len(text):
+        if text[i] in BLANKS:
+            i += 1
+        elif text.startswith("\\\n", i):
+            i += 2
+        else:
+            break
+    return i
+
+
+def word_end(text: str, i: int) -> int:
+    """The end of the shell word starting at ``i``: its quotes and escapes read as bash reads
+    them (an unclosed quote runs to the end; ``validate_command`` refuses that command)."""
+    while i < len(text) and text[i] not in BLANKS and text[i] != "\n" and text[i] not in SHELL_OPERATORS:
+        if text[i] == "\\":
+            i += 2
+        elif text.startswith("$(", i):
+            depth, i = 1, i + 2
+            while i < len(text) and depth:
+                depth += {"(": 1, ")": -1}.get(text[i], 0)
+                i += 1
+        elif text[i] == "`":
+            close = text.find("`", i + 1)
+            i = len(text) if close < 0 else close + 1
+        elif text[i] == "'":
+            close = text.find("'", i + 1)
+            i = len(text) if close < 0 else close + 1
+        elif text[i] == '"':
+            i += 1
+            while i < len(text) and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+        else:
+            i += 1
+    return min(i, len(text))
+
+
+def line_end(text: str, i: int) -> tuple[int, bool]:
+    """The index after the logical line going on at ``i`` (continuations, quoted newlines and
+    comments read as bash reads them), and whether it opens a here-document (whose body lines
+    are data, not commands)."""
+    heredoc = False
+    at_word_start = True
+    while i < len(text):
+        char = text[i]
+        if char == "\n":
+            return i + 1, heredoc
+        if char == "#" and at_word_start:
+            newline = text.find("\n", i)
+            return (len(text) if newline < 0 else newline + 1), heredoc
+        if char in BLANKS or char in SHELL_OPERATORS:
+            heredoc = heredoc or text.startswith("<<", i)
+            at_word_start = True
+            i += 1
+        else:
+            i = word_end(text, i)
+            at_word_start = False
+    return i, heredoc
+
+
+def assigned_value(raw: str) -> tuple[str, bool]:
+    """The value bash assigns for the text after ``NAME=``, and whether that text is literal."""
+    literal = not raw.startswith("~") and "\\\n" not in raw
+    quote = ""
+    escaped = False
+    for char in raw:
+        if escaped:
+            escaped = False
+        elif quote == "'":
+            quote = "" if char == "'" else quote
+        elif char in "$`" or (char == "\\" and quote):
+            # Expanded; or an escape inside double quotes, which shlex reads otherwise than bash.
+            literal = False
+        elif char == "\\":
+            escaped = True
+        elif char == quote:
+            quote = ""
+        elif char in "'\"" and not quote:
+            quote = char
+    try:
+        words = shlex.split(raw) if raw else [""]
+    except ValueError:
+        return raw, False
+    return (words[0] if len(words) == 1 else raw), literal and len(words) == 1
+
+
+def leading_assignments(command: str) -> list[Assignment]:
+    """The ``NAME=value`` words each line of ``command`` starts with (the assignments
+    ``validate_command`` reads), in order; none inside or after a here-document."""
+    found: list[Assignment] = []
+    i = 0
+    while i < len(command):
+        i = skip_blanks(command, i)
+        run: list[tuple[str, str, int, int, bool]] = []
+        while i < len(command) and command[i] not in SHELL_OPERATORS:
+            end = word_end(command, i)
+            match = ASSIGNMENT.match(command[i:end])
+            if match is None:
+                break
+            value, literal = assigned_value(command[i + match.end():end])
+            run.append((match.group()[:-1], value, i, skip_blanks(command, end), literal))
+            i = run[-1][3]
+        then = command[i] if i < len(command) and command[i] in SHELL_OPERATORS else ""
+        found += [Assignment(*fields, then=then) for fields in run]
+        i, heredoc = line_end(command, i)
+        if heredoc:
+            break
+    return found
+
+
+def without_assignments(command: str, assignments: list[Assignment]) -> str:
+    """``command`` with these assignments (and the blanks after each) taken out."""
+    for assignment in sorted(assignments, key=lambda a: a.start, reverse=True):
+        command = command[: assignment.start] + command[assignment.end:]
+    return command
 
 
 class EnvRefused(ValueError):

@@ -41,7 +41,7 @@ from console.paging import ListBranches, capped_count, list_branches, rows_betwe
 from jobs.models import Node, TrainingJob
 from jobs.rest import JSONParser
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
-from jobs.services.creation import JobRefused, clone_job, create_job
+from jobs.services.creation import JobRefused, JobSettingsRefused, clone_job, create_job
 from jobs.services.nodes import set_cordoned
 from jobs.services.samples import samples_of
 from jobs.statuses import JobStatus
@@ -64,6 +64,13 @@ def conflict(exc: JobActionRefused) -> Response:
 
 def name_taken(name: str | None) -> serializers.ValidationError:
     return serializers.ValidationError({"name": [f"You already have a job named {name}."]})
+
+
+def refused(exc: JobRefused) -> serializers.ValidationError:
+    """A 400 for a job the creation service refused: settings on their fields, the queue's limit as ``detail``."""
+    if isinstance(exc, JobSettingsRefused):
+        return serializers.ValidationError(exc.problems)
+    return serializers.ValidationError({"detail": str(exc)})
 
 
 class ApiPagination(LimitOffsetPagination):
@@ -200,7 +207,7 @@ class TrainingJobViewSet(
         except IntegrityError:  # a concurrent create took the name after validation
             raise name_taken(serializer.validated_data.get("name")) from None
         except JobRefused as exc:
-            raise serializers.ValidationError({"detail": str(exc)}) from None
+            raise refused(exc) from None
 
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         job = self.get_object()
@@ -239,7 +246,11 @@ class TrainingJobViewSet(
         responses={
             200: TrainingJobSerializer,
             404: JOB_NOT_FOUND,
-            409: OpenApiResponse(ErrorSerializer, description="Not Stopped / internalerror, or no committed checkpoint."),
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="Not Stopped / internalerror, no committed checkpoint, or settings a new job may not have now "
+                "(e.g. its project no longer allows a multi-node job's network).",
+            ),
         },
     )
     @action(detail=True, methods=["post"])
@@ -254,7 +265,9 @@ class TrainingJobViewSet(
     @extend_schema(
         summary="Clone a job",
         parameters=[JOB_ID],
-        description="A new Pending job with the same settings, owned by you; named <name>-copy unless given.",
+        description="A new Pending job with the same settings, owned by you; named <name>-copy unless given. "
+        "Settings a new job may not have now (e.g. a multi-node job in a project that no longer allows its network) "
+        "are a 400 on their fields.",
         request=CloneRequestSerializer,
         responses={201: TrainingJobSerializer, 400: FIELD_ERRORS, 404: JOB_NOT_FOUND},
     )
@@ -269,7 +282,7 @@ class TrainingJobViewSet(
         except IntegrityError:
             raise name_taken(name) from None
         except JobRefused as exc:
-            raise serializers.ValidationError({"detail": str(exc)}) from None
+            raise refused(exc) from None
         return Response(self.get_serializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(

@@ -16,11 +16,9 @@ from rest_framework import serializers
 from jobs.job_fields import CommandError, EnvRefused, normalize_newlines, text_refusal, validate_command, validate_env
 from jobs.models import GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob, validate_job_name
 from jobs.secret_env import MASK, SecretEnv, split_secrets
-from jobs.services.capacity import network_refusal, shape_refusal
-from jobs.services.creation import JOB_SETTINGS, personal_project_for
+from jobs.services.creation import JOB_SETTINGS, JobSettingsRefused, check_settings
 from jobs.services.images import validate_reference
-from jobs.services.limits import LimitRefused, check_limits, limits_of
-from jobs.services.paths import PathRefused, check_output_dir
+from jobs.services.limits import limits_of
 from jobs.statuses import JobStatus
 from logs.queries import STREAM_NAME, is_stream_name
 
@@ -199,22 +197,10 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             ]})
         data["env"], data["secret_env"] = plain, SecretEnv.of(secrets)
         try:
-            data.update(check_limits(data.get("cpu_limit"), data.get("memory_limit_mb")))
-        except LimitRefused as exc:
-            raise serializers.ValidationError({exc.field: [str(exc)]}) from None
-        refusal = shape_refusal(data.get("gpus_per_node", 1), data.get("node_count", 1))
-        if refusal:
-            raise serializers.ValidationError({"gpus_per_node": [refusal]})
-        refusal = network_refusal(data.get("project") or personal_project_for(self.context["request"].user), data.get("node_count", 1))
-        if refusal:
-            raise serializers.ValidationError({"node_count": [refusal]})
-        if data.get("output_dir"):
-            project = data.get("project") or personal_project_for(self.context["request"].user)
-            try:
-                data["output_dir"] = check_output_dir(data["output_dir"], project)
-            except PathRefused as exc:
-                raise serializers.ValidationError({"output_dir": [str(exc)]}) from None
-        return data
+            # The settings a job may have are the creation service's to judge (every route's).
+            return check_settings(data, owner=self.context["request"].user)
+        except JobSettingsRefused as exc:
+            raise serializers.ValidationError(exc.problems) from None
 
     def validate_name(self, value: str) -> str:
         owner = self.context["request"].user

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def source(make_job) -> TrainingJob:
+def source(make_job, data_volume) -> TrainingJob:
     return make_job(
         name="resnet",
         job_type="Spot",

@@ -52,7 +52,7 @@ def test_tabs_are_links_that_work_without_javascript(login, owner, make_job):
     assert 'aria-current="page">Details</a>' in detail(client, job, tab="bogus")
 
 
-def test_the_details_tab_shows_every_setting(login, owner, make_job):
+def test_the_details_tab_shows_every_setting(login, owner, make_job, data_volume):
     job = make_job(
         name="gpt-small",
         job_type="Spot",

@@ -1,4 +1,4 @@
-"""What a user (or an operator) may do to a job: stop it, delete it."""
+"""What a user (or an operator) may do to a job: stop it, resume it, delete it."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +8,7 @@ from django.db import transaction
 from jobs.models import TrainingJob
 from jobs.realtime import job_group, jobs_group, publish
 from jobs.services import wakeups
+from jobs.services.creation import JobSettingsRefused, check_settings
 from jobs.services.lifecycle import transition
 from jobs.services.messages import request_placement, wake_agents
 from jobs.services.paths import remove_job_files_of
@@ -43,6 +44,11 @@ def request_stop(job: TrainingJob, *, actor: str, reason: str = "stopped by user
     raise JobActionRefused("The job changed status while stopping it; try again.")
 
 
+# The settings a resumed job runs with that ``check_settings`` judges (its command and secrets
+# were judged when it was created and are not changed by a resume).
+RESUME_CHECKED = ("project", "gpus_per_node", "node_count", "output_dir", "cpu_limit", "memory_limit_mb")
+
+
 def resume_job(job: TrainingJob, *, actor: str, checkpoint_step: int | None) -> None:
     """Resume a Stopped or ``Pending - internalerror`` job from its last committed checkpoint.
 
@@ -52,6 +58,12 @@ def resume_job(job: TrainingJob, *, actor: str, checkpoint_step: int | None) -> 
     """
     if checkpoint_step is None:
         raise JobActionRefused("The job has no committed checkpoint to resume from; clone it to start again.")
+    try:
+        # What a new job with these settings would be refused (a project's network switched
+        # off since, a node set that shrank, an output directory behind a new symlink).
+        check_settings({name: getattr(job, name) for name in RESUME_CHECKED}, owner=job.owner)
+    except JobSettingsRefused as exc:
+        raise JobActionRefused(f"The job cannot resume: {exc}") from None
     if not transition(
         job.pk, JobStatus.PENDING, expected=RESUMABLE, actor=actor, finished_at=None,
         reason=f"resumed by {actor} from checkpoint step {checkpoint_step}",

@@ -8,13 +8,19 @@ import time_machine
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from jobs.models import GPU, JobAttempt, Project
+from jobs.models import GPU, JobAttempt, Project, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import place_waiting_jobs
 from jobs.services.runs import record_exit
 from jobs.statuses import JobStatus
 
 pytestmark = pytest.mark.django_db
+
+
+def queued_before_the_cluster_shrank(make_job, count: int, gpus_per_node: int) -> None:
+    """Jobs no node can hold now (creation refuses such a shape): queued while one could."""
+    jobs = [make_job(gpus_per_node=1) for _ in range(count)]
+    TrainingJob.objects.filter(pk__in=[job.pk for job in jobs]).update(gpus_per_node=gpus_per_node)
 
 
 def user_in(name: str, project: Project):
@@ -35,8 +41,7 @@ def finish(job) -> None:
 
 def test_two_hundred_jobs_no_node_can_hold_do_not_block_a_placeable_one(nodes, make_job, owner):
     other = Project.objects.create(name="other")
-    for _ in range(200):
-        make_job(gpus_per_node=5)
+    queued_before_the_cluster_shrank(make_job, 200, gpus_per_node=5)
     small = make_job(gpus_per_node=1, owner=user_in("second", other), project=other)
     place_waiting_jobs()
     assert JobAttempt.objects.filter(job=small).exists()
@@ -46,8 +51,7 @@ def test_two_hundred_jobs_no_node_can_hold_do_not_block_a_placeable_one(nodes, m
 
 def test_a_burst_of_impossible_jobs_in_the_same_project_does_not_block_its_small_job(nodes, make_job, settings):
     settings.QUEUE_MAX_WAITING_PER_USER = 500
-    for _ in range(200):
-        make_job(gpus_per_node=5)
+    queued_before_the_cluster_shrank(make_job, 200, gpus_per_node=5)
     small = make_job(gpus_per_node=1)
     place_waiting_jobs()
     assert JobAttempt.objects.filter(job=small).exists()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.models import GPU, JobAttempt, Node
+from jobs.models import GPU, JobAttempt, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import place_waiting_jobs
 from jobs.services.runs import record_exit
@@ -74,7 +74,9 @@ def test_a_multi_node_job_gets_distinct_nodes_with_ranks(nodes, make_job):
 
 
 def test_a_job_asking_more_gpus_than_any_node_has_keeps_waiting(nodes, make_job):
-    job = make_job(gpus_per_node=8)
+    # Queued while a larger node was registered: creation refuses such a shape now.
+    job = make_job(gpus_per_node=4)
+    TrainingJob.objects.filter(pk=job.pk).update(gpus_per_node=8)
     place_waiting_jobs()
     job.refresh_from_db()
     assert (job.status, job.status_reason) == (JobStatus.PENDING, "1st for 8 GPUs; no free capacity fits it")
