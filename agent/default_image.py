@@ -55,7 +55,8 @@ def with_examples(root: Path, base: str, base_digest: str, registry: str, log: C
             [*podman, "build", "--quiet", "--network=none", "--pull=never", "-t", reference, "-f", str(Path(context) / "Containerfile"), context],
             check=True, capture_output=True, timeout=600,
         )
-    subprocess.run([*podman, "push", "--quiet", "--tls-verify=false", reference], check=True, capture_output=True, timeout=600)
+    auth = str(engine.auth_file_for(root, reference))  # the platform's: only it may write to the registry
+    subprocess.run([*podman, "push", "--quiet", "--tls-verify=false", "--authfile", auth, reference], check=True, capture_output=True, timeout=600)
     log(f"examples layer {reference} built and pushed in {time.monotonic() - started:.1f} s")
     return reference
 
@@ -63,7 +64,11 @@ def with_examples(root: Path, base: str, base_digest: str, registry: str, log: C
 def ensure(root: Path, port: int, name: str, log: Callable[[str], None] = print) -> dict:
     """Start the local registry and make sure it holds the default image under ``name``
     (``127.0.0.1:<port>/<repository>:<tag>``). Returns the build's figures (``cached``: the base
-    was there already) and ``seconds_total`` of the whole call."""
+    was there already) and ``seconds_total`` of the whole call.
+
+    The registry wants the platform's credentials for every request and refuses deletes
+    (``engine.ensure_registry``; one an earlier version started without them is restarted), so
+    no job that reaches loopback can replace the image; every push, copy and pull here uses them."""
     started = time.monotonic()
     address = engine.ensure_registry(root, port)
     built = engine.build_default_image(root, address, log=log)
@@ -77,7 +82,7 @@ def ensure(root: Path, port: int, name: str, log: Callable[[str], None] = print)
     if not have.ok or have.digest != want.digest:
         subprocess.run(
             [*engine.podman_argv(root, "skopeo"), "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false",
-             f"docker://{source}", f"docker://{target}"],
+             "--authfile", str(engine.auth_file_for(root, target)), f"docker://{source}", f"docker://{target}"],
             check=True, capture_output=True, timeout=600,
         )
     return {**built, "examples": source, "alias": target, "seconds_total": time.monotonic() - started}

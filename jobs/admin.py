@@ -87,9 +87,14 @@ class ImageAdmin(admin.ModelAdmin):
 
 
 class CredentialForm(forms.ModelForm):
-    """The password is written, never shown back: left empty on a change, the stored one stays."""
+    """The password is written, never shown back: left empty on a change, the stored one stays
+    (and is not even decrypted). It is stored encrypted (``RegistryCredential.password``)."""
 
-    password = forms.CharField(widget=forms.PasswordInput(render_value=False), required=False, help_text="Password or token; never shown back")
+    password = forms.CharField(
+        widget=forms.PasswordInput(render_value=False),
+        required=False,
+        help_text="Password or token; stored encrypted, never shown back (leave empty to keep it)",
+    )
 
     class Meta:
         model = RegistryCredential
@@ -97,11 +102,14 @@ class CredentialForm(forms.ModelForm):
 
     def clean_password(self) -> str:
         value = self.cleaned_data.get("password") or ""
-        if not value and self.instance.pk:
-            return self.instance.password
-        if not value:
+        if not value and not self.instance.pk:
             raise forms.ValidationError("Give the password or token.")
         return value
+
+    def save(self, commit: bool = True) -> RegistryCredential:
+        if self.cleaned_data.get("password"):
+            self.instance.password = self.cleaned_data["password"]
+        return super().save(commit)
 
 
 class RegistryCredentialInline(admin.TabularInline):

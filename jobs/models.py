@@ -12,7 +12,7 @@ from django.db.models import DurationField, ExpressionWrapper, F, OuterRef, Q, S
 from django.utils import timezone
 
 from jobs.job_fields import dns_label_problems
-from jobs.secret_env import SecretEnvField, no_secrets
+from jobs.secret_env import SecretEnv, SecretEnvField, SecretUnreadable, no_secrets
 from jobs.statuses import ACTIVE, BADGE_GROUPS, JobStatus
 
 DNS_LABEL = RegexValidator(
@@ -158,12 +158,17 @@ class Registry(models.Model):
 class RegistryCredential(models.Model):
     """Credentials for pulls from a registry, for one project's jobs (or, with no project, every
     project's). Never shown back, never in a job's environment or log: the agent hands them to the
-    pull as an auth file only it can read."""
+    pull as an auth file only it can read.
+
+    The password is stored encrypted as secret environment variables are (``jobs.secret_env``: a
+    key derived from SECRET_KEY), as the one secret value ``password``; ``password`` reads and
+    sets it in the clear (``RegistryCredential(password=...)`` works) and raises
+    ``SecretUnreadable`` when the key that encrypted it is gone."""
 
     registry = models.ForeignKey(Registry, on_delete=models.CASCADE, related_name="credentials")
     project = models.ForeignKey("Project", null=True, blank=True, on_delete=models.CASCADE, related_name="registry_credentials")
     username = models.CharField(max_length=200)
-    password = models.CharField(max_length=2000, help_text="Password or token")
+    password_encrypted = SecretEnvField(db_column="password", default=no_secrets, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -171,6 +176,23 @@ class RegistryCredential(models.Model):
 
     def __str__(self) -> str:
         return f"{self.username}@{self.registry.host}" + (f" for {self.project}" if self.project_id else "")
+
+    @property
+    def password(self) -> str:
+        """The password or token, decrypted: for the pull's auth file only."""
+        return self.password_encrypted.reveal().get("password", "")
+
+    @password.setter
+    def password(self, value: str) -> None:
+        self.password_encrypted = SecretEnv.of({"password": value})
+
+    def readable_password(self) -> str | None:
+        """The password decrypted, or None when the console's key cannot decrypt it (SECRET_KEY
+        changed without a fallback): for the pull's auth file only."""
+        try:
+            return self.password
+        except SecretUnreadable:
+            return None
 
 
 class Node(models.Model):

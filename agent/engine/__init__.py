@@ -9,7 +9,8 @@ lives under it:
     root/containers.conf, storage.conf, registries.conf   from the templates in deploy/podman/
     root/local-registries      the loopback registries registries.conf marks insecure (HTTP)
     root/storage, root/run     Podman's image store and run state
-    root/<name>/               one local registry: config.yml, registry.pid, registry.log, data/
+    root/<name>/               one local registry: config.yml, htpasswd, registry.pid, registry.log, data/
+    root/platform-auth.json    the platform's credentials for those registries (0600, REGISTRY_AUTH_FILE)
     root/build/                the default image's build directory (removed after each build)
 
 Every podman/skopeo/docker-registry run here gets a clean environment (``clean_env``): nothing of
@@ -19,9 +20,9 @@ environment on purpose (this machine's pip configuration lives partly in ``PIP_*
 
 The package's modules: ``config`` (EngineConfig, podman_env, clean_env, podman_argv, the loopback
 registries trusted, unmount_storage, missing_tools), ``probe`` (availability), ``registry`` (the
-local registry, htpasswd and auth files), ``pulls`` (PullResult, pull, resolve_digest, the
-registry's words, image references) and ``build`` (the default image). Everything is used as
-``from agent import engine; engine.<name>``.
+local registry, the platform's credentials for it, htpasswd and auth files), ``pulls``
+(PullResult, pull, resolve_digest, auth_file_for, the registry's words, image references) and
+``build`` (the default image). Everything is used as ``from agent import engine; engine.<name>``.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from agent.engine.config import (
 from agent.engine.probe import availability
 from agent.engine.pulls import (
     PullResult,
+    auth_file_for,
     classify,
     pull,
     registry_message,
@@ -69,7 +71,9 @@ from agent.engine.pulls import (
 )
 from agent.engine.registry import (
     DEFAULT_PORT,
+    PLATFORM_USER,
     ensure_registry,
+    platform_credentials,
     registry_answers,
     stop_registry,
     write_auth_file,
@@ -86,6 +90,7 @@ __all__ = [
     "EXTRA_PIP",
     "IMAGE_PATH_ENV",
     "IMAGE_PYTHON",
+    "PLATFORM_USER",
     "RECIPE_VERSION",
     "REFUSED_ALIAS_HOST",
     "REPO_DIR",
@@ -94,6 +99,7 @@ __all__ = [
     "TEMPLATE_DIR",
     "EngineConfig",
     "PullResult",
+    "auth_file_for",
     "availability",
     "build_default_image",
     "classify",
@@ -105,6 +111,7 @@ __all__ = [
     "missing_tools",
     "podman_argv",
     "podman_env",
+    "platform_credentials",
     "pull",
     "registry_answers",
     "registry_message",

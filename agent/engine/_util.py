@@ -1,9 +1,10 @@
-"""Small file helpers of the engine package: atomic writes and an advisory lock."""
+"""Small file helpers of the engine package: atomic writes, an advisory lock, auth files read."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -38,3 +39,13 @@ def _locked(path: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def read_auths(path: Path) -> dict[str, dict]:
+    """The ``auths`` of a containers-auth.json ({registry: {"auth": base64}}); {} when the file
+    is missing or not one."""
+    try:
+        auths = json.loads(Path(path).read_text()).get("auths")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(k): v for k, v in auths.items() if isinstance(v, dict)} if isinstance(auths, dict) else {}

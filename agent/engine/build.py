@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from agent.engine._util import _locked
-from agent.engine.config import REPO_DIR, EngineConfig, clean_env, missing_tools
-from agent.engine.pulls import _tls_args, resolve_digest
+from agent.engine.config import REPO_DIR, clean_env, missing_tools
+from agent.engine.pulls import _tls_args, auth_file_for, resolve_digest
 
 # The default training image: Debian bookworm (whose python3 is 3.11, so the host's cp311 wheels
 # fit), the pinned CPU torch and the libraries the examples import.
@@ -89,7 +89,8 @@ def build_default_image(
     configuration and local torch wheel apply, installs ``packages`` into the rootfs's
     /usr/local/lib/python3.11/dist-packages; console scripts go to /usr/local/bin with
     ``#!/usr/bin/python3``), ``import`` (tar of the rootfs into ``podman import``), ``verify``
-    (torch, transformers, accelerate import, torchrun --help, with no network), ``push``.
+    (torch, transformers, accelerate import, torchrun --help, with no network), ``push`` (with the
+    platform's credentials: ``ensure_registry`` started the registry behind them).
     Everything is built in a temporary directory under ``root/build``, removed afterwards.
     Returns {"reference", "digest", "cached", "seconds", "size"}."""
     root = Path(root).absolute()
@@ -180,7 +181,8 @@ def build_default_image(
             step = time.monotonic()
             digest_file = work / "digest"
             _check(
-                ["podman", "push", "--quiet", *_tls_args(root, reference), "--digestfile", str(digest_file), reference],
+                ["podman", "push", "--quiet", *_tls_args(root, reference), "--authfile", str(auth_file_for(root, reference)),
+                 "--digestfile", str(digest_file), reference],  # fmt: skip
                 env=env,
                 what="podman push",
                 timeout=1800,
@@ -226,7 +228,7 @@ def image_size(root: Path, reference: str) -> dict[str, int]:
         size["uncompressed"] = int(proc.stdout.strip())
     raw = subprocess.run(
         ["skopeo", "inspect", "--raw", *_tls_args(root, reference),
-         "--authfile", str(EngineConfig(root).no_auth_file), f"docker://{reference}"],
+         "--authfile", str(auth_file_for(root, reference)), f"docker://{reference}"],
         env=env,
         capture_output=True,
     )

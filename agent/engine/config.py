@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
-from agent.engine._util import _locked, _write_if_changed
+from agent.engine._util import _locked, _write_if_changed, read_auths
 
 # The repository root (agent/engine/config.py is two folders down), as it was from agent/engine.py.
 REPO_DIR = Path(__file__).resolve().parent.parent.parent
@@ -60,9 +61,20 @@ class EngineConfig:
 
     @property
     def no_auth_file(self) -> Path:
-        """An auth file with no credentials, used when a pull is given none (so root's own
-        auth.json is never consulted)."""
+        """An auth file with no credentials (so root's own auth.json is never consulted)."""
         return self.root / "no-auth.json"
+
+    @property
+    def platform_auth_file(self) -> Path:
+        """The platform's own credentials for the registries the engine started (a
+        containers-auth.json, mode 0600; see ``registry.platform_credentials``): every
+        podman/skopeo run of ``clean_env`` uses it (REGISTRY_AUTH_FILE), and a pull given no auth
+        file too. It holds nothing but those loopback registries' entries."""
+        return self.root / "platform-auth.json"
+
+    def platform_registries(self) -> set[str]:
+        """The registries (``127.0.0.1:<port>``) the platform's auth file has credentials for."""
+        return set(read_auths(self.platform_auth_file))
 
     def local_registries(self) -> list[str]:
         """The loopback registries marked insecure (plain HTTP) in registries.conf."""
@@ -77,6 +89,12 @@ class EngineConfig:
         for sub in ("", "tmp", "networks", "home", "build"):
             (self.root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         _write_if_changed(self.no_auth_file, '{"auths": {}}\n', mode=0o600)
+        # Created once, never rewritten here: registry.platform_credentials adds to it, and a
+        # concurrent write() must not put an empty file back over its credentials.
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(self.platform_auth_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write('{"auths": {}}\n')
         for name in ("containers.conf", "storage.conf"):
             text = (self.template_dir / name).read_text().replace("@ROOT@", str(self.root))
             _write_if_changed(self.root / name, text)
@@ -117,14 +135,18 @@ class EngineConfig:
             # there: ours, and never those of whoever runs the console.
             "HOME": str(self.home),
             "XDG_CONFIG_HOME": str(self.home / ".config"),
+            # The platform's credentials for its own registries (nothing else): a podman push or
+            # skopeo copy run with this environment is the platform's, and may write there.
+            "REGISTRY_AUTH_FILE": str(self.platform_auth_file),
         }
 
 
 def podman_env(root: Path) -> dict[str, str]:
     """Writes (idempotently) root's containers.conf, storage.conf and registries.conf, and returns
     the variables that make podman/skopeo use them: CONTAINERS_CONF, CONTAINERS_STORAGE_CONF,
-    CONTAINERS_REGISTRIES_CONF, and HOME/XDG_CONFIG_HOME under root (Podman's per-user files).
-    Prefer ``clean_env`` (these plus a fixed PATH, nothing of the caller's environment)."""
+    CONTAINERS_REGISTRIES_CONF, HOME/XDG_CONFIG_HOME under root (Podman's per-user files), and
+    REGISTRY_AUTH_FILE (the platform's credentials for its own registries). Prefer ``clean_env``
+    (these plus a fixed PATH, nothing of the caller's environment)."""
     config = EngineConfig(Path(root))
     config.write()
     return config.env()

@@ -50,8 +50,9 @@ def pull(
 
     ``--tls-verify=false`` is passed only for the loopback registries root's registries.conf
     marks insecure; any other registry is HTTPS with verification. ``auth_file`` (a
-    containers-auth.json, see ``write_auth_file``) is passed as ``--authfile``; without one an
-    empty auth file is used, so no credential lying around on the node is ever sent. ``progress``
+    containers-auth.json, see ``write_auth_file``) is passed as ``--authfile``; without one, and
+    always for the platform's own registries, the platform's auth file is (``auth_file_for``), so
+    no credential lying around on the node is ever sent. ``progress``
     receives Podman's progress lines ("Trying to pull …", "Copying blob …") as they come.
     ``timeout`` bounds the whole pull (then ok=False, kind ``timeout``)."""
     started = time.monotonic()
@@ -60,7 +61,7 @@ def pull(
     if refused is not None:
         return refused
     env = clean_env(root)
-    auth = str(auth_file or EngineConfig(root).no_auth_file)
+    auth = str(auth_file_for(root, reference, auth_file))
     argv = ["podman", "pull", *_tls_args(root, reference), "--authfile", auth, reference]
     rc, stdout, stderr, timed_out = _run_streaming(argv, env, timeout, progress)
     elapsed = time.monotonic() - started
@@ -88,7 +89,7 @@ def resolve_digest(root: Path, reference: str, auth_file: Path | None = None, *,
         return refused
     argv = [
         "skopeo", "inspect", "--raw", *_tls_args(root, reference),
-        "--authfile", str(auth_file or EngineConfig(root).no_auth_file), f"docker://{reference}",
+        "--authfile", str(auth_file_for(root, reference, auth_file)), f"docker://{reference}",
     ]  # fmt: skip
     try:
         proc = subprocess.run(argv, env=clean_env(root), capture_output=True, timeout=timeout)
@@ -100,6 +101,18 @@ def resolve_digest(root: Path, reference: str, auth_file: Path | None = None, *,
         return PullResult(False, None, message, classify(message), None, elapsed)
     digest = "sha256:" + hashlib.sha256(proc.stdout).hexdigest()
     return PullResult(True, digest, f"{reference} is {digest[:19]}", "", None, elapsed)
+
+
+def auth_file_for(root: Path, reference: str, auth_file: Path | None = None) -> Path:
+    """The auth file a podman/skopeo call about ``reference`` gets: the platform's own (root's
+    ``platform_auth_file``) for a registry the platform started, whose htpasswd knows no other
+    user, and when none is given (it holds only those loopback registries' credentials); else
+    ``auth_file`` (a project's credentials for another registry)."""
+    config = EngineConfig(Path(root))
+    registry, _ = split_reference(reference)
+    if auth_file is None or registry in config.platform_registries():
+        return config.platform_auth_file
+    return Path(auth_file)
 
 
 def registry_message(stderr: str) -> str:

@@ -1,12 +1,16 @@
 """The local registry (Debian's docker-registry, distribution v2): started detached on loopback,
-optionally behind htpasswd; and the htpasswd and containers-auth.json files."""
+behind htpasswd (the platform's own credentials, generated once, unless given other users) with
+deletes off; and the htpasswd and containers-auth.json files."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
+import hmac
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -19,10 +23,12 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from agent.engine._util import _locked, _write_if_changed
+from agent.engine._util import _locked, _write_if_changed, read_auths
 from agent.engine.config import SYSTEM_PATH, EngineConfig, trust_local_registry
 
 DEFAULT_PORT = 5000
+# The platform's user in its registries' htpasswd (its password: ``platform_credentials``).
+PLATFORM_USER = "satrain-platform"
 
 
 def ensure_registry(
@@ -35,15 +41,24 @@ def ensure_registry(
     insecure: bool = True,
     timeout: float = 20.0,
 ) -> str:
-    """Makes sure a registry answers ``GET /v2/`` on 127.0.0.1:port and returns that address.
+    """Makes sure our registry answers ``GET /v2/`` on 127.0.0.1:port and returns that address.
 
-    If something already answers there (a registry: it sends Docker-Distribution-Api-Version), it
-    is reused. Otherwise Debian's ``docker-registry`` is started, detached (its own session,
-    reparented to init), bound to loopback only, with its config, pid file, log and storage under
-    ``root/<name>/``. ``htpasswd`` (a bcrypt htpasswd file, see ``write_htpasswd``) turns on basic
-    auth: the registry then answers 401 without credentials. ``insecure`` marks the address as
-    plain HTTP in registries.conf (the normal case for a loopback registry; False leaves it out,
-    so Podman insists on HTTPS, which is how a wrong scheme looks)."""
+    Debian's ``docker-registry`` is started, detached (its own session, reparented to init), bound
+    to loopback only, with its config, pid file, log and storage under ``root/<name>/``. Every
+    registry started here wants credentials for every request (docker-registry's htpasswd auth
+    covers reads too: it answers 401 without them) and refuses deletes, so a job that reaches
+    loopback can neither read, push nor delete. Without ``htpasswd`` the credentials are the
+    platform's own (``platform_credentials``: a random password generated once per address and
+    kept in root's platform auth file, which every podman/skopeo run of ``clean_env`` and every
+    pull of ``pull`` uses); ``htpasswd`` (a bcrypt htpasswd file, see ``write_htpasswd``) gives
+    other users instead (a team's private registry, in the tests).
+
+    Our registry already running under ``root/<name>`` is reused while its configuration is the
+    one wanted; with another one (an earlier version's without credentials, another port, another
+    htpasswd) it is restarted with this one. Something else that answers as a registry on the
+    port is reused as before, unless it answers without credentials. ``insecure`` marks the
+    address as plain HTTP in registries.conf (the normal case for a loopback registry; False leaves
+    it out, so Podman insists on HTTPS, which is how a wrong scheme looks)."""
     root = Path(root).absolute()
     address = f"127.0.0.1:{int(port)}"
     home = root / name
@@ -54,16 +69,30 @@ def ensure_registry(
     else:
         EngineConfig(root).write()
     with _locked(home / ".lock"):
-        if _registry_answers(address):
-            return address
+        if htpasswd is None:
+            user, password = platform_credentials(root, address)
+            htpasswd = _platform_htpasswd(home / "htpasswd", user, password, EngineConfig(root).platform_auth_file)
+        else:
+            _forget_platform_credentials(root, address)  # its users are the htpasswd's, not ours
+        config, changed = _write_registry_config(home, int(port), htpasswd, realm)
         pid = _registry_pid(home)
+        if pid is not None and changed:
+            _stop_process(pid, 10.0)
+            (home / "registry.pid").unlink(missing_ok=True)
+            pid = None
+        if _registry_answers(address):
+            if pid is None and _answers_anonymously(address):
+                raise RuntimeError(
+                    f"{address} is served by a registry not started under {home} that answers without credentials: "
+                    "stop it, the platform's registry wants credentials for every request"
+                )
+            return address
         if pid is None:
             if _port_taken(int(port)):
                 raise RuntimeError(f"127.0.0.1:{port} is taken by something that is not a registry")
             binary = shutil.which("docker-registry", path=SYSTEM_PATH)
             if binary is None:
                 raise RuntimeError("docker-registry is not installed (as root: apt-get install docker-registry)")
-            config = _write_registry_config(home, int(port), htpasswd, realm)
             log = home / "registry.log"
             # sh starts the registry in the background and exits: the registry is nobody's child.
             proc = subprocess.run(
@@ -90,26 +119,40 @@ def ensure_registry(
 
 def stop_registry(root: Path, *, name: str = "registry", timeout: float = 10.0) -> bool:
     """Stops the registry ``ensure_registry`` started under ``root/<name>`` (SIGTERM, then
-    SIGKILL after ``timeout``). True when one was running."""
-    home = Path(root).absolute() / name
+    SIGKILL after ``timeout``); the platform's credentials for it are forgotten (a later start
+    makes new ones). True when one was running."""
+    root = Path(root).absolute()
+    home = root / name
     pid_file = home / "registry.pid"
     with _locked(home / ".lock") if home.is_dir() else contextlib.nullcontext():
         pid = _registry_pid(home)
         if pid is None:
             pid_file.unlink(missing_ok=True)
             return False
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if _pid_alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            while _pid_alive(pid):
-                time.sleep(0.05)
+        _stop_process(pid, timeout)
         pid_file.unlink(missing_ok=True)
+        address = _configured_address(home)
+        if address is not None:
+            _forget_platform_credentials(root, address)
         return True
+
+
+def platform_credentials(root: Path, address: str) -> tuple[str, str]:
+    """The platform's (username, password) for its registry at ``address``: a random password
+    generated on first use and kept in root's platform auth file (``EngineConfig.platform_auth_file``,
+    mode 0600 under the console's var/ directory, read by the console and its agents only, never
+    shown to a job), then the same on every later call."""
+    config = EngineConfig(Path(root))
+    config.write()
+    with _locked(config.root / ".platform-auth.lock"):
+        auths = read_auths(config.platform_auth_file)
+        found = _decode_auth(auths.get(address))
+        if found is not None and found[0] == PLATFORM_USER:
+            return found
+        password = secrets.token_urlsafe(32)
+        auths[address] = {"auth": base64.b64encode(f"{PLATFORM_USER}:{password}".encode()).decode()}
+        _write_if_changed(config.platform_auth_file, json.dumps({"auths": auths}, indent=1) + "\n", mode=0o600, force=True)
+        return PLATFORM_USER, password
 
 
 def registry_answers(address: str, timeout: float = 2.0) -> bool:
@@ -117,11 +160,11 @@ def registry_answers(address: str, timeout: float = 2.0) -> bool:
     return _registry_answers(address, timeout)
 
 
-def write_htpasswd(path: Path, users: Mapping[str, str]) -> Path:
-    """Writes an htpasswd file with bcrypt hashes (what docker-registry's htpasswd auth accepts),
-    mode 0600. Uses the ``bcrypt`` package if installed, else the C library's crypt ($2b$), else
-    ``htpasswd -B`` (apache2-utils)."""
-    lines = [f"{user}:{_bcrypt(password)}\n" for user, password in users.items()]
+def write_htpasswd(path: Path, users: Mapping[str, str], *, cost: int = 12) -> Path:
+    """Writes an htpasswd file with bcrypt hashes of ``cost`` (what docker-registry's htpasswd
+    auth accepts), mode 0600. Uses the ``bcrypt`` package if installed, else the C library's
+    crypt ($2b$), else ``htpasswd -B`` (apache2-utils)."""
+    lines = [f"{user}:{_bcrypt(password, cost)}\n" for user, password in users.items()]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_if_changed(path, "".join(lines), mode=0o600, force=True)
@@ -141,36 +184,102 @@ def write_auth_file(path: Path, credentials: Mapping[str, tuple[str, str]]) -> P
     return path
 
 
-def _write_registry_config(home: Path, port: int, htpasswd: Path | None, realm: str) -> Path:
+def _write_registry_config(home: Path, port: int, htpasswd: Path, realm: str) -> tuple[Path, bool]:
+    """Writes ``home/config.yml``; (its path, whether it changed). The htpasswd's hash is part of
+    it, so a changed htpasswd changes the config too (docker-registry reads it at start only)."""
     data = home / "data"
     data.mkdir(mode=0o700, exist_ok=True)
     secret_file = home / "http-secret"
     if not secret_file.exists():
         _write_if_changed(secret_file, secrets.token_hex(32) + "\n", mode=0o600)
     secret = secret_file.read_text().strip()
-    auth = ""
-    if htpasswd is not None:
-        htpasswd = Path(htpasswd).absolute()
-        if not htpasswd.is_file():
-            raise FileNotFoundError(f"htpasswd file {htpasswd} does not exist")
-        auth = f"auth:\n  htpasswd:\n    realm: {json.dumps(realm)}\n    path: {json.dumps(str(htpasswd))}\n"
+    htpasswd = Path(htpasswd).absolute()
+    try:
+        users = hashlib.sha256(htpasswd.read_bytes()).hexdigest()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"htpasswd file {htpasswd} does not exist") from None
     text = (
-        "# Written by agent/engine.py: a registry for the console, on loopback only.\n"
+        "# Written by agent/engine/registry.py: a registry for the console, on loopback only;\n"
+        "# credentials for every request, no deletes.\n"
+        f"# htpasswd sha256: {users}\n"
         "version: 0.1\n"
         "log:\n  level: warn\n  accesslog:\n    disabled: true\n"
         "storage:\n"
         f"  filesystem:\n    rootdirectory: {json.dumps(str(data))}\n"
-        "  delete:\n    enabled: true\n"
+        "  delete:\n    enabled: false\n"
         "  cache:\n    blobdescriptor: inmemory\n"
         "http:\n"
         f"  addr: 127.0.0.1:{port}\n"
         f"  secret: {secret}\n"
         "  headers:\n    X-Content-Type-Options: [nosniff]\n"
-        f"{auth}"
+        f"auth:\n  htpasswd:\n    realm: {json.dumps(realm)}\n    path: {json.dumps(str(htpasswd))}\n"
     )
     config = home / "config.yml"
-    _write_if_changed(config, text, mode=0o600)
-    return config
+    return config, _write_if_changed(config, text, mode=0o600)
+
+
+def _configured_address(home: Path) -> str | None:
+    try:
+        found = re.search(r"^  addr: (127\.0\.0\.1:\d+)$", (home / "config.yml").read_text(), re.MULTILINE)
+    except OSError:
+        return None
+    return found.group(1) if found else None
+
+
+def _platform_htpasswd(path: Path, user: str, password: str, auth_file: Path) -> Path:
+    """``path`` holding the platform's user alone, rewritten only when it does not (a rewrite
+    changes the registry's config, which restarts it). Cost 4: the password is 43 random
+    characters, so a slow hash buys nothing, and the registry checks it on every request."""
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        name, _, hashed = path.read_text().strip().partition(":")
+        if name == user and "\n" not in hashed:
+            matches = _bcrypt_matches(password, hashed)
+            if matches is None:  # no bcrypt to check with: trust a file written after the password
+                matches = path.stat().st_mtime_ns >= auth_file.stat().st_mtime_ns
+            if matches:
+                return path.absolute()
+    return write_htpasswd(path, {user: password}, cost=4).absolute()
+
+
+def _forget_platform_credentials(root: Path, address: str) -> None:
+    config = EngineConfig(root)
+    with _locked(config.root / ".platform-auth.lock"):
+        auths = read_auths(config.platform_auth_file)
+        if auths.pop(address, None) is not None:
+            _write_if_changed(config.platform_auth_file, json.dumps({"auths": auths}, indent=1) + "\n", mode=0o600, force=True)
+
+
+def _decode_auth(entry: object) -> tuple[str, str] | None:
+    if not isinstance(entry, dict):
+        return None
+    try:
+        user, sep, password = base64.b64decode(str(entry.get("auth", "")), validate=True).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return (user, password) if sep and user and password else None
+
+
+def _answers_anonymously(address: str) -> bool:
+    """Whether ``GET /v2/`` at ``address`` succeeds without credentials."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://{address}/v2/", timeout=2.0) as response:
+            return 200 <= response.status < 300
+    except (OSError, ValueError):  # HTTPError (401) included
+        return False
+
+
+def _stop_process(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        while _pid_alive(pid):
+            time.sleep(0.05)
 
 
 def _registry_answers(address: str, timeout: float = 2.0) -> bool:
@@ -217,11 +326,11 @@ def _port_taken(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _bcrypt(password: str) -> str:
+def _bcrypt(password: str, cost: int = 12) -> str:
     try:
         import bcrypt  # optional: python3-bcrypt where it is installed, else htpasswd's own hash below
 
-        return bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
+        return bcrypt.hashpw(password.encode(), bcrypt.gensalt(cost)).decode()
     except ImportError:
         pass
 
@@ -230,17 +339,37 @@ def _bcrypt(password: str) -> str:
         try:
             import crypt  # removed in Python 3.13
 
-            hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+            hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=2**cost))
             if hashed and hashed.startswith("$2"):
                 return hashed
         except (ImportError, AttributeError, OSError):
             pass
     if shutil.which("htpasswd"):
         proc = subprocess.run(
-            ["htpasswd", "-niB", "user"], input=password + "\n", capture_output=True, text=True, check=True
+            ["htpasswd", "-niB", "-C", str(cost), "user"], input=password + "\n", capture_output=True, text=True, check=True
         )
         return proc.stdout.strip().split(":", 1)[1]
     raise RuntimeError("no bcrypt here: pip install bcrypt, or apt-get install apache2-utils")
+
+
+def _bcrypt_matches(password: str, hashed: str) -> bool | None:
+    """Whether ``hashed`` (a bcrypt hash) is ``password``'s; None when it cannot be told here."""
+    try:
+        import bcrypt
+
+        return bcrypt.checkpw(password.encode(), hashed.encode())
+    except ImportError:
+        pass
+    except ValueError:
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            import crypt
+
+            return hmac.compare_digest(crypt.crypt(password, hashed) or "", hashed)
+        except (ImportError, AttributeError, OSError):
+            return None
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import base64
+import logging
 import re
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from jobs.models import IMAGE_REFERENCE, Registry, RegistryCredential, TrainingJob
+
+logger = logging.getLogger(__name__)
 
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
@@ -55,7 +58,9 @@ def unknown_registry(reference: str) -> str | None:
 
 def auth_for(job: TrainingJob) -> dict | None:
     """The auth file's content for the job's pull (Podman's ``auth.json``), or None: the
-    project's own credential for the registry, else the registry's credential for every project."""
+    project's own credential for the registry, else the registry's credential for every project.
+    The platform's own local registry is pulled from with the platform's credentials whatever
+    this returns (``engine.auth_file_for``)."""
     host = registry_of(job.image)
     found = (
         RegistryCredential.objects.filter(registry__host=host, project=job.project_id).first()
@@ -63,7 +68,16 @@ def auth_for(job: TrainingJob) -> dict | None:
     )
     if found is None:
         return None
-    token = base64.b64encode(f"{found.username}:{found.password}".encode()).decode()
+    password = found.readable_password()  # decrypted here only, for the pull's auth file
+    if password is None:
+        # The pull goes on without it and fails with the registry's "unauthorized".
+        logger.error(
+            "job %s: registry credential %s for %s cannot be used: its password cannot be decrypted with the console's "
+            "SECRET_KEY (it changed; put the old one in SECRET_KEY_FALLBACKS, or enter the password again)",
+            job.pk, found.pk, host,
+        )  # fmt: skip
+        return None
+    token = base64.b64encode(f"{found.username}:{password}".encode()).decode()
     return {"auths": {host: {"auth": token}}}
 
 
