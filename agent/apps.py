@@ -11,7 +11,9 @@ class AgentConfig(AppConfig):
         from agent import local_agents
         from agent.plugins import register
         from agent.sampling import ResourceSampler
+        from agent.storage import StorageWatch
         from jobs.extensions import wake_agents_with
 
         register(ResourceSampler)
+        register(StorageWatch)
         wake_agents_with(local_agents.wake)

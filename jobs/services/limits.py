@@ -1,4 +1,5 @@
-"""A job's CPU and memory limits: what it asks for, the node's default, and what a node holds.
+"""A job's CPU and memory limits: what it asks for, the node's default, and what a node holds;
+and the storage limits its runs are held to (``storage_verdicts``).
 
 A job may ask for ``cpu_limit`` cores and ``memory_limit_mb`` MiB per node; what it leaves empty
 takes the operator's default (``JOB_DEFAULT_CPUS``, ``JOB_DEFAULT_MEMORY_MB``; unset: no limit).
@@ -124,3 +125,65 @@ def unenforced_nodes(job: TrainingJob) -> list[Node]:
     attempt = job.attempts.order_by("-number").first()
     nodes = Node.objects.filter(placements__attempt=attempt) if attempt else Node.objects.filter(state=Node.State.READY)
     return list(nodes.filter(limits_enforced=False).distinct().order_by("name"))
+
+
+# --- storage -------------------------------------------------------------------------------------
+# The causes of a run ended at a storage limit (``storage_verdicts``; ``runs.record_exit`` reads them).
+STORAGE_LIMIT = "storage limit reached"
+PROJECT_STORAGE_LIMIT = "project storage limit reached"
+
+
+@dataclass(frozen=True)
+class StorageUse:
+    """What one job's run uses of its node's disk, as its agent measured it (``agent.storage``):
+    bytes allocated to its work and output directories and its containers' writable layers.
+    ``complete``: False when the walk stopped at its bound (``used`` is then a lower bound)."""
+
+    job_id: int
+    project_id: int
+    attempt_id: int
+    used: int
+    complete: bool = True
+
+
+def job_storage_limit() -> int | None:
+    """Bytes a job's run may use on a node (``JOB_STORAGE_LIMIT_GIB``; None: no limit)."""
+    gib = float(settings.JOB_STORAGE_LIMIT_GIB or 0)
+    return int(gib * 2**30) if gib > 0 else None
+
+
+def format_storage(size: float) -> str:
+    """``10.4 GiB``, ``51.2 MiB``, ``10 GiB``: one decimal at most."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{int(size)} bytes"
+
+
+def storage_verdicts(uses: list[StorageUse], *, job_limit: int | None, project_limits: dict[int, tuple[str, int]]) -> dict[int, str]:
+    """The runs that must end, by attempt id, each with its reason: every run over the job
+    limit; then, in each project whose running jobs together use more than its total
+    (``project_limits``: id → name and bytes), the largest users of those left, until the rest fit."""
+    ending: dict[int, str] = {}
+    for use in uses:
+        if job_limit is not None and use.used > job_limit:
+            at_least = "" if use.complete else "at least "
+            ending[use.attempt_id] = (
+                f"{STORAGE_LIMIT}: used {at_least}{format_storage(use.used)} of its {format_storage(job_limit)} storage limit "
+                "(work and output directories and the container's own files): stopped"
+            )
+    for project_id, (name, limit) in project_limits.items():
+        mine = [use for use in uses if use.project_id == project_id]
+        total = sum(use.used for use in mine)
+        left = total - sum(use.used for use in mine if use.attempt_id in ending)
+        largest = sorted((u for u in mine if u.attempt_id not in ending), key=lambda u: u.used, reverse=True)
+        for rank, use in enumerate(largest):
+            if left <= limit:
+                break
+            most = "the most" if rank == 0 else "the most of those left"
+            ending[use.attempt_id] = (
+                f"{PROJECT_STORAGE_LIMIT}: project {name}'s running jobs used {format_storage(total)} of its "
+                f"{format_storage(limit)} storage total; this job used {most} ({format_storage(use.used)}): stopped"
+            )
+            left -= use.used
+    return ending

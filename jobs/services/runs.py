@@ -20,9 +20,9 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from jobs.extensions import extensions
-from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
+from jobs.models import AttemptNode, JobAttempt, Node, Project, TrainingJob
 from jobs.services.lifecycle import record_reason, transition
-from jobs.services.limits import format_memory
+from jobs.services.limits import PROJECT_STORAGE_LIMIT, STORAGE_LIMIT, StorageUse, format_memory, job_storage_limit, storage_verdicts
 from jobs.services.messages import request_placement, wake_agents
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull, move_holds, release_gpus
 from jobs.statuses import WAITING, JobStatus
@@ -205,6 +205,31 @@ def max_run_time_reached(job: TrainingJob) -> None:
     )
 
 
+def storage_measured(uses: Sequence[StorageUse]) -> list[int]:
+    """What the runs of an agent's live jobs use of its nodes' disk (``agent.storage``). Runs over
+    the job limit (``JOB_STORAGE_LIMIT_GIB``) or, the largest first, over their project's total
+    (``Project.storage_limit_gib``) must end: each gets its cause on its attempt, so its end reads
+    as that limit (``record_exit``: Failed, never judged by Job Failover), and its stop begins
+    (its ranks on other nodes are woken). Returns the attempt ids the agent must end now."""
+    projects = {
+        pk: (name, (gib or 0) * 2**30)
+        for pk, name, gib in Project.objects.filter(pk__in={u.project_id for u in uses}, storage_limit_gib__gt=0).values_list(
+            "pk", "name", "storage_limit_gib"
+        )
+    }
+    ending = []
+    for attempt_id, cause in storage_verdicts(list(uses), job_limit=job_storage_limit(), project_limits=projects).items():
+        # Only a run still going, and only the first cause: an exit seen meanwhile keeps its own.
+        if JobAttempt.objects.filter(pk=attempt_id, state=JobAttempt.State.RUNNING, cause="").update(
+            cause=cause[:500], stop_requested_at=timezone.now()
+        ):
+            job_id = JobAttempt.objects.values_list("job_id", flat=True).get(pk=attempt_id)
+            logger.warning("job %s: attempt %s ends: %s", job_id, attempt_id, cause)
+            wake_agents(attempts=[attempt_id])
+            ending.append(attempt_id)
+    return ending
+
+
 def run_started(attempt: JobAttempt) -> bool:
     """The attempt's processes have started: the job is Running. False if the job moved on."""
     now = timezone.now()
@@ -321,7 +346,7 @@ def record_exit(
     """Close the attempt, free its GPUs and move the job to where the exit takes it.
 
     A job being stopped ends ``Stopped``; a reclaimed Spot run goes back to ``Pending``; exit 0
-    ends ``Completed``; a run killed at its own memory limit ends ``Failed``; any other end of a
+    ends ``Completed``; a run ended at its own memory, PID or storage limit ends ``Failed``; any other end of a
     run is judged by Job Failover when the job has it on (``lost``: the node itself was lost),
     else ends ``Failed``. Returns the job's new status.
     """
@@ -351,7 +376,7 @@ def record_exit(
     elif outcome.startswith(OUT_OF_MEMORY):
         # Its own limit, not the hardware: Job Failover has nothing to judge.
         to, reason = JobStatus.FAILED, f"{outcome}; raise the job's memory limit"
-    elif outcome.startswith(PIDS_LIMIT):
+    elif outcome.startswith((PIDS_LIMIT, STORAGE_LIMIT, PROJECT_STORAGE_LIMIT)):
         to, reason = JobStatus.FAILED, outcome
     elif job.failover_enabled and extensions.failed_run_handler is not None:
         return extensions.failed_run_handler(job, attempt, outcome, lost)
