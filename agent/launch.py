@@ -23,7 +23,8 @@ from django.conf import settings
 
 from agent import engine, networks, resume, runfiles, sandbox, uids, workdirs
 from agent.processes import RUNNER_MODULE, is_runner, signal_run
-from agent.runfiles import ContainerPolicy, RunLimits, RunSpec
+from agent.runfiles import RunSpec
+from agent.sandbox import ContainerPolicy, RunLimits
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
 from jobs.secret_env import SecretUnreadable
 from jobs.services import images, runs

@@ -58,7 +58,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from json.encoder import encode_basestring
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, TypedDict
+from typing import BinaryIO, NamedTuple
+
+from agent.sandbox import ContainerPolicy, RunLimits
 
 # --- the files -----------------------------------------------------------------------------------
 SPEC_FILE = "spec.json"
@@ -171,46 +173,7 @@ def write_private(path: Path, text: str) -> None:
         fh.write(text)
 
 
-# --- the spec: what to run ------------------------------------------------------------------------
-class RunLimits(TypedDict):
-    """The run's cgroup (``agent.cgroups``); None: unlimited, still a cgroup of its own."""
-
-    cpus: float | None
-    memory_mb: int | None
-    pids: int | None
-    cgroup_parent: str
-    same_path: bool  # Podman's --cgroup-parent is one path for every v1 controller
-
-
-class JobNetworkPolicy(TypedDict):
-    """The attempt's own network: its name, this rank, its egress and the node's address pool."""
-
-    name: str
-    rank: int
-    egress: str  # "none" | "outbound"
-    pool: str
-    deny: list[str]
-
-
-class ContainerPolicy(TypedDict, total=False):
-    """The run's container (``agent.sandbox.container_argv``)."""
-
-    podman: str | None
-    engine_env: dict[str, str]
-    image: str  # by digest
-    name: str
-    user: int
-    mounts: list[list[str]]  # [host, inside, "ro" | "rw"]
-    devices: list[tuple[str, str]]
-    workdir: str
-    pids_limit: int
-    network: str  # "loopback" | "job" | "host"
-    job_network: JobNetworkPolicy  # where network is "job" (agent.networks.join)
-    hostname: str
-    labels: dict[str, int | str]
-    shm_size: str
-
-
+# --- the spec: what to run (its container and limits: agent.sandbox) -----------------------------
 @dataclass(frozen=True)
 class RunSpec:
     """What the runner runs: the command (``bash -c``), where, with which environment, its log's

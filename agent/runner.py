@@ -38,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent import cgroups, networks, runfiles, sandbox
-from agent.runfiles import ExitRecord, OutputWriter, PidRecord, RunLimits
-from agent.sandbox import container_argv, env_file_text, root_tool_env
+from agent.runfiles import ExitRecord, OutputWriter, PidRecord
+from agent.sandbox import ContainerPolicy, RunLimits, container_argv, env_file_text, root_tool_env
 from logs.progress_parser import may_tell
 
 CUT_MARKER = " …[line cut at {limit} characters]"
@@ -326,15 +326,17 @@ def run(spec_path: Path) -> int:
     memory_mb = limits.get("memory_mb") if limits else None
     if cgroup and not oom_kills and code == -signal.SIGKILL and watch.pids_limit_hit is None and memory_mb:
         oom_kills = 1 if cgroups.memory_limit_reached(directories) else 0
-    if cgroup:
-        cgroups.remove(directories)
-        if policy and parent:
-            cgroups.remove_everywhere(parent)
     if policy:
         runfiles.remove_env(run_dir)
         # Nothing the run was given outlives it: its container (Podman's record of its
         # environment, its writable layer), its secrets file, and, with the last rank, its network.
+        # Before the cgroup goes: removing it kills Podman's monitor (conmon) in the middle of its
+        # clean-up, which leaves the container "Stopping" for good.
         remove_run_container(policy, engine_env, network)
+    if cgroup:
+        cgroups.remove(directories)
+        if policy and parent:
+            cgroups.remove_everywhere(parent)
     runfiles.write_exit(
         run_dir,
         ExitRecord(
@@ -502,15 +504,15 @@ def kill_unfinished_runs(work_root: Path) -> int:
                 kill(target, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        remove_container(directory)  # before its cgroup (and Podman's monitor in it) goes
         own = [Path(d) for d in record.cgroup if cgroups.is_run_cgroup(d)]
         if own:
             cgroups.remove(own)  # its runner died before it could
-        remove_container(directory)
         killed += 1
     return killed
 
 
-def join_network(policy: dict, engine_env: dict[str, str]) -> networks.JobNetwork | None:
+def join_network(policy: ContainerPolicy, engine_env: dict[str, str]) -> networks.JobNetwork | None:
     """The attempt's network for a run whose policy asks for one (``agent.networks``)."""
     wanted = policy.get("job_network") if policy.get("network") == "job" else None
     if not wanted:
@@ -522,7 +524,7 @@ def join_network(policy: dict, engine_env: dict[str, str]) -> networks.JobNetwor
     )
 
 
-def remove_run_container(policy: dict, engine_env: dict[str, str], network: networks.JobNetwork | None) -> None:
+def remove_run_container(policy: ContainerPolicy, engine_env: dict[str, str], network: networks.JobNetwork | None) -> None:
     name = str(policy.get("name") or "")
     try:
         subprocess.run([str(policy["podman"]), "rm", "--force", "--ignore", "--time", "0", name], env=engine_env, capture_output=True, timeout=120)
@@ -557,8 +559,12 @@ def remove_container(run_dir: Path) -> None:
     podman, name = policy.get("podman"), policy.get("name")
     if not podman or not name:
         return
+    env = root_tool_env(policy.get("engine_env"))
     try:
-        subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=root_tool_env(policy.get("engine_env")), capture_output=True, timeout=60)
+        subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=env, capture_output=True, timeout=60)
+        wanted = policy.get("job_network") if policy.get("network") == "job" else None
+        if wanted:
+            networks.remove_unused(str(wanted["name"]), podman=podman, env=env)  # its last rank's
     except (OSError, subprocess.SubprocessError):
         pass
     sandbox.remove_secret_env(name)

@@ -36,6 +36,7 @@ import shlex
 import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TypedDict
 
 # The NVIDIA driver's device nodes every CUDA process opens besides its own GPUs.
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
@@ -53,6 +54,45 @@ PODMAN_SECCOMP = Path("/usr/share/containers/seccomp.json")
 # The only environment a tool run as root gets: never the job's (GCONV_PATH, GLIBC_TUNABLES,
 # LD_PRELOAD … would act on a root process).
 ROOT_TOOL_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class RunLimits(TypedDict):
+    """The run's cgroup (``agent.cgroups``); None: unlimited, still a cgroup of its own."""
+
+    cpus: float | None
+    memory_mb: int | None
+    pids: int | None
+    cgroup_parent: str
+    same_path: bool  # Podman's --cgroup-parent is one path for every v1 controller
+
+
+class JobNetworkPolicy(TypedDict):
+    """The attempt's own network: its name, this rank, its egress and the node's address pool."""
+
+    name: str
+    rank: int
+    egress: str  # "none" | "outbound"
+    pool: str
+    deny: list[str]
+
+
+class ContainerPolicy(TypedDict, total=False):
+    """The run's container (``agent.sandbox.container_argv``)."""
+
+    podman: str | None
+    engine_env: dict[str, str]
+    image: str  # by digest
+    name: str
+    user: int
+    mounts: list[list[str]]  # [host, inside, "ro" | "rw"]
+    devices: list[tuple[str, str]]
+    workdir: str
+    pids_limit: int
+    network: str  # "loopback" | "job" | "host"
+    job_network: JobNetworkPolicy  # where network is "job" (agent.networks.join)
+    hostname: str
+    labels: dict[str, int | str]
+    shm_size: str
 
 
 def podman_path() -> str | None:

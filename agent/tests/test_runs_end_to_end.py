@@ -1,9 +1,11 @@
 """Real runs on the embedded agent: real processes, real output, real exits."""
 from __future__ import annotations
 
+import ipaddress
 import json
 
 import pytest
+from django.conf import settings
 
 from agent import runfiles
 from console.testing import job_output
@@ -54,7 +56,8 @@ def test_the_run_gets_the_platform_environment(make_job, drive):
     assert seen["CUDA_VISIBLE_DEVICES"] == "0,1,2"
     assert seen["CHECKPOINT_VENDOR"].endswith("ckptlib/vendor")
     assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == ("0", "0", "1")
-    assert seen["MASTER_ADDR"] == "127.0.0.1" and int(seen["MASTER_PORT"]) > 0
+    # Its own address in its job network (agent.networks): rank 0's, as it is rank 0.
+    assert ipaddress.ip_address(seen["MASTER_ADDR"]) in ipaddress.ip_network(settings.JOB_NETWORK_POOL) and int(seen["MASTER_PORT"]) > 0
     assert (seen["JOB_NAME"], seen["JOB_ATTEMPT"], seen["MY_SETTING"]) == ("env-check", "1", "42")
     assert seen["OUTPUT_DIR"] == "/job/output"  # in the container; on the node, the job's own directory
     assert default_output_dir(job.pk).is_dir()

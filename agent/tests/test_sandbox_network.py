@@ -1,6 +1,7 @@
-"""A single-node job's container has a network of its own with loopback only: nothing of the node is
-reachable (the console, its PostgreSQL and Redis on 127.0.0.1), while the processes of one run
-still meet on localhost; a multi-node job keeps the node's network for its rendezvous.
+"""A job's container has a network of its own: nothing of the node is reachable (the console, its
+PostgreSQL and Redis on 127.0.0.1), while the processes of one run still meet on localhost and
+the ranks of a multi-node job meet on their job network (agent.networks; the rest of what a job
+network reaches: test_job_networks.py).
 
 Real jobs on the embedded agent, in their containers.
 """
