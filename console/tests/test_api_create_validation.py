@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from console.tests.api_fixtures import JOBS_URL
-from jobs.models import TrainingJob
+from jobs.models import Node, TrainingJob
 
 pytestmark = pytest.mark.django_db
 
@@ -123,6 +123,9 @@ def test_multi_node_jobs_need_their_projects_leave_to_use_the_nodes_network(owne
 
     project.multi_node_host_network = False
     project.save()
+    # Every node on a host of its own (a node agent each): ranks would meet only on the hosts' network.
+    for node in nodes:
+        Node.objects.filter(pk=node.pk).update(agent=f"nodeagent@{node.name}")
     response = owner_api.post(JOBS_URL, {**VALID, "node_count": 2}, format="json")
     assert response.status_code == 400
     assert "an operator has not allowed for project" in response.json()["node_count"][0]

@@ -98,7 +98,8 @@ def test_the_detail_page_shows_the_limits_and_where_they_are_not_enforced(login,
     assert shows(html, "not enforced on node-c: CPU and memory limits not enforced: cannot create a cgroup v1: Permission denied")
 
 
-def test_the_detail_page_says_when_a_job_has_no_limits(login, owner, make_job, sized_nodes):
+def test_the_detail_page_says_when_a_job_has_no_limits(login, owner, make_job, sized_nodes, settings):
+    settings.JOB_DEFAULT_MEMORY_MB = 0  # an operator's choice: no default memory limit
     html = login(owner).get(reverse("jobs:detail", args=[make_job().pk])).content.decode()
     assert shows(html, "no CPU limit, no memory limit per node")
     assert 'data-field="limits-unenforced"' not in html
