@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,6 +22,7 @@ import pytest
 
 from agent import networks
 from agent.loop import embedded_round
+from agent.tests.test_sandbox_network import listening
 from console.testing import needs_sandbox
 from jobs.models import Node
 from jobs.statuses import JobStatus
@@ -62,14 +62,6 @@ with concurrent.futures.ThreadPoolExecutor(32) as pool:
     results = dict(zip(targets, pool.map(attempt, targets)))
 print("PROBE", rank, json.dumps(results, sort_keys=True), flush=True)
 """
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def node_addresses() -> list[str]:

@@ -180,6 +180,19 @@ def spread(values: list[float], scale: float, unit: str) -> str:
     )
 
 
+def report_added(base: tuple[str, list[float]], other: tuple[str, list[float]], *, target: float) -> None:
+    """Each side's starts, what ``other`` adds per pair (median against ``target``, seconds), the ratio."""
+    (base_name, base_times), (other_name, other_times) = base, other
+    width = max(len(base_name), len(other_name))
+    print(f"  {base_name:<{width}} {spread(base_times, 1000, 'ms')}")
+    print(f"  {other_name:<{width}} {spread(other_times, 1000, 'ms')}")
+    added = [y - x for x, y in zip(base_times, other_times)]
+    median_added = statistics.median(added)
+    print(f"  added per pair: {spread(added, 1000, 'ms')}")
+    print(f"  added: {median_added * 1000:.1f} ms (median of pairs)  [{'PASS' if median_added <= target else 'FAIL'}: ≤ {target * 1000:.0f} ms]")
+    print(f"  ratio {other_name}/{base_name} (medians): {statistics.median(other_times) / statistics.median(base_times):.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--starts", type=int, default=30, help="pairs of starts")
@@ -214,13 +227,7 @@ def main() -> int:
             lambda: run_once(command, sandbox, cwd, cg, first_line=True)[0],
         )
         print(f"Start (Popen → first line of `python -c 'print(1)'`), {args.starts} interleaved pairs:")
-        print(f"  bare     {spread(bare, 1000, 'ms')}")
-        print(f"  container {spread(boxed, 1000, 'ms')}")
-        added = [y - x for x, y in zip(bare, boxed)]
-        median_added = statistics.median(added)
-        print(f"  added per pair: {spread(added, 1000, 'ms')}")
-        print(f"  added: {median_added * 1000:.1f} ms (median of pairs)  [{'PASS' if median_added <= 0.3 else 'FAIL'}: ≤ 300 ms]")
-        print(f"  ratio container/bare (medians): {statistics.median(boxed) / statistics.median(bare):.2f}")
+        report_added(("bare", bare), ("container", boxed), target=0.3)
         removals: list[float] = []
         loopback, own = interleaved(
             args.starts,
@@ -228,13 +235,7 @@ def main() -> int:
             lambda: run_with_network(command, sandbox, cwd, removals),
         )
         print(f"Start with the job's own network (made, joined) vs --network none, {args.starts} interleaved pairs:")
-        print(f"  --network none {spread(loopback, 1000, 'ms')}")
-        print(f"  job network    {spread(own, 1000, 'ms')}")
-        added = [y - x for x, y in zip(loopback, own)]
-        median_added = statistics.median(added)
-        print(f"  added per pair: {spread(added, 1000, 'ms')}")
-        print(f"  added: {median_added * 1000:.1f} ms (median of pairs)  [{'PASS' if median_added <= 0.15 else 'FAIL'}: ≤ 150 ms]")
-        print(f"  ratio job network/none (medians): {statistics.median(own) / statistics.median(loopback):.2f}")
+        report_added(("--network none", loopback), ("job network", own), target=0.15)
         print(f"  the network's removal after the run: {spread(removals, 1000, 'ms')}")
         step = f"python -c {shlex.quote(STEP_SCRIPT)} {args.steps}"
         bare_steps, boxed_steps = interleaved(
