@@ -118,8 +118,9 @@ class EmbeddedControlLoop(threading.Thread):
                 woken = wanted.take() if wanted is not None else False
                 ran = False
                 if self.control and (woken or now >= next_round):
-                    # Due until it completes: one the database refused (SQLite: "database table
-                    # is locked") is tried again after the pause below, not a sweep later.
+                    # Due until it completes: a round that raised (the database unreachable, or
+                    # held by another writer past its busy timeout) is tried again after the
+                    # pause below, not a sweep later.
                     next_round = now
                     placed = control_round()
                     self.agent.launch_attempts(placed)

@@ -128,11 +128,13 @@ else:
             "NAME": env_str("SQLITE_PATH", str(VAR_DIR / "console.sqlite3")),
             "OPTIONS": {
                 # WAL lets the pages read while the node agent writes; IMMEDIATE takes the write
-                # lock at BEGIN so two writers never deadlock on a lock upgrade.
+                # lock at BEGIN so two writers never deadlock on a lock upgrade, and the timeout
+                # makes a writer wait its turn for the lock (ARCHITECTURE.md, "One database file").
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 30,
             },
+            # Unset: the suite makes a file of its own per test process (conftest.py).
             "TEST": {"NAME": env_str("SQLITE_TEST_PATH", "") or None},
         }
     }

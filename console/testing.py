@@ -120,9 +120,8 @@ def pytest_runtest_teardown(item, nextitem):
       sweep would skip them; its monitor thread would go on writing while the next test's
       database is flushed;
     * then the embedded notification worker finishes what the test's status changes queued, and
-      forgets what it would have retried later: with the suite's in-memory SQLite (shared cache)
-      a query of its threads made the flush fail ("database table is locked": the next test then
-      found the last one's rows), and a retry due after the test touched the next test's database.
+      forgets what it would have retried later: a delivery made during the flush, or a retry due
+      after the test, would write the last test's rows into the next test's database.
 
     One hook for both: a second definition of the same hook in this module would replace the
     first (``test_architecture`` refuses that)."""
@@ -152,23 +151,10 @@ def job_output(job, **filters) -> list[str]:
     return [line for line in lines if not line.startswith(PLATFORM_LINE_PREFIXES)]
 
 
-def unlocked(read: Callable):
-    """``read()``, tried again while another thread holds a write open: the suite's in-memory
-    SQLite (shared cache) answers "database table is locked" at once instead of waiting."""
-    for _ in range(50):
-        try:
-            return read()
-        except OperationalError as exc:
-            if "locked" not in str(exc):
-                raise
-            time.sleep(0.1)
-    return read()
-
-
-def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., bool] = lambda *args, **kwargs: True) -> list:
-    """Make ``owner.name`` fail once, where ``when(*args)`` says, as SQLite's shared cache does
-    while another thread writes ("database table is locked"); returns the refused calls' first
-    arguments."""
+def refuse_once(monkeypatch, owner, name: str, when: Callable[..., bool] = lambda *args, **kwargs: True) -> list:
+    """Make ``owner.name`` fail once, where ``when(*args)`` says, as the database does when it
+    cannot serve a write (SQLite held by another writer past the busy timeout, PostgreSQL gone);
+    returns the refused calls' first arguments."""
 
     real = getattr(owner, name)
     refused: list = []
@@ -176,7 +162,7 @@ def refuse_once(monkeypatch, owner, name: str, table: str, when: Callable[..., b
     def refusing(*args, **kwargs):
         if not refused and when(*args, **kwargs):
             refused.append(args[0] if args else None)
-            raise OperationalError(f"database table is locked: {table}")
+            raise OperationalError("database is locked")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(owner, name, refusing)

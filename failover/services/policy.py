@@ -20,7 +20,6 @@ Trust).
 from __future__ import annotations
 
 import logging
-import time
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 
@@ -71,28 +70,19 @@ def handle_failed_run(job: TrainingJob, attempt: JobAttempt, outcome: str, lost:
     return JobStatus.FAILOVER_IN_PROGRESS
 
 
-DECIDE_TRIES = 4
-
-
-def decide_retrying(job_id: int, attempt_id: int, *, lost: bool) -> str:
-    """``decide``, tried again when the database refuses a write for a moment (SQLite's "database
-    table is locked" while another thread of the agent writes): nothing is stored before the
-    verdict's compare-and-swap, and the verdict commits with its consequences, so a try that
-    failed can be made again. After the last try the claim is given back, so the next control
-    round's ``redecide`` judges the attempt instead of waiting out ``CLAIM_TIMEOUT``."""
-    for n in range(DECIDE_TRIES):
+def judge(job_id: int, attempt_id: int) -> str:
+    """``decide`` on a claimed attempt. A judge the database failed (SQLite held by a writer past
+    its busy timeout, PostgreSQL gone) gives its claim back before the error goes on up the
+    round: the next round judges the attempt instead of waiting out ``CLAIM_TIMEOUT``. Nothing
+    was stored: the verdict commits with its consequences or not at all."""
+    try:
+        return decide(job_id, attempt_id, lost=False)
+    except OperationalError:
         try:
-            return decide(job_id, attempt_id, lost=lost)
+            JobAttempt.objects.filter(pk=attempt_id, verdict=JUDGING).update(verdict="", judged_at=None)
         except OperationalError:
-            if n == DECIDE_TRIES - 1 or transaction.get_connection().in_atomic_block:
-                try:
-                    JobAttempt.objects.filter(pk=attempt_id, verdict=JUDGING).update(verdict="", judged_at=None)
-                except OperationalError:
-                    logger.warning("job %s: could not give back the claim on attempt %s", job_id, attempt_id)
-                raise
-            logger.warning("job %s: the database refused a write while judging; trying again", job_id)
-            time.sleep(0.25 * 2**n)
-    raise AssertionError("unreachable")
+            logger.warning("job %s: could not give back the claim on attempt %s", job_id, attempt_id)
+        raise
 
 
 def claim(attempt: JobAttempt) -> bool:
@@ -164,9 +154,9 @@ def decide(job_id: int, attempt_id: int, *, lost: bool = False) -> str:
             exclude = {p.node_id: list(p.gpu_indices) if by_gpu else [] for p in parts}
             verdict = Verdict(hardware=True, reason=verdict.reason, evidence={**verdict.evidence, "scope": "this job only"})
     # The verdict and what it implies (exclusions, the failover counted, the status) commit
-    # together: a write refused after the verdict's compare-and-swap rolls both back, so the try
-    # made again by ``decide_retrying`` judges it again. (Stored alone, a hardware verdict made
-    # placement re-place the job with no exclusion and no failover counted.)
+    # together: a write refused after the verdict's compare-and-swap rolls both back, and the
+    # claim given back (``judge``) lets the next round judge it again. (Stored alone, a hardware
+    # verdict made placement re-place the job with no exclusion and no failover counted.)
     with transaction.atomic():
         stored = JobAttempt.objects.filter(pk=attempt.pk, verdict=JUDGING).update(
             verdict=verdict.verdict, verdict_reason=verdict.reason[:500], evidence=verdict.evidence, judged_at=timezone.now()
@@ -232,7 +222,7 @@ def judge_exited() -> None:
     ).order_by("job_id", "-number"):
         latest = attempt.job.attempts.order_by("-number").values_list("number", flat=True).first()
         if attempt.number == latest and claim(attempt):
-            decide_retrying(attempt.job_id, attempt.pk, lost=False)
+            judge(attempt.job_id, attempt.pk)
 
 
 def end_stranded_failovers() -> None:

@@ -15,7 +15,7 @@ import time
 
 import psutil
 import pytest
-from django.db import OperationalError, connection
+from django.db import connection
 
 from agent.processes import signal_run
 from failover.services.faults import inject_fault
@@ -113,15 +113,6 @@ def test_a_torchrun_job_faulted_fails_over_with_no_process_of_its_first_attempt_
     wait(agent, lambda: not processes_of(job, 2), 20, f"the second attempt's processes outlived its stop: {describe(processes_of(job, 2))}")
 
 
-def status_of(job) -> str:
-    """The job's status as the test sees it; a read the loop's write held (SQLite's shared-cache
-    table lock answers at once, without a busy wait) is simply made again."""
-    try:
-        return TrainingJob.objects.get(pk=job.pk).status
-    except OperationalError:
-        return ""
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_40_second_database_lock_kills_no_job_and_loses_no_node(nodes, make_job, settings):
     from agent.loop import EmbeddedControlLoop
@@ -135,7 +126,7 @@ def test_a_40_second_database_lock_kills_no_job_and_loses_no_node(nodes, make_jo
     loop.start()
     try:
         deadline = time.monotonic() + 60
-        while status_of(job) != JobStatus.RUNNING:
+        while TrainingJob.objects.get(pk=job.pk).status != JobStatus.RUNNING:
             assert time.monotonic() < deadline
             time.sleep(0.2)
         path = connection.settings_dict["NAME"]

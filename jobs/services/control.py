@@ -74,8 +74,8 @@ def earliest(times: list[float | None]) -> float | None:
 def postgres_transaction():
     """One transaction for a few short statements (PostgreSQL: one transaction, not one per
     statement). On SQLite each stays on its own: a transaction there takes the write lock at BEGIN
-    (IMMEDIATE), so a writer in another thread would fail at once ("database table is locked")
-    under the test suite's shared cache, and the embedded default's cost is not per transaction."""
+    (IMMEDIATE), so reads grouped in one would queue behind every writer and hold the others up,
+    and the embedded default's cost is not per transaction."""
     return nullcontext() if connection.vendor == "sqlite" else transaction.atomic()
 
 
