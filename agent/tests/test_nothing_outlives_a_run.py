@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from agent import cgroups, runfiles
-from agent.launch import container_prefix, engine_env
+from agent.launch import container_prefix, engine_env, sweep_strays
 from agent.loop import embedded_round
 from agent.processes import run_dir
 from console.testing import needs_sandbox
@@ -62,7 +62,8 @@ def test_nothing_of_a_finished_run_is_left_on_the_node(make_job, drive, settings
     names = containers_of(job)
     assert names and all(n.startswith(container_prefix()) for n in names)
     assert not set(names) & set(engine("ps", "-a", "--format", "{{.Names}}"))
-    assert not [n for n in engine("network", "ls", "--format", "{{.Name}}") if n.startswith(f"{container_prefix()}{job.pk}-")]
+    network = (runfiles.spec_container(run_dir(JobAttempt.objects.get(job=job).placements.get())) or {})["job_network"]["name"]
+    assert network not in engine("network", "ls", "--format", "{{.Name}}")
 
 
 def test_a_stopped_and_deleted_job_leaves_no_container_and_no_layer(make_job, drive, agent):
@@ -86,6 +87,8 @@ def test_a_stopped_and_deleted_job_leaves_no_container_and_no_layer(make_job, dr
 
 def test_many_jobs_later_the_engine_lists_only_running_runs(make_job, agent, settings):
     """Completed, failed, stopped and killed runs alike: the engine keeps none of their containers."""
+    sweep_strays(set())  # as an agent's start does: what the suite's killed runs left before this test
+    assert not [n for n in engine("ps", "-a", "--format", "{{.Names}}") if n.startswith(container_prefix())]
     count = int(os.environ.get("RUNS_LATER", "100"))
     settings.QUEUE_CPU_JOBS_PER_PROJECT = 12
     settings.QUEUE_MAX_WAITING_PER_USER = count + 10
