@@ -158,7 +158,7 @@ def sweep_strays(live: set[str]) -> tuple[int, int]:
         listed = subprocess.run([podman, "ps", "-a", "--format", "{{.Names}}"], env=env, capture_output=True, text=True, timeout=120)
         names = [n for n in listed.stdout.split() if n.startswith(prefix) and n not in live]
         for name in names:
-            subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=env, capture_output=True, timeout=120)
+            sandbox.remove_container(podman, name, env)
             sandbox.remove_secret_env(name)
         listed = subprocess.run([podman, "network", "ls", "--format", "{{.Name}}"], env=env, capture_output=True, text=True, timeout=120)
         removed = 0

@@ -41,7 +41,9 @@ def start_local_agent(*, name: str = "embedded") -> NodeAgent:
         from agent.slurm import SlurmAgent
 
         return SlurmAgent([n.name for n in nodes])
-    return NodeAgent([n.name for n in nodes], name=name)
+    agent = NodeAgent([n.name for n in nodes], name=name)
+    agent.sweep_strays()  # what runs killed with the last console left in the container engine
+    return agent
 
 
 def embedded_round(agent: NodeAgent) -> None:

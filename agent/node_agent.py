@@ -145,8 +145,12 @@ class NodeAgent:
                 pass
             self.output.forget(part.pk)
             self.live.pop(part.pk, None)
-        # Then what no live run holds: containers and job networks left by runs killed outright
-        # (every agent of this console on this host shares the container engine: any of its runs).
+        self.sweep_strays()
+
+    def sweep_strays(self) -> None:
+        """Remove what no live run holds: containers and job networks left by runs killed
+        outright (every agent of this console on this host shares the container engine: any of
+        its live runs counts, not only this agent's)."""
         live = set()
         for part in AttemptNode.objects.filter(ended_at__isnull=True).select_related("attempt"):
             policy = runfiles.spec_container(run_dir(part)) or {}

@@ -527,7 +527,7 @@ def join_network(policy: ContainerPolicy, engine_env: dict[str, str]) -> network
 def remove_run_container(policy: ContainerPolicy, engine_env: dict[str, str], network: networks.JobNetwork | None) -> None:
     name = str(policy.get("name") or "")
     try:
-        subprocess.run([str(policy["podman"]), "rm", "--force", "--ignore", "--time", "0", name], env=engine_env, capture_output=True, timeout=120)
+        sandbox.remove_container(str(policy["podman"]), name, engine_env)
     except (OSError, subprocess.SubprocessError):
         pass
     sandbox.remove_secret_env(name)
@@ -561,7 +561,7 @@ def remove_container(run_dir: Path) -> None:
         return
     env = root_tool_env(policy.get("engine_env"))
     try:
-        subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=env, capture_output=True, timeout=60)
+        sandbox.remove_container(podman, name, env, timeout=60)
         wanted = policy.get("job_network") if policy.get("network") == "job" else None
         if wanted:
             networks.remove_unused(str(wanted["name"]), podman=podman, env=env)  # its last rank's

@@ -34,6 +34,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TypedDict
@@ -195,6 +196,17 @@ def container_argv(
         prologue += f"set -a; . {SECRET_ENV_FILE}; set +a\n"
     argv += [policy["image"], "bash", "-c", prologue + command]
     return argv
+
+
+def remove_container(podman: str, name: str, env: Mapping[str, str], *, timeout: float = 120) -> bool:
+    """Remove the container ``name`` (gone already: fine). A container whose monitor (conmon) was
+    killed with its run (a SIGKILL to the run's cgroup) is refused once ("could not be stopped":
+    Podman left it Stopping) and removed by the second try. Returns whether it is gone."""
+    for _ in range(2):
+        done = subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=dict(env), capture_output=True, timeout=timeout)
+        if done.returncode == 0:
+            return True
+    return False
 
 
 def write_secret_env(name: str, secrets: Mapping[str, str], uid: int) -> str:

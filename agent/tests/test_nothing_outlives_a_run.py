@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 from agent import cgroups, runfiles
 from agent.launch import container_prefix, engine_env, sweep_strays
 from agent.loop import embedded_round
-from agent.processes import run_dir
+from agent.processes import run_dir, signal_run
 from console.testing import needs_sandbox
 from jobs.models import JobAttempt, TrainingJob
 from jobs.services.actions import delete_job, request_stop
@@ -83,6 +84,17 @@ def test_a_stopped_and_deleted_job_leaves_no_container_and_no_layer(make_job, dr
     delete_job(job)
     assert name not in engine("ps", "-a", "--format", "{{.Names}}")
     assert not Path(upper).exists()
+
+
+def test_a_run_killed_with_its_containers_monitor_leaves_no_container(make_job, drive, agent):
+    """A SIGKILL to the whole run (a stop's grace spent, a fatal GPU event) kills Podman's monitor
+    in the run's cgroup too; Podman refuses the first removal of such a container, not the second."""
+    job = make_job(command="echo up && sleep 300", gpus_per_node=0, failover_enabled=False)
+    drive_one_running(job, agent)
+    part = JobAttempt.objects.get(job=job).placements.get()
+    assert signal_run(part, signal.SIGKILL)
+    job = drive(job, {JobStatus.FAILED, JobStatus.COMPLETED}, timeout=60)
+    assert containers_of(job)[0] not in engine("ps", "-a", "--format", "{{.Names}}")
 
 
 def test_many_jobs_later_the_engine_lists_only_running_runs(make_job, agent, settings):
