@@ -53,11 +53,16 @@ lint: $(TEST_STAMP)
 # The gate, the whole suite on SQLite, the browser tests again with the console on a one-host Slurm
 # cluster (skipped, saying why, where Slurm or root is missing), then the apps' database tests again
 # on PostgreSQL where one answers.
-test: lint
+# Each lane prints how long it took (LANE_TIMES collects them for .ci/run's summary).
+LANE = lane() { name=$$1; shift; start=$$(date +%s); "$$@"; rc=$$?; took=$$(( $$(date +%s) - start )); \
+  echo "lane $$name: $$took s (exit $$rc)"; [ -z "$$LANE_TIMES" ] || echo "$$name $$took $$rc" >>"$$LANE_TIMES"; return $$rc; }
+
+test:
+	@$(LANE); lane gate $(MAKE) --no-print-directory lint
 	@$(SERVICES_WARNING)
-	$(PY) -m pytest $(PYTEST_ARGS)
-	BROWSER_BACKEND=slurm $(PY) -m pytest $(PYTEST_ARGS) console/tests/test_browser_*.py
-	$(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
+	@$(LANE); lane sqlite $(PY) -m pytest $(PYTEST_ARGS)
+	@$(LANE); lane browser-on-slurm env BROWSER_BACKEND=slurm $(PY) -m pytest $(PYTEST_ARGS) console/tests/test_browser_*.py
+	@$(LANE); lane postgresql $(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
 
 # The fast lane: pyflakes' rules and import order, then every test not marked slow, on every
 # core (pytest-xdist); it prints its time. `make lint` (mypy too) and `make test` do the rest.
