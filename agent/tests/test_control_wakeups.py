@@ -12,6 +12,9 @@ from agent.node_agent import NodeAgent
 from jobs.models import JobAttempt
 from jobs.services.control import Round
 
+# The embedded loop on its own thread, watched for seconds of wall clock: not the fast lane's.
+pytestmark = pytest.mark.slow
+
 IDLE = 2.0  # seconds an idle loop is watched: four rounds of the old 0.5 s schedule
 
 

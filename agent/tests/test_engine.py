@@ -181,6 +181,7 @@ def test_the_default_image_installs_what_pyproject_pins():
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # real registries, Podman and ports
 def test_configuration_is_written_once_and_names_only_our_files(root, registry, monkeypatch):
     env = engine.podman_env(root)
     files = [Path(env[key]) for key in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF")]
@@ -203,12 +204,14 @@ def test_configuration_is_written_once_and_names_only_our_files(root, registry, 
     assert engine.podman_argv(root)[:2] == ["/usr/bin/env", "-i"]
 
 
+@pytest.mark.slow  # podman processes (engine.availability)
 def test_availability_says_podman_runs_with_runc(root):
     ready, why = engine.availability(root)
     assert ready and "runc" in why
     assert engine.availability(root) == (ready, why)  # cached
 
 
+@pytest.mark.slow  # real registries, Podman and ports
 def test_podman_itself_never_takes_a_short_name_to_docker_io(root):
     """Podman reads /etc/containers/registries.conf.d's aliases whatever CONTAINERS_REGISTRIES_CONF
     says; ours point every one of them at a name that cannot resolve."""
@@ -224,6 +227,7 @@ def test_podman_itself_never_takes_a_short_name_to_docker_io(root):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # real registries, Podman and ports
 def test_the_registry_answers_on_loopback_and_is_reused(root, registry):
     assert registry.startswith("127.0.0.1:") and engine.registry_answers(registry)
     pid = (root / "registry" / "registry.pid").read_text().strip()
@@ -236,6 +240,7 @@ def test_the_registry_answers_on_loopback_and_is_reused(root, registry):
     assert (root / "registry" / "data").is_dir()
 
 
+@pytest.mark.slow  # real registries, Podman and ports
 def test_a_pull_reports_the_digest_the_registry_holds(root, tiny):
     reference, pushed = tiny
     lines: list[str] = []
@@ -249,6 +254,7 @@ def test_a_pull_reports_the_digest_the_registry_holds(root, tiny):
     assert engine.pull(root, f"{repository}@{pushed}").digest == pushed
 
 
+@pytest.mark.slow  # real registries, Podman and ports
 def test_a_missing_tag_is_manifest_unknown(root, tiny):
     repository = tiny[0].rsplit(":", 1)[0]
     result = engine.pull(root, f"{repository}:no-such-tag")
@@ -271,6 +277,7 @@ def test_a_private_repository_wants_credentials(root, private, tmp_path):
     assert engine.resolve_digest(root, reference, auth_file).digest == result.digest
 
 
+@pytest.mark.slow  # real registries, Podman and ports
 def test_a_plain_http_registry_not_marked_insecure_is_the_wrong_scheme(root, tiny):
     address = engine.ensure_registry(root, _free_port(), name="plain-http", insecure=False)
     try:
@@ -317,6 +324,7 @@ def test_a_registry_that_never_answers_is_cut_by_the_timeout(root):
             engine.untrust_local_registry(root, address)
 
 
+@pytest.mark.slow  # real registries, Podman and ports
 def test_a_port_taken_by_something_else_is_said_so(root):
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))

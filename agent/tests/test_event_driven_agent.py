@@ -44,6 +44,7 @@ def wait_for(condition, what: str, seconds: float = 60.0) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # the agent served for seconds of wall clock
 def test_an_idle_agent_without_redis_only_writes_its_heartbeat(nodes, settings):
     settings.NODE_HEARTBEAT_TIMEOUT = 3.0  # a beat every second
     agent = NodeAgent(["node-a"])
@@ -57,6 +58,7 @@ def test_an_idle_agent_without_redis_only_writes_its_heartbeat(nodes, settings):
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # the agent served for seconds of wall clock
 def test_an_idle_agent_with_redis_queries_the_database_not_at_all_between_reconciles(nodes, settings, monkeypatch):
     from console.tests.scaleout import services_or_skip
     from jobs import heartbeats
@@ -129,6 +131,7 @@ def test_an_exit_whose_report_the_database_refused_is_reported_again(nodes, make
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # the embedded loop's thread and a real run
 def test_a_control_round_the_database_refused_is_tried_again_without_waiting_an_interval(nodes, make_job, monkeypatch):
     """Rounds are 60 s apart here: the first one is refused (as when another writer holds SQLite
     past the busy timeout) and the job must still start within seconds, not a whole interval

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agent import runfiles
 from agent.runfiles import RunSpec
 from agent.runner import OutputCap
@@ -31,6 +33,7 @@ def run(tmp_path: Path, program: str, **limits: int) -> list[dict]:
     return records
 
 
+@pytest.mark.slow  # a runner process
 def test_past_the_line_cap_the_file_keeps_a_marker_progress_lines_and_a_count(tmp_path):
     program = (
         "for i in range(3000):\n"
@@ -60,6 +63,7 @@ def test_past_the_line_cap_the_file_keeps_a_marker_progress_lines_and_a_count(tm
     assert len(records) == 1000 + 1 + 6 + 1
 
 
+@pytest.mark.slow  # a runner process
 def test_a_flood_of_long_lines_and_one_endless_line_stop_at_the_byte_cap(tmp_path):
     cap = 1 << 20
     program = (

@@ -6,6 +6,8 @@ import json
 import math
 import time
 
+import pytest
+
 from agent import runfiles
 from bench.scale.fleet_figures import batch_figures, figures, fit, spread
 from bench.scale.legacy_fleet import SIM_PID_BASE, Silence, SimRunners
@@ -77,6 +79,7 @@ def test_the_silence_file_names_the_nodes_that_stop_heartbeating(tmp_path):
     assert "fleet-0001" not in silence
 
 
+@pytest.mark.slow  # the simulated runners' thread, waited on
 def test_a_simulated_runner_writes_the_run_files_and_never_names_a_real_process(tmp_path):
     runners = SimRunners(0.05)
     runners.thread.start()

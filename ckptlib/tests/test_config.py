@@ -47,6 +47,7 @@ def test_upstream_defaults_units_and_keys() -> None:
 
 
 @pytest.mark.parametrize("mode", ["checked", "eager", "lazy"])
+@pytest.mark.slow  # a Python process of its own
 def test_the_copy_mode_is_a_runtime_config_key_and_reaches_the_engine(mode: str) -> None:
     """``copy_mode`` chosen in runtime_config: the drop-in's and the Trainer's engines copy as
     asked (it was warned about as unknown and ignored before)."""
@@ -79,6 +80,7 @@ def test_the_copy_mode_is_a_runtime_config_key_and_reaches_the_engine(mode: str)
     assert done.returncode == 0 and done.stdout.split() == [mode], done.stderr[-2000:]
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_importing_ckptlib_and_reading_a_config_loads_no_torch() -> None:
     """The console reads ckptlib's commit lines (``logs.progress_parser``) without torch: a
     config's copy modes live where no torch is imported."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import ckptlib
 
 MODULES = [
@@ -44,6 +46,7 @@ print("ok")
 """
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_upstream_module_paths_import_from_the_vendor_directory() -> None:
     env = {"PYTHONPATH": ckptlib.vendor_path(), "PATH": "/usr/bin:/bin"}
     result = subprocess.run(

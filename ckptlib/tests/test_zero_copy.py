@@ -129,6 +129,7 @@ def test_without_aligned_allocations_the_model_file_is_laid_out_for_its_tensors(
     assert second["copied"] >= second["big"] - second["weights"], second
 
 
+@pytest.mark.slow  # the engine's staging and writer threads, waited on
 def test_tensors_at_odd_offsets_are_written_from_memory_into_a_valid_safetensors_file(tmp_path: Path) -> None:
     from safetensors.torch import load_file  # optional (ckptlib reads its files without it): only this test needs it
 

@@ -60,6 +60,7 @@ def console_socket():
     thread.join(10)
 
 
+@pytest.mark.slow  # a WebSocket server on loopback, on a thread
 def test_late_lines_of_an_earlier_attempt_are_announced_and_printed_in_their_place(console_socket):
     client = Client(Settings(url=f"http://127.0.0.1:{console_socket['port']}", token="t"))
     printed: list[tuple[int, str]] = []

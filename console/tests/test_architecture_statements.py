@@ -233,6 +233,7 @@ def fenced(markdown: str) -> list[str]:
     return re.findall(r"```\n(.*?)```", markdown, flags=re.S)
 
 
+@pytest.mark.slow  # git ls-files
 def test_every_name_in_backticks_exists():
     missing = [f"`{span}`: no {why}" for span in backticked(DOC.read_text()) if (why := why_unresolved(span))]
     assert missing == [], "ARCHITECTURE.md names what the code does not have:\n" + "\n".join(missing)
@@ -248,6 +249,7 @@ def test_every_module_and_file_in_the_drawings_exists():
     assert missing == []
 
 
+@pytest.mark.slow  # git ls-files
 def test_the_name_check_catches_a_wrong_name():
     # The last round's wrong statements, which this check must refuse.
     assert why_unresolved("dispatch.dispatch_launch") is not None
@@ -574,6 +576,7 @@ def test_every_long_lived_socket_rechecks_access():
     assert missing == []
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_the_runner_needs_the_standard_library_only():
     # "the runner (`agent.runner`, standard library only)": it runs beside the job, without Django.
     code = "import json, sys, agent.runner; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"

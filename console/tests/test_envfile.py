@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from console import envfile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +28,7 @@ def test_the_env_file_is_parsed_as_systemd_reads_it():
     assert envfile.parse(text) == {"SECRET_KEY": "abc=def", "QUOTED": "a b", "ALLOWED_HOSTS": "x,y"}
 
 
+@pytest.mark.slow  # manage.py processes
 def test_a_command_beside_a_scale_out_setting_without_a_database_is_refused(tmp_path):
     done = manage("inject_fault", "node-a", "--gpu", "3", REDIS_URL="redis://127.0.0.1:6379/15",
                   CONSOLE_ENV_FILE=str(tmp_path / "none"), CONSOLE_VAR_DIR=str(tmp_path / "var"))
@@ -35,6 +38,7 @@ def test_a_command_beside_a_scale_out_setting_without_a_database_is_refused(tmp_
     assert not (tmp_path / "var").exists()  # refused before anything was opened
 
 
+@pytest.mark.slow  # manage.py processes
 def test_a_command_reads_the_hosts_env_file_for_its_database(tmp_path):
     env_file = tmp_path / "env"
     env_file.write_text("DATABASE_URL=postgres://console:pw@127.0.0.1:1/console\nSECRET_KEY=from-the-file\n")
@@ -47,12 +51,14 @@ def test_a_command_reads_the_hosts_env_file_for_its_database(tmp_path):
     assert explicit.stdout.strip() == "django.db.backends.sqlite3", explicit.stderr
 
 
+@pytest.mark.slow  # manage.py processes
 def test_an_unreadable_env_file_is_refused_with_its_reason(tmp_path):
     done = manage(*ENGINE, CONSOLE_ENV_FILE=str(tmp_path))  # a directory: cannot be read as a file
     assert done.returncode == 2
     assert "cannot be read" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # manage.py processes
 def test_the_embedded_default_is_unchanged(tmp_path):
     done = manage(*ENGINE, CONSOLE_ENV_FILE=str(tmp_path / "none"), CONSOLE_VAR_DIR=str(tmp_path / "var"))
     assert done.returncode == 0, done.stderr

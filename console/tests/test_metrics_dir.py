@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from console.asgi import tidy_metrics_dir
 
 
+@pytest.mark.slow  # a Python process of its own
 def test_a_starting_web_process_removes_only_dead_processes_files(tmp_path, monkeypatch):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
     dead_pid = int(dead.stdout)

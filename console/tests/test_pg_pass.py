@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from console.tests.pg_pass import ROOT, pytest_command
 
 
@@ -15,6 +17,7 @@ def test_the_postgresql_pass_reruns_the_api_fuzz_and_leaves_out_the_process_leve
     assert "-q" in command
 
 
+@pytest.mark.slow  # a pytest process
 def test_the_postgresql_pass_collects_no_test_of_ckptlib_the_client_or_the_benchmarks():
     """What it would run, as pytest collects it (an --ignore of a testpaths directory is not
     honoured: the pass names the apps it runs instead)."""

@@ -20,7 +20,9 @@ from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 from logs.models import LogLine
 
-pytestmark = pytest.mark.usefixtures("no_run_outlives_its_test")
+# The tests that start real runs (all marked slow) ask for no_run_outlives_its_test; the others
+# start none, and its clean-up waits on real processes.
+CLEANS_UP_RUNS = pytest.mark.usefixtures("no_run_outlives_its_test")
 
 
 HUNG = "python -c 'import time; print(\"step 1\", flush=True); time.sleep(600)'"
@@ -59,6 +61,7 @@ def exited(attempt: JobAttempt):
 
 @pytest.mark.django_db
 @pytest.mark.slow
+@CLEANS_UP_RUNS
 def test_a_hung_rank_on_a_gpu_that_fell_off_the_bus_is_failed_over_nvml(gpus, make_job, agent, drive):
     only_on("node-a")
     job = drive(make_job(command=HUNG), JobStatus.RUNNING)
@@ -84,6 +87,7 @@ def test_a_hung_rank_on_a_gpu_that_fell_off_the_bus_is_failed_over_nvml(gpus, ma
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["simulated", "nvml"])
+@CLEANS_UP_RUNS
 def test_on_its_own_thread_a_gpu_loss_stops_a_hung_rank_without_an_agent_round(backend, request, nodes, make_job, settings):
     """The agent's full rounds are 60 s apart here: only the monitor's thread can stop the run,
     and only collecting exits (every OUTPUT_POLL_INTERVAL) can re-place it. Through NVML (the
@@ -195,6 +199,7 @@ def test_an_unreadable_kernel_log_is_shown_in_the_nodes_health(gpus, settings):
 
 
 @pytest.mark.django_db(transaction=True)  # the monitor's thread reads the nodes on its own connection
+@pytest.mark.slow  # the agent's monitor thread, started and stopped
 def test_the_monitor_thread_stops_and_nvml_shuts_down_with_the_agent(gpus):
     from agent.node_agent import NodeAgent
 
@@ -285,6 +290,7 @@ def test_a_hardware_slowdown_counts_over_a_window_not_on_one_reading():
 
 @pytest.mark.django_db
 @pytest.mark.slow
+@CLEANS_UP_RUNS
 def test_a_run_whose_supervisor_never_reports_after_the_kill_is_ended_by_the_monitor(nodes, make_job, agent, drive, monkeypatch):
     """The run's supervisor is wedged (stopped): no exit record will come. The monitor ends the
     rank itself FATAL_EXIT_WAIT after its SIGKILL, and the job fails over."""

@@ -121,6 +121,7 @@ def test_on_a_multi_node_run_the_survivors_are_stopped_before_their_gpus_are_fre
     assert job.status == JobStatus.FAILOVER_IN_PROGRESS and job.failover_count == 1
 
 
+@pytest.mark.slow  # a real process group on this host
 def test_the_control_plane_never_signals_a_lost_nodes_run_from_its_own_host(make_job, nodes, settings, tmp_path):
     """With a shared JOB_WORK_ROOT the lost node's pid.json is readable here, naming a process group
     of that node, not of this host. Here it names a live group of this host: the sweep must close the
@@ -244,6 +245,7 @@ def checked(**env: str) -> str:
     return done.stdout + done.stderr
 
 
+@pytest.mark.slow  # manage.py check processes
 def test_the_lease_check_warns_per_mode(tmp_path):
     """SQLite: the lease must outlast the busy timeout; PostgreSQL with Redis: 12 s is the default
     and passes, only a lease too short for one slow agent round warns."""

@@ -111,6 +111,7 @@ def test_a_gpu_without_nvlink_still_gets_its_other_checks(gpus, probe):
     assert kinds(probe.check()) == [(FindingKind.RECOVERY_ACTION, 0)]
 
 
+@pytest.mark.slow  # the watchdog's thread, its timeout waited out
 def test_a_hung_call_gives_a_finding_while_it_is_still_hung(gpus, probe):
     """The check returns a finding while the driver call is still blocked (its gate never opened
     until the end), and later checks fail fast: the hung call is not made again. How long the
@@ -128,10 +129,11 @@ def test_a_hung_call_gives_a_finding_while_it_is_still_hung(gpus, probe):
     assert [f.kind for f in probe.check().findings] == [FindingKind.DRIVER_ERROR]  # fails fast
     assert gpus.calls.count("nvmlDeviceGetTotalEccErrors") == calls
     gate.set()
-    time.sleep(0.05)
+    assert probe.call.stuck.done.wait(10)  # the hung call has returned (not a guess at how soon)
     assert probe.check().nominal  # the call returned: checks go through again
 
 
+@pytest.mark.slow  # the watchdog's thread, its timeout waited out
 def test_a_hung_driver_does_not_make_the_node_unhealthy_alone(gpus, probe):
     gpus.hang("nvmlDeviceGetCount")
     report = probe.check()
@@ -139,6 +141,7 @@ def test_a_hung_driver_does_not_make_the_node_unhealthy_alone(gpus, probe):
     assert not classify_failure(exit_code=1, findings=report.findings).hardware
 
 
+@pytest.mark.slow  # the watchdog's thread, its timeout waited out
 def test_the_watchdog_passes_results_and_errors_through():
     watchdog = Watchdog(timeout=0.2)
     assert watchdog(lambda a, b: a + b, 2, 3) == 5

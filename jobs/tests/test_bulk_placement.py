@@ -88,6 +88,7 @@ def intruder_part(make_job, node_name: str) -> AttemptNode:
     return AttemptNode.objects.create(attempt=attempt, node=Node.objects.get(name=node_name), rank=0, gpu_indices=[0])
 
 
+@pytest.mark.slow  # threads racing for the database
 def test_a_gpu_taken_between_reading_and_claiming_rolls_the_batch_back_and_holds_the_rest_one_by_one(
     nodes, make_job, monkeypatch
 ):
@@ -109,6 +110,7 @@ def test_a_gpu_taken_between_reading_and_claiming_rolls_the_batch_back_and_holds
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # threads racing for the database
 def test_on_postgresql_a_claim_committed_by_another_connection_makes_the_batch_fall_back(nodes, make_job, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("two connections racing on row locks: PostgreSQL (the suite's second pass)")
@@ -122,6 +124,7 @@ def test_on_postgresql_a_claim_committed_by_another_connection_makes_the_batch_f
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # threads racing for the database
 def test_on_postgresql_two_placements_at_once_place_each_job_once(nodes, make_job, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("two connections racing on row locks: PostgreSQL (the suite's second pass)")

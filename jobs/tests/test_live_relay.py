@@ -94,6 +94,7 @@ def line(notice) -> bytes:
 STATUS = {"type": "job.status", "job": 5, "from": "Running", "status": "Stopping", "reason": "maintenance"}
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_a_publish_from_a_process_that_is_not_the_server_reaches_the_servers_relay(server, var_dir, settings, monkeypatch):
     settings.VAR_DIR = var_dir
     monkeypatch.setattr(realtime, "_server_loop", None)
@@ -120,6 +121,7 @@ def test_without_a_server_a_publish_still_reaches_this_processs_own_layer(var_di
         async_to_sync(layer.group_discard)("job-6", channel)
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_the_socket_is_private_to_the_console_user(server, var_dir):
     _, started = server.start(socket_path(var_dir))
     assert started
@@ -127,6 +129,7 @@ def test_the_socket_is_private_to_the_console_user(server, var_dir):
     assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.getuid()
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_each_bad_line_is_answered_with_why_and_dropped_while_good_lines_around_it_are_forwarded(server, var_dir, caplog):
     path = socket_path(var_dir)
     server.start(path)
@@ -157,6 +160,7 @@ def test_each_bad_line_is_answered_with_why_and_dropped_while_good_lines_around_
     assert caplog.text.count("live relay: dropped a notice") == 8
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_a_line_over_the_cap_ends_its_connection_and_the_server_goes_on(server, var_dir):
     path = socket_path(var_dir)
     relay, _ = server.start(path)
@@ -170,6 +174,7 @@ def test_a_line_over_the_cap_ends_its_connection_and_the_server_goes_on(server, 
     assert relay.dropped == 1 and relay.forwarded == 1
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_a_dead_servers_socket_file_is_replaced(server, var_dir):
     path = socket_path(var_dir)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -184,6 +189,7 @@ def test_a_dead_servers_socket_file_is_replaced(server, var_dir):
     assert server.wait_for(1) == [("job-1", STATUS)]
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_a_second_server_on_the_same_var_dir_leaves_the_first_one_serving(server, var_dir):
     path = socket_path(var_dir)
     first, started = server.start(path)
@@ -196,6 +202,7 @@ def test_a_second_server_on_the_same_var_dir_leaves_the_first_one_serving(server
     assert first.forwarded == 1 and second.forwarded == 0
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_servers_with_their_own_var_dirs_do_not_collide(server, var_dir):
     other = Path(tempfile.mkdtemp(prefix="relay-"))
     try:
@@ -209,6 +216,7 @@ def test_servers_with_their_own_var_dirs_do_not_collide(server, var_dir):
         shutil.rmtree(other, ignore_errors=True)
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_closing_removes_the_socket_file_only_while_it_is_still_its_own(server, var_dir):
     path = socket_path(var_dir)
     relay, _ = server.start(path)
@@ -226,6 +234,7 @@ def test_closing_removes_the_socket_file_only_while_it_is_still_its_own(server, 
         newer.close()
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_a_var_dir_too_deep_for_a_unix_socket_is_refused_with_a_warning(server, var_dir, caplog):
     deep = var_dir / ("d" * 100)
     _, started = server.start(socket_path(deep))
@@ -233,6 +242,7 @@ def test_a_var_dir_too_deep_for_a_unix_socket_is_refused_with_a_warning(server, 
     assert "too long for a Unix socket" in caplog.text
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_a_notice_about_another_database_is_refused_quietly(server, var_dir, caplog):
     """A test run next to a console started from the same checkout shares its var dir."""
     path = var_dir / "live.sock"
@@ -248,6 +258,7 @@ def test_a_notice_about_another_database_is_refused_quietly(server, var_dir, cap
     assert "dropped" not in caplog.text
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_a_script_changing_many_jobs_in_a_row_gets_every_notice_through_in_order(server, var_dir):
     path = socket_path(var_dir)
     server.start(path)
@@ -258,6 +269,7 @@ def test_a_script_changing_many_jobs_in_a_row_gets_every_notice_through_in_order
     assert server.wait_for(500) == [(f"job-{m['job']}", m) for m in notices]
 
 
+@pytest.mark.slow  # the relay's server thread and Unix sockets
 def test_after_the_console_restarts_the_next_notice_goes_to_the_new_one(server, var_dir):
     path = socket_path(var_dir)
     old, _ = server.start(path)

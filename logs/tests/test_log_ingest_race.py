@@ -21,6 +21,7 @@ def batch(attempt: int, first: int, count: int) -> list[RawLine]:
     return [RawLine(line_no=n, ts=NOW, text=f"attempt {attempt} line {n}") for n in range(first, first + count)]
 
 
+@pytest.mark.slow  # threads racing for the database
 def test_two_ingesters_of_one_attempt_store_each_line_once(make_job):
     if connection.vendor != "postgresql":
         pytest.skip("row locks between connections: the PostgreSQL pass runs this")
@@ -61,6 +62,7 @@ def test_a_batch_delivered_again_after_its_lines_were_purged_is_not_stored_again
     assert list(LogLine.objects.filter(job=job).values_list("line_no", flat=True)) == [11, 12]
 
 
+@pytest.mark.slow  # threads racing for the database
 def test_two_agents_ingesting_one_log_at_once_keep_it_in_attempt_order(make_job):
     """Two agents after a lost node: node-x's agent, back, delivers attempt 1's late lines (twice: a
     retry) while node-y's agent stores attempt 2's live ones. No ``UniqueViolation`` on

@@ -117,6 +117,7 @@ def test_a_webhook_to_a_local_address_is_refused_when_subscribing(owner, url, sa
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # an HTTP receiver on loopback, on a thread
 def test_a_name_with_one_private_address_among_public_ones_is_refused(owner, network):
     answer = api_as(owner).post(SUBSCRIPTIONS, {"channel": "webhook", "url": "https://intranet.example.org/hook"}, format="json")
 
@@ -149,6 +150,7 @@ def test_an_operator_may_allow_private_webhooks(owner, settings):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # an HTTP receiver on loopback, on a thread
 def test_a_hook_that_turned_local_fails_at_its_try_and_another_users_hook_is_delivered(make_job, owner, outsider, network, receiver):
     mine, theirs = make_job(), make_job(owner=outsider, name="theirs")
     # Made while an operator allowed it (or straight in the database): checked again at the try.
@@ -168,6 +170,7 @@ def test_a_hook_that_turned_local_fails_at_its_try_and_another_users_hook_is_del
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # an HTTP receiver on loopback, on a thread
 def test_the_try_connects_to_the_address_it_checked(make_job, owner, network, receiver):
     job = make_job()
     hook = api_as(owner).post(SUBSCRIPTIONS, {"channel": "webhook", "url": "http://rebinding.example.org:8080/hook"}, format="json")
@@ -183,6 +186,7 @@ def test_the_try_connects_to_the_address_it_checked(make_job, owner, network, re
     assert [path for path, _ in receiver.posts] == ["/hook"]
 
 
+@pytest.mark.slow  # an HTTP receiver on loopback, on a thread
 def test_check_destination_returns_every_checked_address(network):
     assert services.check_destination("https://hooks.example.org/x") == [PUBLIC]
     with pytest.raises(services.DeliveryError, match="not an http"):
