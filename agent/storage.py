@@ -65,6 +65,24 @@ class Tree:
     parts: tuple[str, ...] = ()
 
 
+def open_below(root: Path, parts: tuple[str, ...]) -> int | None:
+    """A descriptor of ``root``/``parts``, each component opened below the one above it without
+    following a link; None where one is missing or refused."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        for part in parts:
+            child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 @dataclass
 class Walk:
     """One job's measurement: the bytes allocated to its trees (hard links counted once across
@@ -80,17 +98,8 @@ class Walk:
 
     def measure(self, tree: Tree) -> None:
         """Add ``tree`` (a missing or refused tree adds nothing)."""
-        try:
-            top = os.open(tree.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            for part in tree.parts:
-                child = os.open(part, DIR_FLAGS, dir_fd=top)
-                os.close(top)
-                top = child
-        except OSError:
-            os.close(top)
+        top = open_below(tree.root, tree.parts)
+        if top is None:
             return
         try:
             info = os.fstat(top)
@@ -101,17 +110,8 @@ class Walk:
         # Directories below the descriptors' bound, reopened from the tree's top (never followed).
         while deeper and not self.cut:
             parts = deeper.pop()
-            try:
-                fd = os.open(tree.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                return
-            try:
-                for part in (*tree.parts, *parts):
-                    child = os.open(part, DIR_FLAGS, dir_fd=fd)
-                    os.close(fd)
-                    fd = child
-            except OSError:
-                os.close(fd)
+            fd = open_below(tree.root, (*tree.parts, *parts))
+            if fd is None:
                 continue
             try:
                 deeper += [(*parts, *more) for more in self.walk_down(fd, info.st_dev)]
