@@ -135,11 +135,16 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
             "rank": part.rank,
             "egress": job.project.effective_egress,
             "pool": settings.JOB_NETWORK_POOL,
-            "deny": [d.strip() for d in settings.JOB_EGRESS_DENY.split(",") if d.strip()],
+            "deny": egress_deny(),
         },
         "hostname": node.name,
         "labels": {"io.satrain.job": job.pk, "io.satrain.attempt": attempt.number, "io.satrain.rank": part.rank},
     }
+
+
+def egress_deny() -> list[str]:
+    """The ranges an ``outbound`` job never reaches (JOB_EGRESS_DENY)."""
+    return [d.strip() for d in settings.JOB_EGRESS_DENY.split(",") if d.strip()]
 
 
 def container_prefix() -> str:
@@ -148,12 +153,18 @@ def container_prefix() -> str:
 
 
 def sweep_strays(live: set[str]) -> tuple[int, int]:
-    """At an agent's start: remove this console's containers no live run holds (a runner killed
+    """At an agent's start: install the node's job network rules with this agent's settings, and
+    remove this console's containers no live run holds (a runner killed
     outright leaves its container, its secrets file and its writable layer) and its job networks
     no container is in. Returns how many of each were removed."""
     if settings.JOB_SANDBOX == "off" or not sandbox.podman_path():
         return 0, 0
     podman, env, prefix = str(sandbox.podman_path()), sandbox.root_tool_env(engine_env()), container_prefix()
+    try:
+        # The node's job network rules follow the settings this agent starts with.
+        networks.ensure_rules(settings.JOB_NETWORK_POOL, egress_deny(), env, replace=True)
+    except (networks.NetworkUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
+        logger.error("the node's job network rules could not be installed: %s", exc)
     try:
         listed = subprocess.run([podman, "ps", "-a", "--format", "{{.Names}}"], env=env, capture_output=True, text=True, timeout=120)
         names = [n for n in listed.stdout.split() if n.startswith(prefix) and n not in live]
