@@ -375,6 +375,10 @@ def page(browser, request):
     console_errors: list[str] = []
     tab.on("pageerror", lambda exc: console_errors.append(str(exc)))
     tab.js_errors = console_errors  # uncaught JavaScript errors so far: tests may assert it is empty
+    # Requests that failed or were refused (a module script that never ran leaves no JS error).
+    refused: list[str] = []
+    tab.on("requestfailed", lambda req: refused.append(f"{req.method} {req.url}: {req.failure}"))
+    tab.on("response", lambda res: refused.append(f"{res.request.method} {res.url}: {res.status}") if res.status >= 400 else None)
     failed_before = request.session.testsfailed
     try:
         yield tab
@@ -388,6 +392,8 @@ def page(browser, request):
         if failed:
             if console_errors:
                 print("JavaScript errors:\n" + "\n".join(console_errors))
+            if refused:
+                print("Requests failed or refused:\n" + "\n".join(refused[-20:]))
             if "live_console" in request.fixturenames:
                 print("--- console server log (tail)\n" + request.getfixturevalue("live_console").server_log())
         context.close()
