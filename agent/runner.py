@@ -238,7 +238,7 @@ def run(spec_path: Path) -> int:
     if policy:
         engine_env = root_tool_env(policy.get("engine_env"))
         # A container of this name left by a runner killed outright would refuse the name.
-        subprocess.run([str(policy["podman"]), "rm", "--force", "--ignore", policy["name"]], env=engine_env, capture_output=True, timeout=120)
+        sandbox.remove_container(str(policy["podman"]), policy["name"], engine_env)
         try:
             network = join_network(policy, engine_env)
             seccomp = sandbox.seccomp_profile()
@@ -524,18 +524,22 @@ def join_network(policy: ContainerPolicy, engine_env: dict[str, str]) -> network
     )
 
 
-def remove_run_container(policy: ContainerPolicy, engine_env: dict[str, str], network: networks.JobNetwork | None) -> None:
+def remove_run_container(policy: ContainerPolicy, engine_env: dict[str, str], network: networks.JobNetwork | None = None) -> None:
+    """Remove what the run was given: its container, its secrets file and, where it was the
+    attempt's last rank, its job network (``network``: the one it joined; None for a run killed
+    outright, whose network is found by its name)."""
     name = str(policy.get("name") or "")
+    podman = str(policy["podman"])
+    wanted = policy.get("job_network") if policy.get("network") == "job" else None
     try:
-        sandbox.remove_container(str(policy["podman"]), name, engine_env)
+        sandbox.remove_container(podman, name, engine_env)
+        if network is not None:
+            networks.leave(network, podman=podman, env=engine_env)
+        elif wanted:
+            networks.remove_unused(str(wanted["name"]), podman=podman, env=engine_env)
     except (OSError, subprocess.SubprocessError):
         pass
     sandbox.remove_secret_env(name)
-    if network is not None:
-        try:
-            networks.leave(network, podman=str(policy["podman"]), env=engine_env)
-        except (OSError, subprocess.SubprocessError):
-            pass
 
 
 def refuse_start(run_dir: Path, spec: runfiles.RunSpec, cgroup: list[str], line: str) -> int:
@@ -554,20 +558,10 @@ def refuse_start(run_dir: Path, spec: runfiles.RunSpec, cgroup: list[str], line:
 
 def remove_container(run_dir: Path) -> None:
     """Remove a killed run's container (its runner could not: Podman keeps a container whose
-    monitor was killed)."""
+    monitor was killed), its secrets and its job network."""
     policy = runfiles.spec_container(run_dir) or {}
-    podman, name = policy.get("podman"), policy.get("name")
-    if not podman or not name:
-        return
-    env = root_tool_env(policy.get("engine_env"))
-    try:
-        sandbox.remove_container(podman, name, env, timeout=60)
-        wanted = policy.get("job_network") if policy.get("network") == "job" else None
-        if wanted:
-            networks.remove_unused(str(wanted["name"]), podman=podman, env=env)  # its last rank's
-    except (OSError, subprocess.SubprocessError):
-        pass
-    sandbox.remove_secret_env(name)
+    if policy.get("podman") and policy.get("name"):
+        remove_run_container(policy, root_tool_env(policy.get("engine_env")))
 
 
 if __name__ == "__main__":
