@@ -8,6 +8,7 @@ module never imports a fixture by name: ``console/tests/test_architecture.py`` c
 * ``failover.tests.run_cleanup``: ``no_run_outlives_its_test`` for tests that start real runs;
 * ``jobs.tests.slurm_fixtures``: a real Slurm cluster and the console on it (``BACKEND=slurm``).
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Django's command-line utility for the Simple AI Training console."""
+
 import os
 import sys
 

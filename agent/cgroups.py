@@ -16,6 +16,7 @@ A run's cgroup also ends every process of the run (``kill_all``) and tells wheth
 killed one for exceeding the memory limit (``oom_kills``). Where neither is available (no
 writable hierarchy, not root), the run goes on without limits and ``support()`` says why.
 """
+
 from __future__ import annotations
 
 import os
@@ -88,7 +89,7 @@ def _below(mount_root: str, mount_point: str, path: str) -> Path | None:
     """The directory of cgroup ``path`` under a mount of the hierarchy's ``mount_root``."""
     if not (path == mount_root or path.startswith(mount_root.rstrip("/") + "/")):
         return None
-    rest = path[len(mount_root.rstrip("/")):].lstrip("/")
+    rest = path[len(mount_root.rstrip("/")) :].lstrip("/")
     return Path(mount_point) / rest if rest else Path(mount_point)
 
 
@@ -234,7 +235,7 @@ def relative(directory: Path) -> str | None:
     ``--cgroup-parent`` takes), or None if it is not under a cgroup mount."""
     for root, point, _, _ in sorted(_mountinfo(), key=lambda m: -len(m[1])):
         if directory == Path(point) or Path(point) in directory.parents:
-            rest = str(directory)[len(point.rstrip("/")):]
+            rest = str(directory)[len(point.rstrip("/")) :]
             return (root.rstrip("/") + rest) or "/"
     return None
 
@@ -305,9 +306,7 @@ def oom_kills(directories: list[Path]) -> int:
 def is_run_cgroup(path: str) -> bool:
     """A path the agent may act on: a run's cgroup under the node's cgroup mount."""
     candidate = Path(path)
-    return candidate.is_absolute() and CGROUP_ROOT in candidate.parents and ".." not in candidate.parts and bool(
-        RUN_NAME.match(candidate.name)
-    )
+    return candidate.is_absolute() and CGROUP_ROOT in candidate.parents and ".." not in candidate.parts and bool(RUN_NAME.match(candidate.name))
 
 
 def support(parent: str = "") -> tuple[bool, str]:
@@ -337,7 +336,7 @@ def sweep(h: Hierarchy, alive) -> int:
         except OSError:
             continue
         for name in names:
-            if not alive(int(name[len(RUN_PREFIX):])) and remove([parent / name], timeout=0.5):
+            if not alive(int(name[len(RUN_PREFIX) :])) and remove([parent / name], timeout=0.5):
                 removed += 1
     return removed
 

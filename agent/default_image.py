@@ -7,6 +7,7 @@ one). On top of it goes a thin layer with the documentation's examples (``/opt/e
 path (``import ckptlib`` works in every run); that image is tagged with a hash of its base and of
 the files, then also with the name jobs use (``DEFAULT_IMAGE``, e.g. ``pytorch:2.13-py3.11``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,7 +54,9 @@ def with_examples(root: Path, base: str, base_digest: str, registry: str, log: C
         (Path(context) / "Containerfile").write_text("\n".join(lines) + "\n")
         subprocess.run(
             [*podman, "build", "--quiet", "--network=none", "--pull=never", "-t", reference, "-f", str(Path(context) / "Containerfile"), context],
-            check=True, capture_output=True, timeout=600,
+            check=True,
+            capture_output=True,
+            timeout=600,
         )
     auth = str(engine.auth_file_for(root, reference))  # the platform's: only it may write to the registry
     subprocess.run([*podman, "push", "--quiet", "--tls-verify=false", "--authfile", auth, reference], check=True, capture_output=True, timeout=600)
@@ -81,8 +84,19 @@ def ensure(root: Path, port: int, name: str, log: Callable[[str], None] = print)
     have = engine.resolve_digest(root, target)
     if not have.ok or have.digest != want.digest:
         subprocess.run(
-            [*engine.podman_argv(root, "skopeo"), "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false",
-             "--authfile", str(engine.auth_file_for(root, target)), f"docker://{source}", f"docker://{target}"],
-            check=True, capture_output=True, timeout=600,
+            [
+                *engine.podman_argv(root, "skopeo"),
+                "copy",
+                "--quiet",
+                "--src-tls-verify=false",
+                "--dest-tls-verify=false",
+                "--authfile",
+                str(engine.auth_file_for(root, target)),
+                f"docker://{source}",
+                f"docker://{target}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
         )
     return {**built, "examples": source, "alias": target, "seconds_total": time.monotonic() - started}

@@ -1,4 +1,5 @@
 """What GPUs a node agent serves: the machine's real GPUs through NVML, or simulated nodes."""
+
 from __future__ import annotations
 
 import logging
@@ -63,10 +64,7 @@ def simulated_nodes() -> list[NodeSpec]:
     nodes = []
     for n in range(settings.SIMULATED_NODES):
         name = f"node-{chr(ord('a') + n)}" if n < 26 else f"node-{n}"
-        gpus = tuple(
-            GpuSpec(index=i, uuid=f"GPU-sim-{name}-{i}", model=model, memory_mb=81559)
-            for i in range(settings.SIMULATED_GPUS_PER_NODE)
-        )
+        gpus = tuple(GpuSpec(index=i, uuid=f"GPU-sim-{name}-{i}", model=model, memory_mb=81559) for i in range(settings.SIMULATED_GPUS_PER_NODE))
         nodes.append(NodeSpec(name=name, gpu_model=model, gpus=gpus, simulated=True))
     return nodes
 

@@ -5,6 +5,7 @@ What the agent finds on the way (the ranks it claimed, the image's digest, the n
 the supervisor's pid) it reports to the control plane (``jobs.services.runs``), which decides what
 it means for the attempt and the job; the agent writes no job, attempt or rank itself. The image
 is checked here, once, by pulling it: placement does not look at it."""
+
 from __future__ import annotations
 
 import json
@@ -188,14 +189,23 @@ def run_limits(job: TrainingJob) -> RunLimits:
     limits = limits_of(job)
     pids = settings.JOB_PIDS_LIMIT + 256 if settings.JOB_SANDBOX != "off" else None  # Podman's own threads too
     return {
-        "cpus": limits.cpus, "memory_mb": limits.memory_mb, "pids": pids, "cgroup_parent": settings.JOB_CGROUP_PARENT,
+        "cpus": limits.cpus,
+        "memory_mb": limits.memory_mb,
+        "pids": pids,
+        "cgroup_parent": settings.JOB_CGROUP_PARENT,
         # Podman's --cgroup-parent is one path for every v1 controller.
         "same_path": settings.JOB_SANDBOX != "off",
     }
 
 
 def run_env(
-    job: TrainingJob, attempt: JobAttempt, part: AttemptNode, output_dir: str, *, contained: bool, resume_step: int | None = None,
+    job: TrainingJob,
+    attempt: JobAttempt,
+    part: AttemptNode,
+    output_dir: str,
+    *,
+    contained: bool,
+    resume_step: int | None = None,
     fence: str = "",
 ) -> dict[str, str]:
     """The run's whole environment: the platform's defaults, the job's own variables, then what
@@ -380,7 +390,14 @@ class Launcher:
         return {"work": work, "output": output, "output_mount": contained, "output_in_run": sandbox.OUTPUT_DIR if contained else str(output)}
 
     def start_runner(
-        self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, dirs: dict, *, image_ref: str, uid: int | None,
+        self,
+        job: TrainingJob,
+        attempt: JobAttempt,
+        part: AttemptNode,
+        dirs: dict,
+        *,
+        image_ref: str,
+        uid: int | None,
         resume_step: int | None = None,
     ) -> int | None:
         """Start the rank's detached supervisor on its spec (``agent.runfiles``); returns its pid
@@ -394,7 +411,12 @@ class Launcher:
             # An output directory in a writable volume: made by the run itself, as its own user.
             command = 'mkdir -p -- "$OUTPUT_DIR" 2>/dev/null\n' + command
         env = run_env(
-            job, attempt, part, dirs["output_in_run"], contained=contained, resume_step=resume_step,
+            job,
+            attempt,
+            part,
+            dirs["output_in_run"],
+            contained=contained,
+            resume_step=resume_step,
             fence=f"{sandbox.FENCE_DIR}/{workdirs.FENCE_FILE}" if contained else str(dirs["fence"] / workdirs.FENCE_FILE),
         )
         spec = RunSpec(

@@ -1,5 +1,6 @@
 """The node agents this process runs: which nodes it serves (their GPUs can be probed and their
 processes signalled from here), which agent a node's messages go to, and waking them."""
+
 from __future__ import annotations
 
 import weakref

@@ -3,6 +3,7 @@ until something is due (a beat, a reconcile, live runs' output) or a message arr
 embedded console, the control plane's rounds (sweeps, placement) in the same thread, when
 something changed their answer (``jobs.services.wakeups``), handing what they place straight to
 the agent."""
+
 from __future__ import annotations
 
 import logging

@@ -19,6 +19,7 @@ capability to change its own routes or addresses):
   service) and always except to the node; the node's resolvers stay reachable on port 53 (a job's
   ``/etc/resolv.conf`` names them).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -143,9 +144,7 @@ def _same_job_elements(listing: str) -> list[str]:
     return kept
 
 
-def join(
-    name: str, *, rank: int, egress: str, pool: str, deny: Sequence[str], podman: str, env: Mapping[str, str], labels: Mapping[str, object]
-) -> JobNetwork:
+def join(name: str, *, rank: int, egress: str, pool: str, deny: Sequence[str], podman: str, env: Mapping[str, str], labels: Mapping[str, object]) -> JobNetwork:
     """The attempt's network, made by the first of its ranks to start (the others find it)."""
     ensure_rules(pool, deny, env)
     subnets = _subnets(pool)

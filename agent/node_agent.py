@@ -20,6 +20,7 @@ the files the runner keeps, ingests the output lines it has not stored yet (deli
 idempotent) and reports the exits it missed. What those facts mean for a job is decided by the
 control plane (``jobs.services.runs``).
 """
+
 from __future__ import annotations
 
 import logging

@@ -8,6 +8,7 @@ lines waits its turn like the others; the runs still behind after their turn are
 (the agent then starts its next round at once), and between two of their turns the agent stores
 what the other runs printed meanwhile (``NodeAgent.collect``), so a quiet run's lines wait for at
 most one flood's turn, however many runs flood."""
+
 from __future__ import annotations
 
 import logging

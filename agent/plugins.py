@@ -1,6 +1,7 @@
 """What the node agent lets other apps plug in: work done on every agent round (failover's
 health checks), and at the agent loop's start and end (failover's health monitor thread). A
 plug-in is made once per agent, from the agent's public view of itself."""
+
 from __future__ import annotations
 
 import logging

@@ -3,6 +3,7 @@
 Each rank of an attempt has a run directory in which ``agent.runner`` keeps the run files
 (``agent.runfiles``: what to run, its processes, its output, how it ended).
 """
+
 from __future__ import annotations
 
 import logging

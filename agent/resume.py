@@ -12,6 +12,7 @@ marker, each checkpoint's manifest, sizes and sampled checksums, nothing followe
 A path anywhere else (another job's directory, ``/tmp`` of the container, a project volume) is
 never opened: it only makes the job page warn that those checkpoints do not survive a re-placement.
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,7 +83,7 @@ def place_of(path: str, known: list[Place]) -> tuple[Place, tuple[str, ...]] | N
     for place in known:
         base = components(place.in_run)
         if base is not None and names[: len(base)] == base:
-            return place, names[len(base):]
+            return place, names[len(base) :]
     return None
 
 

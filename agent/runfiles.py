@@ -48,6 +48,7 @@ without following a link or blocking on a FIFO, reads at most a bounded size, an
 only typed, range-checked values (a bad field is None, a bad output record is counted and
 skipped, an exit record that cannot be read is an exit of unknown status).
 """
+
 from __future__ import annotations
 
 import json
@@ -345,8 +346,12 @@ def checked_record(record: object) -> OutputLine | None:
     number, stamp, text = record.get("n"), record.get("t"), record.get("s")
     # What the runner writes, checked with plain comparisons (``type`` is exact: no bool, no subclass).
     if (
-        type(number) is int and 1 <= number < MAX_LINE_NO and type(stamp) is float and 0 <= stamp < MAX_TIMESTAMP
-        and type(text) is str and len(text) <= OUTPUT_TEXT_MAX_CHARS
+        type(number) is int
+        and 1 <= number < MAX_LINE_NO
+        and type(stamp) is float
+        and 0 <= stamp < MAX_TIMESTAMP
+        and type(text) is str
+        and len(text) <= OUTPUT_TEXT_MAX_CHARS
     ):
         return OutputLine(number, stamp, text)
     number, stamp, text = int_in(record.get("n"), 1, MAX_LINE_NO), timestamp(record.get("t")), record.get("s")
@@ -381,7 +386,7 @@ class OutputWriter:
         view = memoryview(self.pending)
         while view:
             written = self.out.write(view)
-            view = view[written or 0:]
+            view = view[written or 0 :]
         view.release()
         self.pending.clear()
 
@@ -430,9 +435,7 @@ class OutputChunk:
     at_end: bool
 
 
-def read_output(
-    directory: Path, offset: int, *, complete: bool = False, max_bytes: int | None = None, max_lines: int | None = None
-) -> OutputChunk:
+def read_output(directory: Path, offset: int, *, complete: bool = False, max_bytes: int | None = None, max_lines: int | None = None) -> OutputChunk:
     """The whole records written after ``offset``, at most ``max_bytes`` (``OUTPUT_READ_MAX_BYTES``)
     of them and, with ``max_lines``, at most that many records (short lines: a slice costs what
     its lines cost, not its bytes). A last line without its newline is left for the next read,

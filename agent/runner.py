@@ -24,6 +24,7 @@ when the run ends; where the node allows none, the run goes on without and its l
 says so. Nothing of the job's environment reaches a process run here as root: Podman gets a
 fixed environment and reads the job's from a file only the agent can read.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,7 +90,7 @@ def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, 
         start = 0
         while start < len(chunk):
             end = chunk.find(b"\n", start)
-            piece = chunk[start:] if end < 0 else chunk[start:end + 1]
+            piece = chunk[start:] if end < 0 else chunk[start : end + 1]
             start = len(chunk) if end < 0 else end + 1
             if not cut:
                 line += piece
@@ -97,7 +98,7 @@ def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, 
                     # A progress bar's last redraw is what is kept; else the line's head.
                     at = line.rfind(b"\r", 0, len(line) - 1)
                     if 0 <= at and len(line) - at - 1 <= cap:
-                        del line[:at + 1]
+                        del line[: at + 1]
                     else:
                         del line[cap:]
                         cut = True
@@ -254,8 +255,14 @@ def run(spec_path: Path) -> int:
         pidfile = runfiles.container_pidfile(run_dir)
         parent = cgroups.relative(Path(cgroup[0])) if cgroup else None
         argv = container_argv(
-            spec.command, policy=policy, env_file=str(env_file), cgroup_parent=parent, pidfile=str(pidfile),
-            network=(network.name, network.address) if network is not None else None, secret_file=secret_file, seccomp=seccomp,
+            spec.command,
+            policy=policy,
+            env_file=str(env_file),
+            cgroup_parent=parent,
+            pidfile=str(pidfile),
+            network=(network.name, network.address) if network is not None else None,
+            secret_file=secret_file,
+            seccomp=seccomp,
         )
         popen = dict(cwd=str(run_dir), env=engine_env)
     else:
@@ -272,7 +279,11 @@ def run(spec_path: Path) -> int:
         argv = [a for a in argv if a != "--cgroup-parent" and a != parent] if policy else argv
         proc = subprocess.Popen(argv, **popen)
     record = PidRecord(
-        runner_pid=os.getpid(), pgid=proc.pid, started_at=time.time(), cgroup=tuple(cgroup), container=policy["name"] if policy else None,
+        runner_pid=os.getpid(),
+        pgid=proc.pid,
+        started_at=time.time(),
+        cgroup=tuple(cgroup),
+        container=policy["name"] if policy else None,
         gpus=moved[2] if moved is not None else None,
     )
     runfiles.write_pid(run_dir, record)
@@ -444,7 +455,10 @@ def make_cgroup(limits: RunLimits) -> tuple[list[str], str]:
         return [], why
     try:
         directories = cgroups.create(
-            found, f"{cgroups.RUN_PREFIX}{os.getpid()}", cpus=limits.get("cpus"), memory_mb=limits.get("memory_mb"),
+            found,
+            f"{cgroups.RUN_PREFIX}{os.getpid()}",
+            cpus=limits.get("cpus"),
+            memory_mb=limits.get("memory_mb"),
             pids=limits.get("pids"),
         )
     except OSError as exc:
@@ -477,7 +491,6 @@ def main() -> int:
     for sig in (signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     return run(Path(sys.argv[1]))
-
 
 
 def kill_unfinished_runs(work_root: Path) -> int:
@@ -518,8 +531,13 @@ def join_network(policy: ContainerPolicy, engine_env: dict[str, str]) -> network
     if not wanted:
         return None
     return networks.join(
-        str(wanted["name"]), rank=int(wanted["rank"]), egress=str(wanted["egress"]), pool=str(wanted["pool"]),
-        deny=[str(d) for d in wanted.get("deny") or []], podman=str(policy["podman"]), env=engine_env,
+        str(wanted["name"]),
+        rank=int(wanted["rank"]),
+        egress=str(wanted["egress"]),
+        pool=str(wanted["pool"]),
+        deny=[str(d) for d in wanted.get("deny") or []],
+        podman=str(policy["podman"]),
+        env=engine_env,
         labels=policy.get("labels") or {},
     )
 

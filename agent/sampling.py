@@ -8,6 +8,7 @@ real nodes' NVML readings belong with the health probe (``failover``), which can
 with ``use_gpu_reader``. Without one a real node's GPU fields stay empty; host CPU and memory are
 read from the run's process tree either way.
 """
+
 from __future__ import annotations
 
 import logging
@@ -122,7 +123,10 @@ class ResourceSampler:
         for (job_id, attempt), values in totals.items():
             readings.append(
                 Reading(
-                    job_id=job_id, attempt=attempt, ts=stamp, span_s=round(span, 3),
+                    job_id=job_id,
+                    attempt=attempt,
+                    ts=stamp,
+                    span_s=round(span, 3),
                     gpu_util=round(sum(values["util"]) / len(values["util"]), 1) if values["util"] else None,
                     gpu_mem_mb=sum(values["mem"]) if values["mem"] else None,
                     power_w=round(sum(values["power"]), 1) if values["power"] else None,

@@ -27,6 +27,7 @@ are a file on the node's ``/run`` (memory), mounted read-only and read by the co
 removed with the container when the run ends. The runner puts the container in the run's cgroup
 (``--cgroup-parent``) where its CPU, memory and PID limits are enforced.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -141,8 +142,15 @@ def cdi_spec_present(kind: str = "nvidia.com/gpu") -> bool:
 
 
 def container_argv(
-    command: str, *, policy: Mapping, env_file: str, cgroup_parent: str | None, pidfile: str,
-    network: tuple[str, str] | None = None, secret_file: str | None = None, seccomp: str | None = None,
+    command: str,
+    *,
+    policy: Mapping,
+    env_file: str,
+    cgroup_parent: str | None,
+    pidfile: str,
+    network: tuple[str, str] | None = None,
+    secret_file: str | None = None,
+    seccomp: str | None = None,
 ) -> list[str]:
     """The ``podman run`` argv that runs ``command`` (with ``bash -c``) in the container
     ``policy`` describes (see ``agent.launch.container_policy``): ``podman``, ``image``,
@@ -152,22 +160,37 @@ def container_argv(
     the run's secret variables on the node (``write_secret_env``); ``seccomp``: the profile."""
     uid = int(policy["user"])
     argv = [
-        policy["podman"], "run",
-        "--name", policy["name"],
-        "--pull", "never",  # the agent pulled it; the run uses exactly that digest
+        policy["podman"],
+        "run",
+        "--name",
+        policy["name"],
+        "--pull",
+        "never",  # the agent pulled it; the run uses exactly that digest
         "--init",
-        "--user", f"{uid}:{uid}",
-        "--cap-drop", "all",
-        "--security-opt", "no-new-privileges",
-        "--pids-limit", str(int(policy.get("pids_limit") or 4096)),
-        "--env-file", env_file,
-        "--env", f"HOME={HOME_DIR}",
-        "--workdir", policy.get("workdir") or WORK_DIR,
-        "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777",
-        "--shm-size", str(policy.get("shm_size") or "1g"),
-        "--pidfile", pidfile,
-        "--log-driver", "none",
-        "--stop-signal", "TERM",
+        "--user",
+        f"{uid}:{uid}",
+        "--cap-drop",
+        "all",
+        "--security-opt",
+        "no-new-privileges",
+        "--pids-limit",
+        str(int(policy.get("pids_limit") or 4096)),
+        "--env-file",
+        env_file,
+        "--env",
+        f"HOME={HOME_DIR}",
+        "--workdir",
+        policy.get("workdir") or WORK_DIR,
+        "--tmpfs",
+        "/tmp:rw,nosuid,nodev,mode=1777",
+        "--shm-size",
+        str(policy.get("shm_size") or "1g"),
+        "--pidfile",
+        pidfile,
+        "--log-driver",
+        "none",
+        "--stop-signal",
+        "TERM",
     ]
     if seccomp:
         argv += ["--security-opt", f"seccomp={seccomp}"]
@@ -233,7 +256,22 @@ def remove_secret_env(name: str) -> None:
 
 # Docker's default profile refuses these to a container without CAP_SYS_ADMIN; Podman's allows
 # them (for rootless nesting): a job would get every capability in a user namespace of its own.
-REFUSED_SYSCALLS = ("unshare", "setns", "mount", "umount", "umount2", "pivot_root", "keyctl", "add_key", "request_key", "fsopen", "fsmount", "move_mount", "open_tree", "mount_setattr")
+REFUSED_SYSCALLS = (
+    "unshare",
+    "setns",
+    "mount",
+    "umount",
+    "umount2",
+    "pivot_root",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "fsopen",
+    "fsmount",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+)
 # clone(2) flags that make a namespace: refused, as Docker's profile refuses them (flags & mask == 0).
 CLONE_NEW_MASK = 0x7E020000
 EPERM, ENOSYS = 1, 38

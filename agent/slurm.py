@@ -24,6 +24,7 @@ every run (one ``scontrol show job`` and one ``scontrol show node``):
   is drained with the fault's reason, and returned (``state=resume``) once an operator marks it
   healthy.
 """
+
 from __future__ import annotations
 
 import getpass
@@ -78,7 +79,9 @@ def slurm_nodes(views: list[NodeView]) -> list[NodeSpec]:
     model = real[0].gpu_model if real else settings.SIMULATED_GPU_MODEL
     return [
         NodeSpec(
-            name=view.name, gpu_model=model, simulated=real is None,
+            name=view.name,
+            gpu_model=model,
+            simulated=real is None,
             gpus=tuple(GpuSpec(index=i, uuid=f"GPU-slurm-{view.name}-{i}", model=model, memory_mb=81559) for i in range(view.gpus)),
         )  # fmt: skip
         for view in views
@@ -305,9 +308,7 @@ class SlurmAgent(NodeAgent):
         Slurm's drains (with the fault's reason), and back once healthy."""
         by_name = {view.name: view for view in views}
         self.down = {view.name for view in views if "DOWN" in view.state}
-        bad_gpus = dict(
-            GPU.objects.filter(node__name__in=self.node_names, healthy=False).exclude(health_reason="").values_list("node_id", "health_reason")
-        )
+        bad_gpus = dict(GPU.objects.filter(node__name__in=self.node_names, healthy=False).exclude(health_reason="").values_list("node_id", "health_reason"))
         for node in Node.objects.filter(name__in=self.node_names):
             view = by_name.get(node.name)
             if view is None:
@@ -348,7 +349,9 @@ class SlurmAgent(NodeAgent):
             if record is not None and record.runner_pid:
                 del self.slurm.queued[pk]
                 if record.gpus is not None and list(record.gpus) != list(part.gpu_indices):
-                    logger.warning("job %s: Slurm runs rank %s on GPUs %s of %s, not %s", part.attempt.job_id, part.rank, record.gpus, part.node.name, part.gpu_indices)
+                    logger.warning(
+                        "job %s: Slurm runs rank %s on GPUs %s of %s, not %s", part.attempt.job_id, part.rank, record.gpus, part.node.name, part.gpu_indices
+                    )
                     runs.part_gpus_moved(part, list(record.gpus))
                 if runs.part_started(part, runner_pid=record.runner_pid, workdir=queued.workdir, resume_step=queued.resume_step):
                     self.live[part.pk] = part

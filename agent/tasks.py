@@ -6,6 +6,7 @@ Both only hand the message to the agent's own loop and return (a launch into its
 receipt (not late) and cannot be redelivered by the broker's visibility timeout; each part is
 claimed by compare-and-swap when launched, so a duplicate delivery starts nothing.
 """
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ consoles on one node never hand the same uid to two projects.
 Standard library only. The file maps ``<install id>/<project id>`` to a uid, under an exclusive
 ``flock``; an install's id is random, made once in its ``var/`` directory.
 """
+
 from __future__ import annotations
 
 import fcntl

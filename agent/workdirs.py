@@ -8,6 +8,7 @@ leaf or any directory above it between the agent's check and the container's mou
 component is opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to the one above it: a symlink, a
 FIFO or a file where a directory should be is refused, not followed.
 """
+
 from __future__ import annotations
 
 import os

@@ -7,6 +7,7 @@ machine does skews both alike. Prints each figure per run, its spread over the r
 ratio of this checkout's median to the base's; a figure the base's benchmark does not measure is
 shown for this checkout only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,13 @@ def run_once(module: str, tree: Path, args: list[str], out: Path) -> dict:
 
 
 def main(
-    module: str, figures: Callable[[dict], dict[str, float]], argv: list[str] | None, *, doc: str | None,
-    number: str = ".3f", width: int = 56,
+    module: str,
+    figures: Callable[[dict], dict[str, float]],
+    argv: list[str] | None,
+    *,
+    doc: str | None,
+    number: str = ".3f",
+    width: int = 56,
 ) -> int:
     """``python -m <module>.compare --base <rev> [--rounds N] [<module>'s options]``."""
     p = argparse.ArgumentParser(prog=f"python -m {module}.compare", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

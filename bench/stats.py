@@ -1,4 +1,5 @@
 """Statistics shared by the benchmarks (standard library only)."""
+
 from __future__ import annotations
 
 import math

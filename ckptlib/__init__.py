@@ -45,6 +45,7 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module 'ckptlib' has no attribute {name!r}")
 
+
 __all__ = [
     "CHECKPOINT_SUBDIR",
     "COMMIT_LINE_RE",

@@ -60,9 +60,7 @@ class BackgroundWriters:
         self._keep_bytes = keep_bytes
         self._finished = finished
         self._local = threading.local()
-        self._threads = [
-            threading.Thread(target=self._write_loop, name=f"ckptlib-writer-{i}", daemon=True) for i in range(count)
-        ]
+        self._threads = [threading.Thread(target=self._write_loop, name=f"ckptlib-writer-{i}", daemon=True) for i in range(count)]
 
     def start(self) -> None:
         for thread in self._threads:

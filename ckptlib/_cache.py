@@ -107,9 +107,7 @@ class HostCache:
         makes progress.
         """
         with self._cond:
-            granted = self._cond.wait_for(
-                lambda: self._in_use == 0 or self._in_use + self.chunk_bytes <= self.limit_bytes, timeout
-            )
+            granted = self._cond.wait_for(lambda: self._in_use == 0 or self._in_use + self.chunk_bytes <= self.limit_bytes, timeout)
             if not granted:
                 return None
             self._in_use += self.chunk_bytes

@@ -102,11 +102,7 @@ class MultiRankCommit:
                 if time.monotonic() > deadline:
                     raise CheckpointError(f"rank {rank} did not finish within {_COMMIT_TIMEOUT_S:.0f}s")
                 time.sleep(_POLL_S)
-        files = {
-            path.name: path.stat().st_size
-            for path in sorted(job.directory.iterdir())
-            if path.is_file() and not path.name.startswith(".")
-        }
+        files = {path.name: path.stat().st_size for path in sorted(job.directory.iterdir()) if path.is_file() and not path.name.startswith(".")}
         checksums = {}
         for name, size in files.items():
             fd = os.open(job.directory / name, os.O_RDONLY)

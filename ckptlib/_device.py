@@ -87,12 +87,7 @@ class DeviceCopies:
         """On the training thread at ``save()``: an event on each used device's compute stream."""
         if not self.cuda.is_available():
             return {}  # the CPU path: nothing to order
-        devices = {
-            slot.source.device
-            for file in plan.files
-            for slot in file.slots
-            if slot.source is not None and is_device(slot.source)
-        }
+        devices = {slot.source.device for file in plan.files for slot in file.slots if slot.source is not None and is_device(slot.source)}
         events = {}
         for device in devices:
             event = self.cuda.Event()

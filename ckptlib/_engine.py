@@ -137,9 +137,7 @@ class CheckpointEngine:
         window_bytes = min(self.cache.limit_bytes, max(4, 2 * parser_threads) * self.cache.chunk_bytes)
         self._stager = Stager(self.cache, window_bytes=window_bytes, hand_over=write_queue.put)
         self._handle_signals = handle_signals
-        self._points = StagingPoints(
-            self._stager, self._jobs, keep_forward=self._signals_need_forward, after_stage=self._seal_at_hook
-        )
+        self._points = StagingPoints(self._stager, self._jobs, keep_forward=self._signals_need_forward, after_stage=self._seal_at_hook)
         self._writers = BackgroundWriters(
             write_queue,
             count=parser_threads,

@@ -43,10 +43,7 @@ class CommitEvent:
 
     def log_line(self) -> str:
         """The console line (see ``COMMIT_LINE_RE``)."""
-        return (
-            f"{LOG_PREFIX} committed step={self.step} bytes={self.bytes} "
-            f"blocking_s={self.blocking_s:.6f} persist_s={self.persist_s:.6f} path={self.path}"
-        )
+        return f"{LOG_PREFIX} committed step={self.step} bytes={self.bytes} blocking_s={self.blocking_s:.6f} persist_s={self.persist_s:.6f} path={self.path}"
 
 
 def parse_commit_line(line: str) -> CommitEvent | None:
@@ -81,9 +78,7 @@ def install_console_handler() -> None:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler._ckptlib_console = True  # type: ignore[attr-defined]
-    handler.setFormatter(
-        logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] %(message)s")
-    )
+    handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] %(message)s"))
     package_logger.addHandler(handler)
     package_logger.setLevel(logging.INFO)
     package_logger.propagate = False

@@ -122,7 +122,6 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-
 def write_bytes_durably(path: Path, payload: bytes) -> None:
     with open(path, "wb") as handle:
         handle.write(payload)

@@ -112,14 +112,11 @@ def superseded_by() -> int | None:
 
 
 def superseded_message(what: str) -> str | None:
-    """"attempt 3 of this job has started elsewhere and owns its output: …", or None."""
+    """ "attempt 3 of this job has started elsewhere and owns its output: …", or None."""
     owner = superseded_by()
     if owner is None:
         return None
-    return (
-        f"attempt {owner} of this job has started elsewhere and owns its output now: this run "
-        f"(attempt {os.environ.get(ATTEMPT_ENV)}) {what}"
-    )
+    return f"attempt {owner} of this job has started elsewhere and owns its output now: this run (attempt {os.environ.get(ATTEMPT_ENV)}) {what}"
 
 
 def _open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int:

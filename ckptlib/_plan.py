@@ -159,9 +159,7 @@ def plan_state(
             module_state = value.state_dict() if isinstance(value, torch.nn.Module) else None
             name = file_name_for(key, value, rank=rank, sharded=sharded, state_dict=module_state)
             plan.keys[key] = name
-            plan.files.append(
-                _plan_value(name, value, protected=protected, state_dict=module_state, mem_align=mem_align, guard=guard)
-            )
+            plan.files.append(_plan_value(name, value, protected=protected, state_dict=module_state, mem_align=mem_align, guard=guard))
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
         plan.keys["rng_state"] = name

@@ -92,9 +92,7 @@ def check_fits(state: dict[str, Any], into: Any, where: Path) -> None:
             for name, tensor in current.items():
                 other = saved[name]
                 if isinstance(tensor, torch.Tensor) and tuple(other.shape) != tuple(tensor.shape):
-                    raise CheckpointError(
-                        f"{where}: {key}.{name} has shape {tuple(other.shape)}, the model's is {tuple(tensor.shape)}"
-                    )
+                    raise CheckpointError(f"{where}: {key}.{name} has shape {tuple(other.shape)}, the model's is {tuple(tensor.shape)}")
         elif isinstance(target, torch.optim.Optimizer):
             _check_optimizer_fits(key, target, saved, where)
 
@@ -113,12 +111,5 @@ def _check_optimizer_fits(key: str, optimizer: torch.optim.Optimizer, saved: Any
         if parameter is None or not isinstance(per_parameter, dict):
             continue
         for name, value in per_parameter.items():
-            if (
-                isinstance(value, torch.Tensor)
-                and value.dim() == parameter.dim()
-                and value.numel() > 1
-                and tuple(value.shape) != tuple(parameter.shape)
-            ):
-                raise CheckpointError(
-                    f"{where}: {key}.state.{index}.{name} has shape {tuple(value.shape)}, its parameter {tuple(parameter.shape)}"
-                )
+            if isinstance(value, torch.Tensor) and value.dim() == parameter.dim() and value.numel() > 1 and tuple(value.shape) != tuple(parameter.shape):
+                raise CheckpointError(f"{where}: {key}.state.{index}.{name} has shape {tuple(value.shape)}, its parameter {tuple(parameter.shape)}")

@@ -226,10 +226,7 @@ def _exit_at_deadline() -> None:
         logger.error("[Concurrent Checkpoint] SIGTERM: the final checkpoint outlived the grace period; exiting")
         logging.shutdown()
         os._exit(SIGTERM_EXIT_STATUS)
-    logger.error(
-        "[Concurrent Checkpoint] SIGTERM: training reached no safe point within the grace period; "
-        "no final checkpoint (the last committed one stands)"
-    )
+    logger.error("[Concurrent Checkpoint] SIGTERM: training reached no safe point within the grace period; no final checkpoint (the last committed one stands)")
     logging.shutdown()
     os._exit(SIGTERM_EXIT_STATUS)
 

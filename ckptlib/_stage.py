@@ -235,11 +235,7 @@ class Stager:
             plan = files[cursor.file_index]
             if cursor.sink is None:
                 cursor.sink = FileSink(job.directory / plan.name, size=plan.size, crcs=plan.crcs)
-                cursor.gather = (
-                    cursor.allow_live
-                    and not force
-                    and not any(slot.source is not None and is_device(slot.source) for slot in plan.slots)
-                )
+                cursor.gather = cursor.allow_live and not force and not any(slot.source is not None and is_device(slot.source) for slot in plan.slots)
             while job.error is None and cursor.piece_index < len(plan.pieces):
                 piece = plan.pieces[cursor.piece_index]
                 source: bytes | torch.Tensor
@@ -317,9 +313,7 @@ class Stager:
                 return chunk
         return None
 
-    def _copy(
-        self, cursor: _Cursor, chunk: Chunk | _Gather, offset: int, source: bytes | torch.Tensor, start: int, length: int
-    ) -> None:
+    def _copy(self, cursor: _Cursor, chunk: Chunk | _Gather, offset: int, source: bytes | torch.Tensor, start: int, length: int) -> None:
         if isinstance(chunk, _Gather):
             chunk.segments.append((source, start, length))  # the writer copies it
             return
@@ -345,9 +339,7 @@ class Stager:
         ready = self._device.chunk_ready(cursor.chunk_streams)
         cursor.chunk_streams = []
         cursor.sink.reserve()
-        self._hand_over(
-            WriteItem(cursor.job, cursor.sink, cursor.chunk_offset, cursor.used, chunk=cursor.chunk, ready=ready)
-        )
+        self._hand_over(WriteItem(cursor.job, cursor.sink, cursor.chunk_offset, cursor.used, chunk=cursor.chunk, ready=ready))
         cursor.chunk = None
 
     def _send_live(self, cursor: _Cursor, source: torch.Tensor, start: int, length: int) -> None:

@@ -60,6 +60,7 @@ def _no_checkpoint_found(step: int) -> None:
     _install_guide_handler()
     guide_logger.error("%s No Checkpoint found with step: %s", LOG_PREFIX, step)
 
+
 _SIGTERM_EXIT_STATUS = 143
 
 

@@ -41,9 +41,7 @@ class CheckpointResult:
 
     def log_line(self) -> str:
         """The console line for a committed checkpoint (see ``COMMIT_LINE_RE``)."""
-        return CommitEvent(
-            step=self.step, bytes=self.bytes, blocking_s=self.blocking_s, persist_s=self.persist_s, path=self.path
-        ).log_line()
+        return CommitEvent(step=self.step, bytes=self.bytes, blocking_s=self.blocking_s, persist_s=self.persist_s, path=self.path).log_line()
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,7 @@ class DeepSpeedCheckpointEngine:
         self.name = "ckptlib"
         self.config_params = config_params
         self._owns_engine = engine is None
-        self.engine = engine or CheckpointEngine(
-            host_cache_size=host_cache_size, parser_threads=parser_threads, handle_signals=False
-        )
+        self.engine = engine or CheckpointEngine(host_cache_size=host_cache_size, parser_threads=parser_threads, handle_signals=False)
         self._commit_info: Any = None
         self._started: float | None = None
         # The files saved since the last commit (a path saved twice once), for the rank's manifest.

@@ -1,4 +1,5 @@
 """ASGI entry point: HTTP through Django, WebSockets through Channels (session or token auth)."""
+
 from __future__ import annotations
 
 import asyncio

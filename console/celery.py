@@ -1,4 +1,5 @@
 """The Celery app. In the embedded default (no REDIS_URL) tasks run eagerly in-process."""
+
 from __future__ import annotations
 
 import os

@@ -12,6 +12,7 @@ Staff get every job; others the jobs they may see, checked per message. The sock
 Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours), 4403
 access revoked (access is asked again every ``SOCKET_ACCESS_RECHECK`` seconds).
 """
+
 from __future__ import annotations
 
 import time

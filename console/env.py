@@ -1,4 +1,5 @@
 """Small helpers that read settings from the environment, each with an embedded default."""
+
 from __future__ import annotations
 
 import os

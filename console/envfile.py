@@ -7,6 +7,7 @@ systemd units read) is read when it exists, its values filling what the environm
 and a command that would still run on the embedded SQLite while a scale-out setting
 (``REDIS_URL``) is present is refused. No Django import here: it runs before settings load.
 """
+
 from __future__ import annotations
 
 import os
@@ -46,8 +47,10 @@ def prepare(environ: MutableMapping[str, str]) -> str | None:
             with open(path, encoding="utf-8") as f:
                 values = parse(f.read())
         except OSError as exc:
-            return (f"{path} (this host's scale-out environment) cannot be read: {exc.strerror}. Run the command as a "
-                    f"user who may read it, or set CONSOLE_ENV_FILE= (empty) to use the embedded database on purpose.")
+            return (
+                f"{path} (this host's scale-out environment) cannot be read: {exc.strerror}. Run the command as a "
+                f"user who may read it, or set CONSOLE_ENV_FILE= (empty) to use the embedded database on purpose."
+            )
         for key, value in values.items():
             environ.setdefault(key, value)
         if values.get("DATABASE_URL"):
@@ -56,9 +59,11 @@ def prepare(environ: MutableMapping[str, str]) -> str | None:
         return None
     present = [name for name in SCALE_OUT_SETTINGS if environ.get(name)]
     if present:
-        return (f"{', '.join(present)} is set (a scale-out setting) but DATABASE_URL is not: this command would run on "
-                f"the embedded SQLite database. Set DATABASE_URL (or CONSOLE_ENV_FILE, the deployment's env file), "
-                f"or unset {present[0]} for the embedded console.")
+        return (
+            f"{', '.join(present)} is set (a scale-out setting) but DATABASE_URL is not: this command would run on "
+            f"the embedded SQLite database. Set DATABASE_URL (or CONSOLE_ENV_FILE, the deployment's env file), "
+            f"or unset {present[0]} for the embedded console."
+        )
     return None
 
 

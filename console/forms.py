@@ -1,4 +1,5 @@
 """Forms of the console pages: the Training Job form and the list's filters."""
+
 from __future__ import annotations
 
 from typing import Any, cast
@@ -53,8 +54,7 @@ class TextField(forms.CharField):
 
 
 # The form's fields that ``check_settings`` judges, and the job field each one is.
-CHECKED_FIELDS = ("project", "command", "env_text", "secret_env_text", "gpus_per_node", "node_count", "output_dir",
-                  "cpu_limit", "memory_limit_mb")
+CHECKED_FIELDS = ("project", "command", "env_text", "secret_env_text", "gpus_per_node", "node_count", "output_dir", "cpu_limit", "memory_limit_mb")
 FORM_FIELD = {"env_text": "env", "secret_env_text": "secret_env"}
 FIELD_OF = {job_field: form_field for form_field, job_field in FORM_FIELD.items()}
 
@@ -102,19 +102,23 @@ class TrainingJobForm(forms.Form):
     secret_env_text = TextField(
         label="Secret environment variables",
         required=False,
-        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "class": "mono", "placeholder": "HF_TOKEN=hf_…",
-                                     "autocomplete": "off"}),
-        help_text=f"One NAME=value per line: stored encrypted, given to the run, shown as {MASK} everywhere "
-        "(pages, API, clones), never logged.",
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "class": "mono", "placeholder": "HF_TOKEN=hf_…", "autocomplete": "off"}),
+        help_text=f"One NAME=value per line: stored encrypted, given to the run, shown as {MASK} everywhere (pages, API, clones), never logged.",
     )
     # The secrets typed into a form shown again with an error: sealed, not echoed (see resolve_secrets).
     secret_env_kept = forms.CharField(required=False, widget=forms.HiddenInput)
     gpus_per_node = forms.IntegerField(
-        label="GPUs per node", min_value=0, max_value=64, initial=1,
+        label="GPUs per node",
+        min_value=0,
+        max_value=64,
+        initial=1,
         help_text="0 makes a CPU job: it runs on a node without any GPU of its own (CUDA_VISIBLE_DEVICES is empty).",
     )
     node_count = forms.IntegerField(
-        label="Nodes", min_value=1, max_value=64, initial=1,
+        label="Nodes",
+        min_value=1,
+        max_value=64,
+        initial=1,
         help_text="1: the job's container has a network of its own, loopback only. More: one rank per node, and the ranks "
         "run on their nodes' network to meet (an operator allows it per project).",
     )
@@ -122,8 +126,7 @@ class TrainingJobForm(forms.Form):
         label="Job Failover",
         required=False,
         initial=True,
-        help_text="On a hardware fault, re-place the job on healthy nodes and resume from its last checkpoint "
-        f"(at most {settings.MAX_FAILOVERS} times).",
+        help_text=f"On a hardware fault, re-place the job on healthy nodes and resume from its last checkpoint (at most {settings.MAX_FAILOVERS} times).",
     )
     output_dir = TextField(
         label="Output directory",
@@ -180,7 +183,9 @@ class TrainingJobForm(forms.Form):
         """The form's initial values that copy ``source`` (Clone)."""
         initial: dict[str, Any] = {field: getattr(source, field) for field in JOB_SETTINGS if field not in ("env", "secret_env")}
         initial.update(
-            name=name, project=project, env_text=format_env_text(source.env or {}),
+            name=name,
+            project=project,
+            env_text=format_env_text(source.env or {}),
             secret_env_text=format_env_text(source.secret_env.masked()),
         )
         return initial
@@ -229,10 +234,13 @@ class TrainingJobForm(forms.Form):
         masked = [name for name, value in secrets.items() if value == MASK]
         missing = [name for name in masked if name not in kept]
         if missing:
-            self.add_error("secret_env_text", forms.ValidationError(
-                f"Enter the value of {', '.join(missing)}: {MASK} keeps a value only when cloning a job that has it.",
-                code="secret",
-            ))
+            self.add_error(
+                "secret_env_text",
+                forms.ValidationError(
+                    f"Enter the value of {', '.join(missing)}: {MASK} keeps a value only when cloning a job that has it.",
+                    code="secret",
+                ),
+            )
             return
         secrets.update({name: kept[name] for name in masked})
         data["env_text"], data["secret_env_text"] = plain, secrets
@@ -337,6 +345,8 @@ SORTS: dict[str, tuple[str, ...]] = {
     "-status": ("-status", "-created_at", "-id"),
 }
 PAGE_SIZES = (20, 50, 100)
+
+
 # console.js submits the filter form when one of these changes; the Apply button does it without JavaScript.
 class QuickSelect(forms.Select):
     """A Select written in Python: through the form renderer's templates (one per option) the
@@ -391,9 +401,8 @@ class JobListFilterForm(forms.Form):
             data["status"] = f"group:{data.get('group')}"
             del data["group"]
         super().__init__(data, *args, **kwargs)
-    type = forms.ChoiceField(
-        label="Type", required=False, choices=[("", "Any type"), *TrainingJob.JobType.choices], widget=AUTOSUBMIT
-    )
+
+    type = forms.ChoiceField(label="Type", required=False, choices=[("", "Any type"), *TrainingJob.JobType.choices], widget=AUTOSUBMIT)
     sort = forms.ChoiceField(
         label="Sort by",
         required=False,

@@ -5,6 +5,7 @@ group and icon, the reason, failover attempts ``n/max``, the start and finish ti
 time (``ran_seconds``, and ``running_since`` while the job is Running: the browser counts on from
 it, and stands still otherwise) and the progress the log told.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

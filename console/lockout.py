@@ -12,6 +12,7 @@ The client address follows DRF's throttle rule (``REST_FRAMEWORK["NUM_PROXIES"]`
 address, or with proxies in front that many hops back in ``X-Forwarded-For``, never a header a
 client can rotate at will.
 """
+
 from __future__ import annotations
 
 import hashlib

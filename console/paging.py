@@ -8,6 +8,7 @@
   project's jobs; times one status when filtered) is an index range in the list's order, so its
   first N rows cost N, and the page is sorted from those few.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -96,7 +97,11 @@ def list_branches(user, statuses: Iterable[str] = ()) -> ListBranches:
 
 
 def rows_between(
-    queryset: QuerySet, branches: list[Q], bottom: int, top: int, rows: Callable[[Any], QuerySet] = lambda rows: rows,
+    queryset: QuerySet,
+    branches: list[Q],
+    bottom: int,
+    top: int,
+    rows: Callable[[Any], QuerySet] = lambda rows: rows,
     product: tuple[list[Q], list[str]] | None = None,
 ) -> QuerySet:
     """``queryset[bottom:top]``, read from each branch's own first ``top`` rows in the queryset's
@@ -157,8 +162,13 @@ class CappedPaginator(Paginator):
     ``branches`` (``list_branches``) a page reads only its branches' first rows."""
 
     def __init__(
-        self, object_list: QuerySet, per_page: int, *, branches: ListBranches | None = None,
-        rows: Callable[[Any], QuerySet] = lambda rows: rows, **kwargs,
+        self,
+        object_list: QuerySet,
+        per_page: int,
+        *,
+        branches: ListBranches | None = None,
+        rows: Callable[[Any], QuerySet] = lambda rows: rows,
+        **kwargs,
     ) -> None:
         super().__init__(object_list, per_page, **kwargs)
         self.branches = branches or ListBranches()

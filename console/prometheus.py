@@ -10,6 +10,7 @@ Two kinds of metric, so every deployment reports the same numbers:
   ``PROMETHEUS_MULTIPROC_DIR`` set, the web processes of a host share them (multiprocess mode);
   node agents and Celery workers serve their own on ``METRICS_PORT`` (see ``serve_process_metrics``).
 """
+
 from __future__ import annotations
 
 import hmac
@@ -101,10 +102,20 @@ class DatabaseCollector:
     def families(self):
         yield from self.job_families()
         yield from self.failover_families()
-        yield db_histogram("satrain_checkpoint_blocking_seconds", "Time training was blocked per committed ckptlib checkpoint",
-                           CHECKPOINT_BUCKETS, Checkpoint.objects.all(), "blocking_s")
-        yield db_histogram("satrain_checkpoint_persist_seconds", "Time to persist a committed ckptlib checkpoint to storage",
-                           CHECKPOINT_BUCKETS, Checkpoint.objects.all(), "persist_s")
+        yield db_histogram(
+            "satrain_checkpoint_blocking_seconds",
+            "Time training was blocked per committed ckptlib checkpoint",
+            CHECKPOINT_BUCKETS,
+            Checkpoint.objects.all(),
+            "blocking_s",
+        )
+        yield db_histogram(
+            "satrain_checkpoint_persist_seconds",
+            "Time to persist a committed ckptlib checkpoint to storage",
+            CHECKPOINT_BUCKETS,
+            Checkpoint.objects.all(),
+            "persist_s",
+        )
         yield from self.node_families()
         yield from self.usage_families()
         yield from self.notification_families()
@@ -123,8 +134,7 @@ class DatabaseCollector:
         judged = Tally()
         for verdict, evidence in JobAttempt.objects.filter(verdict__in=[HARDWARE, NON_HARDWARE]).values_list("verdict", "evidence").iterator():
             judged[(verdict, failure_cause(verdict, evidence))] += 1
-        family = CounterMetricFamily("satrain_failover_judgements", "Failed runs judged by Job Failover, by verdict and cause",
-                                     labels=["verdict", "cause"])
+        family = CounterMetricFamily("satrain_failover_judgements", "Failed runs judged by Job Failover, by verdict and cause", labels=["verdict", "cause"])
         for (verdict, cause), count in sorted(judged.items()):
             family.add_metric([verdict, cause], count)
         yield family
@@ -143,9 +153,12 @@ class DatabaseCollector:
             .values_list("started_at", "prev_end", "prev_beat")
         )
         latencies = [s for s in (seconds(start, outage_start(end, beat)) for start, end, beat in resumed.iterator()) if s is not None]
-        yield histogram("satrain_failover_recovery_seconds",
-                        "From the outage's start (a lost node's last heartbeat, else the faulted run's end) to the job Running again",
-                        LATENCY_BUCKETS, latencies)
+        yield histogram(
+            "satrain_failover_recovery_seconds",
+            "From the outage's start (a lost node's last heartbeat, else the faulted run's end) to the job Running again",
+            LATENCY_BUCKETS,
+            latencies,
+        )
 
     # A running job's latest usage sample (agent.sampling): GPU figures are the mean utilisation and
     # the summed memory and power of the job's GPUs, as the detail page's usage chart shows them.
@@ -159,9 +172,11 @@ class DatabaseCollector:
 
     def usage_families(self):
         latest = ResourceSample.objects.filter(job=OuterRef("pk")).order_by("-ts")
-        running = TrainingJob.objects.filter(status=JobStatus.RUNNING).annotate(
-            **{field: Subquery(latest.values(field)[:1]) for field, _, _ in self.USAGE}
-        ).values_list("pk", "name", "project__name", *(field for field, _, _ in self.USAGE))
+        running = (
+            TrainingJob.objects.filter(status=JobStatus.RUNNING)
+            .annotate(**{field: Subquery(latest.values(field)[:1]) for field, _, _ in self.USAGE})
+            .values_list("pk", "name", "project__name", *(field for field, _, _ in self.USAGE))
+        )
         families = [GaugeMetricFamily(name, doc, labels=["job", "name", "project"]) for _, name, doc in self.USAGE]
         for pk, name, project, *values in running:
             for family, value in zip(families, values):
@@ -179,20 +194,21 @@ class DatabaseCollector:
                 heartbeat.add_metric([node.name], seconds(now, node.last_heartbeat) or 0.0)
         yield up
         yield heartbeat
-        gpus = GaugeMetricFamily("satrain_gpus", "GPUs by node, health and whether a job holds them",
-                                 labels=["node", "healthy", "allocated"])
-        rows = GPU.objects.values_list("node__name", "healthy").annotate(
-            held=Count("pk", filter=Q(allocated_to__isnull=False)), n=Count("pk")
-        ).values_list("node__name", "healthy", "held", "n")
+        gpus = GaugeMetricFamily("satrain_gpus", "GPUs by node, health and whether a job holds them", labels=["node", "healthy", "allocated"])
+        rows = (
+            GPU.objects.values_list("node__name", "healthy")
+            .annotate(held=Count("pk", filter=Q(allocated_to__isnull=False)), n=Count("pk"))
+            .values_list("node__name", "healthy", "held", "n")
+        )
         for node, healthy, held, total in sorted(rows):
             gpus.add_metric([node, str(healthy).lower(), "true"], held)
             gpus.add_metric([node, str(healthy).lower(), "false"], total - held)
         yield gpus
 
-
     def notification_families(self):
-        family = GaugeMetricFamily("satrain_notification_deliveries", "Notification deliveries by channel and state, and tries made",
-                                   labels=["channel", "state"])
+        family = GaugeMetricFamily(
+            "satrain_notification_deliveries", "Notification deliveries by channel and state, and tries made", labels=["channel", "state"]
+        )
         tries = CounterMetricFamily("satrain_notification_tries", "Delivery tries made (first sends and retries)", labels=["channel"])
         rows = Delivery.objects.values_list("subscription__channel", "state").annotate(n=Count("pk"), tries=Sum("attempts"))
         per_channel = Tally()
@@ -212,7 +228,6 @@ DATABASE_REGISTRY.register(DatabaseCollector())
 def process_registry():
     """The in-process metrics: all web processes' together in multiprocess mode."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         return registry

@@ -1,4 +1,5 @@
 """WebSocket routes: the job list and detail pages' status socket, and each job's log socket."""
+
 from __future__ import annotations
 
 from django.urls import path

@@ -4,6 +4,7 @@ Every setting comes from an environment variable with an embedded default that r
 machine: SQLite (WAL), the in-memory channel layer, a local node agent and simulated GPUs where
 NVML is unavailable. ``DATABASE_URL`` and ``REDIS_URL`` switch to PostgreSQL and Redis.
 """
+
 from __future__ import annotations
 
 import os
@@ -349,9 +350,7 @@ JOB_CGROUP_PARENT = env_str("JOB_CGROUP_PARENT", "")
 # never reaches (the private and link-local ranges by default: the cluster, a cloud's metadata
 # service); the console's and the node's own addresses are refused whatever this says.
 JOB_EGRESS = env_str("JOB_EGRESS", "outbound")  # none | outbound
-JOB_EGRESS_DENY = env_str(
-    "JOB_EGRESS_DENY", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,169.254.0.0/16,fc00::/7,fe80::/10"
-)
+JOB_EGRESS_DENY = env_str("JOB_EGRESS_DENY", "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,100.64.0.0/10,169.254.0.0/16,fc00::/7,fe80::/10")
 # The addresses jobs' networks are carved from (a /26 per job network: 61 ranks on one host).
 JOB_NETWORK_POOL = env_str("JOB_NETWORK_POOL", "10.213.0.0/16")
 # Disk a run may use (its work and output directories and its container's own layer, GiB; 0: no

@@ -4,6 +4,7 @@ The three users of every access test (owner, teammate, outsider), staff, a job f
 node agent on simulated GPUs that runs real processes. pytest-django has set Django up before
 the root conftest loads this plugin, so models import at the top.
 """
+
 from __future__ import annotations
 
 import os
@@ -58,7 +59,6 @@ DEFAULT_IMAGE_FIGURES: dict = {}
 def default_image_ready() -> dict:
     """The local registry and the default image in it (built on the suite's first use)."""
     if not DEFAULT_IMAGE_FIGURES and SANDBOX_READY:
-
         name = qualify(settings.DEFAULT_IMAGE).split("/", 1)[1]
         DEFAULT_IMAGE_FIGURES.update(ensure_default_image(ENGINE_ROOT, settings.LOCAL_REGISTRY_PORT, name, log=lambda line: None))
     return DEFAULT_IMAGE_FIGURES
@@ -139,7 +139,11 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 PLATFORM_LINE_PREFIXES = (
-    "[console] pull: ", "[console] image ", "[console] this node has no CDI spec", "[INFO] Concurrent Checkpoint library is installed", "[console] environment ready",
+    "[console] pull: ",
+    "[console] image ",
+    "[console] this node has no CDI spec",
+    "[INFO] Concurrent Checkpoint library is installed",
+    "[console] environment ready",
 )
 
 
@@ -208,12 +212,12 @@ def project(owner):
 
 
 @pytest.fixture
-def default_image(db, settings):
-
-    default_image_ready()
-    image, _ = Image.objects.get_or_create(
-        reference=settings.DEFAULT_IMAGE, defaults={"is_default": True}
-    )
+def default_image(request, db, settings):
+    """The default image's row; built in the local registry for a test that runs jobs (one marked
+    ``slow``: a test of the fast lane starts no process, so it never pulls an image)."""
+    if request.node.get_closest_marker("slow"):
+        default_image_ready()
+    image, _ = Image.objects.get_or_create(reference=settings.DEFAULT_IMAGE, defaults={"is_default": True})
     return image
 
 

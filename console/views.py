@@ -1,4 +1,5 @@
 """Error pages (a clear message, never a stack trace) and the favicon."""
+
 from __future__ import annotations
 
 from django.shortcuts import redirect, render
@@ -18,7 +19,12 @@ def bad_request(request, exception=None):
 
 
 def server_error(request):
-    return render(request, "errors/error.html", {"code": 500, "title": "Something went wrong", "message": "The error was logged for the operators. Please try again."}, status=500)
+    return render(
+        request,
+        "errors/error.html",
+        {"code": 500, "title": "Something went wrong", "message": "The error was logged for the operators. Please try again."},
+        status=500,
+    )
 
 
 def favicon(request):

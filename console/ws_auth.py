@@ -1,6 +1,7 @@
 """WebSocket authentication: the session cookie (Channels' AuthMiddleware) or an API token in an
 ``Authorization: Token …`` header; and the check that a browser's socket comes from the console's
 own pages (``BrowserOriginValidator``)."""
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit

@@ -25,10 +25,7 @@ _TAILS = ["quickly .", "after each step .", "without stopping .", "on the host .
 
 def _sentences(count: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    return [
-        " ".join((rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS), rng.choice(_TAILS)))
-        for _ in range(count)
-    ]
+    return [" ".join((rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS), rng.choice(_TAILS))) for _ in range(count)]
 
 
 def prepare(directory: str | os.PathLike[str], *, train_lines: int = 400, validation_lines: int = 40) -> dict[str, str]:

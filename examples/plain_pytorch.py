@@ -30,9 +30,7 @@ def main() -> None:
     step = 0
 
     # On SIGTERM (Spot reclaim) and at exit the engine saves this and waits for it to persist.
-    engine = ckptlib.CheckpointEngine(
-        output_dir=args.output_dir, host_cache_size=1, parser_threads=1, final_state=lambda: (state, step)
-    )
+    engine = ckptlib.CheckpointEngine(output_dir=args.output_dir, host_cache_size=1, parser_threads=1, final_state=lambda: (state, step))
     if engine.latest_step() is not None:
         step = engine.load(into=state).step
         print(f"resumed from step {step}", flush=True)

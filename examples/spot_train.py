@@ -25,13 +25,9 @@ import offline_assets  # OFFLINE
 
 def parse_args():
     parser = argparse.ArgumentParser()
-    parser.add_argument(
-        "--local_rank",
-        type=int,
-        default=-1,
-        help="local rank passed from distributed launcher (Deepspeed, torchrun, etc.)"
-    )
+    parser.add_argument("--local_rank", type=int, default=-1, help="local rank passed from distributed launcher (Deepspeed, torchrun, etc.)")
     return parser.parse_args()
+
 
 if __name__ == "__main__":
     args = parse_args()
@@ -56,22 +52,18 @@ if __name__ == "__main__":
             examples["text"],
             truncation=True,
             max_length=int(os.getenv("SPOT_MAX_LENGTH", "128")),  # OFFLINE: 128 in the documentation
-            padding="max_length"
+            padding="max_length",
         )
 
     # Tokenize the dataset
-    tokenized_dataset = dataset.map(
-        tokenize_function,
-        batched=True,
-        remove_columns=["text"]
-    )
+    tokenized_dataset = dataset.map(tokenize_function, batched=True, remove_columns=["text"])
 
     train_dataset = tokenized_dataset["train"]
     valid_dataset = tokenized_dataset["validation"]
 
     data_collator = DataCollatorForLanguageModeling(
         tokenizer=tokenizer,
-        mlm=False  # Causal LM (not masked LM)
+        mlm=False,  # Causal LM (not masked LM)
     )
 
     script_directory = os.path.dirname(os.path.abspath(__file__))
@@ -94,7 +86,7 @@ if __name__ == "__main__":
         seed=42,
     )
 
-    model = AutoModelForCausalLM.from_pretrained( model_path,  local_files_only=True, low_cpu_mem_usage=True, device_map=None)
+    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, low_cpu_mem_usage=True, device_map=None)
 
     # Initialize Trainer
     trainer = Trainer(
@@ -106,7 +98,7 @@ if __name__ == "__main__":
         data_collator=data_collator,
     )
 
-       # ADD configuration for Concurrent CHECKPOINT ENGINE
+    # ADD configuration for Concurrent CHECKPOINT ENGINE
     config = {
         "host_cache_size": 50,
         "parser_threads": 1,
@@ -116,9 +108,9 @@ if __name__ == "__main__":
 
     ckpt_engine = DecoratedCheckpointing(runtime_config=config, rank=args.local_rank)
 
-    resume_from_checkpoint=False
+    resume_from_checkpoint = False
 
-    if os.getenv("CKPT_LAST_STEP") != None :
-        resume_from_checkpoint=True
+    if os.getenv("CKPT_LAST_STEP") != None:
+        resume_from_checkpoint = True
 
     trainer.train(resume_from_checkpoint=resume_from_checkpoint)

@@ -1,6 +1,7 @@
 """Fault handling in the operators' admin: the Node admin gains the failover actions (inject a
 fault into a simulated GPU, mark healthy, reclaim spot capacity), and the injected faults and
 health readings are listed (read-only: faults are made through ``inject_fault`` only)."""
+
 from __future__ import annotations
 
 from django.contrib import admin, messages

@@ -1,4 +1,5 @@
 """Staff API for fault handling: inject a fault into a simulated GPU, clear a node, reclaim spot."""
+
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404

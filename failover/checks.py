@@ -1,4 +1,5 @@
 """System checks of the failover settings: the lost-node lease, per mode."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -26,7 +27,7 @@ def heartbeat_outlasts_database_locks(app_configs, **kwargs) -> list:
                 f"NODE_HEARTBEAT_TIMEOUT ({timeout:g}s) is not well above the database busy timeout ({busy}s): one long "
                 "lock can make healthy nodes lost and fail their jobs over.",
                 hint=f"Set NODE_HEARTBEAT_TIMEOUT to at least {2 * float(busy):g}, or run on PostgreSQL with Redis "
-                     "(docs/deployment.md), where the beat goes to Redis and a short lease is safe.",
+                "(docs/deployment.md), where the beat goes to Redis and a short lease is safe.",
                 id="failover.W001",
             )
         ]

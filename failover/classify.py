@@ -31,14 +31,15 @@ Precedence:
 
 The tables are data and are mirrored for users in ``docs/failover.md`` ("How a failure is judged" and the tables after it).
 """
+
 from __future__ import annotations
 
 import re
-import signal as _signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from failover.evidence import Finding, FindingKind
+from failover.exits import exit_status_facts
 from failover.logscan import (  # noqa: F401  (the tables are part of this module's interface)
     _EXCEPTION_LINE,
     LOG_HARDWARE_SIGNATURES,
@@ -98,8 +99,13 @@ SUPPORTING_KINDS = frozenset(kind for kind, cls, _ in FINDING_RULES if cls == "s
 # 5–7 arrived with newer drivers (nvidia-ml-py's NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN,
 # _BUS_RESET, _SYSTEM_REBOOT).
 RECOVERY_ACTIONS = {
-    1: "GPU reset required", 2: "node reboot required", 3: "drain P2P", 4: "drain and reset",
-    5: "recover the IMEX domain", 6: "bus reset required", 7: "system reboot required",
+    1: "GPU reset required",
+    2: "node reboot required",
+    3: "drain P2P",
+    4: "drain and reset",
+    5: "recover the IMEX domain",
+    6: "bus reset required",
+    7: "system reboot required",
 }
 # Findings whose fault is the node's, not one GPU's (the fabric, the host's NIC, a GPU gone missing),
 # and the recovery actions that reboot the node or recover its IMEX domain.
@@ -107,9 +113,7 @@ NODE_KINDS = frozenset({FindingKind.GPU_COUNT, FindingKind.NETWORK_LINK})
 NODE_RECOVERY = frozenset({2, 5, 7})
 # Kinds whose probe detail says something the reason does not (which port, which condition).
 DETAIL_IN_REASON = frozenset({FindingKind.THERMAL, FindingKind.NETWORK_LINK})
-REMAP_EVIDENCE_KINDS = frozenset(
-    {FindingKind.REMAP_PENDING, FindingKind.REMAP_FAILURE, FindingKind.RETIRED_PAGES_PENDING}
-)
+REMAP_EVIDENCE_KINDS = frozenset({FindingKind.REMAP_PENDING, FindingKind.REMAP_FAILURE, FindingKind.RETIRED_PAGES_PENDING})
 # What makes Xid 63 a fault: the remap failed (NVRx / gpud: a failed remap needs the GPU replaced).
 REMAP_FAILED_KINDS = frozenset({FindingKind.REMAP_FAILURE})
 
@@ -119,17 +123,55 @@ REMAP_FAILED_KINDS = frozenset({FindingKind.REMAP_FAILURE})
 # The order in which hardware evidence is reported when several kinds apply (first wins); the
 # table's other hardware Xids follow, then SXids (``sxid:N``).
 _HEAD: tuple[str, ...] = (
-    "xid:79", "finding:gpu_lost", "kernel:fallen_off_bus", "kernel:gpu_lost", "xid:48", "xid:95",
-    "xid:94", "xid:140", "finding:ecc_uncorrected", "xid:64", "finding:remap_failure", "xid:63",
-    "kernel:pcie_fatal", "xid:74", "xid:144", "xid:145", "xid:146", "xid:147", "xid:148", "xid:149",
-    "xid:150", "finding:nvlink_down", "finding:nvlink_errors", "finding:network_link", "kernel:network_link_down",
-    "xid:62", "xid:110", "xid:136", "xid:155", "xid:156", "xid:158", "xid:167", "xid:169",
-    "xid:119", "xid:120", "kernel:gsp_timeout", "xid:143", "xid:46", "xid:109", "xid:154", "finding:recovery_action",
-    "finding:reset_required", "finding:gpu_count", "finding:thermal", "kernel:thermal_shutdown",
+    "xid:79",
+    "finding:gpu_lost",
+    "kernel:fallen_off_bus",
+    "kernel:gpu_lost",
+    "xid:48",
+    "xid:95",
+    "xid:94",
+    "xid:140",
+    "finding:ecc_uncorrected",
+    "xid:64",
+    "finding:remap_failure",
+    "xid:63",
+    "kernel:pcie_fatal",
+    "xid:74",
+    "xid:144",
+    "xid:145",
+    "xid:146",
+    "xid:147",
+    "xid:148",
+    "xid:149",
+    "xid:150",
+    "finding:nvlink_down",
+    "finding:nvlink_errors",
+    "finding:network_link",
+    "kernel:network_link_down",
+    "xid:62",
+    "xid:110",
+    "xid:136",
+    "xid:155",
+    "xid:156",
+    "xid:158",
+    "xid:167",
+    "xid:169",
+    "xid:119",
+    "xid:120",
+    "kernel:gsp_timeout",
+    "xid:143",
+    "xid:46",
+    "xid:109",
+    "xid:154",
+    "finding:recovery_action",
+    "finding:reset_required",
+    "finding:gpu_count",
+    "finding:thermal",
+    "kernel:thermal_shutdown",
 )
-HARDWARE_PRIORITY: tuple[str, ...] = _HEAD + tuple(
-    f"xid:{code}" for code, rule in XIDS.items() if rule.cls != "ignore" and f"xid:{code}" not in _HEAD
-) + ("sxid",)
+HARDWARE_PRIORITY: tuple[str, ...] = (
+    _HEAD + tuple(f"xid:{code}" for code, rule in XIDS.items() if rule.cls != "ignore" and f"xid:{code}" not in _HEAD) + ("sxid",)
+)
 _PRIORITY_RANK = {key: rank for rank, key in enumerate(HARDWARE_PRIORITY)}
 
 _CAUSED_BY = re.compile(r"caused by previous Xid (\d+)")
@@ -233,7 +275,7 @@ def classify_failure(
     """
     if isinstance(log_lines, str):
         log_lines = log_lines.splitlines()
-    exit_facts = _exit_facts(exit_code, exit_signal)
+    exit_facts = exit_status_facts(exit_code, exit_signal)
     nvml_findings = list(findings)
     kernel_findings = list(kernel_findings) + parse_kernel_xids(kernel_log)
     kernel_lines = (kernel_log or "").splitlines()
@@ -266,8 +308,7 @@ def classify_failure(
         if non_hw is not None and non_hw[3]:
             name, reason, line, _ = non_hw
             evidence = {"source": "log", "signature": name, "matched": line}
-            return _hardware(_Candidate(f"log:{name}", f"{reason} with node evidence: {support_text}", evidence),
-                             exit_facts, supporting)
+            return _hardware(_Candidate(f"log:{name}", f"{reason} with node evidence: {support_text}", evidence), exit_facts, supporting)
 
     # 4. Non-hardware, with the most specific reason found.
     evidence = {}
@@ -302,8 +343,7 @@ def _node_evidence(node_findings: Sequence[tuple[Finding, str]], kernel_lines: S
     candidates: list[_Candidate] = []
     application_xids: list[tuple[Finding, str]] = []
     unconfirmed_xids: list[tuple[Finding, str]] = []  # Xid 63 without remap evidence
-    app_gpus = {_xid_where(f) for f, _ in node_findings if f.kind == FindingKind.XID and f.xid in XIDS
-                and XIDS[f.xid].cls == "application"}
+    app_gpus = {_xid_where(f) for f, _ in node_findings if f.kind == FindingKind.XID and f.xid in XIDS and XIDS[f.xid].cls == "application"}
     for finding, source in node_findings:
         if finding.kind == FindingKind.XID:
             judged = _judge_xid(finding, source, has_remap_failure)
@@ -336,8 +376,7 @@ def _xid_where(finding: Finding) -> tuple:
     return (finding.gpu, event.pci if event is not None else "")
 
 
-def node_fault(findings: Sequence[Finding] = (), kernel_findings: Sequence[Finding] = (),
-               kernel_log: str = "") -> NodeFault | None:
+def node_fault(findings: Sequence[Finding] = (), kernel_findings: Sequence[Finding] = (), kernel_log: str = "") -> NodeFault | None:
     """What the node's own evidence (no run, no log) says is broken, or None: the health writer's
     judgement. Only evidence that is a fault by itself counts (never an ambiguous failure upgraded by
     supporting readings); each fault marks its GPU where the table scopes it to one GPU, else the node."""
@@ -369,12 +408,12 @@ def _nvlink_growth_candidates(findings: Sequence[Finding]) -> list[_Candidate]:
         if windows >= NVLINK_GROWTH_WINDOWS:
             where = f" on GPU {gpu}" if gpu is not None else ""
             reason = f"NVLink error counters grew in {windows} readings{where} (threshold {NVLINK_GROWTH_WINDOWS} of {NVLINK_WINDOWS})"
-            out.append(_Candidate("finding:nvlink_errors", reason, {"source": "nvml", "kind": FindingKind.NVLINK_ERRORS,
-                                                                  "gpu": gpu, "value": windows}, "gpu"))
+            out.append(_Candidate("finding:nvlink_errors", reason, {"source": "nvml", "kind": FindingKind.NVLINK_ERRORS, "gpu": gpu, "value": windows}, "gpu"))
     return out
 
 
 # --- judging node-side findings ------------------------------------------------------------------
+
 
 def _xid_reason(finding: Finding) -> str:
     """The table's reason for the finding's Xid (one the table knows: it was judged)."""
@@ -469,8 +508,7 @@ def _judge_finding(finding: Finding, source: str) -> _Candidate | None:
     text = reason + (f" on GPU {finding.gpu}" if finding.gpu is not None else "")
     if kind in DETAIL_IN_REASON and detail and detail.lower() not in text.lower():
         text = f"{text} ({_trim(detail, 120)})"
-    evidence = {"source": source, "kind": kind, "gpu": finding.gpu, "value": finding.value,
-                "expected": finding.expected, "matched": detail or None}
+    evidence = {"source": source, "kind": kind, "gpu": finding.gpu, "value": finding.value, "expected": finding.expected, "matched": detail or None}
     node_wide = kind in NODE_KINDS or finding.gpu is None or (kind == FindingKind.RECOVERY_ACTION and finding.value in NODE_RECOVERY)
     return _Candidate(f"finding:{kind}", text[0].upper() + text[1:], evidence, "node" if node_wide else "gpu")
 
@@ -489,8 +527,7 @@ def _kernel_signature_candidates(kernel_lines: Sequence[str]) -> list[_Candidate
         evidence = {"source": "kernel_log", "signature": event.kind, "matched": _trim(line.strip())}
         if event.nic:
             evidence["nic"] = event.nic
-        candidates.append(_Candidate(f"kernel:{event.kind}", f"kernel log: {KERNEL_REASONS[event.kind]}", evidence,
-                                     "node"))
+        candidates.append(_Candidate(f"kernel:{event.kind}", f"kernel log: {KERNEL_REASONS[event.kind]}", evidence, "node"))
     return candidates
 
 
@@ -505,37 +542,8 @@ def _oom_killer_records(kernel_lines: Sequence[str]) -> list[str]:
     return out
 
 
-# --- exit status ---------------------------------------------------------------------------------
-
-def _signal_name(number: int) -> str:
-    try:
-        return _signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _exit_facts(exit_code: int | None, exit_signal: int | None) -> dict:
-    facts: dict = {"exit_code": exit_code, "exit_signal": exit_signal}
-    signal_number = exit_signal
-    if signal_number is None and exit_code is not None:
-        if exit_code < 0:
-            signal_number = -exit_code
-        elif exit_code > 128:
-            signal_number = exit_code - 128
-    if signal_number:
-        name = _signal_name(signal_number)
-        facts["reason"] = {
-            9: "killed by SIGKILL (host OOM kill?)",
-            6: "aborted (SIGABRT)",
-            11: "segmentation fault (SIGSEGV)",
-            15: "terminated (SIGTERM)",
-        }.get(signal_number, f"killed by {name}")
-    elif exit_code is not None:
-        facts["reason"] = "exited 0 (no failure)" if exit_code == 0 else f"exit code {exit_code}"
-    return facts
-
-
 # --- helpers -------------------------------------------------------------------------------------
+
 
 def _xid_label(finding: Finding) -> str:
     if finding.gpu is not None:

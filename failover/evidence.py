@@ -2,6 +2,7 @@
 
 Pure data, no Django: the probes produce it, the classifier judges it, events store it as JSON.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -27,9 +28,23 @@ class FindingKind:
     DRIVER_ERROR = "driver_error"  # an NVML call hung past the watchdog, or failed unexpectedly
 
     ALL = (
-        XID, SXID, ECC_UNCORRECTED, RETIRED_PAGES_PENDING, REMAP_PENDING, REMAP_FAILURE, GPU_LOST,
-        RESET_REQUIRED, GPU_COUNT, PCIE_REPLAY, PCIE_LINK_DEGRADED, NVLINK_DOWN, NVLINK_ERRORS,
-        THERMAL, RECOVERY_ACTION, NETWORK_LINK, DRIVER_ERROR,
+        XID,
+        SXID,
+        ECC_UNCORRECTED,
+        RETIRED_PAGES_PENDING,
+        REMAP_PENDING,
+        REMAP_FAILURE,
+        GPU_LOST,
+        RESET_REQUIRED,
+        GPU_COUNT,
+        PCIE_REPLAY,
+        PCIE_LINK_DEGRADED,
+        NVLINK_DOWN,
+        NVLINK_ERRORS,
+        THERMAL,
+        RECOVERY_ACTION,
+        NETWORK_LINK,
+        DRIVER_ERROR,
     )
 
 

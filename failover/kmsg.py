@@ -18,6 +18,7 @@ sequence number; read non-blocking), then ``journalctl -k`` (the cursor is the j
 ``dmesg --raw`` (the cursor is the record's timestamp). Where none can be read the reader says so
 in ``problem`` (the node's health shows it) instead of returning nothing silently.
 """
+
 from __future__ import annotations
 
 import errno
@@ -42,6 +43,8 @@ def kept(message: str) -> bool:
 def from_kernel(prio: int) -> bool:
     """Whether a record's syslog priority (facility × 8 + level) is the kernel's facility."""
     return prio >> 3 == KERNEL_FACILITY
+
+
 _DMESG_RAW = re.compile(r"^<(\d+)>\[\s*(\d+\.\d+)\]\s?(.*)$")
 
 

@@ -1,4 +1,5 @@
 """Health of nodes as the probes saw it, and faults injected into simulated GPUs."""
+
 from __future__ import annotations
 
 from django.db import models

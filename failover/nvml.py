@@ -6,6 +6,7 @@ frees it on ``close``. Every NVML call runs on the probe's own worker thread und
 (``NVML_CALL_TIMEOUT``): a driver call that hangs gives a ``driver_hung`` finding within the
 timeout instead of blocking the agent, and later calls fail fast until the hung one returns.
 """
+
 from __future__ import annotations
 
 import logging
@@ -274,7 +275,10 @@ class NvmlProbe:
 
     def nvlink_error_total(self, handle, link: int, read) -> int | None:
         nv = self.nv
-        counters = [read(nv.nvmlDeviceGetNvLinkErrorCounter, link, c) for c in (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY, nv.NVML_NVLINK_ERROR_DL_CRC_FLIT)]
+        counters = [
+            read(nv.nvmlDeviceGetNvLinkErrorCounter, link, c)
+            for c in (nv.NVML_NVLINK_ERROR_DL_REPLAY, nv.NVML_NVLINK_ERROR_DL_RECOVERY, nv.NVML_NVLINK_ERROR_DL_CRC_FLIT)
+        ]
         if any(c is not None for c in counters):
             return sum(int(c or 0) for c in counters)
         fields = [(getattr(nv, name), link) for name in NVLINK_COUNTER_FIELDS if hasattr(nv, name)]

@@ -3,6 +3,7 @@
 ``probe_for(node).check()`` returns a :class:`HealthReport` of findings. The failover logic
 cannot tell the two backends apart.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,7 +70,6 @@ class SimulatedProbe:
                 bus = simulated_bus(fault.gpu)
                 lines.append(f"NVRM: Xid (PCI:{bus}): {xid}, pid=0, name=python, {XID_TEXT.get(xid, 'Graphics Exception')}")
         return "\n".join(lines)
-
 
     def gpu_by_pci(self) -> dict[str, int]:
 

@@ -36,6 +36,7 @@ severity are read where the driver prints them, before the name. Each record is 
 (:func:`one_line`). The kernel-log reader also drops every record not from the kernel's own
 facility (``failover.kmsg``).
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,12 @@ OVERRIDES: dict[int, tuple[str, bool, str, str]] = {
     13: ("application", False, "", "catalogue RESTART_APP; an application Xid (k8s-device-plugin skips it)"),
     43: ("application", False, "", "catalogue IGNORE, but it follows a faulting kernel: judged with Xid 13"),
     63: ("remap", False, "gpu", "catalogue IGNORE: a pending remap is the normal outcome; a fault only when the remap failed"),
-    79: ("hardware", True, "gpu", "catalogue RESTART_BM; the fault is in one GPU: the node's other GPUs stay placeable "
-         "until an operator drains it for the reboot"),
+    79: (
+        "hardware",
+        True,
+        "gpu",
+        "catalogue RESTART_BM; the fault is in one GPU: the node's other GPUs stay placeable until an operator drains it for the reboot",
+    ),
     94: ("hardware", False, "", "catalogue RESTART_APP: a contained memory error ended the run; the GPU recovered"),
     167: ("hardware", True, "node", "gpud REBOOT_SYSTEM; PCIe fatal timeout: the GPU is gone until a reboot"),
     169: ("hardware", True, "node", "gpud REBOOT_SYSTEM; a micro-controller halt stops the GPU"),
@@ -85,14 +90,27 @@ OVERRIDES: dict[int, tuple[str, bool, str, str]] = {
 }
 # One line for users, where the catalogue's description says less.
 REASONS: dict[int, str] = {
-    79: "GPU has fallen off the bus", 48: "double-bit (uncorrectable) ECC error",
-    64: "row-remapping / page-retirement failure", 95: "uncontained ECC error", 94: "contained ECC error",
-    140: "unrecovered ECC error", 74: "NVLink error", 119: "GSP RPC timeout", 120: "GSP error",
-    143: "GPU initialization failure", 46: "GPU stopped processing", 62: "internal micro-controller halt",
-    110: "security fault error", 154: "GPU recovery action changed", 63: "ECC page retirement / row-remapping event",
-    13: "graphics engine exception", 31: "GPU memory page fault (MMU fault)",
-    43: "GPU stopped processing the channel (reset channel)", 45: "preemptive channel removal",
-    109: "context-switch timeout", 121: "C2C link error (corrected)",
+    79: "GPU has fallen off the bus",
+    48: "double-bit (uncorrectable) ECC error",
+    64: "row-remapping / page-retirement failure",
+    95: "uncontained ECC error",
+    94: "contained ECC error",
+    140: "unrecovered ECC error",
+    74: "NVLink error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    143: "GPU initialization failure",
+    46: "GPU stopped processing",
+    62: "internal micro-controller halt",
+    110: "security fault error",
+    154: "GPU recovery action changed",
+    63: "ECC page retirement / row-remapping event",
+    13: "graphics engine exception",
+    31: "GPU memory page fault (MMU fault)",
+    43: "GPU stopped processing the channel (reset channel)",
+    45: "preemptive channel removal",
+    109: "context-switch timeout",
+    121: "C2C link error (corrected)",
 }
 
 
@@ -125,8 +143,7 @@ def _rule(entry: dict) -> XidRule:
         source = f"gpud {action}" if action else "no resolution given"
     description = entry["description"] if entry["description"] != "Unused" else ""
     reason = REASONS.get(code) or description or entry["mnemonic"] or f"Xid {code}"
-    return XidRule(code, entry["mnemonic"], entry["description"], immediate, entry["investigatory"],
-                   cls, fatal, scope, reason, source)
+    return XidRule(code, entry["mnemonic"], entry["description"], immediate, entry["investigatory"], cls, fatal, scope, reason, source)
 
 
 XIDS: dict[int, XidRule] = {entry["code"]: _rule(entry) for entry in CATALOG["xids"]}
@@ -143,9 +160,13 @@ class SXidRule:
 
 
 SXIDS: dict[int, SXidRule] = {
-    entry["code"]: SXidRule(entry["code"], entry["name"], entry["always_fatal"],
-                            entry["always_fatal"] or "RebootSystem" in entry["gpud_actions"],
-                            entry["name"] or f"SXid {entry['code']}")
+    entry["code"]: SXidRule(
+        entry["code"],
+        entry["name"],
+        entry["always_fatal"],
+        entry["always_fatal"] or "RebootSystem" in entry["gpud_actions"],
+        entry["name"] or f"SXid {entry['code']}",
+    )
     for entry in CATALOG["sxids"]
 }
 
@@ -170,8 +191,10 @@ def bus_id(address: str) -> str:
 # "[Sun Feb 23 16:24:18 2025]"), a syslog or journal "<date> [<host>] kernel:" prefix. Never a
 # process's name: a host is a host name's characters only ("traps:" is none).
 _DATE = r"(?:[A-Z][a-z]{2} [ \d]\d [\d:]{8}|\d{4}-\d\d-\d\dT[\d:.,]+(?:Z|[+-][\d:]+)?) "
-PREFIX = re.compile(r"\s*(?:<\d+>)?(?:\[[^\]]*\]\s*)?(?:" + _DATE + r")?(?:(?:[A-Za-z0-9][\w.-]* )?kernel: )?"
-                    r"(?:\[\s*\d+\.\d+\]\s*)?")
+PREFIX = re.compile(
+    r"\s*(?:<\d+>)?(?:\[[^\]]*\]\s*)?(?:" + _DATE + r")?(?:(?:[A-Za-z0-9][\w.-]* )?kernel: )?"
+    r"(?:\[\s*\d+\.\d+\]\s*)?"
+)
 _PCI = r"(?:PCI:)?(?P<pci>(?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)"
 XID_LINE = re.compile(r"NVRM: Xid \(" + _PCI + r"\): (?P<xid>\d+)(?:,\s*(?P<rest>.*))?$")
 SXID_LINE = re.compile(r"nvidia-nvswitch\d*: SXid \(" + _PCI + r"\): (?P<sxid>\d+)(?:,\s*(?P<rest>.*))?$")
@@ -196,13 +219,19 @@ KERNEL_SIGNATURES: tuple[tuple[str, str, str], ...] = (
     ("fallen_off_bus", r"NVRM: .*fallen off the bus", "GPU has fallen off the bus"),
     ("gpu_lost", r"NVRM: .*\bGPU is lost\b", "GPU is lost"),
     ("pcie_fatal", r"(?:pcieport|nvidia|pci) \S+.*Uncorrect(?:ed|able) \(Fatal\)", "PCIe fatal (uncorrected) error"),
-    ("network_link_down", r"(?:mlx5_core|mlx5_ib|ib_core) \S+ (?P<nic>mlx5_\d+|ibp?\w*)(?::| ).*\blink\s+down\b|"
-     r"(?P<nic2>mlx5_\d+|ibp?\w*): .*\bport \d+ .*\b(?:state|link)\b.*\bDOWN\b",
-     "InfiniBand link down"),
-    ("thermal_shutdown", r"thermal \S+: critical temperature reached.*shutting down|(?:thermal \S+|NVRM): .*\bthermal shutdown\b",
-     "thermal shutdown"),
-    ("gsp_timeout", r"NVRM: .*(?:Timeout waiting for RPC from GSP|\bGSP\b.*\bheartbeat\b.*(?:timeout|timed out|missed)|"
-     r"\bGSP (?:RPC )?Timeout\b)", "GSP firmware not responding (RPC / heartbeat timeout)"),
+    (
+        "network_link_down",
+        r"(?:mlx5_core|mlx5_ib|ib_core) \S+ (?P<nic>mlx5_\d+|ibp?\w*)(?::| ).*\blink\s+down\b|"
+        r"(?P<nic2>mlx5_\d+|ibp?\w*): .*\bport \d+ .*\b(?:state|link)\b.*\bDOWN\b",
+        "InfiniBand link down",
+    ),
+    ("thermal_shutdown", r"thermal \S+: critical temperature reached.*shutting down|(?:thermal \S+|NVRM): .*\bthermal shutdown\b", "thermal shutdown"),
+    (
+        "gsp_timeout",
+        r"NVRM: .*(?:Timeout waiting for RPC from GSP|\bGSP\b.*\bheartbeat\b.*(?:timeout|timed out|missed)|"
+        r"\bGSP (?:RPC )?Timeout\b)",
+        "GSP firmware not responding (RPC / heartbeat timeout)",
+    ),
 )
 _SIGNATURES = [(name, re.compile(r"(?:" + pattern + ")", re.IGNORECASE), reason) for name, pattern, reason in KERNEL_SIGNATURES]
 FATAL_KERNEL = frozenset({"fallen_off_bus", "gpu_lost"})
@@ -222,7 +251,7 @@ def kernel_message(text: str) -> str:
     (:data:`PREFIX`: a timestamp, a priority, a syslog prefix) and nothing more."""
     line = one_line(text)
     found = PREFIX.match(line)
-    return line[found.end():] if found else line
+    return line[found.end() :] if found else line
 
 
 @dataclass(frozen=True)
@@ -274,8 +303,7 @@ def parse_kernel_line(text: str) -> KernelEvent | None:
         rest = match["rest"] or ""
         severity = _NVLINK5_SEVERITY.match(rest)  # where the driver prints it: before any pid= / name=
         cause = _CAUSED_BY.search(rest)  # a quoted name (a comm: 15 bytes at most) cannot spell it
-        return KernelEvent("xid", line, int(match["xid"]), bus_id(match["pci"]),
-                           severity["severity"] if severity else "", int(cause[1]) if cause else None)
+        return KernelEvent("xid", line, int(match["xid"]), bus_id(match["pci"]), severity["severity"] if severity else "", int(cause[1]) if cause else None)
     match = SXID_LINE.match(message)
     if match:
         severity = _SXID_SEVERITY.match(match["rest"] or "")
@@ -296,17 +324,16 @@ def parse_kernel_line(text: str) -> KernelEvent | None:
 
 # --- the table for the docs ------------------------------------------------------------------------
 
+
 def markdown_table() -> str:
     """The Xid rows a judgement reads (every code not ``ignore``), then the SXid rule: ``docs/failover.md``."""
-    rows = ["| Xid | name | catalogue: immediate / investigatory | class | fatal for the run | scope | source |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| Xid | name | catalogue: immediate / investigatory | class | fatal for the run | scope | source |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for rule in XIDS.values():
         if rule.cls == "ignore":
             continue
         actions = f"{rule.immediate or '—'} / {rule.investigatory or '—'}"
         fatal = "as printed (`Fatal`)" if rule.cls == "nvlink5" else ("yes" if rule.fatal else "no")
-        rows.append(f"| {rule.code} | {rule.name or rule.description} | {actions} | {rule.cls} | {fatal} | "
-                    f"{rule.scope or '—'} | {rule.source} |")
+        rows.append(f"| {rule.code} | {rule.name or rule.description} | {actions} | {rule.cls} | {fatal} | {rule.scope or '—'} | {rule.source} |")
     return "\n".join(rows)
 
 

@@ -3,6 +3,7 @@
 A job's status never changes here: status moves only through ``jobs.services.lifecycle``, so the
 status fields are read-only and the job actions go through the same services as the console.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -170,7 +171,16 @@ class JobEventInline(ReadOnlyInline):
 @admin.register(TrainingJob)
 class TrainingJobAdmin(admin.ModelAdmin):
     list_display = (
-        "name", "status", "owner", "project", "job_type", "image", "gpus_per_node", "node_count", "failover_count", "created_at",
+        "name",
+        "status",
+        "owner",
+        "project",
+        "job_type",
+        "image",
+        "gpus_per_node",
+        "node_count",
+        "failover_count",
+        "created_at",
         "in_console",
     )
     list_filter = ("status", "job_type", "failover_enabled", "project")
@@ -238,9 +248,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
     def delete_finished_jobs(self, request: HttpRequest, queryset: QuerySet[TrainingJob]) -> None:
         self.run_for_each(request, queryset, ("Deleted", "Not deleted"), delete_job)
 
-    def run_for_each(
-        self, request: HttpRequest, queryset: QuerySet[TrainingJob], verbs: tuple[str, str], action: Callable[[TrainingJob], object]
-    ) -> None:
+    def run_for_each(self, request: HttpRequest, queryset: QuerySet[TrainingJob], verbs: tuple[str, str], action: Callable[[TrainingJob], object]) -> None:
         """Apply a lifecycle command to each job; a refusal is a message, the others go on."""
         verb, refused = verbs
         done = []

@@ -7,6 +7,7 @@ logs purges old lines on it (``ControlRoundHook``; a hook may return when it nex
 so an idle round sleeps until then), notify hears of every status change (``StatusChangeHook``,
 called after commit with the event row's facts).
 """
+
 from __future__ import annotations
 
 import logging

@@ -12,6 +12,7 @@ before jobs that would borrow, and among those the project whose recent use per 
 its quota), within a project the higher priority, then the older job. A project's key grows as
 its jobs are placed in the round, so a burst from two projects interleaves by share.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -187,8 +188,10 @@ def held_out_reason(job: WaitingJob, capacity: Capacity) -> str:
     """Why a job that does not fit waits on unhealthy capacity, and who can act: "" unless the
     job would fit were the unhealthy nodes and GPUs it may use healthy."""
     usable = [
-        h for h in capacity.held_out
-        if h.node not in job.exclude_nodes and not (job.spot and h.node in capacity.spot_held)
+        h
+        for h in capacity.held_out
+        if h.node not in job.exclude_nodes
+        and not (job.spot and h.node in capacity.spot_held)
         and (h.whole_node or any((h.node, i) not in job.exclude_gpus for i in h.gpus))
     ]
     if not usable or capacity.if_healthy(usable).first_fit(job) is None:
@@ -378,11 +381,7 @@ def choose_victims(job: WaitingJob, capacity: Capacity, runs: list[SpotRun]) -> 
 def reserve(job: WaitingJob, capacity: Capacity) -> list[int]:
     """Hold the free GPUs of the ``node_count`` nodes closest to fitting ``job`` (most free GPUs,
     then name order), so that younger jobs do not take them while the runs there end."""
-    usable = [
-        (-len(capacity.free.get(node, [])), i, node)
-        for i, (node, _name) in enumerate(capacity.nodes)
-        if node not in job.exclude_nodes
-    ]
+    usable = [(-len(capacity.free.get(node, [])), i, node) for i, (node, _name) in enumerate(capacity.nodes) if node not in job.exclude_nodes]
     if len(usable) < job.node_count:
         return []
     held = [node for _f, _i, node in sorted(usable)[: job.node_count]]

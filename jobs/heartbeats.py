@@ -12,6 +12,7 @@ database's beat against ``db_deadline`` (the short lease is Redis's alone).
 An agent restarting never clears its beat (nothing here deletes a score), and the sweep notes a
 mass heartbeat loss (``note_outage``) so that nodes get a fresh full timeout once beats resume.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,5 +1,6 @@
 """Helpers for Training Jobs that need no models: the Command field, environment variables and
 the text every field may hold."""
+
 from __future__ import annotations
 
 import re
@@ -81,8 +82,7 @@ def reserved_reason(name: str) -> str | None:
 
 
 EXAMPLE_COMMAND = (
-    'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" \\\n'
-    "python -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR --datastates"
+    'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" \\\npython -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR --datastates'
 )
 
 
@@ -287,7 +287,7 @@ def leading_assignments(command: str) -> list[Assignment]:
             match = ASSIGNMENT.match(command[i:end])
             if match is None:
                 break
-            value, literal = assigned_value(command[i + match.end():end])
+            value, literal = assigned_value(command[i + match.end() : end])
             run.append((match.group()[:-1], value, i, skip_blanks(command, end), literal))
             i = run[-1][3]
         then = command[i] if i < len(command) and command[i] in SHELL_OPERATORS else ""
@@ -301,7 +301,7 @@ def leading_assignments(command: str) -> list[Assignment]:
 def without_assignments(command: str, assignments: list[Assignment]) -> str:
     """``command`` with these assignments (and the blanks after each) taken out."""
     for assignment in sorted(assignments, key=lambda a: a.start, reverse=True):
-        command = command[: assignment.start] + command[assignment.end:]
+        command = command[: assignment.start] + command[assignment.end :]
     return command
 
 

@@ -18,6 +18,7 @@ the truth and pages catch up from a snapshot when they reconnect.
 
 Scale-out (Redis layer) needs none of this: every process publishes to Redis itself.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """Training Jobs, the projects they belong to, their attempts and events; nodes, GPUs and images."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,14 +42,10 @@ class Project(models.Model):
     name = models.CharField(max_length=63, unique=True, validators=[DNS_LABEL])
     description = models.CharField(max_length=200, blank=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="training_projects", blank=True)
-    personal_for = models.OneToOneField(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="personal_project"
-    )
+    personal_for = models.OneToOneField(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="personal_project")
     created_at = models.DateTimeField(default=timezone.now)
     # Sharing the cluster (docs/quotas.md): what the project is guaranteed, what it may borrow.
-    gpu_quota = models.PositiveIntegerField(
-        default=0, help_text="GPUs guaranteed to the project: its On-Demand jobs within it make Spot jobs yield."
-    )
+    gpu_quota = models.PositiveIntegerField(default=0, help_text="GPUs guaranteed to the project: its On-Demand jobs within it make Spot jobs yield.")
     gpu_borrow_limit = models.PositiveIntegerField(
         null=True, blank=True, help_text="GPUs it may borrow beyond its quota while they are idle; empty: no limit, 0: none."
     )
@@ -65,12 +62,17 @@ class Project(models.Model):
     egress = models.CharField(
         max_length=10,
         blank=True,
-        choices=[("", "platform default (JOB_EGRESS)"), ("none", "none: its own ranks only"), ("outbound", "outbound: the internet, never the node or private ranges")],
+        choices=[
+            ("", "platform default (JOB_EGRESS)"),
+            ("none", "none: its own ranks only"),
+            ("outbound", "outbound: the internet, never the node or private ranges"),
+        ],
         default="",
         help_text="Where this project's jobs may connect besides their own ranks.",
     )
     storage_limit_gib = models.PositiveIntegerField(
-        null=True, blank=True,
+        null=True,
+        blank=True,
         help_text="Disk the project's running jobs may use together (work, output and container layers, GiB); empty: no project total.",
     )
     # Fair share: GPU-seconds used, decayed with QUEUE_USAGE_HALF_LIFE, as of usage_at (placement writes it).
@@ -247,9 +249,7 @@ class GPU(models.Model):
     health_reason = models.CharField(max_length=300, blank=True)
     unhealthy_since = models.DateTimeField(null=True, blank=True)
     # The placement that holds this GPU; set and cleared by compare-and-swap in placement.
-    allocated_to = models.ForeignKey(
-        "AttemptNode", null=True, blank=True, on_delete=models.SET_NULL, related_name="gpus"
-    )
+    allocated_to = models.ForeignKey("AttemptNode", null=True, blank=True, on_delete=models.SET_NULL, related_name="gpus")
 
     class Meta:
         ordering = ["node__name", "index"]
@@ -313,9 +313,7 @@ class RunClock:
         return self.total(timezone.now())
 
 
-def run_clock_of(
-    *, status: str, finished_at: datetime | None, ended: timedelta | None, open_since: datetime | None, now: datetime
-) -> RunClock | None:
+def run_clock_of(*, status: str, finished_at: datetime | None, ended: timedelta | None, open_since: datetime | None, now: datetime) -> RunClock | None:
     """The clock of a job from the time its ended attempts ran and the start of the one still open
     (None: no attempt has started). Time between attempts (Pending, failover) is not counted; an
     attempt left open by a finished job counts until the job finished."""
@@ -440,9 +438,7 @@ class JobAttempt(models.Model):
     # Stopped because an operator reclaimed spot capacity: the job goes back to Pending.
     reclaimed = models.BooleanField(default=False)
     # Preempted (a Spot run yielding its GPUs) for this On-Demand job within its project's quota.
-    preempted_for = models.ForeignKey(
-        "TrainingJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="preemptions"
-    )
+    preempted_for = models.ForeignKey("TrainingJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="preemptions")
     # The failover judgement of a failed run: "hardware" | "non-hardware" ("" until judged).
     verdict = models.CharField(max_length=16, blank=True)
     verdict_reason = models.CharField(max_length=500, blank=True)

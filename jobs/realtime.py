@@ -9,6 +9,7 @@ takes back. Three ways a message travels:
 * from another process in the embedded default (``manage.py``, scripts): the in-memory layer here
   has no listeners, so the message also goes to the server's local relay (``jobs.live_relay``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -110,5 +111,3 @@ def publish_many(items: list[tuple[str, dict[str, Any]]]) -> None:
         async_to_sync(send_all)()
     except Exception:
         logger.exception("could not publish %s message(s)", len(items))
-
-

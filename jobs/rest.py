@@ -6,6 +6,7 @@ it, so a row that contains one breaks every response that shows it. The parser r
 wherever it is in a body, with a 400 that names the field, before any serializer (or an error
 message that echoes the input) sees it.
 """
+
 from __future__ import annotations
 
 import re

@@ -11,6 +11,7 @@ A stored value is JSON ``{"names": [...], "token": "<Fernet token>"}``: the name
 without the key (the pages list them), the values only with it. ``SecretEnv`` holds one job's
 secrets; its ``repr``/``str`` never show a value, so a stray log call or traceback cannot either.
 """
+
 from __future__ import annotations
 
 import base64
@@ -41,9 +42,7 @@ def is_secret_name(name: str) -> bool:
 
 @lru_cache(maxsize=8)
 def _fernet_for(secret_key: str) -> Fernet:
-    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"satrain secret environment variables v1").derive(
-        secret_key.encode()
-    )
+    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"satrain secret environment variables v1").derive(secret_key.encode())
     return Fernet(base64.urlsafe_b64encode(derived))
 
 
@@ -104,8 +103,7 @@ class SecretEnv:
             values = json.loads(_fernet().decrypt(self._token.encode()))
         except (InvalidToken, ValueError):
             raise SecretUnreadable(
-                "the job's secret variables cannot be decrypted with the console's SECRET_KEY "
-                "(it changed; put the old one in SECRET_KEY_FALLBACKS)"
+                "the job's secret variables cannot be decrypted with the console's SECRET_KEY (it changed; put the old one in SECRET_KEY_FALLBACKS)"
             ) from None
         if not isinstance(values, dict):
             raise SecretUnreadable("the stored secret variables are not in the expected form")

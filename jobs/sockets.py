@@ -4,6 +4,7 @@ A consumer that mixes in ``AccessRechecks`` re-reads its user (active, staff) ev
 ``SOCKET_ACCESS_RECHECK`` seconds and asks ``still_allowed``; when the answer is no — the user
 left the project, lost staff, was deactivated — the socket closes with 4403.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,6 +28,7 @@ class AccessRechecks:
     scope: dict[str, Any]
 
     if TYPE_CHECKING:
+
         async def close(self, code: int | bool | None = None, reason: str | None = None) -> None: ...
 
     def start_access_rechecks(self) -> None:

@@ -2,6 +2,7 @@
 
 The texts are exactly those the console shows (and the API's ``status`` field carries).
 """
+
 from __future__ import annotations
 
 from django.db import models
@@ -42,9 +43,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     # the queue preempted it for On-Demand work within quota); never a failover.
     S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.STOPPING, S.FAILOVER_IN_PROGRESS, S.PENDING}),
     S.STOPPING: frozenset({S.STOPPED}),
-    S.FAILOVER_IN_PROGRESS: frozenset(
-        {S.RUNNING, S.INTERNAL_ERROR, S.MAX_RETRIES_EXCEEDED, S.IMAGE_PULL_BACKOFF, S.STOPPED, S.FAILED}
-    ),
+    S.FAILOVER_IN_PROGRESS: frozenset({S.RUNNING, S.INTERNAL_ERROR, S.MAX_RETRIES_EXCEEDED, S.IMAGE_PULL_BACKOFF, S.STOPPED, S.FAILED}),
     # → Pending only by the user's Resume (jobs.services.actions.resume_job): a new attempt from
     # the last committed checkpoint.
     S.INTERNAL_ERROR: frozenset({S.PENDING}),

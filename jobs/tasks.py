@@ -5,6 +5,7 @@ left undone, placement (in bulk, and on at once while full windows are placed wh
 ``QUEUE_ROUND_BUDGET``). Beat runs it every second; job creation and run exits trigger it at once.
 The node agent's own task (``agent.launch_attempt``) lives in ``agent.tasks``.
 """
+
 from __future__ import annotations
 
 from celery import shared_task

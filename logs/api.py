@@ -1,4 +1,5 @@
 """The streamed download of a job's whole log stream, as plain text."""
+
 from __future__ import annotations
 
 from django.http import StreamingHttpResponse

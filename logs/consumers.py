@@ -16,6 +16,7 @@ comes only once the job is terminal and every stored line has been sent.
 Close codes: 4400 bad parameters, 4401 not authenticated, 4404 no such job (or not yours), 4403
 access revoked (asked again every ``SOCKET_ACCESS_RECHECK`` seconds).
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,7 @@
 """Log lines of Training Jobs: one merged, ``seq``-ordered stream per job and stream name, in
 attempt order (a late line of an ended attempt is stored in that attempt's place, see
 ``logs.services.ingest_lines``)."""
+
 from __future__ import annotations
 
 from django.db import models

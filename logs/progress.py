@@ -4,6 +4,7 @@
 parser over the batch, then a handful of queries whatever the batch size (none at all when no
 line says anything about progress). It returns what to publish after commit, if anything.
 """
+
 from __future__ import annotations
 
 import logging
@@ -100,11 +101,7 @@ def as_datetime(ts: datetime | float) -> datetime:
 
 def store_metrics(job_id: int, stream: str, attempt: int, parsed: list[tuple[datetime, LineMetrics]]) -> dict[str, Any] | None:
     current = read_progress(job_id) if stream == PROGRESS_STREAM else None
-    start = (
-        Progress(step=current.step, total=current.total, epoch=current.epoch, loss=current.loss, lr=current.lr)
-        if current is not None
-        else None
-    )
+    start = Progress(step=current.step, total=current.total, epoch=current.epoch, loss=current.loss, lr=current.lr) if current is not None else None
     batch = fold(parsed, start=start)
     if not batch.changed:
         return None
@@ -176,8 +173,16 @@ def write_progress(current: JobProgress) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET step = %s, total = %s, epoch = %s, loss = %s, lr = %s, points = %s, updated_at = %s WHERE id = %s",
-            [current.step, current.total, current.epoch, current.loss, current.lr, current.points,
-             connection.ops.adapt_datetimefield_value(current.updated_at), current.pk],
+            [
+                current.step,
+                current.total,
+                current.epoch,
+                current.loss,
+                current.lr,
+                current.points,
+                connection.ops.adapt_datetimefield_value(current.updated_at),
+                current.pk,
+            ],
         )
 
 
@@ -209,17 +214,22 @@ def thin_points(job_id: int) -> int:
 
 def save_checkpoints(job_id: int, attempt: int, records: list[tuple[CommitEvent, datetime]]) -> list[Checkpoint]:
     """Store commit lines; ranks committing the same step add up into one row."""
-    by_step: dict[int, Checkpoint] = {
-        c.step: c for c in Checkpoint.objects.filter(job_id=job_id, attempt=attempt, step__in={r.step for r, _ in records})
-    }
+    by_step: dict[int, Checkpoint] = {c.step: c for c in Checkpoint.objects.filter(job_id=job_id, attempt=attempt, step__in={r.step for r, _ in records})}
     fresh: dict[int, Checkpoint] = {}
     touched: dict[int, Checkpoint] = {}
     for record, ts in records:
         row = by_step.get(record.step) or fresh.get(record.step)
         if row is None:
             fresh[record.step] = Checkpoint(
-                job_id=job_id, attempt=attempt, step=record.step, bytes=record.bytes, blocking_s=record.blocking_s,
-                persist_s=record.persist_s, ranks=1, path=record.path[:1000], committed_at=ts,
+                job_id=job_id,
+                attempt=attempt,
+                step=record.step,
+                bytes=record.bytes,
+                blocking_s=record.blocking_s,
+                persist_s=record.persist_s,
+                ranks=1,
+                path=record.path[:1000],
+                committed_at=ts,
             )
             continue
         row.bytes = min(row.bytes + record.bytes, MAX_BIGINT)

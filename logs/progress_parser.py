@@ -24,6 +24,7 @@ below ``MAX_COUNT``, finite numbers), a commit line with a value out of range is
 and a line the parser cannot read says nothing. So a forged line costs only itself, never its
 batch's other lines, progress or checkpoints.
 """
+
 from __future__ import annotations
 
 import ast
@@ -209,7 +210,7 @@ def parse_tqdm(text: str) -> Progress | None:
 
 
 def is_training_bar(drawing: str, match: re.Match[str]) -> bool:
-    if drawing[match.end():].startswith(CURSOR_UP):
+    if drawing[match.end() :].startswith(CURSOR_UP):
         return False  # drawn below another bar: the Trainer's evaluation bar
     head = drawing[: match.start()]
     bar = BAR_HEAD.search(head)

@@ -1,6 +1,7 @@
 """Reading log lines: every query that reads ``LogLine`` lives here (pages, the REST API, the log
 socket, the failover policy, and ingestion's own reads: the last line and ``seq`` stored, and the
 job's ``LogVolume`` row it locks)."""
+
 from __future__ import annotations
 
 import re
@@ -19,6 +20,8 @@ STREAM_NAME = r"^(master|worker-[1-9][0-9]{0,3})$"  # as the API schema shows it
 def is_stream_name(name: str) -> bool:
     """``master`` or ``worker-<n>``, exactly (``$`` alone would let a trailing newline through)."""
     return re.fullmatch(STREAM_NAME[1:-1], name) is not None
+
+
 CHUNK = 5000
 
 
@@ -107,9 +110,7 @@ def tail_lines(job_id: int, stream: str, count: int) -> list[dict]:
     return [line_payload(r) for r in rows]
 
 
-def read_log_page(
-    job_id: int, *, stream: str, limit: int, after: int | None = None, before: int | None = None, q: str | None = None
-) -> dict[str, Any]:
+def read_log_page(job_id: int, *, stream: str, limit: int, after: int | None = None, before: int | None = None, q: str | None = None) -> dict[str, Any]:
     """One page of a job's log stream, ascending by ``seq``.
 
     Forward from ``after`` (up to ``before``), or — with ``before`` and no ``after`` — the last
@@ -135,9 +136,7 @@ def stream_text(job_id: int, stream: str) -> Iterator[bytes]:
     """Every line of the stream in seq order, read in keyset pages so memory stays flat."""
     last = 0
     while True:
-        rows = list(
-            LogLine.objects.filter(job_id=job_id, stream=stream, seq__gt=last).order_by("seq").values_list("seq", "text")[:CHUNK]
-        )
+        rows = list(LogLine.objects.filter(job_id=job_id, stream=stream, seq__gt=last).order_by("seq").values_list("seq", "text")[:CHUNK])
         if not rows:
             return
         last = rows[-1][0]

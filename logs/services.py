@@ -1,5 +1,6 @@
 """Writing log lines: ingestion of the lines node agents send, and the purge of old ones.
 Everything that reads them (ingestion's own reads too) is in ``logs.queries``."""
+
 from __future__ import annotations
 
 import logging
@@ -200,9 +201,7 @@ def save_volume(volume: LogVolume, fields: Sequence[str]) -> None:
         cursor.execute(f"UPDATE {connection.ops.quote_name(LogVolume._meta.db_table)} SET {sets} WHERE id = %s", [*values, volume.pk])
 
 
-def apply_log_cap(
-    volume: LogVolume, stream: str, attempt: int, fresh: list[RawLine], *, next_seq: int
-) -> tuple[list[RawLine], list[RawLine]]:
+def apply_log_cap(volume: LogVolume, stream: str, attempt: int, fresh: list[RawLine], *, next_seq: int) -> tuple[list[RawLine], list[RawLine]]:
     """The lines of ``fresh`` (sorted by line number) to store under the job's cap of
     LOG_MAX_LINES_PER_JOB, and those counted for the first time (stored or dropped).
 

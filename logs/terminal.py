@@ -6,6 +6,7 @@ their levels (``ESC[31m``), tools set the window title (``ESC]0;title BEL``) or 
 ``satrain jobs logs --raw`` give them back); ``plain_text`` is what a page shows instead of
 a box and ``[A``. Pure: no Django, no state.
 """
+
 from __future__ import annotations
 
 import re

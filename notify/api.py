@@ -1,6 +1,7 @@
 """The notifications API: a user's subscriptions (create, list, change, delete; at most
 ``NOTIFY_MAX_SUBSCRIPTIONS_PER_USER``), each one's delivery log, and asking again for an e-mail
 address's confirmation link. ``/api/v1/notifications/subscriptions/``."""
+
 from __future__ import annotations
 
 from urllib.parse import urlsplit
@@ -22,17 +23,22 @@ from notify.models import Delivery, Kind, Subscription
 
 class SubscriptionSerializer(serializers.ModelSerializer):
     job = serializers.PrimaryKeyRelatedField(
-        queryset=TrainingJob.objects.none(), required=False, allow_null=True,
+        queryset=TrainingJob.objects.none(),
+        required=False,
+        allow_null=True,
         help_text="Only this job (id). Leave job and project empty for every job you own.",
         error_messages={"does_not_exist": "No such training job, or you may not see it."},
     )
     project = serializers.PrimaryKeyRelatedField(
-        queryset=Project.objects.none(), required=False, allow_null=True,
+        queryset=Project.objects.none(),
+        required=False,
+        allow_null=True,
         help_text="Every job of this project (id); you must be a member.",
         error_messages={"does_not_exist": "Project {pk_value} does not exist or you are not a member of it."},
     )
-    kinds = serializers.MultipleChoiceField(choices=Kind.choices, required=False, allow_empty=False,
-                                            help_text="terminal, failover, internalerror, preemption (default: all).")
+    kinds = serializers.MultipleChoiceField(
+        choices=Kind.choices, required=False, allow_empty=False, help_text="terminal, failover, internalerror, preemption (default: all)."
+    )
     scope = serializers.CharField(read_only=True)
     email_verified = serializers.SerializerMethodField(
         help_text="E-mail: whether the address's holder opened the confirmation link; nothing is sent before. Webhooks: null."
@@ -41,7 +47,18 @@ class SubscriptionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Subscription
         fields = [
-            "id", "channel", "email", "email_verified", "url", "slack", "job", "project", "scope", "kinds", "active", "secret",
+            "id",
+            "channel",
+            "email",
+            "email_verified",
+            "url",
+            "slack",
+            "job",
+            "project",
+            "scope",
+            "kinds",
+            "active",
+            "secret",
             "created_at",
         ]
         read_only_fields = ["secret", "created_at"]
@@ -67,9 +84,9 @@ class SubscriptionSerializer(serializers.ModelSerializer):
         merged = {**({} if self.instance is None else {f: getattr(self.instance, f) for f in ("channel", "email", "url", "job", "project")}), **data}
         user = self.context["request"].user
         if self.instance is None and services.subscriptions_left(user.pk) <= 0:
-            raise serializers.ValidationError({"non_field_errors": [
-                f"You have {settings.NOTIFY_MAX_SUBSCRIPTIONS_PER_USER} subscriptions, the most allowed: delete one first."
-            ]})
+            raise serializers.ValidationError(
+                {"non_field_errors": [f"You have {settings.NOTIFY_MAX_SUBSCRIPTIONS_PER_USER} subscriptions, the most allowed: delete one first."]}
+            )
         channel = merged.get("channel")
         if channel == Subscription.Channel.EMAIL and not merged.get("email"):
             raise serializers.ValidationError({"email": ["An e-mail subscription needs an address."]})
@@ -121,8 +138,21 @@ class DeliverySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Delivery
-        fields = ["id", "event", "job", "from_status", "to_status", "kind", "state", "attempts", "last_status", "last_error",
-                  "next_try_at", "created_at", "delivered_at"]
+        fields = [
+            "id",
+            "event",
+            "job",
+            "from_status",
+            "to_status",
+            "kind",
+            "state",
+            "attempts",
+            "last_status",
+            "last_error",
+            "next_try_at",
+            "created_at",
+            "delivered_at",
+        ]
         read_only_fields = fields
 
 

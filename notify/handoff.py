@@ -2,6 +2,7 @@
 event id goes to Celery in scale-out (tasks ``notify.fan_out`` and ``notify.deliver``), or to
 the embedded worker thread otherwise. A confirmation link to mail (``notify.verification``) takes
 the same way (task ``notify.send_verification``)."""
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,6 @@ def status_changed(change: StatusChange) -> None:
     if not Subscription.objects.exists():
         return  # nobody listens: no message, no thread (one indexed query on the caller's connection)
     if settings.SCALE_OUT:
-
         try:
             fan_out.delay(change.event_id)
         except Exception:  # the broker is down: the event row stays; nothing else may fail
@@ -45,7 +45,6 @@ def confirmation_requested(subscription: Subscription) -> None:
 
 def send_confirmation(subscription_id: int) -> None:
     if settings.SCALE_OUT:
-
         try:
             send_verification.delay(subscription_id)
         except Exception:  # the broker is down: the user can ask for the link again

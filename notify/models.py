@@ -1,5 +1,6 @@
 """Subscriptions to a job's status changes, and the log of their deliveries (one row per
 subscription and event: the unique pair is what keeps a notification from going out twice)."""
+
 from __future__ import annotations
 
 import secrets
@@ -37,7 +38,7 @@ class Subscription(models.Model):
     channel = models.CharField(max_length=10, choices=Channel.choices)
     email = models.EmailField(blank=True)
     url = models.URLField(max_length=500, blank=True)
-    slack = models.BooleanField(default=False, help_text="Send a Slack-compatible body ({\"text\": …}).")
+    slack = models.BooleanField(default=False, help_text='Send a Slack-compatible body ({"text": …}).')
     secret = models.CharField(max_length=64, default=new_secret, help_text="Key of the X-Satrain-Signature HMAC.")
     active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)

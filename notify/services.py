@@ -6,6 +6,7 @@ subscription × event keeps a second fan-out of the same event from adding any);
 outcome, returning the seconds until its retry (or None). Nothing here runs on a request's path:
 ``notify.handoff`` hands both to the embedded worker or to Celery.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,13 +64,12 @@ def fan_out(event_id: int) -> list[int]:
     if not kinds:
         return []
     job = event.job
-    candidates = Subscription.objects.filter(active=True).filter(
-        Q(job_id=job.pk) | Q(project_id=job.project_id, job__isnull=True) | Q(job__isnull=True, project__isnull=True, user_id=job.owner_id)
-    ).select_related("user")
-    chosen = [
-        s for s in candidates
-        if kinds & set(s.kinds) and s.user.is_active and TrainingJob.objects.visible_to(s.user).filter(pk=job.pk).exists()
-    ]
+    candidates = (
+        Subscription.objects.filter(active=True)
+        .filter(Q(job_id=job.pk) | Q(project_id=job.project_id, job__isnull=True) | Q(job__isnull=True, project__isnull=True, user_id=job.owner_id))
+        .select_related("user")
+    )
+    chosen = [s for s in candidates if kinds & set(s.kinds) and s.user.is_active and TrainingJob.objects.visible_to(s.user).filter(pk=job.pk).exists()]
     kind = primary_kind(kinds)
     Delivery.objects.bulk_create(
         [Delivery(subscription=s, event=event, kind=kind, next_try_at=timezone.now(), **skipped_fields(s)) for s in chosen],

@@ -1,5 +1,6 @@
 """Celery tasks of notifications (scale-out): fan an event out to its deliveries, send one,
 retry with backoff by re-queuing it with a countdown; mail a confirmation link."""
+
 from __future__ import annotations
 
 from celery import shared_task

@@ -7,6 +7,7 @@ order: ``refusal`` (at most ``NOTIFY_VERIFICATION_EMAILS_PER_DAY`` links per use
 per subscription) → ``record_request`` (``notify.handoff.confirmation_requested`` calls it, then
 after commit has the worker or Celery call ``send``) → ``confirm`` (the link).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,18 +35,17 @@ def _sent_today_key(user_id: int) -> str:
 
 def already_verified(user_id: int, email: str, *, besides: int | None = None) -> bool:
     """Another subscription of the user already reaches this address with its holder's consent."""
-    return Subscription.objects.filter(
-        user_id=user_id, channel=Subscription.Channel.EMAIL, email__iexact=email, email_verified_at__isnull=False
-    ).exclude(pk=besides or 0).exists()
+    return (
+        Subscription.objects.filter(user_id=user_id, channel=Subscription.Channel.EMAIL, email__iexact=email, email_verified_at__isnull=False)
+        .exclude(pk=besides or 0)
+        .exists()
+    )
 
 
 def refusal(user_id: int, subscription: Subscription | None = None) -> str | None:
     """Why no confirmation link may be sent now (None: it may)."""
     if cache.get(_sent_today_key(user_id), 0) >= settings.NOTIFY_VERIFICATION_EMAILS_PER_DAY:
-        return (
-            f"You have asked for {settings.NOTIFY_VERIFICATION_EMAILS_PER_DAY} confirmation e-mails in the last day, "
-            "the most allowed: try again tomorrow."
-        )
+        return f"You have asked for {settings.NOTIFY_VERIFICATION_EMAILS_PER_DAY} confirmation e-mails in the last day, the most allowed: try again tomorrow."
     sent = subscription.verification_sent_at if subscription is not None else None
     if sent is not None and timezone.now() - sent < RESEND_AFTER:
         return "A confirmation link was sent less than a minute ago: check the mailbox (and its spam folder) first."

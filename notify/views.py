@@ -2,6 +2,7 @@
 by the API's own serializer, so the page and the API accept the same), deletion, each
 subscription's latest deliveries and asking again for a confirmation link; and the page that
 link opens (no sign-in: whoever holds the mailbox confirms it)."""
+
 from __future__ import annotations
 
 from django.contrib import messages
@@ -54,10 +55,18 @@ def subscriptions(request: HttpRequest) -> HttpResponse:
             return redirect("notify:subscriptions")
         errors = {field: " ".join(str(e) for e in problems) for field, problems in serializer.errors.items()}
     rows = [(s, list(s.deliveries.select_related("event").order_by("-created_at", "-id")[:5])) for s in mine]
-    return render(request, "notify/subscriptions.html", {
-        "rows": rows, "errors": errors, "values": values, "kinds": Kind.choices,
-        "projects": Project.objects.for_user(request.user).order_by("name"), "nav": "notifications",
-    })
+    return render(
+        request,
+        "notify/subscriptions.html",
+        {
+            "rows": rows,
+            "errors": errors,
+            "values": values,
+            "kinds": Kind.choices,
+            "projects": Project.objects.for_user(request.user).order_by("name"),
+            "nav": "notifications",
+        },
+    )
 
 
 def resend_confirmation(request: HttpRequest, mine) -> None:

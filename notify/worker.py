@@ -1,6 +1,7 @@
 """The embedded delivery worker (no Redis): a scheduler thread and a small pool of senders in
 the console process, so a slow or dead endpoint holds up only its own delivery, never a request
 nor the agent. Deliveries left pending by a restart are picked up when the worker starts."""
+
 from __future__ import annotations
 
 import heapq

@@ -111,13 +111,8 @@ def build_default_image(
                 raise RuntimeError(f"cannot tell whether {reference} exists: {found.message}")
         missing = missing_tools(("mmdebstrap", "podman", "runc", "tar"))
         if missing:
-            raise RuntimeError(
-                f"cannot build the default image: {' and '.join(missing)} not installed "
-                f"(as root: apt-get install {' '.join(missing)})"
-            )
-        version = subprocess.run(
-            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True
-        ).stdout.strip()
+            raise RuntimeError(f"cannot build the default image: {' and '.join(missing)} not installed (as root: apt-get install {' '.join(missing)})")
+        version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True, check=True).stdout.strip()
         if version != IMAGE_PYTHON:
             raise RuntimeError(f"the image's python is {IMAGE_PYTHON}; {python} is {version}, its wheels would not fit")
         seconds: dict[str, float] = {}
@@ -128,10 +123,15 @@ def build_default_image(
             log(f"[image] bootstrap: mmdebstrap --variant=essential {suite} with {', '.join(debs)}")
             _check(
                 [
-                    "mmdebstrap", "--variant=essential", "--mode=auto", "--quiet",
+                    "mmdebstrap",
+                    "--variant=essential",
+                    "--mode=auto",
+                    "--quiet",
                     f"--include={','.join(debs)}",
                     *(f"--dpkgopt={option}" for option in DPKG_EXCLUDES),
-                    suite, str(rootfs), *mirrors,
+                    suite,
+                    str(rootfs),
+                    *mirrors,
                 ],  # fmt: skip
                 env={**env, "TMPDIR": str(work)},
                 what="mmdebstrap",
@@ -181,8 +181,17 @@ def build_default_image(
             step = time.monotonic()
             digest_file = work / "digest"
             _check(
-                ["podman", "push", "--quiet", *_tls_args(root, reference), "--authfile", str(auth_file_for(root, reference)),
-                 "--digestfile", str(digest_file), reference],  # fmt: skip
+                [
+                    "podman",
+                    "push",
+                    "--quiet",
+                    *_tls_args(root, reference),
+                    "--authfile",
+                    str(auth_file_for(root, reference)),
+                    "--digestfile",
+                    str(digest_file),
+                    reference,
+                ],  # fmt: skip
                 env=env,
                 what="podman push",
                 timeout=1800,
@@ -221,14 +230,11 @@ def image_size(root: Path, reference: str) -> dict[str, int]:
     root = Path(root).absolute()
     env = clean_env(root)
     size: dict[str, int] = {}
-    proc = subprocess.run(
-        ["podman", "image", "inspect", "--format", "{{.Size}}", reference], env=env, capture_output=True, text=True
-    )
+    proc = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", reference], env=env, capture_output=True, text=True)
     if proc.returncode == 0 and proc.stdout.strip().isdigit():
         size["uncompressed"] = int(proc.stdout.strip())
     raw = subprocess.run(
-        ["skopeo", "inspect", "--raw", *_tls_args(root, reference),
-         "--authfile", str(auth_file_for(root, reference)), f"docker://{reference}"],
+        ["skopeo", "inspect", "--raw", *_tls_args(root, reference), "--authfile", str(auth_file_for(root, reference)), f"docker://{reference}"],
         env=env,
         capture_output=True,
     )
@@ -238,9 +244,7 @@ def image_size(root: Path, reference: str) -> dict[str, int]:
     return size
 
 
-def _import_directory(
-    rootfs: Path, reference: str, changes: list[str], env: Mapping[str, str], timeout: float = 1800
-) -> None:
+def _import_directory(rootfs: Path, reference: str, changes: list[str], env: Mapping[str, str], timeout: float = 1800) -> None:
     tar = subprocess.Popen(
         ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", "-", "."],
         env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

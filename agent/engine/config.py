@@ -98,9 +98,7 @@ class EngineConfig:
         for name in ("containers.conf", "storage.conf"):
             text = (self.template_dir / name).read_text().replace("@ROOT@", str(self.root))
             _write_if_changed(self.root / name, text)
-        blocks = "\n".join(
-            f'[[registry]]\nlocation = "{address}"\ninsecure = true\n' for address in self.local_registries()
-        )
+        blocks = "\n".join(f'[[registry]]\nlocation = "{address}"\ninsecure = true\n' for address in self.local_registries())
         text = (self.template_dir / "registries.conf").read_text()
         text = text.replace("@ROOT@", str(self.root)).replace("@LOCAL_REGISTRIES@", blocks or "# (none yet)")
         _write_if_changed(self.registries_conf, text)

@@ -33,10 +33,7 @@ def availability(root: Path, *, refresh: bool = False) -> tuple[bool, str]:
 def _probe(root: Path) -> tuple[bool, str]:
     missing = missing_tools(("podman", "runc"))
     if missing:
-        return False, (
-            f"containers cannot run here: {' and '.join(missing)} not installed "
-            f"(as root: apt-get install {' '.join(missing)})"
-        )
+        return False, (f"containers cannot run here: {' and '.join(missing)} not installed (as root: apt-get install {' '.join(missing)})")
     try:
         proc = subprocess.run(
             ["podman", "info", "--format", "json"],
@@ -60,5 +57,5 @@ def _probe(root: Path) -> tuple[bool, str]:
     except (ValueError, KeyError, TypeError) as exc:
         return False, f"containers cannot run here: unreadable podman info ({exc})"
     if runtime != "runc":
-        return False, f"containers cannot run here: podman uses {runtime}, not runc (set runtime = \"runc\")"
+        return False, f'containers cannot run here: podman uses {runtime}, not runc (set runtime = "runc")'
     return True, f"podman {version} with runc ({cgroups} cgroups), storage in {graphroot}"

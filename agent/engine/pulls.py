@@ -125,7 +125,7 @@ def registry_message(stderr: str) -> str:
         if text == line and not line.startswith("Error"):
             continue
         if text != line and line.startswith("time="):
-            text = text[: -1] if text.endswith('"') else text
+            text = text[:-1] if text.endswith('"') else text
             text = text.replace('\\"', '"')  # logrus quotes the message
         # skopeo 1.9 wraps every failure of inspect in this, whatever it was
         text = re.sub(r'^Error parsing image name "[^"]*": ', "", text)
@@ -198,8 +198,7 @@ def _refuse_short_name(reference: str) -> PullResult | None:
     return PullResult(
         False,
         None,
-        f"short-name {reference!r} names no registry: write it in full (registry/repository:tag), "
-        "short names are never looked up on a public registry",
+        f"short-name {reference!r} names no registry: write it in full (registry/repository:tag), short names are never looked up on a public registry",
         "short-name",
     )
 
@@ -232,14 +231,10 @@ def _local_digest(root: Path, reference: str, env: Mapping[str, str]) -> str | N
     return None
 
 
-def _run_streaming(
-    argv: list[str], env: Mapping[str, str], timeout: float, progress: Callable[[str], None] | None
-) -> tuple[int, str, str, bool]:
+def _run_streaming(argv: list[str], env: Mapping[str, str], timeout: float, progress: Callable[[str], None] | None) -> tuple[int, str, str, bool]:
     """Runs argv, handing each stderr line to ``progress`` as it comes; kills its process group
     at ``timeout``. (returncode, stdout, stderr, timed_out)."""
-    proc = subprocess.Popen(
-        argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
-    )
+    proc = subprocess.Popen(argv, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     stdout, stderr = proc.stdout, proc.stderr
     assert stdout is not None and stderr is not None  # both are pipes
     out_chunks: list[bytes] = []

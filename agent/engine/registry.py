@@ -174,10 +174,7 @@ def write_htpasswd(path: Path, users: Mapping[str, str], *, cost: int = 12) -> P
 def write_auth_file(path: Path, credentials: Mapping[str, tuple[str, str]]) -> Path:
     """Writes a containers-auth.json (``--authfile``) for {registry: (username, password)},
     mode 0600, readable by the agent only."""
-    auths = {
-        registry: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
-        for registry, (user, password) in credentials.items()
-    }
+    auths = {registry: {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()} for registry, (user, password) in credentials.items()}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     _write_if_changed(path, json.dumps({"auths": auths}, indent=1) + "\n", mode=0o600, force=True)
@@ -345,9 +342,7 @@ def _bcrypt(password: str, cost: int = 12) -> str:
         except (ImportError, AttributeError, OSError):
             pass
     if shutil.which("htpasswd"):
-        proc = subprocess.run(
-            ["htpasswd", "-niB", "-C", str(cost), "user"], input=password + "\n", capture_output=True, text=True, check=True
-        )
+        proc = subprocess.run(["htpasswd", "-niB", "-C", str(cost), "user"], input=password + "\n", capture_output=True, text=True, check=True)
         return proc.stdout.strip().split(":", 1)[1]
     raise RuntimeError("no bcrypt here: pip install bcrypt, or apt-get install apache2-utils")
 

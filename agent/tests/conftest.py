@@ -1,4 +1,5 @@
 """Fixtures of the agent's tests."""
+
 from __future__ import annotations
 
 import os

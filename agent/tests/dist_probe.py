@@ -1,5 +1,6 @@
 """Run by the sandbox's network test with ``python -m torch.distributed.run``: the workers of
 one run meet on localhost inside the run's own network namespace and sum their ranks."""
+
 import os
 
 import torch

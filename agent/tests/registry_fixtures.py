@@ -1,6 +1,7 @@
 """Helpers of the local registry's tests (the fixture is ``platform_registry`` in conftest.py): a
 registry as the platform starts it, requests to it as a job on loopback could send them, and a
 one-file image pushed the way the platform pushes."""
+
 from __future__ import annotations
 
 import base64

@@ -1,4 +1,5 @@
 """Restarting the console (and its agent) while jobs run loses nothing."""
+
 from __future__ import annotations
 
 import os
@@ -17,9 +18,7 @@ from logs.models import LogLine
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
-COUNTER = (
-    "python -c \"import time\nfor i in range(40):\n    print('line', i, flush=True); time.sleep(0.05)\""
-)
+COUNTER = "python -c \"import time\nfor i in range(40):\n    print('line', i, flush=True); time.sleep(0.05)\""
 
 
 def test_a_new_agent_adopts_running_jobs_and_stores_every_line_once(make_job, drive, nodes, agent):

@@ -1,5 +1,6 @@
 """Bringing your own code: a script in a volume the project sees (an absolute path on the node)
 runs as the job's command, read-only, and its output lands in the job's log."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The embedded loop runs a control round when something changed its answer, not on a clock: idle,
 it runs none; a job created, a write to the wake file by another process, or the round's own
 timed work each bring one. Rounds are counted, not timed (timing is ``bench.idle``'s)."""
+
 from __future__ import annotations
 
 import time

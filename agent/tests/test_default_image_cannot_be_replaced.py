@@ -2,6 +2,7 @@
 (var/podman, port 5000): a job on loopback read the manifest of ``pytorch:2.13-py3.11``, uploaded
 a layer and PUT the manifest back under the same tag. Each step is refused without the platform's
 credentials, and the platform's own pull of the image still works."""
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ reason; with REQUIRE_CONTAINERS=1 they fail instead. The image pulled is a tiny 
 default training image's test is marked ``slow`` and reuses the image already in the checkout's
 registry (var/podman, port 5000) when it is there.
 """
+
 from __future__ import annotations
 
 import io

@@ -1,6 +1,7 @@
 """The agent waits instead of polling: idle, it touches the database only for its heartbeat (and,
 with Redis, not even that); a launch message starts a run and a stop reaches the run at once,
 long before the agent's periodic reconcile would have found either."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """The job's fence (``agent.workdirs.write_fence``, docs/failover.md "A lost node's run"): each
 launch moves it to its attempt before the resume step is chosen; the run reads it (ckptlib
 commits only while it names the run's own attempt) and can never write it."""
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """A regular user's jobs attack the node from inside their containers (real Podman, the local
 registry's default image, the embedded agent as root): each attempt changes nothing beyond the
 job's own directories, and each ends with a reason the user can read."""
+
 from __future__ import annotations
 
 import json
@@ -126,7 +127,13 @@ def test_a_rename_exchange_flipper_never_redirects_another_launch(make_job, driv
         output_dir = "att/x" if i % 2 else f"out-{i}"
         response = client.post(
             "/api/v1/training-jobs/",
-            {"name": f"victim-{i}", "image": settings.DEFAULT_IMAGE, "command": "ls -la $OUTPUT_DIR; touch $OUTPUT_DIR/mine", "gpus_per_node": 0, "output_dir": output_dir},
+            {
+                "name": f"victim-{i}",
+                "image": settings.DEFAULT_IMAGE,
+                "command": "ls -la $OUTPUT_DIR; touch $OUTPUT_DIR/mine",
+                "gpus_per_node": 0,
+                "output_dir": output_dir,
+            },
             content_type="application/json",
         )
         if output_dir == "att/x" and response.status_code == 400:

@@ -7,6 +7,7 @@ operator's switch, whichever route a job takes to run.
 Real jobs on the embedded agent, in their containers; "the internet" is a host the test makes in a
 network namespace of its own on a documentation-range address (203.0.113.10).
 """
+
 from __future__ import annotations
 
 import json
@@ -117,12 +118,18 @@ def outside_host():
         subprocess.run(step, check=True, capture_output=True)
     server = subprocess.Popen(
         ["ip", "netns", "exec", ns, "python3", "-m", "http.server", "--bind", OUTSIDE, str(OUTSIDE_PORT)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         for _ in range(100):
-            if subprocess.run(["ip", "netns", "exec", ns, "python3", "-c", f"import socket; socket.create_connection(('{OUTSIDE}', {OUTSIDE_PORT}), 1)"],
-                              capture_output=True).returncode == 0:
+            if (
+                subprocess.run(
+                    ["ip", "netns", "exec", ns, "python3", "-c", f"import socket; socket.create_connection(('{OUTSIDE}', {OUTSIDE_PORT}), 1)"],
+                    capture_output=True,
+                ).returncode
+                == 0
+            ):
                 break
             time.sleep(0.1)
         yield f"{OUTSIDE}:{OUTSIDE_PORT}"

@@ -2,6 +2,7 @@
 sends it (the control round, a message, the reconcile); the agent reports what it started
 (``runs.part_started``: the runner's pid, the resume step) and re-reads the job once after a
 launch instead of reconciling again. Only the run's OS process is simulated here."""
+
 from __future__ import annotations
 
 import ast

@@ -3,6 +3,7 @@
 Real jobs on the embedded agent, in the sandbox; the tests need a node that can enforce limits
 (root with a writable cgroup hierarchy) and skip elsewhere, saying why.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -85,9 +86,11 @@ def test_a_job_with_half_a_cpu_gets_about_half_a_core(make_job, drive):
             break
         time.sleep(0.05)
     cpu_dir = next(Path(d) for d in runfiles.read_pid(run_dir(part)).cgroup if "/cpu" in d)
-    quota = (cpu_dir / "cpu.max").read_text().split() if (cpu_dir / "cpu.max").exists() else [
-        (cpu_dir / "cpu.cfs_quota_us").read_text().strip(), (cpu_dir / "cpu.cfs_period_us").read_text().strip()
-    ]
+    quota = (
+        (cpu_dir / "cpu.max").read_text().split()
+        if (cpu_dir / "cpu.max").exists()
+        else [(cpu_dir / "cpu.cfs_quota_us").read_text().strip(), (cpu_dir / "cpu.cfs_period_us").read_text().strip()]
+    )
     assert int(quota[0]) / int(quota[1]) == 0.5
     throttled = 0
     while not throttled and not runfiles.exit_written(run_dir(part)):
@@ -128,7 +131,6 @@ def test_where_the_node_cannot_enforce_limits_the_job_still_runs_and_its_log_say
     first, *rest = lines_of(job)
     assert first.startswith("[console] the job's CPU and memory limits are not enforced on this node: ")
     assert rest == ["ran"]
-
 
 
 ESCAPE = """

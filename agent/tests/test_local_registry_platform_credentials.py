@@ -1,6 +1,7 @@
 """The platform talks to its own registry with credentials made once at set-up: a random
 password in a 0600 file of the engine's directory (under the console's var/), never in the
 registry's config or on a command line; every push, copy, pull and digest look-up uses it."""
+
 from __future__ import annotations
 
 import json

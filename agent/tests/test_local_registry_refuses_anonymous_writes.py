@@ -1,6 +1,7 @@
 """The platform's local registry is read-only to everything but the platform: a job that reaches
 127.0.0.1 (a host network, a port forwarded) gets 401 for every request without the platform's
 credentials, the upload and the manifest PUT that would replace the default image included."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """The platform's local registry refuses deletes (``storage.delete.enabled: false``), even with
 the platform's own credentials: nothing in it can be removed through the registry's API."""
+
 from __future__ import annotations
 
 import pytest

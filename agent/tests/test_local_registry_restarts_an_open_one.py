@@ -1,6 +1,7 @@
 """A registry an earlier version started without credentials (the same engine directory, so the
 same config path and pid file) is restarted with credentials the next time the platform
 starts it: its images stay, anonymous writes stop."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,4 +1,5 @@
 """A multi-node attempt whose ranks are started by different node agents."""
+
 from __future__ import annotations
 
 import time
@@ -36,5 +37,6 @@ def test_a_rank_started_before_its_partner_is_not_stopped_and_the_job_runs_when_
         job.refresh_from_db()
         time.sleep(0.1)
     assert sorted((stream, line) for stream in ("master", "worker-1") for line in job_output(job, stream=stream)) == [
-        ("master", "rank 0"), ("worker-1", "rank 1")
+        ("master", "rank 0"),
+        ("worker-1", "rank 1"),
     ]

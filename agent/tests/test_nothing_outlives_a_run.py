@@ -6,6 +6,7 @@ leaves nothing in the container engine, and after many jobs the engine lists onl
 Real jobs on the embedded agent, in their containers (``RUNS_LATER``: how many jobs the last test
 runs, 100 by default, as the issue measured).
 """
+
 from __future__ import annotations
 
 import hashlib

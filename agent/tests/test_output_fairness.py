@@ -1,5 +1,6 @@
 """Fair under floods: between two flooding runs' turns the agent stores what the quiet runs
 printed meanwhile, so a quiet run's line waits for one flood's turn, not for every flood's."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -57,5 +58,8 @@ def test_a_quiet_runs_line_is_stored_after_one_flood_turn_not_after_every_flood(
     assert order[:3] == ["flood-1", "quiet", "flood-2"], order
     assert agent.output.behind == {2, 3, 4}
     assert list(LogLine.objects.filter(job_id=jobs["quiet"].pk).order_by("seq").values_list("text", flat=True)) == [
-        "quiet 1", "quiet 2", "quiet 3", "quiet 4",
+        "quiet 1",
+        "quiet 2",
+        "quiet 3",
+        "quiet 4",
     ]

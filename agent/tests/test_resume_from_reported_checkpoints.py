@@ -2,6 +2,7 @@
 own storage (``./results`` in its work directory, as the guide's script saves), checked on disk
 by ckptlib's reader; a forged commit line that names another job's directory, a symlink or
 ``..`` is never opened."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """The run-file contract (``agent.runfiles``): what the runner writes is what the agent reads, and
 whatever else a job-controlled process could have left in a run directory comes back typed, in
 range, or not at all — never a crash, a hang or a link followed."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,10 @@ def test_a_pid_record_without_a_process_group_says_there_is_nothing_to_signal(tm
 @pytest.mark.parametrize(
     "payload, expected",
     [
-        ({"runner_pid": True, "pgid": 2**40, "started_at": float("inf"), "cgroup": ["/ok", 7, None], "container_pid": 1},
-         PidRecord(runner_pid=None, pgid=None, started_at=0.0, cgroup=("/ok",))),
+        (
+            {"runner_pid": True, "pgid": 2**40, "started_at": float("inf"), "cgroup": ["/ok", 7, None], "container_pid": 1},
+            PidRecord(runner_pid=None, pgid=None, started_at=0.0, cgroup=("/ok",)),
+        ),
         ({"runner_pid": "12", "pgid": -5, "cgroup": "/not-a-list", "container": ["x"]}, PidRecord(runner_pid=None, pgid=None)),
     ],
 )

@@ -1,5 +1,6 @@
 """The runner's own output file stops growing at the job's log cap, in lines and in bytes, with a
 marker line where it stops: the real ``python -m agent.runner`` on a spec, on the host."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ def run(tmp_path: Path, program: str, **limits: int) -> list[dict]:
     command = f"{sys.executable} -c {shlex.quote(program)}"
     spec = RunSpec(command=command, cwd=str(tmp_path / "work"), env={"PATH": os.environ["PATH"]}, **limits)
     spec_path = runfiles.write_spec(tmp_path, spec)
-    subprocess.run([sys.executable, "-m", "agent.runner", str(spec_path)], cwd=REPO, check=True, timeout=300,
-                   env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)})
+    subprocess.run(
+        [sys.executable, "-m", "agent.runner", str(spec_path)], cwd=REPO, check=True, timeout=300, env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)}
+    )
     ended = runfiles.read_exit(tmp_path)
     assert ended is not None and ended.exit_code == 0
     records = [json.loads(raw) for raw in (tmp_path / runfiles.OUTPUT_FILE).read_bytes().splitlines()]
@@ -58,8 +60,11 @@ def test_past_the_line_cap_the_file_keeps_a_marker_progress_lines_and_a_count(tm
         "[Concurrent Checkpoint] committed step=10 bytes=1 blocking_s=0.1 persist_s=0.2 path=/out/x"
     ]
     printed = 3000 + 6 + 2
-    assert records[-1] == {"n": printed, "t": records[-1]["t"],
-                           "s": f"[console] {printed - 1000 - 6:,} lines of this run past the log cap of 1,000 were counted, not kept"}
+    assert records[-1] == {
+        "n": printed,
+        "t": records[-1]["t"],
+        "s": f"[console] {printed - 1000 - 6:,} lines of this run past the log cap of 1,000 were counted, not kept",
+    }
     assert len(records) == 1000 + 1 + 6 + 1
 
 
@@ -81,7 +86,7 @@ def test_a_flood_of_long_lines_and_one_endless_line_stop_at_the_byte_cap(tmp_pat
     assert texts[marker].startswith("[console] this run's output reached the output cap of 1 MiB (LOG_MAX_BYTES_PER_JOB)")
     assert sum(len(raw) + 1 for raw in (tmp_path / runfiles.OUTPUT_FILE).read_bytes().splitlines()[:marker]) <= cap
     assert [t[:5] for t in texts[:marker]] == [f"{i:05}" for i in range(marker)]
-    assert texts[marker + 1:] == ["step 7 loss 0.25", f"[console] {3000 - marker + 2:,} lines of this run past the output cap of 1 MiB were counted, not kept"]
+    assert texts[marker + 1 :] == ["step 7 loss 0.25", f"[console] {3000 - marker + 2:,} lines of this run past the output cap of 1 MiB were counted, not kept"]
     assert records[marker]["n"] == marker + 1 and records[-1]["n"] == 3000 + 3
 
 

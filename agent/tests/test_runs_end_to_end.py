@@ -1,4 +1,5 @@
 """Real runs on the embedded agent: real processes, real output, real exits."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -72,9 +73,7 @@ def test_leading_assignments_and_continued_lines_run_like_the_services_command_f
 
 
 def test_a_failing_script_without_failover_ends_failed_with_its_traceback_captured(make_job, drive):
-    job = make_job(
-        command="python -m jobs.examples.train_tiny --epochs 3 --steps-per-epoch 5 --fail-at-epoch 2", failover_enabled=False
-    )
+    job = make_job(command="python -m jobs.examples.train_tiny --epochs 3 --steps-per-epoch 5 --fail-at-epoch 2", failover_enabled=False)
     job = drive(job, JobStatus.FAILED, timeout=120)
     assert statuses(job) == ["Pending", "Running", "Failed"]
     assert job.status_reason == "exit code 1; Job Failover is off"

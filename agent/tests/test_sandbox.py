@@ -3,6 +3,7 @@ other jobs or other GPUs, and what it forges changes nothing beyond its own job.
 
 Real jobs on the embedded agent, each printing what it could reach.
 """
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ network reaches: test_job_networks.py).
 
 Real jobs on the embedded agent, in their containers.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -107,11 +108,12 @@ dist.destroy_process_group()
 
 def test_an_accelerate_job_with_two_processes_completes(make_job, drive):
     script = "cat > probe.py <<'PY'\n" + ACCELERATE_SCRIPT + "PY\n"
-    command = script + "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port $MASTER_PORT probe.py"
+    command = (
+        script
+        + "accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no --main_process_port $MASTER_PORT probe.py"
+    )
     job = drive(make_job(command=command, gpus_per_node=2), {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.INTERNAL_ERROR}, timeout=240)
     lines = list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
     errors = [line for line in lines if "Error" in line or "error:" in line]  # the rank's own cause, above torchrun's summary
     assert job.status == JobStatus.COMPLETED, (job.status_reason, errors[:20], lines[-20:])
-    assert sorted(line for line in lines if line.startswith("accelerate process")) == [
-        "accelerate process 0 of 2 sum 3", "accelerate process 1 of 2 sum 3"
-    ]
+    assert sorted(line for line in lines if line.startswith("accelerate process")) == ["accelerate process 0 of 2 sum 3", "accelerate process 1 of 2 sum 3"]

@@ -1,4 +1,5 @@
 """Stopping runs: SIGTERM to the process group, SIGKILL after the grace period, max run time."""
+
 from __future__ import annotations
 
 import os

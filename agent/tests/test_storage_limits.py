@@ -134,8 +134,7 @@ def test_a_project_over_its_total_stops_its_largest_users_until_the_rest_fit():
     verdicts = storage_verdicts(uses, job_limit=None, project_limits={1: ("vision", 8 * GiB)})
     assert set(verdicts) == {2}
     assert verdicts[2] == (
-        "project storage limit reached: project vision's running jobs used 12 GiB of its 8 GiB storage total; "
-        "this job used the most (5 GiB): stopped"
+        "project storage limit reached: project vision's running jobs used 12 GiB of its 8 GiB storage total; this job used the most (5 GiB): stopped"
     )
     verdicts = storage_verdicts(uses, job_limit=None, project_limits={1: ("vision", 3 * GiB)})
     assert set(verdicts) == {2, 3} and "used the most of those left (4 GiB)" in verdicts[3]
@@ -218,7 +217,6 @@ def test_the_largest_user_of_a_project_over_its_total_ends_with_a_reason_that_sa
     assert small.status == JobStatus.RUNNING
 
 
-
 class RecordingLauncher:
     def __init__(self) -> None:
         self.sent: list[tuple[int, int]] = []
@@ -261,13 +259,13 @@ def test_a_job_is_measured_over_its_work_and_output_directories_and_its_layer(ru
 
 # --- a real job in its container ------------------------------------------------------------------
 FILLER = (
-    "python -c \"import os, sys, time\n"
+    'python -c "import os, sys, time\n'
     "with open(os.path.join(os.path.expandvars(sys.argv[1]), 'fill'), 'wb') as f:\n"
     "    for _ in range(100):\n"
     "        f.write(os.urandom(1 << 20))\n"
     "    f.flush(); os.fsync(f.fileno())\n"
     "print('written', flush=True)\n"
-    "time.sleep(600)\" "
+    'time.sleep(600)" '
 )
 
 

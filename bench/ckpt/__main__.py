@@ -109,9 +109,7 @@ def _window_means(step_times: list[float], every: int) -> tuple[float, float]:
     return _mean(with_ckpt), _mean(without)
 
 
-def _worker(
-    variant: str, *, size_gb: float, steps: int, every: int, batch: int, out: Path, copy_mode: str | None = None
-) -> RunFigures:
+def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int, out: Path, copy_mode: str | None = None) -> RunFigures:
     import torch
 
     model, optimizer, scheduler = _build(size_gb)

@@ -88,16 +88,12 @@ def report(runs: dict[str, list[RunFigures]], options: argparse.Namespace) -> st
     lines.append("")
     for name, (median, mean) in medians.items():
         if name != base:
-            lines.append(
-                f"{name} / {base}: blocking median {median / medians[base][0]:.2f}x, mean {mean / medians[base][1]:.2f}x"
-            )
+            lines.append(f"{name} / {base}: blocking median {median / medians[base][0]:.2f}x, mean {mean / medians[base][1]:.2f}x")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.ckpt.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench.ckpt.compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", required=True, help="the earlier commit (a git revision)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each variant, alternating (default 3)")
     parser.add_argument("--size-gb", type=float, default=0.25, help="parameters + optimizer state, GB (default 0.25)")
@@ -117,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [mode.strip() for mode in options.modes.split(",") if mode.strip()]
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-compare-"))
     base_tree = work / "base"
-    subprocess.run(
-        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), options.base], check=True, capture_output=True
-    )
+    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), options.base], check=True, capture_output=True)
     runs: dict[str, list[RunFigures]] = {"base": [], **{f"this ({mode})": [] for mode in modes}}
     try:
         for round_index in range(options.rounds):

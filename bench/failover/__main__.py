@@ -10,6 +10,7 @@ prints median/p95 per phase, goodput, and PASS/FAIL against the targets:
 
 Exit status: 0 all targets met, 1 a target missed, 2 the bench itself could not complete.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,18 +36,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.failover", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 3 latency runs, 1-minute goodput with a fault at 30 s")
     p.add_argument("--runs", type=int, default=None, help="latency runs (default 20; 3 with --quick)")
-    p.add_argument("--workload", choices=["print", "train"], default="print",
-                   help="latency job: 'print' a stdlib loop printing a line every --line-every s (default), 'train' jobs.examples.train_ckpt")
-    p.add_argument("--die-first", action="store_true",
-                   help="latency: the bench kills the run's processes itself just before injecting the fault, so detection is "
-                        "measured for a process that dies on its own (default: the agent kills it when it applies the fault)")
+    p.add_argument(
+        "--workload",
+        choices=["print", "train"],
+        default="print",
+        help="latency job: 'print' a stdlib loop printing a line every --line-every s (default), 'train' jobs.examples.train_ckpt",
+    )
+    p.add_argument(
+        "--die-first",
+        action="store_true",
+        help="latency: the bench kills the run's processes itself just before injecting the fault, so detection is "
+        "measured for a process that dies on its own (default: the agent kills it when it applies the fault)",
+    )
     p.add_argument("--line-every", type=float, default=0.05, help="latency job: seconds between lines (default 0.05)")
     p.add_argument("--goodput-minutes", type=float, default=None, help="goodput window D in minutes (default 6; 1 with --quick)")
     p.add_argument("--fault-every", type=float, default=None, help="one hardware fault every F minutes (default 2; 1 with --quick)")
     p.add_argument("--train-sleep", type=float, default=0.05, help="train_ckpt --sleep: seconds slept per step (default 0.05)")
     p.add_argument("--save-every", type=int, default=20, help="train_ckpt --save-every: steps between checkpoints (default 20)")
-    p.add_argument("--train-threads", type=int, default=1,
-                   help="OMP_NUM_THREADS in the training jobs' env (default 1, so two CPU runs side by side do not fight; 0: torch default)")
+    p.add_argument(
+        "--train-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS in the training jobs' env (default 1, so two CPU runs side by side do not fight; 0: torch default)",
+    )
     p.add_argument("--sequential", action="store_true", help="run the fault-free baseline before the faulted run (default: side by side)")
     p.add_argument("--poll-interval", type=float, default=None, help="set AGENT_POLL_INTERVAL (default: the settings' value, 0.5)")
     p.add_argument("--health-interval", type=float, default=None, help="set HEALTH_CHECK_INTERVAL (default: the settings' value, 5)")
@@ -58,9 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=None, help="also write all samples and figures to this file")
     p.add_argument("--keep", action="store_true", help="keep the temporary console directory")
-    p.add_argument("--backend", choices=["agents", "slurm", "both"], default="agents",
-                   help="where the runs run: the console's own agents (default), a one-host Slurm cluster (root, slurm-wlm, munge), "
-                        "or both, one after the other in this run, their latency side by side (Slurm: latency only)")
+    p.add_argument(
+        "--backend",
+        choices=["agents", "slurm", "both"],
+        default="agents",
+        help="where the runs run: the console's own agents (default), a one-host Slurm cluster (root, slurm-wlm, munge), "
+        "or both, one after the other in this run, their latency side by side (Slurm: latency only)",
+    )
     p.add_argument("--verbose", action="store_true", help="show the console's own log (LOG_LEVEL=INFO unless set)")
     args = p.parse_args(argv)
     args.runs = args.runs if args.runs is not None else (3 if args.quick else 20)
@@ -137,7 +153,9 @@ def latency_report(samples, args, out: dict) -> tuple[bool, list[str]]:
             f"(launch median {median([r['launch (placed → Running)'] for r in rest]):.3f} s)"
         )
     lines.append(f"  target fault → Running p95 ≤ {TARGET_RUNNING_P95_S:g} s: {running_p95:.3f} s  {verdict(ok_running)}")
-    lines.append(f"  target detection ≤ {TARGET_DETECTION_S:g} s after the process died: p95 {detection_p95:.3f} s, max {detection_max:.3f} s  {verdict(ok_detect)}")
+    lines.append(
+        f"  target detection ≤ {TARGET_DETECTION_S:g} s after the process died: p95 {detection_p95:.3f} s, max {detection_max:.3f} s  {verdict(ok_detect)}"
+    )
     if non_hw:
         lines.append(f"  WARNING: {len(non_hw)} run(s) were not judged a hardware fault")
     out["latency"] = {
@@ -152,8 +170,10 @@ def side_by_side(by_backend: dict[str, list]) -> list[str]:
     """The same failover measured on each backend in this run: medians and p95s, and Slurm's
     figure as a ratio of the agents'."""
     names = ["TOTAL fault → Running", "TOTAL fault → first new line (ts)", "launch (placed → Running)", "detection (process died → attempt ended)"]
-    lines = ["Failover on each backend, this run (seconds; the first new line is the new run's first step's line):",
-             f"  {'phase':<42} {'agents median':>13} {'p95':>7} {'slurm median':>13} {'p95':>7} {'slurm/agents (median)':>22}"]
+    lines = [
+        "Failover on each backend, this run (seconds; the first new line is the new run's first step's line):",
+        f"  {'phase':<42} {'agents median':>13} {'p95':>7} {'slurm median':>13} {'p95':>7} {'slurm/agents (median)':>22}",
+    ]
     for name in names:
         a = [s.phases()[name] for s in by_backend["agents"] if s.phases()[name] is not None]
         b = [s.phases()[name] for s in by_backend["slurm"] if s.phases()[name] is not None]
@@ -165,9 +185,11 @@ def side_by_side(by_backend: dict[str, list]) -> list[str]:
 
 
 def goodput_report(baseline, faulted, args, out: dict) -> tuple[bool, list[str]]:
-    lines = [f"Goodput, jobs.examples.train_ckpt --sleep {args.train_sleep} --save-every {args.save_every} (OMP_NUM_THREADS={args.train_threads or 'default'}), "
-             f"{args.goodput_minutes:g}-minute window from submission, a fault every {args.fault_every:g} min "
-             f"({'sequential' if args.sequential else 'side by side'}):"]
+    lines = [
+        f"Goodput, jobs.examples.train_ckpt --sleep {args.train_sleep} --save-every {args.save_every} (OMP_NUM_THREADS={args.train_threads or 'default'}), "
+        f"{args.goodput_minutes:g}-minute window from submission, a fault every {args.fault_every:g} min "
+        f"({'sequential' if args.sequential else 'side by side'}):"
+    ]
     for run in (baseline, faulted):
         step_s = run.steady_step_s
         lines.append(
@@ -177,17 +199,20 @@ def goodput_report(baseline, faulted, args, out: dict) -> tuple[bool, list[str]]
     ratio = faulted.steps / baseline.steps if baseline.steps else 0.0
     ok = ratio >= TARGET_GOODPUT
     n = len(faulted.failovers)
-    lines.append(f"  goodput = {faulted.steps_per_hour:,.0f} / {baseline.steps_per_hour:,.0f} steps/h = {ratio:.2%}  "
-                 f"(target ≥ {TARGET_GOODPUT:.0%})  {verdict(ok)}")
+    lines.append(
+        f"  goodput = {faulted.steps_per_hour:,.0f} / {baseline.steps_per_hour:,.0f} steps/h = {ratio:.2%}  (target ≥ {TARGET_GOODPUT:.0%})  {verdict(ok)}"
+    )
     fo_rows = []
     if n:
         lost = [fo.extra.get("steps_lost") for fo in faulted.failovers]
         down = [fo.extra.get("downtime_s") for fo in faulted.failovers]
         step_s = baseline.steady_step_s or float("nan")
         deficit = (baseline.steps - faulted.steps) / n
-        lines.append(f"  per fault: steps redone (last printed − resume step) median {median(lost):.0f}, "
-                     f"gap between step lines median {median(down):.2f} s; deficit vs baseline {deficit:.0f} steps "
-                     f"≈ {deficit * step_s:.2f} s of training per fault")
+        lines.append(
+            f"  per fault: steps redone (last printed − resume step) median {median(lost):.0f}, "
+            f"gap between step lines median {median(down):.2f} s; deficit vs baseline {deficit:.0f} steps "
+            f"≈ {deficit * step_s:.2f} s of training per fault"
+        )
         per_hour = 60.0 / args.fault_every
         est = 1.0 - per_hour * deficit * step_s / 3600.0
         lines.append(f"  at {per_hour:g} faults/h that deficit gives {est:.2%} over an hour (window start-up excluded)")
@@ -199,8 +224,12 @@ def goodput_report(baseline, faulted, args, out: dict) -> tuple[bool, list[str]]
         lines.append(table(fo_rows, title=f"Failover phases of the {n} training-job faults, seconds:"))
     out["goodput"] = {
         "baseline": {"job": baseline.job_id, "steps": baseline.steps, "steps_per_hour": baseline.steps_per_hour, "steady_step_s": baseline.steady_step_s},
-        "faulted": {"job": faulted.job_id, "steps": faulted.steps, "steps_per_hour": faulted.steps_per_hour,
-                    "failovers": [fo.to_dict() for fo in faulted.failovers]},
+        "faulted": {
+            "job": faulted.job_id,
+            "steps": faulted.steps,
+            "steps_per_hour": faulted.steps_per_hour,
+            "failovers": [fo.to_dict() for fo in faulted.failovers],
+        },
         "ratio": ratio,
         "ok": ok,
     }
@@ -316,8 +345,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"console directory kept: {var_dir}")
         else:
             shutil.rmtree(var_dir, ignore_errors=True)
-    print(f"\nbench took {time.monotonic() - began:.0f} s; overall: "
-          + ("PASS" if results and all(results) and status == 0 else "FAIL" if results else "no result"))
+    print(
+        f"\nbench took {time.monotonic() - began:.0f} s; overall: "
+        + ("PASS" if results and all(results) and status == 0 else "FAIL" if results else "no result")
+    )
     if status:
         return status
     return 0 if results and all(results) else 1

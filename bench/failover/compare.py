@@ -6,6 +6,7 @@ with this checkout's venv; the runs alternate (base, this, base, this for ``--ro
 else the machine does skews both alike. Prints each figure per kind, its spread over the rounds
 and the ratio of this checkout's median to the base's.
 """
+
 from __future__ import annotations
 
 import sys

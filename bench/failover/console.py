@@ -1,5 +1,6 @@
 """An embedded console of its own for the bench: temporary var dir, SQLite, simulated nodes,
 and the real embedded control loop thread (placement + the local node agent)."""
+
 from __future__ import annotations
 
 import io

@@ -1,5 +1,6 @@
 """Goodput: steps per hour of ``jobs.examples.train_ckpt`` with a hardware fault every F minutes,
 against the same job without faults, measured in the same bench run."""
+
 from __future__ import annotations
 
 import sys
@@ -154,8 +155,10 @@ def run_goodput(
     faulted_job = console.create_job("goodput-faults", command, env=env)
     if not sequential:
         baseline = GoodputRun(job_id=baseline_job.pk, label="baseline", t0=baseline_job.created_at.timestamp(), window_s=minutes * 60.0)
-    log(f"  faulted run for {minutes:g} min, faults at +{', +'.join(f'{o:.0f}s' for o in fault_offsets(minutes, fault_every))}"
-        + ("" if sequential else " (the fault-free baseline runs alongside)"))
+    log(
+        f"  faulted run for {minutes:g} min, faults at +{', +'.join(f'{o:.0f}s' for o in fault_offsets(minutes, fault_every))}"
+        + ("" if sequential else " (the fault-free baseline runs alongside)")
+    )
     sys.stdout.flush()
     faulted = run_faulted(console, faulted_job, minutes=minutes, fault_every=fault_every, timeout=timeout, log=log)
     finish(faulted, interval=console.interval)

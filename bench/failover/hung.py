@@ -1,6 +1,7 @@
 """Detection of a hung rank: a run that stops printing and never exits by itself (it even ignores
 SIGTERM) is on a GPU that falls off the bus. Measured per run: fault → every process of the run
 gone (the health monitor's SIGKILL), fault → attempt ended, fault → Running again elsewhere."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,7 @@ from bench.failover.console import EmbeddedConsole
 from bench.failover.stats import table
 from bench.failover.timeline import wait_for, watch_failover
 
-HUNG = (
-    "python -c \"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print('step 1', flush=True); time.sleep(10**9)\""
-)
+HUNG = "python -c \"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('step 1', flush=True); time.sleep(10**9)\""
 PHASES = ("fault → processes gone", "fault → attempt ended", "fault → Running elsewhere")
 
 
@@ -34,11 +32,16 @@ def one_run(console: EmbeddedConsole, index: int, *, timeout: float) -> dict[str
     started = time.time()
     inject_fault(part.node, kind="gpu_lost", gpu=part.gpu_indices[0], actor="bench")
     try:
-        wait_for(lambda: not [p for p in run_processes(pgid) if p.is_running() and p.status() != "zombie"], timeout=timeout, poll=0.005,
-                 what="the hung run's processes to go")
+        wait_for(
+            lambda: not [p for p in run_processes(pgid) if p.is_running() and p.status() != "zombie"],
+            timeout=timeout,
+            poll=0.005,
+            what="the hung run's processes to go",
+        )
         gone = time.time()
-        ended = wait_for(lambda: JobAttempt.objects.filter(job_id=job.pk, number=1).values_list("ended_at", flat=True).first(),
-                         timeout=timeout, what="the attempt to end")
+        ended = wait_for(
+            lambda: JobAttempt.objects.filter(job_id=job.pk, number=1).values_list("ended_at", flat=True).first(), timeout=timeout, what="the attempt to end"
+        )
         running, _line, _number = watch_failover(job.pk, 1, timeout=timeout)
     finally:
         clear_node(part.node, actor="bench")

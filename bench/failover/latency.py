@@ -1,4 +1,5 @@
 """Failover latency: fault injection → Running on a new node → first new log line, per phase."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,14 @@ def workload_command(workload: str, every: float) -> str:
 
 
 def one_run(
-    console: EmbeddedConsole, index: int, *, workload: str, every: float, rng: random.Random, timeout: float, die_first: bool = False,
+    console: EmbeddedConsole,
+    index: int,
+    *,
+    workload: str,
+    every: float,
+    rng: random.Random,
+    timeout: float,
+    die_first: bool = False,
     prefix: str = "latency",
 ) -> Failover:
     from django.conf import settings
@@ -34,8 +42,10 @@ def one_run(
     job = console.create_job(f"{prefix}-{index:03d}", workload_command(workload, every))
     # Running with output: attempt 1 runs and a few of its lines are stored.
     wait_for(
-        lambda: LogLine.objects.filter(job_id=job.pk, attempt=1).count() >= 3
-        and JobAttempt.objects.filter(job_id=job.pk, number=1, state=JobAttempt.State.RUNNING).exists(),
+        lambda: (
+            LogLine.objects.filter(job_id=job.pk, attempt=1).count() >= 3
+            and JobAttempt.objects.filter(job_id=job.pk, number=1, state=JobAttempt.State.RUNNING).exists()
+        ),
         timeout=timeout,
         what=f"job {job.pk} to run with output",
     )
@@ -67,7 +77,15 @@ def num(value: float | None) -> str:
 
 
 def run_latency(
-    console: EmbeddedConsole, *, runs: int, workload: str, every: float, seed: int, timeout: float, die_first: bool = False, log=print,
+    console: EmbeddedConsole,
+    *,
+    runs: int,
+    workload: str,
+    every: float,
+    seed: int,
+    timeout: float,
+    die_first: bool = False,
+    log=print,
     prefix: str = "latency",
 ) -> list[Failover]:
     rng = random.Random(seed)

@@ -22,6 +22,7 @@ invocation, then ``--runs`` with ``--lease`` (default: the settings' scale-out d
 Target: lost node → Running elsewhere p95 ≤ lease + 5 s, and the metric equal to it (within 0.5 s).
 Exit status: 0 met, 1 missed, 2 the bench could not run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,15 +44,17 @@ METRIC_TOLERANCE_S = 0.5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.failover.lostnode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.failover.lostnode", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=10, help="lost-node failovers with --lease (10)")
     p.add_argument("--lease", type=float, default=None, help="NODE_HEARTBEAT_TIMEOUT (default: the scale-out default, 12)")
     p.add_argument("--before-runs", type=int, default=0, help="failovers first with --before-lease (0)")
     p.add_argument("--before-lease", type=float, default=90.0, help="NODE_HEARTBEAT_TIMEOUT of the before runs (90: the old default)")
     p.add_argument("--pg", default=os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
-    p.add_argument("--redis", default=os.environ.get("BENCH_LOSTNODE_REDIS_URL", "redis://127.0.0.1:6379/11"),
-                   help="a Redis database of its own, flushed at each phase's start (db 11)")
+    p.add_argument(
+        "--redis",
+        default=os.environ.get("BENCH_LOSTNODE_REDIS_URL", "redis://127.0.0.1:6379/11"),
+        help="a Redis database of its own, flushed at each phase's start (db 11)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=None, help="also write every sample to this file")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (process logs)")
@@ -66,8 +69,7 @@ class LostNodeBench:
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
         self.args = args
         self.cluster = Cluster(tmp, args.pg, args.redis, f"satrain_bench_lostnode_{os.getpid()}", 1)
-        self.cluster.env.update({"JOB_SANDBOX": os.environ.get("JOB_SANDBOX", "off"), "STOP_GRACE_PERIOD": "2",
-                                 "HEALTH_CHECK_INTERVAL": "5"})
+        self.cluster.env.update({"JOB_SANDBOX": os.environ.get("JOB_SANDBOX", "off"), "STOP_GRACE_PERIOD": "2", "HEALTH_CHECK_INTERVAL": "5"})
         self.names: list[str] = []
         self.django_ready = False
 
@@ -80,8 +82,9 @@ class LostNodeBench:
         self.cluster.reset(f"lease{lease or 'default'}")
         if not self.django_ready:
             # This process reads (and queues jobs in) the bench database with the product's own code.
-            os.environ.update({k: v for k, v in self.cluster.env.items() if k in ("DATABASE_URL", "REDIS_URL", "CONSOLE_VAR_DIR",
-                                                                                  "SECRET_KEY", "JOB_WORK_ROOT")})
+            os.environ.update(
+                {k: v for k, v in self.cluster.env.items() if k in ("DATABASE_URL", "REDIS_URL", "CONSOLE_VAR_DIR", "SECRET_KEY", "JOB_WORK_ROOT")}
+            )
             os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
             import django
 
@@ -103,15 +106,20 @@ class LostNodeBench:
         """The lease the cluster's processes run with (the settings' default when not given)."""
         import subprocess
 
-        done = subprocess.run([PY, "manage.py", "shell", "-c", "from django.conf import settings; print(settings.NODE_HEARTBEAT_TIMEOUT)"],
-                              cwd=self.cluster.root, env=self.cluster.env, capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [PY, "manage.py", "shell", "-c", "from django.conf import settings; print(settings.NODE_HEARTBEAT_TIMEOUT)"],
+            cwd=self.cluster.root,
+            env=self.cluster.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return float(done.stdout.strip().splitlines()[-1])
 
     def wait_ready(self, names: list[str], timeout: float = 120.0) -> None:
         from jobs.models import Node
 
-        self.cluster.wait(lambda: Node.objects.filter(name__in=names, state=Node.State.READY).count() == len(names),
-                          f"{', '.join(names)} Ready", timeout)
+        self.cluster.wait(lambda: Node.objects.filter(name__in=names, state=Node.State.READY).count() == len(names), f"{', '.join(names)} Ready", timeout)
 
     # --- one failover --------------------------------------------------------------------------
     def recovery_sum(self) -> tuple[float, float]:
@@ -131,10 +139,24 @@ class LostNodeBench:
         from jobs.statuses import JobStatus
 
         owner = get_user_model().objects.get(username="admin")
-        job = create_job(owner=owner, actor="bench", name=f"lost-{index:03d}", project=personal_project_for(owner),
-                         image=self.cluster.env.get("DEFAULT_IMAGE") or _default_image(), command=COMMAND, gpus_per_node=1, node_count=1)
-        self.cluster.wait(lambda: JobAttempt.objects.filter(job=job, number=1, started_at__isnull=False).exists()
-                          and TrainingJob.objects.get(pk=job.pk).status == JobStatus.RUNNING, f"job {job.pk} Running", 120)
+        job = create_job(
+            owner=owner,
+            actor="bench",
+            name=f"lost-{index:03d}",
+            project=personal_project_for(owner),
+            image=self.cluster.env.get("DEFAULT_IMAGE") or _default_image(),
+            command=COMMAND,
+            gpus_per_node=1,
+            node_count=1,
+        )
+        self.cluster.wait(
+            lambda: (
+                JobAttempt.objects.filter(job=job, number=1, started_at__isnull=False).exists()
+                and TrainingJob.objects.get(pk=job.pk).status == JobStatus.RUNNING
+            ),
+            f"job {job.pk} Running",
+            120,
+        )
         first = JobAttempt.objects.get(job=job, number=1)
         node = first.placements.get().node.name
         time.sleep(1.0 + random.uniform(0, 3.0))  # past the start, at a random phase of the beat cycle
@@ -156,15 +178,19 @@ class LostNodeBench:
         sum1, count1 = self.recovery_sum()
         started = second.started_at.timestamp()
         sample = {
-            "job": job.pk, "lost_node": node, "new_node": second.placements.get().node.name,
+            "job": job.pk,
+            "lost_node": node,
+            "new_node": second.placements.get().node.name,
             "last_beat_to_running_s": started - last_beat if last_beat else None,
             "kill_to_running_s": started - t_kill,
             "metric_s": sum1 - sum0 if count1 == count0 + 1 else None,
             "old_metric_s": started - first.ended_at.timestamp(),
             "banner": TrainingJob.objects.get(pk=job.pk).status_reason,
         }
-        log(f"  run {index}: {node} → {sample['new_node']}: last beat → Running {fmt(sample['last_beat_to_running_s'])}, "
-            f"kill → Running {fmt(sample['kill_to_running_s'])}, metric {fmt(sample['metric_s'])} (old formula {fmt(sample['old_metric_s'])})")
+        log(
+            f"  run {index}: {node} → {sample['new_node']}: last beat → Running {fmt(sample['last_beat_to_running_s'])}, "
+            f"kill → Running {fmt(sample['kill_to_running_s'])}, metric {fmt(sample['metric_s'])} (old formula {fmt(sample['old_metric_s'])})"
+        )
         request_stop(TrainingJob.objects.get(pk=job.pk), actor="bench")
         self.cluster.spawn(f"agent-{node}", [PY, "manage.py", "nodeagent", "--name", node, "--simulated"])
         self.wait_ready([node])
@@ -203,8 +229,12 @@ def summarise(samples: list[dict]) -> dict:
 
 
 def print_phase(result: dict) -> None:
-    rows = [("lost node: last beat → Running elsewhere", "last_beat_to_running_s"), ("agent killed → Running elsewhere", "kill_to_running_s"),
-            ("satrain_failover_recovery_seconds (recorded)", "metric_s"), ("old formula: closed run's end → Running", "old_metric_s")]
+    rows = [
+        ("lost node: last beat → Running elsewhere", "last_beat_to_running_s"),
+        ("agent killed → Running elsewhere", "kill_to_running_s"),
+        ("satrain_failover_recovery_seconds (recorded)", "metric_s"),
+        ("old formula: closed run's end → Running", "old_metric_s"),
+    ]
     print(f"\n{result['label']} (NODE_HEARTBEAT_TIMEOUT {result['lease_s']:g}s)")
     print(f"  {'figure':46}  {'median':>7}  {'p95':>7}  {'min':>7}  {'max':>7}  {'n':>3}")
     for title, key in rows:

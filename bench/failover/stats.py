@@ -1,4 +1,5 @@
 """Small statistics and table helpers (standard library only)."""
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,5 @@ def table(rows: list[tuple[str, Sequence[float]]], *, title: str) -> str:
         clean = [s for s in samples if s is not None]
         lo = min(clean) if clean else None
         hi = max(clean) if clean else None
-        out.append(
-            f"  {name.ljust(name_w)}  {fmt_s(median(clean))}  {fmt_s(p95(clean))}  {fmt_s(lo)}  {fmt_s(hi)}  {len(clean):>3}"
-        )
+        out.append(f"  {name.ljust(name_w)}  {fmt_s(median(clean))}  {fmt_s(p95(clean))}  {fmt_s(lo)}  {fmt_s(hi)}  {len(clean):>3}")
     return "\n".join(out)

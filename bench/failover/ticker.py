@@ -3,6 +3,7 @@
 Standard library only, so the process starts in tens of milliseconds and the figures show the
 platform's own failover cost (the goodput part runs a real PyTorch job).
 """
+
 from __future__ import annotations
 
 import argparse

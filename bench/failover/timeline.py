@@ -1,4 +1,5 @@
 """Read one failover's timeline back from the database's own timestamps."""
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,9 @@ class Failover:
             "  of which command (spawned → first line ts)": diff(self.first_line_ts, self.runner_up),
             "ingestion (line ts → stored, seen)": diff(self.first_line_seen, self.first_line_ts),
             "fault → attempt ended": diff(self.old_ended, self.fault_created),
-            **({"detection from a process that died itself (kill → ended)": diff(self.old_ended, self.extra["killed_at"])} if "killed_at" in self.extra else {}),
+            **(
+                {"detection from a process that died itself (kill → ended)": diff(self.old_ended, self.extra["killed_at"])} if "killed_at" in self.extra else {}
+            ),
             "TOTAL fault → Running": diff(self.running_event, self.fault_created),
             "TOTAL fault → first new line (ts)": diff(self.first_line_ts, self.fault_created),
             "TOTAL fault → first new line stored": diff(self.first_line_seen, self.fault_created),
@@ -85,9 +88,7 @@ def read_back(fo: Failover, fault_id: int) -> Failover:
     old = JobAttempt.objects.get(job_id=fo.job_id, number=fo.old_attempt)
     fo.old_ended, fo.judged, fo.verdict = ts(old.ended_at), ts(old.judged_at), old.verdict
     fo.failover_event = ts(
-        JobEvent.objects.filter(job_id=fo.job_id, attempt=fo.old_attempt, to_status=JobStatus.FAILOVER_IN_PROGRESS)
-        .values_list("created_at", flat=True)
-        .first()
+        JobEvent.objects.filter(job_id=fo.job_id, attempt=fo.old_attempt, to_status=JobStatus.FAILOVER_IN_PROGRESS).values_list("created_at", flat=True).first()
     )
     new = JobAttempt.objects.filter(job_id=fo.job_id, number__gt=fo.old_attempt).order_by("number").first()
     if new is None:
@@ -103,9 +104,7 @@ def read_back(fo: Failover, fault_id: int) -> Failover:
         except (OSError, ValueError, KeyError):
             pass
     fo.running_event = ts(
-        JobEvent.objects.filter(job_id=fo.job_id, attempt=new.number, to_status=JobStatus.RUNNING)
-        .values_list("created_at", flat=True)
-        .first()
+        JobEvent.objects.filter(job_id=fo.job_id, attempt=new.number, to_status=JobStatus.RUNNING).values_list("created_at", flat=True).first()
     )
     first = LogLine.objects.filter(job_id=fo.job_id, attempt=new.number).order_by("seq").values_list("ts", flat=True).first()
     fo.first_line_ts = ts(first)
@@ -139,16 +138,13 @@ def watch_failover(job_id: int, old_attempt: int, *, timeout: float) -> tuple[fl
     while running_seen is None or line_seen is None:
         now = time.time()
         if number is None:
-            number = (
-                JobAttempt.objects.filter(job_id=job_id, number__gt=old_attempt)
-                .order_by("number")
-                .values_list("number", flat=True)
-                .first()
-            )
+            number = JobAttempt.objects.filter(job_id=job_id, number__gt=old_attempt).order_by("number").values_list("number", flat=True).first()
         if number is not None:
-            if running_seen is None and TrainingJob.objects.filter(pk=job_id, status=JobStatus.RUNNING).exists() and JobAttempt.objects.filter(
-                job_id=job_id, number=number, state__in=[JobAttempt.State.RUNNING, JobAttempt.State.EXITED]
-            ).exists():
+            if (
+                running_seen is None
+                and TrainingJob.objects.filter(pk=job_id, status=JobStatus.RUNNING).exists()
+                and JobAttempt.objects.filter(job_id=job_id, number=number, state__in=[JobAttempt.State.RUNNING, JobAttempt.State.EXITED]).exists()
+            ):
                 running_seen = now
             if line_seen is None and LogLine.objects.filter(job_id=job_id, attempt=number).exists():
                 line_seen = now

@@ -23,6 +23,7 @@ previous window's transactions.
 Needs PostgreSQL on ``--pg`` (default ``postgres://postgres@127.0.0.1:5432``, trust auth); the
 database ``--database`` (``idle_bench``) is dropped and created afresh for each console.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,7 +73,12 @@ class Console:
         self.ready = threading.Event()
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "runconsole", "--port", str(port)],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
         threading.Thread(target=self.read, daemon=True).start()
 
@@ -134,7 +140,9 @@ def wait_placed(job_id: int, started: float, timeout: float = 30.0) -> float:
 def place_through_api(port: int, token: str, label: str) -> float:
     body = json.dumps({"name": label, "command": JOB_COMMAND, "gpus_per_node": 1}).encode()
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/api/v1/training-jobs/", data=body, method="POST",
+        f"http://127.0.0.1:{port}/api/v1/training-jobs/",
+        data=body,
+        method="POST",
         headers={"Authorization": f"Token {token}", "Content-Type": "application/json"},
     )
     started = time.monotonic()
@@ -221,7 +229,8 @@ def run_console(mode: str, args, base_env: dict[str, str], var_dir: Path) -> dic
 def spread(values: list[float], unit: str, digits: int = 2) -> str:
     return (
         f"mean {statistics.fmean(values):.{digits}f} {unit}  (min {min(values):.{digits}f}, max {max(values):.{digits}f}; "
-        + ", ".join(f"{v:.{digits}f}" for v in values) + ")"
+        + ", ".join(f"{v:.{digits}f}" for v in values)
+        + ")"
     )
 
 
@@ -238,15 +247,17 @@ def main() -> None:
 
     var_dir = Path(tempfile.mkdtemp(prefix="idle-bench-"))
     base_env = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
-    base_env.update({
-        "DATABASE_URL": f"{args.pg}/{args.database}",
-        "CONSOLE_VAR_DIR": str(var_dir),
-        "SIMULATED_GPUS": "1",
-        "SIMULATED_NODES": "3",
-        "JOB_SANDBOX": "off",  # no image to build: the bench measures the control plane
-        "CONSOLE_ADMIN_PASSWORD": "bench-not-secret-1",
-        "LOG_LEVEL": base_env.get("LOG_LEVEL", "WARNING"),
-    })
+    base_env.update(
+        {
+            "DATABASE_URL": f"{args.pg}/{args.database}",
+            "CONSOLE_VAR_DIR": str(var_dir),
+            "SIMULATED_GPUS": "1",
+            "SIMULATED_NODES": "3",
+            "JOB_SANDBOX": "off",  # no image to build: the bench measures the control plane
+            "CONSOLE_ADMIN_PASSWORD": "bench-not-secret-1",
+            "LOG_LEVEL": base_env.get("LOG_LEVEL", "WARNING"),
+        }
+    )
     # This process reads and creates jobs in the same database and var dir (so its wake-ups
     # reach the console through the same wake file).
     for key in ("DATABASE_URL", "CONSOLE_VAR_DIR", "SIMULATED_GPUS", "JOB_SANDBOX"):
@@ -281,8 +292,10 @@ def main() -> None:
         print(f"idle transactions/s: baseline {old:.2f} → wake-ups {idle:.2f}  (ratio {old / idle if idle else float('inf'):.1f}×)")
     else:
         print(f"idle transactions/s: {idle:.2f} (baseline not run; the issue measured 18.2)")
-    print(f"target ≤ {TARGET_TX_PER_S} tx/s: {'met' if idle <= TARGET_TX_PER_S else 'MISSED'};  "
-          f"slowest placement {worst:.3f} s, target ≤ {TARGET_PLACEMENT_S} s: {'met' if worst <= TARGET_PLACEMENT_S else 'MISSED'}")
+    print(
+        f"target ≤ {TARGET_TX_PER_S} tx/s: {'met' if idle <= TARGET_TX_PER_S else 'MISSED'};  "
+        f"slowest placement {worst:.3f} s, target ≤ {TARGET_PLACEMENT_S} s: {'met' if worst <= TARGET_PLACEMENT_S else 'MISSED'}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ list reads each access branch off its own index (``console.paging``); the pager'
 10,000, and the line after the table times the exact COUNT against that capped one and the
 branches' first page against the plain query's, at both sizes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -134,10 +135,7 @@ def main() -> int:
             f"list benchmark: {args.jobs} jobs (baseline {args.baseline_jobs}), {args.requests} requests each, SQLite, "
             f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
         )
-        print(
-            f"{'endpoint':<44}{'page':>5}{'median':>8}{'p95':>7}{'spread':>14}{'q':>3}"
-            f"{'base med':>9}{'base p95':>9}{'spread':>14}{'q':>3}{'p95 ratio':>10}"
-        )
+        print(f"{'endpoint':<44}{'page':>5}{'median':>8}{'p95':>7}{'spread':>14}{'q':>3}{'base med':>9}{'base p95':>9}{'spread':>14}{'q':>3}{'p95 ratio':>10}")
         queries_seen: dict[str, set[int]] = {}
         worst = {"page": (0.0, 0.0), "API": (0.0, 0.0)}  # (p95 ms, p95 ratio)
         cases = [("page", "list page /", "/?page_size={n}", size) for size in (20, 50, 100)]

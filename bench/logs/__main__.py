@@ -9,6 +9,7 @@
    vs the same job alone (target p95 ≤ 1 s and ≤ 2× alone).
 Everything runs against a temporary SQLite install; the console is ``manage.py runconsole``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,7 @@ def parse_args(argv=None):
     p.add_argument("--json", type=Path, help="also write the figures as JSON here")
     p.add_argument("--keep", action="store_true", help="keep the temporary install (its path is printed)")
     p.add_argument("--verbose", action="store_true", help="INFO logging in the console")
-    p.add_argument("--diagnose", action="store_true",
-                   help="run the console under bench.logs.probe and print where the live pipeline spends its time")
+    p.add_argument("--diagnose", action="store_true", help="run the console under bench.logs.probe and print where the live pipeline spends its time")
     args = p.parse_args(argv)
     args.ingest_lines = args.ingest_lines or (50_000 if args.quick else 200_000)
     args.seconds = args.seconds or (8.0 if args.quick else 20.0)
@@ -80,8 +80,21 @@ def latency_block(label: str, res) -> dict:
         got = len(set(v.counters))
         bad = c["dup_seq"] or c["seq_gaps"] or c["dup_i"] or c["lost_i"] or v.error or v.end_status is None
         problems += bool(bad)
-        per_viewer.append({"job": v.job_id, "viewer": v.index, "received": len(v.seqs), "live": v.live_lines, "backlog": v.backlog_lines,
-                           "distinct_i": got, **c, "end": v.end_status, "error": v.error, "p50_ms": vs["median"], "p95_ms": vs["p95"]})
+        per_viewer.append(
+            {
+                "job": v.job_id,
+                "viewer": v.index,
+                "received": len(v.seqs),
+                "live": v.live_lines,
+                "backlog": v.backlog_lines,
+                "distinct_i": got,
+                **c,
+                "end": v.end_status,
+                "error": v.error,
+                "p50_ms": vs["median"],
+                "p95_ms": vs["p95"],
+            }
+        )
         print(
             f"    job {v.job_id:>3} viewer {v.index}: received {len(v.seqs):>6,} (live {v.live_lines:>6,}, backlog {v.backlog_lines:>5,}) "
             f"of {res.expected:,}; lost {c['lost_i']}, dup {c['dup_i']}, seq dup {c['dup_seq']}, seq gaps {c['seq_gaps']}; "
@@ -91,8 +104,15 @@ def latency_block(label: str, res) -> dict:
         if not st.startswith("Completed") or res.stored[job_id] != res.expected:
             print(f"    job {job_id}: status {st}, {res.stored[job_id]:,} lines stored of {res.expected:,}")
     print(f"    viewers with lost/duplicated lines or errors: {problems} of {len(res.viewers)}")
-    return {"summary_ms": s, "viewers": per_viewer, "problem_viewers": problems, "wall_s": res.wall, "cpu": res.cpu,
-            "job_status": res.job_status, "stored": res.stored}
+    return {
+        "summary_ms": s,
+        "viewers": per_viewer,
+        "problem_viewers": problems,
+        "wall_s": res.wall,
+        "cpu": res.cpu,
+        "job_status": res.job_status,
+        "stored": res.stored,
+    }
 
 
 def main(argv=None) -> int:
@@ -119,8 +139,15 @@ def main(argv=None) -> int:
             batches = [int(b) for b in args.batches.split(",")]
             results = run_ingest(total=args.ingest_lines, batches=batches, work_root=var_dir)
             report["ingest"] = [
-                {"name": r.name, "batch": r.batch, "lines": r.lines, "seconds": r.seconds, "lines_per_s": r.rate,
-                 "batch_ms_p50": quantile(r.batch_s, 0.5) * 1000, "batch_ms_p95": quantile(r.batch_s, 0.95) * 1000}
+                {
+                    "name": r.name,
+                    "batch": r.batch,
+                    "lines": r.lines,
+                    "seconds": r.seconds,
+                    "lines_per_s": r.rate,
+                    "batch_ms_p50": quantile(r.batch_s, 0.5) * 1000,
+                    "batch_ms_p95": quantile(r.batch_s, 0.95) * 1000,
+                }
                 for r in results
             ]
             print("  summary:")
@@ -129,9 +156,11 @@ def main(argv=None) -> int:
                 ing, raw = by[("ingest_lines", b)], by[("raw bulk_create", b)]
                 ok = ing.rate >= INGEST_TARGET
                 verdicts.append((f"ingest_lines batch {b} ≥ {INGEST_TARGET:,} lines/s", ok))
-                print(f"    batch {b:>5}: ingest_lines {ing.rate:>9,.0f} lines/s vs raw bulk_create {raw.rate:>9,.0f} lines/s "
-                      f"→ {ratio(ing.rate, raw.rate)} of the baseline; batch p50 {quantile(ing.batch_s, .5) * 1000:.0f} ms  "
-                      f"[{verdict(ok)} ≥ {INGEST_TARGET:,}]")
+                print(
+                    f"    batch {b:>5}: ingest_lines {ing.rate:>9,.0f} lines/s vs raw bulk_create {raw.rate:>9,.0f} lines/s "
+                    f"→ {ratio(ing.rate, raw.rate)} of the baseline; batch p50 {quantile(ing.batch_s, 0.5) * 1000:.0f} ms  "
+                    f"[{verdict(ok)} ≥ {INGEST_TARGET:,}]"
+                )
             drain = results[-1]
             ok = drain.rate >= INGEST_TARGET
             verdicts.append((f"agent drain (parse + ingest) ≥ {INGEST_TARGET:,} lines/s", ok))
@@ -172,8 +201,10 @@ def main(argv=None) -> int:
                 ok = big["p95"] <= TAIL_TARGET_MS
                 verdicts.append((f"tail {name} p95 ≤ {TAIL_TARGET_MS:.0f} ms on {args.tail_lines:,} lines", ok))
                 report["tail"][name] = {"small": small, "big": big}
-                print(f"  {name:<42} {fmt(small['median'])} {fmt(small['p95'])} {fmt(big['median'])} {fmt(big['p95'])} "
-                      f"{ratio(big['median'], small['median']):>7}  [{verdict(ok)}]")
+                print(
+                    f"  {name:<42} {fmt(small['median'])} {fmt(small['p95'])} {fmt(big['median'])} {fmt(big['p95'])} "
+                    f"{ratio(big['median'], small['median']):>7}  [{verdict(ok)}]"
+                )
 
         # --- 2. latency ----------------------------------------------------------------------
         if "latency" in args.parts:
@@ -196,8 +227,10 @@ def main(argv=None) -> int:
             clean = rf["problem_viewers"] == 0 and rb["problem_viewers"] == 0
             verdicts.append((f"latency p95 ≤ {LATENCY_TARGET_MS:.0f} ms ({args.jobs} jobs, {args.jobs * args.viewers_per_job} viewers)", ok))
             verdicts.append(("no line lost or duplicated at any viewer", clean))
-            print(f"  summary: p50 {sf['median']:.0f} ms, p95 {sf['p95']:.0f} ms, p99 {sf['p99']:.0f} ms "
-                  f"vs baseline p50 {sb['median']:.0f} / p95 {sb['p95']:.0f} ms → p95 {ratio(sf['p95'], sb['p95'])} of the baseline")
+            print(
+                f"  summary: p50 {sf['median']:.0f} ms, p95 {sf['p95']:.0f} ms, p99 {sf['p99']:.0f} ms "
+                f"vs baseline p50 {sb['median']:.0f} / p95 {sb['p95']:.0f} ms → p95 {ratio(sf['p95'], sb['p95'])} of the baseline"
+            )
         # --- 4. fairness ---------------------------------------------------------------------
         if "fairness" in args.parts:
             from bench.logs.live import run_fairness, run_live
@@ -214,8 +247,10 @@ def main(argv=None) -> int:
             ok = sl["p95"] <= FAIR_TARGET_MS and sl["p95"] <= 2 * max(sa["p95"], 1.0)
             verdicts.append((f"quiet job's p95 beside {args.floods} floods ≤ {FAIR_TARGET_MS:.0f} ms and ≤ 2× alone", ok))
             report["fairness"] = {"alone": ra, "loaded": rl, "floods": floods}
-            print(f"  summary: beside the floods p50 {sl['median']:.0f} / p95 {sl['p95']:.0f} / max {sl['max']:.0f} ms vs alone "
-                  f"p50 {sa['median']:.0f} / p95 {sa['p95']:.0f} ms → p95 {ratio(sl['p95'], sa['p95'])} of alone  [{verdict(ok)}]")
+            print(
+                f"  summary: beside the floods p50 {sl['median']:.0f} / p95 {sl['p95']:.0f} / max {sl['max']:.0f} ms vs alone "
+                f"p50 {sa['median']:.0f} / p95 {sa['p95']:.0f} ms → p95 {ratio(sl['p95'], sa['p95'])} of alone  [{verdict(ok)}]"
+            )
     finally:
         if console is not None:
             console.stop()

@@ -7,6 +7,7 @@ the machine does skews both alike. Prints each figure per run, its spread over t
 ratio of this checkout's median to the base's. A figure the base's benchmark does not measure
 (the fairness run is new) is shown for this checkout only.
 """
+
 from __future__ import annotations
 
 import sys

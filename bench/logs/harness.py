@@ -1,5 +1,6 @@
 """The bench's own console install: a temp var dir with SQLite, Django set up in-process, and the
 console (``manage.py runconsole``) as a subprocess on the same database."""
+
 from __future__ import annotations
 
 import asyncio
@@ -167,5 +168,3 @@ class ConsoleProcess:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
         kill_unfinished_runs(self.var_dir / "jobs")
-
-

@@ -1,6 +1,7 @@
 """1. Ingest throughput: ``ingest_lines`` (dedupe, seq, bulk insert, publish after commit) in the
 agent's batch sizes, the agent's whole ``NodeAgent.drain`` (output.jsonl → ingest), and a raw
 ``LogLine.objects.bulk_create`` of the same rows as the baseline."""
+
 from __future__ import annotations
 
 import json
@@ -74,10 +75,7 @@ def bench_bulk_create(job_id: int, lines, batch: int) -> IngestResult:
         t = time.perf_counter()
         with transaction.atomic():
             LogLine.objects.bulk_create(
-                [
-                    LogLine(job_id=job_id, stream="master", attempt=1, seq=ln.line_no, line_no=ln.line_no, ts=ln.ts, text=ln.text)
-                    for ln in lines[i : i + batch]
-                ],
+                [LogLine(job_id=job_id, stream="master", attempt=1, seq=ln.line_no, line_no=ln.line_no, ts=ln.ts, text=ln.text) for ln in lines[i : i + batch]],
                 batch_size=2000,
             )
         res.batch_s.append(time.perf_counter() - t)
@@ -93,9 +91,7 @@ def bench_drain(job_id: int, texts: list[str], t0: float, work: Path, chunk: int
 
     work.mkdir(parents=True, exist_ok=True)
     path = work / runfiles.OUTPUT_FILE
-    encoded = [
-        json.dumps({"n": i + 1, "t": t0 + i * 0.001, "s": t}, ensure_ascii=False).encode() + b"\n" for i, t in enumerate(texts)
-    ]
+    encoded = [json.dumps({"n": i + 1, "t": t0 + i * 0.001, "s": t}, ensure_ascii=False).encode() + b"\n" for i, t in enumerate(texts)]
     agent = NodeAgent([], name="bench")
     part = SimpleNamespace(pk=10_000_000 + job_id, stream="master", ended_at=None, attempt=SimpleNamespace(job_id=job_id, number=1))
     res = IngestResult(f"NodeAgent.drain (≤{INGEST_BATCH}/ingest)", chunk, len(texts), 0.0)

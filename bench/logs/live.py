@@ -1,5 +1,6 @@
 """2. Print → WebSocket latency: real jobs (``bench/logs/printer.py``) run by the console's embedded
 agent, viewers on ``/ws/training-jobs/<id>/logs/?stream=master&after=0`` with a token."""
+
 from __future__ import annotations
 
 import asyncio
@@ -221,10 +222,10 @@ def run_live(console, *, jobs: int, viewers_per_job: int, rate: float, seconds: 
 def flood_command(lines: int) -> str:
     """A job that prints ``lines`` lines of about 100 characters as fast as it can."""
     return (
-        "python -c \"import sys\n"
+        'python -c "import sys\n'
         "w = sys.stdout.write\n"
         f"for i in range({lines}): w('flood %d step %d | loss 1.2345 | lr 3.00e-04 | padding to about a hundred characters ....\\n' % (i, i // 10))\n"
-        "sys.stdout.flush()\""
+        'sys.stdout.flush()"'
     )
 
 

@@ -3,6 +3,7 @@
 Every line starts ``t=<time.time() at the print> i=<n>`` and is padded with training-like text
 to about ``--width`` characters. Standard library only (it runs as a job's command).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -5,6 +5,7 @@ For ``--diagnose`` runs only: wraps the agent's ``control_round``, ``NodeAgent.c
 (how late a 10 ms sleep wakes up: time the loop could not run because of the GIL or blocking work).
 Writes the figures to ``out.json`` when the console exits. Product code is not changed.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -100,9 +101,9 @@ def summarize(stats: dict, window: tuple[float, float]) -> list[str]:
             continue
         ds = [r[1] * 1000 for r in rows]
         sizes = [r[2] for r in rows]
-        line = f"{name:<14} n={len(rows):>6}  p50 {quantile(ds, .5):7.1f}  p95 {quantile(ds, .95):7.1f}  max {max(ds):7.1f} ms  total {sum(ds) / 1000:6.2f} s"
+        line = f"{name:<14} n={len(rows):>6}  p50 {quantile(ds, 0.5):7.1f}  p95 {quantile(ds, 0.95):7.1f}  max {max(ds):7.1f} ms  total {sum(ds) / 1000:6.2f} s"
         if any(sizes):
             busy = sum(ds) / 1000
-            line += f"  size p50 {quantile(sizes, .5):.0f} max {max(sizes)}  ({sum(sizes) / busy:,.0f} lines/s while busy)" if busy else ""
+            line += f"  size p50 {quantile(sizes, 0.5):.0f} max {max(sizes)}  ({sum(sizes) / busy:,.0f} lines/s while busy)" if busy else ""
         out.append(line)
     return out

@@ -1,4 +1,5 @@
 """Small statistics helpers (standard library only)."""
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
 """3. Serving the tail of a long log: ``tail_lines``, the REST tail page and the WebSocket backlog,
 on a 1,000,000-line stream against a 1,000-line one."""
+
 from __future__ import annotations
 
 import asyncio

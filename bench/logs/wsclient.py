@@ -4,6 +4,7 @@ Text and binary messages (fragmented or not), ping → pong, close handshake. No
 offered, so frames are never compressed. ``recv()`` returns ``(receive_time, text)`` where the
 time is ``time.time()`` taken as soon as the message's last byte was read, before any decoding.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -4,6 +4,7 @@ takes while the call is still hung (it fails fast), against a healthy check meas
 run. Run: ``python -m bench.nvml`` (``--rounds N``, ``--timeout S``). The simulated driver is
 ``failover.tests.fake_pynvml`` (the same signatures as pynvml); on a node with a real driver the
 healthy check's figure is the one that changes."""
+
 from __future__ import annotations
 
 import argparse

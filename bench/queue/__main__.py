@@ -13,6 +13,7 @@
    of per-project use against the quota-weighted max-min fair share, GPU utilisation, p95 queue
    wait, preemptions, and the policy's own time per round.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,16 @@ def build_cluster() -> list:
     projects = Project.objects.bulk_create(Project(name=f"project-{p:02d}", gpu_quota=NODES * GPUS // PROJECTS) for p in range(PROJECTS))
     now = timezone.now()
     holders = TrainingJob.objects.bulk_create(
-        TrainingJob(name=f"holder-{i:03d}", owner=users[i % PROJECTS], project=projects[i % PROJECTS], image="pytorch:2.13-py3.11",
-                    command="python train.py", gpus_per_node=GPUS, status=JobStatus.RUNNING, started_at=now)
+        TrainingJob(
+            name=f"holder-{i:03d}",
+            owner=users[i % PROJECTS],
+            project=projects[i % PROJECTS],
+            image="pytorch:2.13-py3.11",
+            command="python train.py",
+            gpus_per_node=GPUS,
+            status=JobStatus.RUNNING,
+            started_at=now,
+        )
         for i in range(NODES)
     )
     attempts = JobAttempt.objects.bulk_create(JobAttempt(job=j, number=1, state=JobAttempt.State.RUNNING, started_at=now) for j in holders)
@@ -64,8 +73,13 @@ def add_waiting(members: list, count: int, start: int) -> None:
     TrainingJob.objects.bulk_create(
         (
             TrainingJob(
-                name=f"wait-{i:06d}", owner=members[i % PROJECTS][0], project=members[i % PROJECTS][1], image="pytorch:2.13-py3.11",
-                command="python train.py", gpus_per_node=rng.choice((1, 1, 2, 4, 8)), priority=rng.choice((0, 0, 0, 1, -1)),
+                name=f"wait-{i:06d}",
+                owner=members[i % PROJECTS][0],
+                project=members[i % PROJECTS][1],
+                image="pytorch:2.13-py3.11",
+                command="python train.py",
+                gpus_per_node=rng.choice((1, 1, 2, 4, 8)),
+                priority=rng.choice((0, 0, 0, 1, -1)),
                 created_at=now - timezone.timedelta(seconds=rng.uniform(0, 600)),
             )
             for i in range(start, start + count)
@@ -102,8 +116,10 @@ def placement_rounds(sizes: list[int], rounds: int) -> None:
     from jobs.services.placement import place_waiting_jobs
 
     members = build_cluster()
-    print(f"placement round: {NODES} nodes × {GPUS} GPUs, {PROJECTS} projects, cluster full but one node freed per round, "
-          f"QUEUE_WINDOW={settings.QUEUE_WINDOW}, {rounds} rounds each (rolled back), SQLite")
+    print(
+        f"placement round: {NODES} nodes × {GPUS} GPUs, {PROJECTS} projects, cluster full but one node freed per round, "
+        f"QUEUE_WINDOW={settings.QUEUE_WINDOW}, {rounds} rounds each (rolled back), SQLite"
+    )
     print(f"{'waiting':>8}{'median ms':>11}{'min':>8}{'max':>8}{'queries':>9}{'placed/rnd':>11}{'ratio':>7}{'q ratio':>8}{'first rnd ms':>13}")
     added, base = 0, None
     for size in sizes:
@@ -115,8 +131,10 @@ def placement_rounds(sizes: list[int], rounds: int) -> None:
         times, queries, placed = measure_rounds(rounds)
         med, q = statistics.median(times) * 1000, statistics.median(queries)
         base = base or (med, q)
-        print(f"{size:>8}{med:>11.1f}{min(times) * 1000:>8.1f}{max(times) * 1000:>8.1f}{q:>9.0f}{placed / rounds:>11.1f}"
-              f"{med / base[0]:>7.2f}{q / base[1]:>8.2f}{first:>13.0f}")
+        print(
+            f"{size:>8}{med:>11.1f}{min(times) * 1000:>8.1f}{max(times) * 1000:>8.1f}{q:>9.0f}{placed / rounds:>11.1f}"
+            f"{med / base[0]:>7.2f}{q / base[1]:>8.2f}{first:>13.0f}"
+        )
 
 
 def trace_run(seed: int, nodes: int, projects: int, load: float, burst: int) -> None:
@@ -124,15 +142,19 @@ def trace_run(seed: int, nodes: int, projects: int, load: float, burst: int) -> 
     from bench.stats import quantile
 
     trace = make_trace(seed=seed, nodes=nodes, projects=projects, duration=3600.0, load=load, burst=burst)
-    print(f"\nsimulated hour: {nodes} nodes × 8 GPUs, {projects} projects (quotas {min(trace.quotas.values())}–"
-          f"{max(trace.quotas.values())} GPUs), {len(trace.jobs)} jobs (30% Spot), offered load {load:.1f}× capacity, "
-          f"a burst of {burst} jobs from the smallest project at its start, after 10 min of warm-up; {len(trace.faults)} node faults (10 min each), "
-          f"rounds every 10 s, seed {seed}")
+    print(
+        f"\nsimulated hour: {nodes} nodes × 8 GPUs, {projects} projects (quotas {min(trace.quotas.values())}–"
+        f"{max(trace.quotas.values())} GPUs), {len(trace.jobs)} jobs (30% Spot), offered load {load:.1f}× capacity, "
+        f"a burst of {burst} jobs from the smallest project at its start, after 10 min of warm-up; {len(trace.faults)} node faults (10 min each), "
+        f"rounds every 10 s, seed {seed}"
+    )
     print(f"{'policy':<22}{'Jain':>7}{'GPU util':>10}{'p50 wait s':>12}{'p95 wait s':>12}{'p95 others':>12}{'preempted':>11}{'ms/round':>10}")
     for name, policy in (("fair share (this)", "fair"), ("FIFO first fit", "fifo")):
         out = simulate(trace, policy=policy)
-        print(f"{name:<22}{jain(out, trace.quotas):>7.3f}{out.utilisation:>10.1%}{quantile(out.waits, 0.5):>12.0f}"
-              f"{quantile(out.waits, 0.95):>12.0f}{quantile(out.other_waits, 0.95):>12.0f}{out.preemptions:>11}{out.round_seconds / out.rounds * 1000:>10.2f}")
+        print(
+            f"{name:<22}{jain(out, trace.quotas):>7.3f}{out.utilisation:>10.1%}{quantile(out.waits, 0.5):>12.0f}"
+            f"{quantile(out.waits, 0.95):>12.0f}{quantile(out.other_waits, 0.95):>12.0f}{out.preemptions:>11}{out.round_seconds / out.rounds * 1000:>10.2f}"
+        )
 
 
 def main() -> int:

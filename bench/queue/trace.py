@@ -10,6 +10,7 @@ the work since their last periodic checkpoint. Fair share only: Spot runs preemp
 On-Demand work within quota hold their GPUs for the grace period, then go back to the queue
 with no work lost (a final checkpoint on SIGTERM).
 """
+
 from __future__ import annotations
 
 import math
@@ -99,8 +100,7 @@ class Outcome:
     round_seconds: float
 
 
-def simulate(trace: Trace, *, policy: str, tick: float = 10.0, half_life: float = 7200.0, window: int = 20,
-             reserve_after: float = 900.0) -> Outcome:
+def simulate(trace: Trace, *, policy: str, tick: float = 10.0, half_life: float = 7200.0, window: int = 20, reserve_after: float = 900.0) -> Outcome:
     import time as clock
 
     jobs = [SimJob(j.id, j.project, j.gpus, j.nodes, j.arrival, j.work, j.spot) for j in trace.jobs]
@@ -157,14 +157,18 @@ def simulate(trace: Trace, *, policy: str, tick: float = 10.0, half_life: float 
             shares = {p: ProjectShare(quota=q, used_gpus=held[p], usage=usage[p]) for p, q in trace.quotas.items()}
             heads = windowed(waiting, window)
             spot = [
-                SpotRun(j.id, j.project, j.run_start, tuple((n, tuple(i)) for n, i in j.alloc))
-                for j in running.values() if j.spot and j.stopping_at is None
+                SpotRun(j.id, j.project, j.run_start, tuple((n, tuple(i)) for n, i in j.alloc)) for j in running.values() if j.spot and j.stopping_at is None
             ]
             yielded = {j.id for j in running.values() if j.stopping_at is not None}
             plan = plan_round(
-                [WaitingJob(j.id, j.project, j.gpus, j.nodes, 0, j.arrival, j.spot, starving=t - j.arrival >= reserve_after,
-                            yielded_to=j.id in yielded) for j in heads],
-                shares, capacity, half_life=half_life, spot_runs=spot,
+                [
+                    WaitingJob(j.id, j.project, j.gpus, j.nodes, 0, j.arrival, j.spot, starving=t - j.arrival >= reserve_after, yielded_to=j.id in yielded)
+                    for j in heads
+                ],
+                shares,
+                capacity,
+                half_life=half_life,
+                spot_runs=spot,
             )
             by_id = {j.id: j for j in heads}
             placements = [(by_id[w.id], chosen) for w, chosen in plan.placements]
@@ -192,8 +196,7 @@ def simulate(trace: Trace, *, policy: str, tick: float = 10.0, half_life: float 
         for job in running.values():
             used[job.project] += job.gpus * job.nodes * counted
         for p in usage:
-            usage[p] = decayed(usage[p], held_gpus=sum(j.gpus * j.nodes for j in running.values() if j.project == p),
-                               seconds=step, half_life=half_life)
+            usage[p] = decayed(usage[p], held_gpus=sum(j.gpus * j.nodes for j in running.values() if j.project == p), seconds=step, half_life=half_life)
         available += (trace.nodes - len(down_until)) * GPUS_PER_NODE * counted
         t += tick
     # Jobs never started wait until the end (censored): they count with the time they waited.

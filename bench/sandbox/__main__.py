@@ -22,6 +22,7 @@ printed with its spread, beside each side's own.
 Targets: ≤ 300 ms added to start at the median (Podman's own start here is ~0.3 s), step time
 unchanged within the noise (≤ 1 %), ≤ 150 ms added to a start by the job's network.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,13 @@ def policy(root: Path, image: str) -> dict:
     mounts = [[str(root / "work"), "/job/work", "rw"], [str(root / "output"), "/job/output", "rw"], [str(REPO / "ckptlib"), f"{CKPTLIB_ROOT}/ckptlib", "ro"]]
     mounts += [[host, inside, "ro"] for host, inside in gpu_devices([0], device_dir=str(root / "dev"))]
     return {
-        "podman": podman_path(), "image": image, "user": 200000, "mounts": mounts, "network": "loopback",
-        "pids_limit": 4096, "engine_env": engine.clean_env(ENGINE_ROOT),
+        "podman": podman_path(),
+        "image": image,
+        "user": 200000,
+        "mounts": mounts,
+        "network": "loopback",
+        "pids_limit": 4096,
+        "engine_env": engine.clean_env(ENGINE_ROOT),
     }
 
 
@@ -97,8 +103,14 @@ BARE_ENV = {**os.environ, "PATH": f"{Path(sys.prefix) / 'bin'}:{os.environ.get('
 
 def launch(argv: list[str], cwd: Path, cgroup: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, env=env,
+        argv,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None,
+        env=env,
     )
 
 
@@ -145,8 +157,9 @@ def run_with_network(command: str, sandbox: dict, cwd: Path, removals: list[floa
     t0 = time.perf_counter()
     net = networks.join(name, rank=0, egress="outbound", pool=POOL, deny=["10.0.0.0/8"], podman=sandbox["podman"], env=env, labels={})
     policy = {**sandbox, "name": name, "network": "job"}
-    argv = container_argv(command, policy=policy, env_file=str(cwd.parent / "env"), cgroup_parent=None, pidfile=str(cwd.parent / "pid"),
-                          network=(net.name, net.address))
+    argv = container_argv(
+        command, policy=policy, env_file=str(cwd.parent / "env"), cgroup_parent=None, pidfile=str(cwd.parent / "pid"), network=(net.name, net.address)
+    )
     argv.insert(2, "--rm")
     proc = launch(argv, cwd, None, env=env)
     assert proc.stdout is not None
@@ -174,10 +187,7 @@ def interleaved(pairs: int, bare, boxed) -> tuple[list[float], list[float]]:
 
 def spread(values: list[float], scale: float, unit: str) -> str:
     values = sorted(v * scale for v in values)
-    return (
-        f"median {quantile(values, 0.5):.1f} {unit}, p95 {quantile(values, 0.95):.1f}, "
-        f"min {values[0]:.1f}, max {values[-1]:.1f} (n={len(values)})"
-    )
+    return f"median {quantile(values, 0.5):.1f} {unit}, p95 {quantile(values, 0.95):.1f}, min {values[0]:.1f}, max {values[-1]:.1f} (n={len(values)})"
 
 
 def report_added(base: tuple[str, list[float]], other: tuple[str, list[float]], *, target: float) -> None:
@@ -218,8 +228,10 @@ def main() -> int:
         cwd = root / "work"
         os.chown(cwd, 200000, 200000)
         cg = Cgroup()
-        print(f"load before: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores; container side: podman run {reference[:60]}…"
-              + (f" + a cgroup {cg.hierarchy.mode} per run" if cg.enforced else f", no cgroup ({cg.why})"))
+        print(
+            f"load before: {os.getloadavg()[0]:.2f} (1 min) on {os.cpu_count()} cores; container side: podman run {reference[:60]}…"
+            + (f" + a cgroup {cg.hierarchy.mode} per run" if cg.enforced else f", no cgroup ({cg.why})")
+        )
         command = "python -c 'print(1)'"
         bare, boxed = interleaved(
             args.starts,

@@ -1,4 +1,5 @@
 """``python -m bench.scale``: see ``bench/scale/__init__.py``."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="200 jobs, 4 agents, baseline 1 agent")
     p.add_argument("--command", default='python -c "pass"', help="each job's command")
     p.add_argument("--gpus-per-job", type=int, default=1)
-    p.add_argument("--submit", choices=("bulk", "each"), default="bulk",
-                   help="bulk: one transaction and one placement request; each: create_job per job (a request each)")
+    p.add_argument(
+        "--submit", choices=("bulk", "each"), default="bulk", help="bulk: one transaction and one placement request; each: create_job per job (a request each)"
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per scenario before giving up")
     p.add_argument("--pg", default=os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
     p.add_argument("--redis", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"), help="flushed at start and end")
@@ -55,17 +57,23 @@ def machine() -> str:
 def print_result(r, base) -> None:
     f = r.figures
     b = base.figures if base else {}
+
     def row(name: str, value: str, bvalue: str = "", rat: str = "") -> None:
         print(f"  {name:<52}{value:>12}{bvalue:>12}{rat:>9}")
+
     head = f"{r.agents} agents"
     print()
-    print(f"== {r.jobs} jobs, {r.agents} node agents x {r.gpus // r.agents} GPUs = {r.gpus} GPUs"
-          + (f"  (baseline: {base.agents} agent{'s' if base.agents != 1 else ''}, {base.gpus} GPUs)" if base else ""))
+    print(
+        f"== {r.jobs} jobs, {r.agents} node agents x {r.gpus // r.agents} GPUs = {r.gpus} GPUs"
+        + (f"  (baseline: {base.agents} agent{'s' if base.agents != 1 else ''}, {base.gpus} GPUs)" if base else "")
+    )
     row("", head, f"{base.agents} agents" if base else "", "ratio" if base else "")
+
     def num(key: str, fmt: str = "{:.1f}") -> tuple[str, str, str]:
         v, bv = f.get(key, math.nan), b.get(key, math.nan)
         s = lambda x: "-" if x is None or (isinstance(x, float) and math.isnan(x)) else fmt.format(x)  # noqa: E731
         return s(v), (s(bv) if base else ""), (ratio(v, bv) if base else "")
+
     print(" statuses:", r.statuses, (f"| baseline {base.statuses}" if base else ""), "TIMED OUT" if r.timed_out else "")
     print(" throughput")
     row("placement, observed (jobs/s, first..last attempt)", *num("placement_rate_observed"))
@@ -84,22 +92,28 @@ def print_result(r, base) -> None:
         if name.startswith("dispatch") and bs:
             print(f"  {'  p95 ratio (this / baseline)':<66}{ratio(s['p95'], bs['p95']):>22}")
     print(" database queries (control worker, counted by an execute_wrapper)")
+
     def per(key: str, fig: dict) -> float:
         placed = fig.get("placed_in_rounds") or math.nan
         return fig.get(key, math.nan) / placed
-    for key, label in (("queries_place_total", "per placement, all rounds"),
-                       ("queries_place_productive", "per placement, rounds that placed"),
-                       ("queries_round_total", "per placement, whole control round (sweeps too)")):
+
+    for key, label in (
+        ("queries_place_total", "per placement, all rounds"),
+        ("queries_place_productive", "per placement, rounds that placed"),
+        ("queries_round_total", "per placement, whole control round (sweeps too)"),
+    ):
         v, bv = per(key, f), (per(key, b) if base else math.nan)
         row(label, f"{v:.2f}", f"{bv:.2f}" if base else "", ratio(v, bv) if base else "")
     bq = (f.get("queries_burst", 0) / f["burst_placed"]) if f.get("burst_placed") else math.nan
     bbq = (b.get("queries_burst", 0) / b["burst_placed"]) if base and b.get("burst_placed") else math.nan
     row("per placement, largest round", f"{bq:.2f}", f"{bbq:.2f}" if base else "", ratio(bq, bbq) if base else "")
     row("queries of a round that placed nothing (p50)", *num("queries_empty_round_p50", "{:.0f}"))
-    row("control rounds (that placed something)", f"{f['rounds']} ({f['rounds_productive']})",
-        f"{b['rounds']} ({b['rounds_productive']})" if base else "")
-    row("control round wall ms p50 / max", f"{f['round_s_p50'] * 1000:.0f}/{f['round_s_max'] * 1000:.0f}",
-        f"{b['round_s_p50'] * 1000:.0f}/{b['round_s_max'] * 1000:.0f}" if base else "")
+    row("control rounds (that placed something)", f"{f['rounds']} ({f['rounds_productive']})", f"{b['rounds']} ({b['rounds_productive']})" if base else "")
+    row(
+        "control round wall ms p50 / max",
+        f"{f['round_s_p50'] * 1000:.0f}/{f['round_s_max'] * 1000:.0f}",
+        f"{b['round_s_p50'] * 1000:.0f}/{b['round_s_max'] * 1000:.0f}" if base else "",
+    )
     row("control worker busy in rounds (s)", *num("control_busy_s"))
     row("max control queue length (pending place_jobs)", *num("max_control_queue", "{:.0f}"))
     row("attempts / failovers", f"{f['attempts']}/{f['failovers']}", f"{b['attempts']}/{b['failovers']}" if base else "")
@@ -108,10 +122,12 @@ def print_result(r, base) -> None:
         if res is None:
             continue
         idle = res.idle_cpu
-        print(f"  [{tag}] idle cluster, before queueing: {idle['busy'] / idle['available'] * 100:.0f}% busy "
-              f"(node agents {idle['parts']['node agents'] / (idle['available'] / os.cpu_count()) * 100:.0f}% of one core, "
-              f"postgres {idle['parts']['postgres'] / (idle['available'] / os.cpu_count()) * 100:.0f}%; "
-              f"{idle['pg_tx_per_s']:.0f} PostgreSQL transactions/s = {idle['pg_tx_per_s'] / res.agents:.0f} per agent incl. control)")
+        print(
+            f"  [{tag}] idle cluster, before queueing: {idle['busy'] / idle['available'] * 100:.0f}% busy "
+            f"(node agents {idle['parts']['node agents'] / (idle['available'] / os.cpu_count()) * 100:.0f}% of one core, "
+            f"postgres {idle['parts']['postgres'] / (idle['available'] / os.cpu_count()) * 100:.0f}%; "
+            f"{idle['pg_tx_per_s']:.0f} PostgreSQL transactions/s = {idle['pg_tx_per_s'] / res.agents:.0f} per agent incl. control)"
+        )
         c = res.cpu
         parts = ", ".join(f"{k} {v:.1f}" for k, v in c["parts"].items())
         print(f"  [{tag}] queued -> done: {c['busy']:.1f} of {c['available']:.1f} ({c['busy'] / c['available'] * 100:.0f}%): {parts}")
@@ -132,17 +148,29 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     results = []
     try:
-        print(f"scale benchmark: {args.jobs} jobs ({args.command!r}, {args.gpus_per_job} GPU each, submit {args.submit}) "
-              f"over {args.agents} node agents x {args.gpus_per_agent} GPUs; baseline {args.baseline_agents or 'none'}; "
-              f"machine: {machine()}; PostgreSQL + Redis on loopback; work dir {tmp}")
+        print(
+            f"scale benchmark: {args.jobs} jobs ({args.command!r}, {args.gpus_per_job} GPU each, submit {args.submit}) "
+            f"over {args.agents} node agents x {args.gpus_per_agent} GPUs; baseline {args.baseline_agents or 'none'}; "
+            f"machine: {machine()}; PostgreSQL + Redis on loopback; work dir {tmp}"
+        )
         from bench.scale.scenario import run_scenario
 
         plan = [("main", args.agents)] + ([("base", args.baseline_agents)] if args.baseline_agents else [])
         for label, agents in plan:
             t0 = time.monotonic()
-            results.append(run_scenario(cluster, label=label, agents=agents, gpus_per_agent=args.gpus_per_agent, jobs=args.jobs,
-                                        command=args.command, gpus_per_job=args.gpus_per_job, submit_mode=args.submit,
-                                        timeout=args.timeout))
+            results.append(
+                run_scenario(
+                    cluster,
+                    label=label,
+                    agents=agents,
+                    gpus_per_agent=args.gpus_per_agent,
+                    jobs=args.jobs,
+                    command=args.command,
+                    gpus_per_job=args.gpus_per_job,
+                    submit_mode=args.submit,
+                    timeout=args.timeout,
+                )
+            )
             print(f"[{label}] done in {time.monotonic() - t0:.0f}s")
         print_result(results[0], results[1] if len(results) > 1 else None)
         bad = any(r.timed_out or r.statuses.get("Completed", 0) != r.jobs for r in results)

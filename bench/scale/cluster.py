@@ -1,5 +1,6 @@
 """A throw-away scale-out cluster on loopback: a fresh PostgreSQL database, a flushed Redis
 database, the (instrumented) control worker with beat and N node-agent processes."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ its start (unix time), wall time of the whole round and of placement alone, the 
 and the SQL statements each issued (placement's figures summed over its calls in the round) (counted by a ``connection.execute_wrapper``, which sees
 every statement, executemany included, as ``CaptureQueriesContext`` would with DEBUG on).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,8 +69,7 @@ def main() -> int:
     from console.celery import app
 
     app.worker_main(
-        ["worker", "-Q", "control", "-B", "-P", "solo", "-l", "WARNING", "-n", "control@%h",
-         "--without-gossip", "--without-mingle", "-s", schedule_path]
+        ["worker", "-Q", "control", "-B", "-P", "solo", "-l", "WARNING", "-n", "control@%h", "--without-gossip", "--without-mingle", "-s", schedule_path]
     )
     return 0
 

@@ -1,4 +1,5 @@
 """CPU seconds spent by each part of the cluster between two snapshots (psutil)."""
+
 from __future__ import annotations
 
 import os
@@ -64,5 +65,5 @@ def delta(a: Snapshot, b: Snapshot) -> dict[str, float]:
     }
     busy = b.busy - a.busy
     parts["other (incl. other processes on the machine)"] = max(0.0, busy - sum(parts.values()))
-    wall_cores = (b.total - a.total)  # CPU-seconds available (all cores) in the interval
+    wall_cores = b.total - a.total  # CPU-seconds available (all cores) in the interval
     return {"busy": busy, "available": wall_cores, "parts": parts}

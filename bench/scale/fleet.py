@@ -23,6 +23,7 @@ runs: a process restart, the heartbeat storm); simulated runs survive, as runner
 The console's models and the agent are imported inside the functions that use them: this module
 is a process's entry point, and ``main`` calls ``django.setup()`` before any of them may load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -235,9 +236,12 @@ class Fleet:
 
         model = settings.SIMULATED_GPU_MODEL
         return [
-            NodeSpec(name=name, gpu_model=model, simulated=True, gpus=tuple(
-                GpuSpec(index=i, uuid=f"GPU-sim-{name}-{i}", model=model, memory_mb=81559) for i in range(self.args.gpus)
-            ))
+            NodeSpec(
+                name=name,
+                gpu_model=model,
+                simulated=True,
+                gpus=tuple(GpuSpec(index=i, uuid=f"GPU-sim-{name}-{i}", model=model, memory_mb=81559) for i in range(self.args.gpus)),
+            )
             for name in self.names
         ]
 
@@ -269,7 +273,7 @@ class Fleet:
                 agent.started = True
 
             agent.start_up = start_up
-            agent.notify = (lambda agent=agent: fleet.scheduler.schedule(agent))
+            agent.notify = lambda agent=agent: fleet.scheduler.schedule(agent)
             self.agents[name] = agent
         for agent in list(self.agents.values()):
             self.scheduler.schedule(agent)

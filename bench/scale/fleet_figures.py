@@ -1,6 +1,7 @@
 """The fleet benchmark's figures: one batch's, from the database and the control worker's round
 lines, and the table comparing the new side with the baseline (standard library only; SQL on the
 tables both trees share, so the harness needs neither tree's models)."""
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,12 @@ def control_rounds(path: Path, t0: float, t1: float) -> list[dict]:
 
 def batch_figures(query: Callable, stats_path: Path, first: int, last: int, t_submit: float, t_queued: float, t_end: float) -> dict:
     """Placement rate, dispatch → start latency and queries per placement of jobs ``first..last``."""
-    rows = [(float(c), float(s) if s is not None else None) for c, s in query(
-        "SELECT extract(epoch FROM created_at), extract(epoch FROM started_at) FROM jobs_jobattempt WHERE job_id BETWEEN %s AND %s",
-        (first, last))]
+    rows = [
+        (float(c), float(s) if s is not None else None)
+        for c, s in query(
+            "SELECT extract(epoch FROM created_at), extract(epoch FROM started_at) FROM jobs_jobattempt WHERE job_id BETWEEN %s AND %s", (first, last)
+        )
+    ]
     created = sorted(c for c, _ in rows)
     dispatch = [s - c for c, s in rows if s is not None]
     span = created[-1] - created[0] if len(created) > 1 else math.nan
@@ -108,9 +112,21 @@ def figures(side: dict | None) -> dict[str, dict]:
     f["q_control"] = spread([idle.get("control_statements_per_s")])
     f["idle_steps"] = spread([x for w in idle.get("fleet_only", []) for x in w.get("steps_per_agent_s", [])])
     batches = side.get("batches", [])
-    for key in ("placed_per_s", "placed_peak_second", "dispatch_p50_s", "dispatch_p95_s", "dispatch_p99_s", "queries_per_placement",
-                "round_queries_per_placement", "queries_fit_fixed", "queries_fit_per_job", "empty_round_queries_p50", "makespan_s",
-                "first_placement_after_queued_s", "failovers"):
+    for key in (
+        "placed_per_s",
+        "placed_peak_second",
+        "dispatch_p50_s",
+        "dispatch_p95_s",
+        "dispatch_p99_s",
+        "queries_per_placement",
+        "round_queries_per_placement",
+        "queries_fit_fixed",
+        "queries_fit_per_job",
+        "empty_round_queries_p50",
+        "makespan_s",
+        "first_placement_after_queued_s",
+        "failovers",
+    ):
         f[key] = spread([b.get(key) for b in batches])
     paced = side.get("paced", [])
     f["paced_rate"] = spread([b.get("paced_rate") for b in paced])
@@ -131,8 +147,12 @@ def figures(side: dict | None) -> dict[str, dict]:
     f["other_cores_idle"] = spread([w["cores_used"].get("other (incl. other processes on the machine)") for w in idle.get("fleet_only", [])])
     f["load_jobs"] = spread([b["load"]["loadavg_1m"] for b in batches])
     f["busy_jobs"] = spread([b["load"]["machine_busy_pct"] for b in batches])
-    for key, part in (("fleet_cores_jobs", "node agents"), ("control_cores_jobs", "control worker"), ("pg_cores_jobs", "postgres"),
-                      ("other_cores_jobs", "other (incl. other processes on the machine)")):
+    for key, part in (
+        ("fleet_cores_jobs", "node agents"),
+        ("control_cores_jobs", "control worker"),
+        ("pg_cores_jobs", "postgres"),
+        ("other_cores_jobs", "other (incl. other processes on the machine)"),
+    ):
         f[key] = spread([b["load"]["cores_used"].get(part) for b in batches])
     sched = side.get("schedule", [])
     f["steps_per_agent"] = spread([s["steps_per_agent_s"] for s in sched])
@@ -205,9 +225,11 @@ def print_table(new: dict | None, base: dict | None) -> None:
             if "error" in side:
                 print(f"{side['label']}: FAILED: {side['error']}")
             else:
-                print(f"{side['label']}: {side['nodes']} nodes x {side['gpus'] // max(1, side['nodes'])} GPUs = {side['gpus']} GPUs, "
-                      f"{side['jobs']} jobs in {len(side.get('batches', []))} batches; {side['fleet']}; "
-                      f"runs {side['run_seconds']:g}s; NODE_HEARTBEAT_TIMEOUT {side['heartbeat_timeout_s']:g}s")
+                print(
+                    f"{side['label']}: {side['nodes']} nodes x {side['gpus'] // max(1, side['nodes'])} GPUs = {side['gpus']} GPUs, "
+                    f"{side['jobs']} jobs in {len(side.get('batches', []))} batches; {side['fleet']}; "
+                    f"runs {side['run_seconds']:g}s; NODE_HEARTBEAT_TIMEOUT {side['heartbeat_timeout_s']:g}s"
+                )
     print("values: median [min–max] over the samples (idle windows, batches, silenced nodes, stats lines)")
     print(f"{'figure':<54}{'new':>24}{'baseline':>24}{'target':>10}{'new/base':>10}")
     for key, label, digits, target in ROWS:

@@ -28,6 +28,7 @@ Each side: ``manage.py bootstrap --no-nodes``, the instrumented control worker
 Every figure has its spread (windows, batches, nodes) and the machine's load while it was taken.
 The table: figure | new | baseline | target | new / baseline. ``--json PATH`` keeps every number.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,15 +64,25 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle-window", type=float, default=None, help="seconds per idle window (30; --quick 20)")
     p.add_argument("--idle-windows", type=int, default=None, help="idle windows with the control worker paused (3; --quick 2)")
     p.add_argument("--lost-nodes", type=int, default=5, help="nodes silenced for the lost-node detection (5)")
-    p.add_argument("--paced-rate", type=float, default=20.0,
-                   help="after the bulk batches, jobs queued at this steady rate per second, to read dispatch -> start "
-                        "below the fleet's capacity (20; 0: none)")
+    p.add_argument(
+        "--paced-rate",
+        type=float,
+        default=20.0,
+        help="after the bulk batches, jobs queued at this steady rate per second, to read dispatch -> start below the fleet's capacity (20; 0: none)",
+    )
     p.add_argument("--paced-seconds", type=float, default=15.0, help="how long the paced jobs keep arriving (15 s)")
-    p.add_argument("--new-fleet", choices=("auto", "fleet", "legacy"), default="auto",
-                   help="the new side's fleet: bench.scale.fleet, or today's agents (auto: fleet where the tree has it)")
+    p.add_argument(
+        "--new-fleet",
+        choices=("auto", "fleet", "legacy"),
+        default="auto",
+        help="the new side's fleet: bench.scale.fleet, or today's agents (auto: fleet where the tree has it)",
+    )
     p.add_argument("--baseline-commit", default=BASELINE_COMMIT)
-    p.add_argument("--new-tree", default=None, help="measure this source tree as the new side (the current bench/scale is "
-                   "copied in, its own fleet.py kept); default: this checkout")
+    p.add_argument(
+        "--new-tree",
+        default=None,
+        help="measure this source tree as the new side (the current bench/scale is copied in, its own fleet.py kept); default: this checkout",
+    )
     p.add_argument("--only", choices=("new", "baseline"), default=None, help="run one side only")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per batch before giving up")
     p.add_argument("--pg", default=os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
@@ -127,8 +138,7 @@ def new_fleet_module(choice: str, root: Path = ROOT) -> tuple[str, str]:
 
 # --- one side ----------------------------------------------------------------------------------
 class Side:
-    def __init__(self, args, *, label: str, root: Path, fleet: str, fleet_note: str, nodes: int, jobs: int,
-                 redis_url: str, tmp: Path) -> None:
+    def __init__(self, args, *, label: str, root: Path, fleet: str, fleet_note: str, nodes: int, jobs: int, redis_url: str, tmp: Path) -> None:
         self.args, self.label, self.root, self.fleet, self.fleet_note = args, label, root, fleet, fleet_note
         self.nodes, self.jobs = nodes, jobs
         self.tmp = tmp / label
@@ -138,8 +148,16 @@ class Side:
         self.silence = self.tmp / "silence.txt"
         self.names = [f"{PREFIX}{i:04d}" for i in range(nodes)]
         self.db = None
-        self.out: dict = {"label": label, "nodes": nodes, "gpus": nodes * args.gpus, "jobs": jobs, "fleet": fleet_note,
-                          "tree": str(root), "heartbeat_timeout_s": args.heartbeat_timeout, "run_seconds": args.run_seconds}
+        self.out: dict = {
+            "label": label,
+            "nodes": nodes,
+            "gpus": nodes * args.gpus,
+            "jobs": jobs,
+            "fleet": fleet_note,
+            "tree": str(root),
+            "heartbeat_timeout_s": args.heartbeat_timeout,
+            "run_seconds": args.run_seconds,
+        }
 
     # --- plumbing ---
     def query(self, sql: str, params=()) -> list[tuple]:
@@ -177,15 +195,37 @@ class Side:
         c.stats_path.unlink(missing_ok=True)
         c.spawn("control", [PY, "-m", "bench.scale.control", str(c.stats_path), str(self.tmp / "beat-schedule")])
         t0 = time.monotonic()
-        c.spawn("fleet", [PY, "-m", self.fleet, "--nodes", str(self.nodes), "--gpus", str(self.args.gpus), "--prefix", PREFIX,
-                          "--run-seconds", str(self.args.run_seconds), "--silence-file", str(self.silence)])
+        c.spawn(
+            "fleet",
+            [
+                PY,
+                "-m",
+                self.fleet,
+                "--nodes",
+                str(self.nodes),
+                "--gpus",
+                str(self.args.gpus),
+                "--prefix",
+                PREFIX,
+                "--run-seconds",
+                str(self.args.run_seconds),
+                "--silence-file",
+                str(self.silence),
+            ],
+        )
         ready = ["ready", str(self.nodes)]
         r = c.redis()
-        c.wait(lambda: any(line.split()[:2] == ready for line in self.fleet_log().splitlines()) and r.exists("_kombu.binding.control"),
-               f"the fleet's 'ready {self.nodes}' and the control worker", timeout=900)
+        c.wait(
+            lambda: any(line.split()[:2] == ready for line in self.fleet_log().splitlines()) and r.exists("_kombu.binding.control"),
+            f"the fleet's 'ready {self.nodes}' and the control worker",
+            timeout=900,
+        )
         want = self.nodes * self.args.gpus
-        c.wait(lambda: self.query("SELECT count(*) FROM jobs_gpu g JOIN jobs_node n ON n.id = g.node_id WHERE n.state = 'Ready'")[0][0] >= want,
-               f"{want} GPUs on Ready nodes", timeout=300)
+        c.wait(
+            lambda: self.query("SELECT count(*) FROM jobs_gpu g JOIN jobs_node n ON n.id = g.node_id WHERE n.state = 'Ready'")[0][0] >= want,
+            f"{want} GPUs on Ready nodes",
+            timeout=300,
+        )
         self.out["fleet_start_s"] = round(time.monotonic() - t0, 1)
         log(f"[{self.label}] {self.nodes} nodes x {self.args.gpus} GPUs ready in {self.out['fleet_start_s']}s ({self.fleet_note})")
 
@@ -213,8 +253,10 @@ class Side:
                 w = self.tx_window(args.idle_window)
                 w["tx_per_node_s"] = w["tx_per_s"] / self.nodes
                 fleet_only.append(w)
-                log(f"[{self.label}] idle window {i + 1}/{args.idle_windows}, control paused: {w['tx_per_s']:.1f} tx/s = "
-                    f"{w['tx_per_node_s']:.3f} per node (load {w['loadavg_1m']}, machine {w['machine_busy_pct']}% busy)")
+                log(
+                    f"[{self.label}] idle window {i + 1}/{args.idle_windows}, control paused: {w['tx_per_s']:.1f} tx/s = "
+                    f"{w['tx_per_node_s']:.3f} per node (load {w['loadavg_1m']}, machine {w['machine_busy_pct']}% busy)"
+                )
         finally:
             os.killpg(control.pid, signal.SIGCONT)
         time.sleep(3.0)
@@ -223,10 +265,11 @@ class Side:
         # or more): at most this many of the window's transactions are its.
         rounds = control_rounds(self.cluster.stats_path, whole["t0"], whole["t1"])
         control_q = sum(r["round_q"] for r in rounds) / args.idle_window
-        log(f"[{self.label}] idle window with the control worker: {whole['tx_per_s']:.1f} tx/s; the control worker's own "
-            f"statements {control_q:.1f}/s ({len(rounds)} rounds)")
-        self.out["idle"] = {"fleet_only": fleet_only, "with_control": whole, "control_statements_per_s": control_q,
-                            "window_s": args.idle_window}
+        log(
+            f"[{self.label}] idle window with the control worker: {whole['tx_per_s']:.1f} tx/s; the control worker's own "
+            f"statements {control_q:.1f}/s ({len(rounds)} rounds)"
+        )
+        self.out["idle"] = {"fleet_only": fleet_only, "with_control": whole, "control_statements_per_s": control_q, "window_s": args.idle_window}
         self.out["idle_schedule"] = self.schedule_stats()
 
     def schedule_stats(self) -> list[dict]:
@@ -241,8 +284,13 @@ class Side:
         return rows
 
     def submit(self, count: int, tag: str, rate: float = 0.0) -> dict:
-        done = subprocess.run([PY, "-m", "bench.scale.fleetbench", "submit", "--jobs", str(count), "--label", tag, "--rate", str(rate)],
-                              cwd=self.root, env=self.cluster.env, capture_output=True, text=True)
+        done = subprocess.run(
+            [PY, "-m", "bench.scale.fleetbench", "submit", "--jobs", str(count), "--label", tag, "--rate", str(rate)],
+            cwd=self.root,
+            env=self.cluster.env,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode:
             raise RuntimeError(f"submit failed:\n{done.stdout}\n{done.stderr}")
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -266,8 +314,7 @@ class Side:
             deadline, next_report = time.monotonic() + self.args.timeout, time.monotonic() + 5
             timed_out, lost = False, set()
             while True:
-                counts = dict(self.query("SELECT status, count(*) FROM jobs_trainingjob WHERE id BETWEEN %s AND %s GROUP BY status",
-                                         (first, last)))
+                counts = dict(self.query("SELECT status, count(*) FROM jobs_trainingjob WHERE id BETWEEN %s AND %s GROUP BY status", (first, last)))
                 finished = sum(v for k, v in counts.items() if k in terminal)
                 if finished >= size:
                     break
@@ -285,16 +332,25 @@ class Side:
             lost.update(self.not_ready())
             failovers = self.query("SELECT coalesce(sum(failover_count), 0) FROM jobs_trainingjob WHERE id BETWEEN %s AND %s", (first, last))[0][0]
             fig = batch_figures(self.query, self.cluster.stats_path, first, last, sub["t_submit"], sub["t_queued"], t_end)
-            fig.update(jobs=size, statuses=counts, timed_out=timed_out, load=self.load(a, self.snapshot()),
-                       nodes_lost=sorted(lost), failovers=int(failovers), paced_rate=rates[b])
+            fig.update(
+                jobs=size,
+                statuses=counts,
+                timed_out=timed_out,
+                load=self.load(a, self.snapshot()),
+                nodes_lost=sorted(lost),
+                failovers=int(failovers),
+                paced_rate=rates[b],
+            )
             results.append(fig)
-            log(f"[{self.label}] batch {b + 1}/{len(sizes)}: {size} jobs, placed {fig['placed_per_s']:.1f}/s "
+            log(
+                f"[{self.label}] batch {b + 1}/{len(sizes)}: {size} jobs, placed {fig['placed_per_s']:.1f}/s "
                 f"(busiest second {fig['placed_peak_second']}), dispatch->start p95 {fig['dispatch_p95_s']:.3f}s, "
                 f"{fig['queries_per_placement']:.2f} queries/placement, done in {fig['makespan_s']:.1f}s"
-                + (f"; {len(lost)} nodes went NotReady, {failovers} failovers" if lost or failovers else ""))
+                + (f"; {len(lost)} nodes went NotReady, {failovers} failovers" if lost or failovers else "")
+            )
         self.out["batches"] = [r for r in results if not r["paced_rate"]]
         self.out["paced"] = [r for r in results if r["paced_rate"]]
-        self.out["jobs_schedule"] = self.schedule_stats()[len(self.out.get("idle_schedule", [])):]
+        self.out["jobs_schedule"] = self.schedule_stats()[len(self.out.get("idle_schedule", [])) :]
 
     def node_states(self, names: list[str]) -> dict[str, str]:
         return dict(self.query("SELECT name, state FROM jobs_node WHERE name = ANY(%s)", (names,)))
@@ -321,11 +377,18 @@ class Side:
                     others.add(name)
             time.sleep(0.2)
         times = [seen.get(n) for n in chosen]
-        self.out["lost"] = {"nodes": chosen, "detected_s": times, "undetected": [n for n in chosen if n not in seen],
-                            "other_nodes_not_ready": sorted(others), "timeout_s": self.args.heartbeat_timeout}
-        log(f"[{self.label}] lost-node detection (timeout {self.args.heartbeat_timeout:.0f}s): "
+        self.out["lost"] = {
+            "nodes": chosen,
+            "detected_s": times,
+            "undetected": [n for n in chosen if n not in seen],
+            "other_nodes_not_ready": sorted(others),
+            "timeout_s": self.args.heartbeat_timeout,
+        }
+        log(
+            f"[{self.label}] lost-node detection (timeout {self.args.heartbeat_timeout:.0f}s): "
             + ", ".join(f"{n} {t:.1f}s" if t is not None else f"{n} not detected" for n, t in zip(chosen, times))
-            + (f"; other nodes NotReady: {len(others)}" if others else ""))
+            + (f"; other nodes NotReady: {len(others)}" if others else "")
+        )
         self.silence.unlink()
         deadline = time.monotonic() + 3 * self.args.heartbeat_timeout + 30
         while self.not_ready() and time.monotonic() < deadline:
@@ -347,10 +410,13 @@ class Side:
             time.sleep(0.5)
         time.sleep(1.0)
         alive = fleet.poll() is None
-        self.out["storm"] = {"window_s": window, "not_ready": sorted(worst), "fleet_alive": alive,
-                             "tx_per_node_s": (self.cluster.pg_transactions() - x0) / (time.monotonic() - t0) / self.nodes}
-        log(f"[{self.label}] storm (SIGUSR1): {len(worst)} nodes went NotReady within {window:.0f}s"
-            + ("" if alive else "; THE FLEET PROCESS EXITED"))
+        self.out["storm"] = {
+            "window_s": window,
+            "not_ready": sorted(worst),
+            "fleet_alive": alive,
+            "tx_per_node_s": (self.cluster.pg_transactions() - x0) / (time.monotonic() - t0) / self.nodes,
+        }
+        log(f"[{self.label}] storm (SIGUSR1): {len(worst)} nodes went NotReady within {window:.0f}s" + ("" if alive else "; THE FLEET PROCESS EXITED"))
 
     def run(self) -> dict:
         try:
@@ -428,17 +494,27 @@ def main(argv: list[str] | None = None) -> int:
             new_root = Path(args.new_tree).resolve()
             harness_into(new_root)
         fleet, note = new_fleet_module(args.new_fleet, new_root)
-        log(f"fleet benchmark: new side {args.nodes} nodes x {args.gpus} GPUs, {args.jobs} jobs in {args.batches} batches, fleet: {note}; "
+        log(
+            f"fleet benchmark: new side {args.nodes} nodes x {args.gpus} GPUs, {args.jobs} jobs in {args.batches} batches, fleet: {note}; "
             f"baseline ({args.baseline_commit}) {args.baseline_nodes} nodes, {args.baseline_jobs} jobs; runs {args.run_seconds:g}s; "
-            f"NODE_HEARTBEAT_TIMEOUT {args.heartbeat_timeout:g}s; machine: {results['machine']}; work dir {tmp}")
+            f"NODE_HEARTBEAT_TIMEOUT {args.heartbeat_timeout:g}s; machine: {results['machine']}; work dir {tmp}"
+        )
         sides = []
         if args.only != "baseline":
             sides.append(dict(label="new", root=new_root, fleet=fleet, fleet_note=note, nodes=args.nodes, jobs=args.jobs, redis_url=args.redis))
         if args.only != "new" and args.baseline_nodes:
             tree = baseline_tree(tmp, args.baseline_commit)
-            sides.append(dict(label="baseline", root=tree, fleet="bench.scale.legacy_fleet",
-                              fleet_note=f"today's agents at {args.baseline_commit} (bench.scale.legacy_fleet)",
-                              nodes=args.baseline_nodes, jobs=args.baseline_jobs, redis_url=args.baseline_redis))
+            sides.append(
+                dict(
+                    label="baseline",
+                    root=tree,
+                    fleet="bench.scale.legacy_fleet",
+                    fleet_note=f"today's agents at {args.baseline_commit} (bench.scale.legacy_fleet)",
+                    nodes=args.baseline_nodes,
+                    jobs=args.baseline_jobs,
+                    redis_url=args.baseline_redis,
+                )
+            )
         for spec in sides:
             t0 = time.monotonic()
             try:

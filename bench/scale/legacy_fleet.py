@@ -42,6 +42,7 @@ line) stop heartbeating while it lists them.
 The console's models and the agent are imported inside the functions that use them: this module
 is a process's entry point, and ``main`` calls ``django.setup()`` before any of them may load.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -321,18 +322,23 @@ class Fleet:
                 now, counts = time.monotonic(), dict(self.counts)
             span, n = now - t0, len(self.slots)
             steps = counts["steps"] - last["steps"]
-            say("stats " + json.dumps({
-                "t": time.time(),
-                "agents": n,
-                "steps_per_agent_s": round(steps / span / n, 2),
-                "ticks_per_agent_s": round((counts["ticks"] - last["ticks"]) / span / n, 2),
-                "nominal_steps_per_agent_s": round(1 / self.output_interval, 2),
-                "nominal_ticks_per_agent_s": round(1 / self.interval, 2),
-                "late_ms_mean": round((counts["late_s"] - last["late_s"]) / max(1, steps) * 1000, 1),
-                "runs_started": self.runners.started,
-                "restarts": counts["restarts"],
-                "errors": counts["errors"] - last["errors"],
-            }))
+            say(
+                "stats "
+                + json.dumps(
+                    {
+                        "t": time.time(),
+                        "agents": n,
+                        "steps_per_agent_s": round(steps / span / n, 2),
+                        "ticks_per_agent_s": round((counts["ticks"] - last["ticks"]) / span / n, 2),
+                        "nominal_steps_per_agent_s": round(1 / self.output_interval, 2),
+                        "nominal_ticks_per_agent_s": round(1 / self.interval, 2),
+                        "late_ms_mean": round((counts["late_s"] - last["late_s"]) / max(1, steps) * 1000, 1),
+                        "runs_started": self.runners.started,
+                        "restarts": counts["restarts"],
+                        "errors": counts["errors"] - last["errors"],
+                    }
+                )
+            )
             last, t0 = counts, now
 
     def stop(self) -> None:
@@ -373,8 +379,20 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"ready {args.nodes}")
 
             app.worker_main(
-                ["worker", "-Q", ",".join(node_queue(n) for n in fleet.names), "-n", f"legacy-fleet-{os.getpid()}@%h",
-                 "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"]
+                [
+                    "worker",
+                    "-Q",
+                    ",".join(node_queue(n) for n in fleet.names),
+                    "-n",
+                    f"legacy-fleet-{os.getpid()}@%h",
+                    "-P",
+                    "solo",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-l",
+                    "WARNING",
+                ]
             )
         else:
             signal.signal(signal.SIGUSR1, on_usr1)

@@ -1,4 +1,5 @@
 """One scenario: start a cluster of N agents, queue the jobs, follow them to the end, measure."""
+
 from __future__ import annotations
 
 import json
@@ -45,15 +46,14 @@ def submit(count: int, command: str, gpus_per_job: int, mode: str, label: str) -
         return [create_job(owner=owner, actor="bench", name=f"{label}-{i:05d}", **fields).pk for i in range(count)]
     with transaction.atomic():
         jobs = TrainingJob.objects.bulk_create([TrainingJob(owner=owner, name=f"{label}-{i:05d}", **fields) for i in range(count)])
-        JobEvent.objects.bulk_create(
-            [JobEvent(job=j, from_status="", to_status=j.status, reason="job created", actor="bench") for j in jobs]
-        )
+        JobEvent.objects.bulk_create([JobEvent(job=j, from_status="", to_status=j.status, reason="job created", actor="bench") for j in jobs])
         request_placement()
     return [j.pk for j in jobs]
 
 
-def run_scenario(cluster: Cluster, *, label: str, agents: int, gpus_per_agent: int, jobs: int, command: str,
-                 gpus_per_job: int, submit_mode: str, timeout: float, log=print) -> Result:
+def run_scenario(
+    cluster: Cluster, *, label: str, agents: int, gpus_per_agent: int, jobs: int, command: str, gpus_per_job: int, submit_mode: str, timeout: float, log=print
+) -> Result:
     from django.db import connections
     from django.db.models import Count
 
@@ -65,8 +65,9 @@ def run_scenario(cluster: Cluster, *, label: str, agents: int, gpus_per_agent: i
     cluster.reset(label)
     t0 = time.monotonic()
     cluster.start(agents)
-    cluster.wait(lambda: GPU.objects.filter(node__state=Node.State.READY).count() == agents * gpus_per_agent,
-                 f"{agents * gpus_per_agent} GPUs registered", timeout=120)
+    cluster.wait(
+        lambda: GPU.objects.filter(node__state=Node.State.READY).count() == agents * gpus_per_agent, f"{agents * gpus_per_agent} GPUs registered", timeout=120
+    )
     log(f"[{label}] cluster up in {time.monotonic() - t0:.1f}s: {agents} node agents x {gpus_per_agent} simulated GPUs + control worker")
     control, agent_pids = cluster.pids("control"), cluster.pids("agent-")
     time.sleep(2.0)  # let start-up work settle
@@ -97,8 +98,11 @@ def run_scenario(cluster: Cluster, *, label: str, agents: int, gpus_per_agent: i
             break
         if time.monotonic() >= next_report:
             next_report += 5
-            log(f"[{label}] t={time.time() - t_submit:6.1f}s  " + "  ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-                + f"  control-queue={r.llen('control')}")
+            log(
+                f"[{label}] t={time.time() - t_submit:6.1f}s  "
+                + "  ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+                + f"  control-queue={r.llen('control')}"
+            )
         cluster.check_alive()
         time.sleep(0.25)
     t_end = time.time()
@@ -117,8 +121,7 @@ def read_json(path: Path) -> dict | None:
         return None
 
 
-def collect(cluster: Cluster, result: Result, ids: list[int], t_submit: float, t_queued: float, t_end: float,
-            max_control_queue: int) -> None:
+def collect(cluster: Cluster, result: Result, ids: list[int], t_submit: float, t_queued: float, t_end: float, max_control_queue: int) -> None:
     from jobs.models import JobAttempt, TrainingJob
 
     jobs = {j["id"]: j for j in TrainingJob.objects.filter(pk__in=ids).values("id", "created_at", "finished_at", "failover_count")}

@@ -1,4 +1,5 @@
 """Quantiles and formatting (standard library only)."""
+
 from __future__ import annotations
 
 import math

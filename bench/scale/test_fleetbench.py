@@ -1,5 +1,6 @@
 """The fleet benchmark's pieces that need no cluster (not in the default test paths: run with
 ``python -m pytest bench/scale/test_fleetbench.py``)."""
+
 from __future__ import annotations
 
 import json
@@ -54,10 +55,16 @@ def test_a_batch_gives_its_placement_rate_latency_and_queries_per_placement(tmp_
 
 def test_the_table_figures_take_their_spread_over_windows_and_batches():
     side = {
-        "idle": {"fleet_only": [{"tx_per_node_s": 0.1, "tx_per_s": 100, "loadavg_1m": 1, "machine_busy_pct": 50, "cores_used": {}},
-                                {"tx_per_node_s": 0.3, "tx_per_s": 300, "loadavg_1m": 2, "machine_busy_pct": 60, "cores_used": {}}]},
-        "batches": [{"placed_per_s": 120.0, "load": {"loadavg_1m": 3, "machine_busy_pct": 90, "cores_used": {}}, "nodes_lost": []},
-                    {"placed_per_s": 80.0, "load": {"loadavg_1m": 4, "machine_busy_pct": 95, "cores_used": {}}, "nodes_lost": ["fleet-0001"]}],
+        "idle": {
+            "fleet_only": [
+                {"tx_per_node_s": 0.1, "tx_per_s": 100, "loadavg_1m": 1, "machine_busy_pct": 50, "cores_used": {}},
+                {"tx_per_node_s": 0.3, "tx_per_s": 300, "loadavg_1m": 2, "machine_busy_pct": 60, "cores_used": {}},
+            ]
+        },
+        "batches": [
+            {"placed_per_s": 120.0, "load": {"loadavg_1m": 3, "machine_busy_pct": 90, "cores_used": {}}, "nodes_lost": []},
+            {"placed_per_s": 80.0, "load": {"loadavg_1m": 4, "machine_busy_pct": 95, "cores_used": {}}, "nodes_lost": ["fleet-0001"]},
+        ],
         "lost": {"detected_s": [19.0, 21.0, None]},
     }
     f = figures(side)

@@ -124,9 +124,7 @@ def _fmt(values: list[float]) -> str:
     return " ".join(f"{v:.1f}" for v in values)
 
 
-def _shares_of_sync(
-    name: str, detail: str, totals: dict[str, float], saving: list[str], scale: float, unit: str, whole: str, added: str
-) -> list[str]:
+def _shares_of_sync(name: str, detail: str, totals: dict[str, float], saving: list[str], scale: float, unit: str, whole: str, added: str) -> list[str]:
     """One line per saving variant: what it adds to ``totals`` over none, as % of what sync adds."""
     by_sync = totals["sync"] - totals["none"]
     if by_sync <= 0:
@@ -193,8 +191,7 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
     lines.append("")
     lines.append("robust to other processes' load (a shared machine):")
     medians = {
-        v: sum(quantile([x for run in runs[v] for x in _by_position(run, options.save_steps)[p]], 0.5) for p in range(options.save_steps))
-        for v in variants
+        v: sum(quantile([x for run in runs[v] for x in _by_position(run, options.save_steps)[p]], 0.5) for p in range(options.save_steps)) for v in variants
     }
     lines += _shares_of_sync("median step-end interval", ", summed over one save cycle", medians, saving, 1000, "ms", ".0f", "+.1f")
     lines += _within_runs(runs, saving, options.save_steps)
@@ -348,9 +345,7 @@ def _profile(runs: dict[str, list[dict]], variant: str) -> list[str]:
     return lines
 
 
-def _print_report(
-    runs: dict[str, list[dict]], paired: dict[str, list[dict]], options: argparse.Namespace, loads: list[str], elapsed: float
-) -> None:
+def _print_report(runs: dict[str, list[dict]], paired: dict[str, list[dict]], options: argparse.Namespace, loads: list[str], elapsed: float) -> None:
     print(_report(runs, options, loads, elapsed))
     if any(paired.values()):
         print()
@@ -365,9 +360,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument(
-        "--threads", type=int, default=0, help="OMP_NUM_THREADS for the runs (default: torch's, all cores)"
-    )
+    parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for the runs (default: torch's, all cores)")
     parser.add_argument(
         "--before", default=None, metavar="DIR",
         help="also run the ckptlib of another checkout (DIR: its repository root, e.g. a git worktree of the "

@@ -1,4 +1,5 @@
 """``python -m bench.ui [--changes 50] [--jobs 100]``: see ``bench/ui/__init__.py``. Target: p95 ≤ 1 s."""
+
 from __future__ import annotations
 
 import argparse
@@ -170,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     report("baseline: 1 job on the page", one)
     p95 = quantile(full["latencies"], 0.95)
     ok = len(full["latencies"]) >= 50 and not full["missed"] and p95 <= TARGET_P95_S
-    print(f"\n{'PASS' if ok else 'FAIL'}: p95 {p95 * 1000:.1f} ms with {on_page} jobs on the page (target ≤ {TARGET_P95_S * 1000:.0f} ms"
-          f" over ≥ 50 changes; {len(full['latencies'])} measured, {full['missed']} missed)")
+    print(
+        f"\n{'PASS' if ok else 'FAIL'}: p95 {p95 * 1000:.1f} ms with {on_page} jobs on the page (target ≤ {TARGET_P95_S * 1000:.0f} ms"
+        f" over ≥ 50 changes; {len(full['latencies'])} measured, {full['missed']} missed)"
+    )
     if args.json:
         args.json.write_text(json.dumps({"full": full, "baseline": one, "jobs_on_page": on_page, "pass": ok}, indent=2))
     return 0 if ok else 1

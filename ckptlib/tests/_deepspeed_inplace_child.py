@@ -70,10 +70,7 @@ def snapshot(engine: Any) -> dict[str, list[torch.Tensor]]:
 
 
 def same(left: dict[str, list[torch.Tensor]], right: dict[str, list[torch.Tensor]]) -> bool:
-    return all(
-        len(left[key]) == len(right[key]) and all(torch.equal(a, b) for a, b in zip(left[key], right[key], strict=True))
-        for key in left
-    )
+    return all(len(left[key]) == len(right[key]) and all(torch.equal(a, b) for a, b in zip(left[key], right[key], strict=True)) for key in left)
 
 
 def main() -> None:

@@ -47,16 +47,12 @@ class Net(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(WIDTH, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
-        )
+        self.body = torch.nn.Sequential(torch.nn.Linear(WIDTH, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
         self.extra = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(8, 8)) for _ in range(200)])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         loss: torch.Tensor = self.body(inputs).pow(2).mean() + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3
         return loss
-
-
 
 
 def record(step: int, expected: dict[str, Any]) -> None:
@@ -109,9 +105,7 @@ def run_plain(accelerate: bool) -> None:
         backward, unwrapped = (lambda loss: loss.backward()), model
     step = 0
     state = {"model": unwrapped, "optimizer": optimizer, "scheduler": scheduler, "ema": ema}
-    engine = ckptlib.CheckpointEngine(
-        output_dir=OUT, host_cache_size=RNG.choice([0.002, 0.05]), final_state=lambda: (state, step), grace_period_s=30
-    )
+    engine = ckptlib.CheckpointEngine(output_dir=OUT, host_cache_size=RNG.choice([0.002, 0.05]), final_state=lambda: (state, step), grace_period_s=30)
     arm_self_signal(optimizer.optimizer if accelerate else optimizer, lambda: step)
     while step < MAX_STEPS:
         backward(model(torch.randn(8, WIDTH)))

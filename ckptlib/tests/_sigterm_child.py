@@ -27,16 +27,12 @@ from ckptlib.tests.helpers import arm_self_signal, clone_state
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.body = torch.nn.Sequential(
-            torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
-        )
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
         self.extra = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(8, 8)) for _ in range(600)])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         loss: torch.Tensor = self.body(inputs).pow(2).mean() + torch.stack([p.sum() for p in self.extra]).sum() * 1e-3
         return loss
-
-
 
 
 def main() -> None:
@@ -47,9 +43,7 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.9)
     state: dict[str, Any] = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
     step = 0
-    engine = ckptlib.CheckpointEngine(
-        output_dir=output_dir, host_cache_size=0.05, final_state=lambda: (state, step), grace_period_s=20
-    )
+    engine = ckptlib.CheckpointEngine(output_dir=output_dir, host_cache_size=0.05, final_state=lambda: (state, step), grace_period_s=20)
     self_signal_at = int(sys.argv[6]) if len(sys.argv) > 6 else 0
     arm_self_signal(optimizer, lambda: step, at=self_signal_at, landed_file=Path(landed_file), rng=random.Random(os.getpid()))
     refs: dict[int, dict[str, Any]] = {}

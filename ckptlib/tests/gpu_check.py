@@ -52,9 +52,7 @@ def main() -> int:
         return 2
     device = torch.device("cuda:0")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(1024, 4096), torch.nn.BatchNorm1d(4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)
-    ).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.BatchNorm1d(4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
     optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3, device=device))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.99)
@@ -99,8 +97,6 @@ def main() -> int:
         return 1 if mismatches or count != args.steps else 0
     finally:
         engine.shutdown()
-
-
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ import torch
 def small_training_state(seed: int = 0) -> dict[str, Any]:
     """A model with buffers and a bf16 parameter, AdamW with state, and a scheduler."""
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     model.register_parameter("scale", torch.nn.Parameter(torch.ones(3, dtype=torch.bfloat16)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)

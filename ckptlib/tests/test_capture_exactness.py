@@ -19,9 +19,7 @@ from ckptlib.tests.helpers import assert_same
 
 def _training_state() -> dict[str, Any]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 512), torch.nn.BatchNorm1d(512), torch.nn.ReLU(), torch.nn.Linear(512, 1024)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.BatchNorm1d(512), torch.nn.ReLU(), torch.nn.Linear(512, 1024))
     optimizer = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01), foreach=False)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     ema = copy.deepcopy(model)

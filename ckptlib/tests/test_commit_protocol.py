@@ -67,7 +67,5 @@ def test_the_commit_line_parses_back() -> None:
     )  # fmt: skip
     line = f"[2026-07-10 01:50:09,939] [INFO] [_engine.py:1:_complete] {result.log_line()}\n"
     event = ckptlib.parse_commit_line(line)
-    assert event == ckptlib.CommitEvent(
-        step=120, bytes=123456, blocking_s=0.0123, persist_s=1.5, path="/out/concurrent_checkpoint/checkpoint-120"
-    )
+    assert event == ckptlib.CommitEvent(step=120, bytes=123456, blocking_s=0.0123, persist_s=1.5, path="/out/concurrent_checkpoint/checkpoint-120")
     assert ckptlib.parse_commit_line("[Concurrent Checkpoint] No Checkpoint found with step: -1") is None

@@ -8,9 +8,7 @@ from ckptlib import RuntimeConfig, parse_runtime_config
 
 
 def test_the_documented_config_is_accepted() -> None:
-    options, trainer = parse_runtime_config(
-        {"host_cache_size": 50, "parser_threads": 1, "pin_host_cache": True, "trainer": None}
-    )
+    options, trainer = parse_runtime_config({"host_cache_size": 50, "parser_threads": 1, "pin_host_cache": True, "trainer": None})
     assert options == RuntimeConfig(host_cache_size=50.0, parser_threads=1, pin_host_cache=True)
     assert trainer is None
 

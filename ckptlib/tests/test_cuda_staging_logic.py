@@ -74,11 +74,10 @@ class _Event:
         self.cuda.log.append(("event_synchronize", self))
 
 
-def test_device_copies_wait_for_save_record_their_sources_and_finish_before_the_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_device_copies_wait_for_save_record_their_sources_and_finish_before_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cuda = _Cuda()
     on_device: set[int] = set()  # storages standing for device memory
+
     def on_a_device(tensor: torch.Tensor) -> bool:
         return tensor.untyped_storage().data_ptr() in on_device
 
@@ -98,9 +97,7 @@ def test_device_copies_wait_for_save_record_their_sources_and_finish_before_the_
 
     step()  # optimizer state exists from here on; all of it stands for device memory
     on_device.update(t.untyped_storage().data_ptr() for t in model.parameters())
-    on_device.update(
-        t.untyped_storage().data_ptr() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)
-    )
+    on_device.update(t.untyped_storage().data_ptr() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.001, handle_signals=False)
     engine._stager._device = _device.DeviceCopies(cuda)
     in_flight_at_step = []

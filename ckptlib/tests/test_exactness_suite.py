@@ -42,9 +42,7 @@ MIN_PER_PATH = 50
 _PORTS = iter(range(29581, 29700))
 
 
-def _start(
-    path: str, directory: Path, env: dict[str, str], *, ready_at: int, self_signal_at: int, max_steps: int, limit: int = 0
-) -> subprocess.Popen[str]:
+def _start(path: str, directory: Path, env: dict[str, str], *, ready_at: int, self_signal_at: int, max_steps: int, limit: int = 0) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "ckptlib.tests._exact_child", path, str(directory / "out"), str(directory / "refs")]
     command += [str(ready_at), str(self_signal_at), str(max_steps)] + ([str(limit)] if limit else [])
     env = {**env, "DS_TEST_PORT": str(next(_PORTS))}

@@ -40,16 +40,12 @@ def test_vendor_path_is_printed_and_imports_datastates(job_env: dict[str, str], 
 
 
 @pytest.mark.slow
-def test_the_spot_script_trains_checkpoints_and_resumes(
-    job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path
-) -> None:
+def test_the_spot_script_trains_checkpoints_and_resumes(job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path) -> None:
     env = _spot_env(job_env, offline_assets, SPOT_MAX_STEPS="6", SPOT_SAVE_STEPS="3")
     first = _run([sys.executable, SPOT], cwd=tmp_path, env=env)
     assert _commits(first.stderr) == [3, 6]
     root = tmp_path / "results" / "concurrent_checkpoint"
-    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= {
-        p.name for p in (root / "checkpoint-6").iterdir()
-    }
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= {p.name for p in (root / "checkpoint-6").iterdir()}
 
     resumed = _run([sys.executable, SPOT], cwd=tmp_path, env={**env, "SPOT_MAX_STEPS": "9", "CKPT_LAST_STEP": "-1"})
     assert f"resuming from {root / 'checkpoint-6'}" in resumed.stderr
@@ -59,9 +55,7 @@ def test_the_spot_script_trains_checkpoints_and_resumes(
 
 
 @pytest.mark.slow
-def test_the_spot_script_without_a_checkpoint_starts_from_scratch(
-    job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path
-) -> None:
+def test_the_spot_script_without_a_checkpoint_starts_from_scratch(job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path) -> None:
     env = _spot_env(job_env, offline_assets, SPOT_MAX_STEPS="2", SPOT_SAVE_STEPS="100", CKPT_LAST_STEP="-1")
     completed = _run([sys.executable, SPOT], cwd=tmp_path, env=env)
     assert "[Concurrent Checkpoint] No Checkpoint found with step: -1" in completed.stderr
@@ -82,11 +76,9 @@ def _transformers_version() -> tuple[int, ...]:
     _transformers_version() < (5, 24),
     reason="transformers 5.10.2 (the guide's pin) resumes a CPU multi-process run with "
     "torch.load(map_location='cpu:0'), which torch refuses for any file, its own included "
-    "(\"don't know how to restore data location … cpu:0\"); 5.24.0 resumes",
+    '("don\'t know how to restore data location … cpu:0"); 5.24.0 resumes',
 )
-def test_the_spot_script_under_accelerate_launch_with_two_processes(
-    job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path
-) -> None:
+def test_the_spot_script_under_accelerate_launch_with_two_processes(job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path) -> None:
     # On a machine without GPUs, `accelerate launch --num_processes 2` alone starts one process;
     # --multi_gpu with ACCELERATE_USE_CPU starts two, which then train with DDP over gloo.
     accelerate = str(Path(sys.executable).with_name("accelerate"))
@@ -105,13 +97,9 @@ def test_the_spot_script_under_accelerate_launch_with_two_processes(
 
 
 @pytest.mark.slow
-def test_sigterm_takes_a_final_checkpoint_and_exits(
-    job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path
-) -> None:
+def test_sigterm_takes_a_final_checkpoint_and_exits(job_env: dict[str, str], offline_assets: dict[str, str], tmp_path: Path) -> None:
     env = _spot_env(job_env, offline_assets, SPOT_MAX_STEPS="100000", SPOT_SAVE_STEPS="100000")
-    process = subprocess.Popen(
-        [sys.executable, SPOT], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = subprocess.Popen([sys.executable, SPOT], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert process.stdout is not None
     output = []
     for line in process.stdout:

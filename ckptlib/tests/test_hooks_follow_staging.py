@@ -67,7 +67,5 @@ print("ok")
 @pytest.mark.slow  # a training process of its own
 def test_a_plain_script_keeps_the_forward_hook_as_its_safe_point_for_sigterm(tmp_path: Path) -> None:
     # A child process: handle_signals=True installs a process-wide SIGTERM handler and thread.
-    completed = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False
-    )
+    completed = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
     assert completed.returncode == 0 and completed.stdout.strip().endswith("ok"), completed.stderr[-3000:]

@@ -82,9 +82,7 @@ def test_stock_loaders_read_the_files_under_trainer_names(engine: ckptlib.Checkp
     engine.wait(persist=True)
 
     directory = tmp_path / "concurrent_checkpoint" / "checkpoint-1"
-    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "ckptlib.json"} <= {
-        p.name for p in directory.iterdir()
-    }
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "ckptlib.json"} <= {p.name for p in directory.iterdir()}
     assert_same(expected["model"], load_file(directory / "model.safetensors"), "model")
     assert_same(expected["optimizer"], torch.load(directory / "optimizer.pt", weights_only=True), "optimizer")
     assert_same(expected["scheduler"], torch.load(directory / "scheduler.pt", weights_only=True), "scheduler")

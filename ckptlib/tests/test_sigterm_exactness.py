@@ -53,9 +53,7 @@ def _check(directory: Path, process: subprocess.Popen[str]) -> tuple[str, int, i
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["hooks", "safe_point"])
-def test_a_sigterm_anywhere_yields_a_final_checkpoint_of_exactly_its_step(
-    mode: str, job_env: dict[str, str], tmp_path: Path
-) -> None:
+def test_a_sigterm_anywhere_yields_a_final_checkpoint_of_exactly_its_step(mode: str, job_env: dict[str, str], tmp_path: Path) -> None:
     env = {**job_env, "PYTHONPATH": str(REPO_ROOT)}
     rng = random.Random(15)
     landed, compared = [], 0

@@ -51,7 +51,11 @@ def _all(model: Any, optimizer: Any, scheduler: Any) -> None:
 
 
 SCENARIOS: dict[str, Change] = {
-    "parameters": _parameters, "optimizer_state": _optimizer_state, "scheduler": _scheduler, "ema_swap": _ema_swap, "all": _all,
+    "parameters": _parameters,
+    "optimizer_state": _optimizer_state,
+    "scheduler": _scheduler,
+    "ema_swap": _ema_swap,
+    "all": _all,
 }
 
 
@@ -65,9 +69,7 @@ def _same(expected: Any, actual: Any) -> bool:
 
 @pytest.mark.slow  # 100 Trainer checkpoints a scenario
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_a_change_after_the_trainers_save_never_reaches_a_committed_checkpoint(
-    offline_assets: dict[str, str], tmp_path: Path, scenario: str
-) -> None:
+def test_a_change_after_the_trainers_save_never_reaches_a_committed_checkpoint(offline_assets: dict[str, str], tmp_path: Path, scenario: str) -> None:
     from transformers import TrainerCallback
 
     expected: dict[int, dict[str, Any]] = {}
@@ -76,9 +78,7 @@ def test_a_change_after_the_trainers_save_never_reaches_a_committed_checkpoint(
     class ChangeAfterSave(TrainerCallback):
         def on_save(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
             optimizer, scheduler = kwargs["optimizer"], kwargs["lr_scheduler"]
-            expected[state.global_step] = copy.deepcopy(
-                {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-            )
+            expected[state.global_step] = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()})
             change(model, optimizer, scheduler)
 
     trainer = _trainer(offline_assets, tmp_path, max_steps=SAVES, save_steps=1)

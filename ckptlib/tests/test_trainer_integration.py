@@ -28,10 +28,7 @@ def _trainer(assets: dict[str, str], output_dir: Path, *, max_steps: int, save_s
     tokenizer.pad_token = tokenizer.eos_token
     lines = Path(assets["train"]).read_text().splitlines()[:64]
     encoded = tokenizer(lines, truncation=True, max_length=16, padding="max_length")
-    dataset = [
-        {"input_ids": ids, "attention_mask": mask, "labels": ids}
-        for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"], strict=True)
-    ]
+    dataset = [{"input_ids": ids, "attention_mask": mask, "labels": ids} for ids, mask in zip(encoded["input_ids"], encoded["attention_mask"], strict=True)]
     model = AutoModelForCausalLM.from_pretrained(assets["model"], local_files_only=True)
     args = TrainingArguments(
         output_dir=str(output_dir),
@@ -78,9 +75,7 @@ def records() -> Iterator[RecordingHandler]:
 
 
 @pytest.mark.slow
-def test_a_resumed_run_continues_the_same_loss_curve(
-    offline_assets: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_resumed_run_continues_the_same_loss_curve(offline_assets: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     expected = _uninterrupted_losses(offline_assets, tmp_path)
     assert sorted(expected) == list(range(1, 9))
     assert ckptlib.committed_steps(tmp_path / "concurrent_checkpoint") == [4, 8]

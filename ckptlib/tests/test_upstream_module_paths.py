@@ -49,7 +49,5 @@ print("ok")
 @pytest.mark.slow  # a Python process of its own
 def test_upstream_module_paths_import_from_the_vendor_directory() -> None:
     env = {"PYTHONPATH": ckptlib.vendor_path(), "PATH": "/usr/bin:/bin"}
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *MODULES], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
+    result = subprocess.run([sys.executable, "-c", SCRIPT, *MODULES], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]

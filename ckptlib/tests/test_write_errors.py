@@ -26,9 +26,7 @@ def errors() -> Iterator[RecordingHandler]:
     logger.removeHandler(handler)
 
 
-def _one_checkpoint_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler, *, break_it: Any, expected: str
-) -> None:
+def _one_checkpoint_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler, *, break_it: Any, expected: str) -> None:
     """Step 1 commits; with ``break_it`` applied, step 2 fails with ``expected`` while training
     goes on and step 1 stays the latest; once undone, step 4 commits."""
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
@@ -59,9 +57,7 @@ def _one_checkpoint_fails(
         engine.shutdown()
 
 
-def test_a_full_disk_fails_that_checkpoint_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
-) -> None:
+def test_a_full_disk_fails_that_checkpoint_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler) -> None:
     def disk_full(fd: int, buffer: memoryview, offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -71,9 +67,7 @@ def test_a_full_disk_fails_that_checkpoint_only(
     )  # fmt: skip
 
 
-def test_a_failure_while_staging_fails_that_checkpoint_only(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler
-) -> None:
+def test_a_failure_while_staging_fails_that_checkpoint_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, errors: RecordingHandler) -> None:
     def broken_copy(*args: object, **kwargs: object) -> None:
         raise RuntimeError("copy failed")
 

@@ -1,4 +1,5 @@
 """The console's REST API over httpx, with every error turned into one readable sentence."""
+
 from __future__ import annotations
 
 from typing import Any

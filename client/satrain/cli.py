@@ -4,6 +4,7 @@ Exit codes: 0 success; 1 an API or connection error (the console's message on st
 usage; ``jobs wait``: 0 Completed, 3 Failed / Pending - internalerror / Pending -
 maxretriesexceeded, 4 Stopped, 124 still not finished after ``--timeout``.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,18 @@ out = Console(soft_wrap=True)
 err = Console(stderr=True)
 
 JOB_FIELDS = (
-    "name", "project", "job_type", "image", "command", "env", "gpus_per_node", "node_count",
-    "failover_enabled", "output_dir", "max_run_minutes", "description",
+    "name",
+    "project",
+    "job_type",
+    "image",
+    "command",
+    "env",
+    "gpus_per_node",
+    "node_count",
+    "failover_enabled",
+    "output_dir",
+    "max_run_minutes",
+    "description",
 )
 TERMINAL = {"Completed", "Failed", "Stopped", "Pending - internalerror", "Pending - maxretriesexceeded"}
 WAIT_EXIT = {"Completed": 0, "Failed": 3, "Pending - internalerror": 3, "Pending - maxretriesexceeded": 3, "Stopped": 4}
@@ -126,9 +137,16 @@ def read_spec(path: str) -> JsonObject:
         fail(f"{path} must hold one mapping of job fields ({', '.join(JOB_FIELDS)})", 2)
     unknown = sorted(set(spec) - set(JOB_FIELDS))
     if unknown:  # sent anyway (a newer console may know them); the API ignores fields it does not know
-        err.print(Text.assemble(("Warning:", "yellow"), " ", shown(
-            f"{path}: field{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))} "
-            f"not known to this client (it knows {', '.join(JOB_FIELDS)})")), highlight=False)
+        err.print(
+            Text.assemble(
+                ("Warning:", "yellow"),
+                " ",
+                shown(
+                    f"{path}: field{'s' if len(unknown) > 1 else ''} {', '.join(map(str, unknown))} not known to this client (it knows {', '.join(JOB_FIELDS)})"
+                ),
+            ),
+            highlight=False,
+        )
     return spec
 
 
@@ -144,9 +162,29 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 def show_job(job: JsonObject) -> None:
     table = Table(show_header=False, box=None, pad_edge=False)
-    for key in ("id", "name", "owner", "project_name", "status", "status_reason", "job_type", "image", "command", "env",
-                "gpus_per_node", "node_count", "failover_enabled", "failover_attempts", "output_dir",
-                "max_run_minutes", "created_at", "started_at", "finished_at", "running_time_seconds", "description"):
+    for key in (
+        "id",
+        "name",
+        "owner",
+        "project_name",
+        "status",
+        "status_reason",
+        "job_type",
+        "image",
+        "command",
+        "env",
+        "gpus_per_node",
+        "node_count",
+        "failover_enabled",
+        "failover_attempts",
+        "output_dir",
+        "max_run_minutes",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "running_time_seconds",
+        "description",
+    ):
         if key in job:
             table.add_row(Text(key, style="bold"), shown(job[key]))
     out.print(table)
@@ -171,9 +209,19 @@ def jobs_create(
 ) -> None:
     """Create a job from flags and/or a spec file (flags win over the file)."""
     spec = read_spec(file) if file else {}
-    flags = {"name": name, "command": command, "image": image, "gpus_per_node": gpus, "node_count": nodes,
-             "job_type": job_type, "failover_enabled": failover, "output_dir": output_dir,
-             "max_run_minutes": max_run_minutes, "project": project, "description": description}
+    flags = {
+        "name": name,
+        "command": command,
+        "image": image,
+        "gpus_per_node": gpus,
+        "node_count": nodes,
+        "job_type": job_type,
+        "failover_enabled": failover,
+        "output_dir": output_dir,
+        "max_run_minutes": max_run_minutes,
+        "project": project,
+        "description": description,
+    }
     spec.update({k: v for k, v in flags.items() if v is not None})
     if env:
         spec["env"] = {**(spec.get("env") or {}), **parse_env(env)}
@@ -200,9 +248,21 @@ def jobs_list(
         return
     table = Table("ID", "NAME", "STATUS", "TYPE", "GPUS", "FAILOVERS", "OWNER", "CREATED")
     for job in jobs:
-        table.add_row(*map(shown, (job["id"], job["name"], job["status"], job["job_type"],
-                                   f"{job['gpus_per_node']}×{job['node_count']}", job["failover_attempts"], job["owner"],
-                                   (job["created_at"] or "")[:19].replace("T", " "))))
+        table.add_row(
+            *map(
+                shown,
+                (
+                    job["id"],
+                    job["name"],
+                    job["status"],
+                    job["job_type"],
+                    f"{job['gpus_per_node']}×{job['node_count']}",
+                    job["failover_attempts"],
+                    job["owner"],
+                    (job["created_at"] or "")[:19].replace("T", " "),
+                ),
+            )
+        )
     out.print(table)
 
 
@@ -225,6 +285,7 @@ def jobs_logs(
 ) -> None:
     """A job's log; with -f, follow it over the WebSocket until the job ends. Control characters
     in the log (escape sequences) are shown as \\xNN escapes unless --raw is given."""
+
     def emit(line: JsonObject) -> None:
         if attempt is None or line["attempt"] == attempt:
             text = line["text"] if raw else visible(line["text"])
@@ -248,11 +309,12 @@ def jobs_logs(
         say(err, f"{why}; reconnecting after line {seq}", "yellow")
 
     def inserted(seq: int) -> None:
-        err.print(f"[yellow]lines of an earlier attempt arrived late (its node came back) and were stored before line {seq}; "
-                  f"the log again from line {seq}:[/]", highlight=False)
+        err.print(
+            f"[yellow]lines of an earlier attempt arrived late (its node came back) and were stored before line {seq}; the log again from line {seq}:[/]",
+            highlight=False,
+        )
 
-    status = call(follow, api, job_id, stream=stream, tail=tail, on_line=emit, on_banner=banner, on_reconnect=reconnect,
-                  on_inserted=inserted)
+    status = call(follow, api, job_id, stream=stream, tail=tail, on_line=emit, on_banner=banner, on_reconnect=reconnect, on_inserted=inserted)
     say(err, f"job {job_id}: {status}", "bold")
 
 
@@ -305,8 +367,19 @@ def jobs_events(job_id: int, output: str = typer.Option("table", "--output", "-o
         return
     table = Table("TIME", "FROM", "TO", "ATTEMPT", "ACTOR", "REASON")
     for event in events:
-        table.add_row(*map(shown, ((event["created_at"] or "")[:19].replace("T", " "), event["from_status"], event["to_status"],
-                                   event["attempt"], event["actor"], event["reason"])))
+        table.add_row(
+            *map(
+                shown,
+                (
+                    (event["created_at"] or "")[:19].replace("T", " "),
+                    event["from_status"],
+                    event["to_status"],
+                    event["attempt"],
+                    event["actor"],
+                    event["reason"],
+                ),
+            )
+        )
     out.print(table)
 
 
@@ -352,8 +425,20 @@ def nodes_list(output: str = typer.Option("table", "--output", "-o")) -> None:
         gpus = node["gpus"]
         free = sum(1 for g in gpus if g["healthy"] and not g["allocated"])
         bad = [str(g["index"]) for g in gpus if not g["healthy"]]
-        table.add_row(*map(shown, (node["name"], node["state"], "yes" if node["healthy"] else "NO", "yes" if node["cordoned"] else "",
-                                   f"{free}/{len(gpus)}", ",".join(bad), node["health_reason"])))
+        table.add_row(
+            *map(
+                shown,
+                (
+                    node["name"],
+                    node["state"],
+                    "yes" if node["healthy"] else "NO",
+                    "yes" if node["cordoned"] else "",
+                    f"{free}/{len(gpus)}",
+                    ",".join(bad),
+                    node["health_reason"],
+                ),
+            )
+        )
     out.print(table)
 
 

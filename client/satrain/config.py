@@ -4,6 +4,7 @@
 ``config.json`` is created with mode 0600 (it holds a bearer token). ``SATRAIN_URL`` and
 ``SATRAIN_TOKEN`` in the environment win over the file (for CI).
 """
+
 from __future__ import annotations
 
 import json

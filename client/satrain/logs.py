@@ -3,6 +3,7 @@
 Following resumes after a dropped connection from the last ``seq`` it printed
 (``?after=<seq>``), so every line is shown exactly once, across reconnects and failovers.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,8 +89,7 @@ def follow(
         headers = {"Authorization": f"Token {client.settings.token}"} if client.settings.token else {}
         reason = ""
         try:
-            with connect(socket_url(client.settings.url, job_id, **params), additional_headers=headers, open_timeout=15,
-                         max_size=4 * 1024 * 1024) as ws:
+            with connect(socket_url(client.settings.url, job_id, **params), additional_headers=headers, open_timeout=15, max_size=4 * 1024 * 1024) as ws:
                 for raw in ws:
                     message = json.loads(raw)
                     kind = message.get("type")

@@ -8,6 +8,7 @@ overwriting what was printed) is shown as the text it is: ``\\x1b[2J``, ``\\x1b]
 in the output may also be those four characters in the log. ``satrain jobs logs --raw`` prints
 lines as stored.
 """
+
 from __future__ import annotations
 
 CONTROLS = [*range(0x00, 0x20), 0x7F, *range(0x80, 0xA0)]

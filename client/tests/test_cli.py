@@ -1,6 +1,7 @@
 """The ``satrain`` command-line client (client/) against a real console with its embedded agent:
 log in, create from a YAML spec, follow a log to the end across a failover and a dropped
 connection (every line exactly once), ``jobs wait``'s exit codes, the API's own messages."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ ADMIN = ("cli-admin", "admin-pass-2")
 
 def counter(lines: int, pause: float) -> str:
     return (
-        "python -c \"import os, time\n"
+        'python -c "import os, time\n'
         "print('Starting dataset initialization', flush=True)\n"
         f"for i in range({lines}):\n"
         f"    print('attempt', os.environ['JOB_ATTEMPT'], 'step', i, flush=True); time.sleep({pause})\""
@@ -198,8 +199,8 @@ def test_jobs_wait_exit_codes_follow_the_final_status(users, owner_cli):
         return json.loads(done.stdout)["id"]
 
     ok = create("cli-wait-ok", "python -c \"print('fine')\"")
-    failed = create("cli-wait-fails", "python -c \"import sys; sys.exit(3)\"", "--no-failover")
-    sleeper = create("cli-wait-sleeps", "python -c \"import time; time.sleep(300)\"")
+    failed = create("cli-wait-fails", 'python -c "import sys; sys.exit(3)"', "--no-failover")
+    sleeper = create("cli-wait-sleeps", 'python -c "import time; time.sleep(300)"')
 
     done = owner_cli("jobs", "wait", str(ok), "--interval", "0.3")
     assert (done.returncode, done.stdout.strip()) == (0, "Completed")
@@ -255,7 +256,7 @@ def test_list_get_tail_and_staff_only_nodes(users, owner_cli, admin_cli):
 
 
 def test_resume_of_a_completed_job_says_why_it_cannot(users, owner_cli):
-    done = owner_cli("jobs", "create", "--name", "cli-resume", "--gpus", "1", "--command", "python -c \"print(1)\"", "-o", "json")
+    done = owner_cli("jobs", "create", "--name", "cli-resume", "--gpus", "1", "--command", 'python -c "print(1)"', "-o", "json")
     job_id = json.loads(done.stdout)["id"]
     owner_cli("jobs", "wait", str(job_id), "--interval", "0.3")
     resumed = owner_cli("jobs", "resume", str(job_id))

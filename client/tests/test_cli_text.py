@@ -2,6 +2,7 @@
 reasons, the API's messages, nodes' reasons) is text: Rich markup in it is printed as written (a
 ``[/nope]`` does not end the command), and its control characters are shown as ``\\xNN`` escapes,
 never sent to the terminal. No console is needed: the API client is a stand-in."""
+
 from __future__ import annotations
 
 import io
@@ -26,16 +27,39 @@ SHOWN = "[/nope] [bold]b[/bold] :smile: \\x1b]0;pwned\\x07 \\x1b[2J \\x9b31m ove
 CONTROLS = ("\x1b", "\x07", "\x9b", "\r")
 
 JOB = {
-    "id": 7, "name": "[red]n[/red]", "owner": "alice", "project_name": "alice", "status": "Failed",
-    "status_reason": HOSTILE, "job_type": "On-Demand", "image": "img", "command": f"echo '{HOSTILE}'",
-    "env": {"X": HOSTILE}, "gpus_per_node": 1, "node_count": 1, "failover_enabled": True,
-    "failover_attempts": "0/3", "output_dir": "", "max_run_minutes": None, "created_at": "2026-12-03T12:00:00Z",
-    "started_at": None, "finished_at": None, "running_time_seconds": None, "description": f"multi\nline\t{HOSTILE}",
+    "id": 7,
+    "name": "[red]n[/red]",
+    "owner": "alice",
+    "project_name": "alice",
+    "status": "Failed",
+    "status_reason": HOSTILE,
+    "job_type": "On-Demand",
+    "image": "img",
+    "command": f"echo '{HOSTILE}'",
+    "env": {"X": HOSTILE},
+    "gpus_per_node": 1,
+    "node_count": 1,
+    "failover_enabled": True,
+    "failover_attempts": "0/3",
+    "output_dir": "",
+    "max_run_minutes": None,
+    "created_at": "2026-12-03T12:00:00Z",
+    "started_at": None,
+    "finished_at": None,
+    "running_time_seconds": None,
+    "description": f"multi\nline\t{HOSTILE}",
 }
-EVENTS = [{"created_at": "2026-12-03T12:00:00Z", "from_status": "Running", "to_status": "Failed", "attempt": 1,
-           "actor": "system", "reason": HOSTILE}]
-NODES = [{"name": "node-a", "state": "up", "healthy": False, "cordoned": False, "health_reason": HOSTILE,
-          "gpus": [{"index": 0, "healthy": False, "allocated": False}]}]
+EVENTS = [{"created_at": "2026-12-03T12:00:00Z", "from_status": "Running", "to_status": "Failed", "attempt": 1, "actor": "system", "reason": HOSTILE}]
+NODES = [
+    {
+        "name": "node-a",
+        "state": "up",
+        "healthy": False,
+        "cordoned": False,
+        "health_reason": HOSTILE,
+        "gpus": [{"index": 0, "healthy": False, "allocated": False}],
+    }
+]
 
 
 class FakeClient:
@@ -63,6 +87,7 @@ class FakeClient:
 @pytest.fixture
 def run(monkeypatch):
     """Run ``satrain ARGS`` against a stand-in client; returns (exit code, stdout, stderr)."""
+
     def invoke(*args: str, error: ApiError | None = None) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
         monkeypatch.setattr(cli, "out", Console(file=out, width=400, soft_wrap=True))

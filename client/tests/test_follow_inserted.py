@@ -1,6 +1,7 @@
 """`satrain jobs logs -f` when lines an ended attempt delivered late go in before lines it already
 printed (logs/consumers.py's ``inserted`` message): it says so and prints the log again from there,
 so the late lines are shown, in their place, and nothing after them is skipped."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,7 @@ def line(seq: int, attempt: int, text: str) -> dict:
 MESSAGES = [
     {"type": "lines", "lines": [line(1, 1, "a1 first"), line(2, 2, "a2 first"), line(3, 2, "a2 second")], "backlog": True},
     {"type": "inserted", "from_seq": 2},
-    {"type": "lines", "lines": [line(2, 1, "a1 late 1"), line(3, 1, "a1 late 2"), line(4, 2, "a2 first"), line(5, 2, "a2 second")],
-     "backlog": False},
+    {"type": "lines", "lines": [line(2, 1, "a1 late 1"), line(3, 1, "a1 late 2"), line(4, 2, "a2 first"), line(5, 2, "a2 second")], "backlog": False},
     {"type": "lines", "lines": [line(6, 2, "a2 third")], "backlog": False},
     {"type": "end", "status": "Completed"},
 ]

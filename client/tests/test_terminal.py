@@ -1,4 +1,5 @@
 """``satrain.terminal.visible``: no control character of a log line reaches the terminal."""
+
 from __future__ import annotations
 
 import unicodedata

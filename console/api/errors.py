@@ -1,5 +1,6 @@
 """API errors as JSON: DRF's own handling, clear answers for bodies too big or too deeply nested
 to read, and a 500 body that never shows a traceback."""
+
 from __future__ import annotations
 
 import logging

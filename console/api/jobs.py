@@ -4,6 +4,7 @@ nodes for operators, and a token for scripts.
 Views parse input, call one service and return. A job the user may not see is a 404, whatever
 the action; a user action the job's status refuses is a 409 with the service's message.
 """
+
 from __future__ import annotations
 
 import logging
@@ -119,8 +120,7 @@ STATUS_FILTER = OpenApiParameter(
     ),
     create=extend_schema(
         summary="Create a job",
-        description="The job starts Pending. An image the console does not know is accepted; the job then "
-        "waits in `Pending - imagepullbackoff`.",
+        description="The job starts Pending. An image the console does not know is accepted; the job then waits in `Pending - imagepullbackoff`.",
         responses={201: TrainingJobSerializer, 400: FIELD_ERRORS},
         examples=[
             OpenApiExample(
@@ -186,9 +186,7 @@ class TrainingJobViewSet(
             return queryset
         params = self.request.query_params
         statuses = [part.strip() for raw in params.getlist("status") for part in raw.split(",") if part.strip()]
-        query = JobListQuerySerializer(
-            data={"status": statuses, **{k: params[k] for k in ("job_type", "search", "ordering") if params.get(k)}}
-        )
+        query = JobListQuerySerializer(data={"status": statuses, **{k: params[k] for k in ("job_type", "search", "ordering") if params.get(k)}})
         query.is_valid(raise_exception=True)
         wanted = query.validated_data
         if wanted.get("status"):

@@ -1,5 +1,6 @@
 """Projects in the API: each one's GPU quota and what it uses against it (members see their own
 projects; staff see every one)."""
+
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema, extend_schema_view

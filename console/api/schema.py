@@ -1,5 +1,6 @@
 """The OpenAPI schema view: JSON first, so a browser shows the schema instead of downloading it
 (YAML stays available with ``Accept: application/vnd.oai.openapi`` or ``?format=yaml``)."""
+
 from __future__ import annotations
 
 from drf_spectacular.renderers import OpenApiJsonRenderer, OpenApiJsonRenderer2, OpenApiYamlRenderer, OpenApiYamlRenderer2

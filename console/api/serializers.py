@@ -3,6 +3,7 @@ nodes; and the query parameters of the list and log endpoints.
 
 They parse and check input only; creating, stopping and cloning jobs is left to the services.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -100,19 +101,26 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         "names ending in _TOKEN, _KEY, _PASSWORD or _SECRET are secret wherever they are given.",
     )
     secret_env = EnvField(
-        required=False, write_only=True,
+        required=False,
+        write_only=True,
         help_text=f"Secret variables for the run, as NAME: value: stored encrypted, never returned (env shows them as {MASK}).",
     )
     max_run_minutes = serializers.IntegerField(
-        min_value=1, max_value=MAX_RUN_MINUTES, required=False, allow_null=True,
+        min_value=1,
+        max_value=MAX_RUN_MINUTES,
+        required=False,
+        allow_null=True,
         help_text="Stop the job after this many minutes of running.",
     )
     cpu_limit = serializers.FloatField(
-        required=False, allow_null=True,
+        required=False,
+        allow_null=True,
         help_text="CPU cores per node, e.g. 0.5 or 4 (at most the largest node's); null: the node's default.",
     )
     memory_limit_mb = serializers.IntegerField(
-        required=False, allow_null=True, max_value=MAX_RUN_MINUTES,
+        required=False,
+        allow_null=True,
+        max_value=MAX_RUN_MINUTES,
         help_text="Memory per node in MiB (at least 32, at most the largest node's); null: the node's default. "
         "A run that needs more is killed and the job fails with 'out of memory'.",
     )
@@ -146,7 +154,9 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         read_only_fields = ["status_reason", "created_at", "started_at", "finished_at", "failover_count"]
         extra_kwargs = {
             "command": {"help_text": "Launcher command, e.g. `python train.py` after VAR=value assignments."},
-            "output_dir": {"help_text": "Where the training writes (checkpoints go below it): a folder in the project's data directory (a relative path is placed there) or a writable project volume; empty: the job's own."},
+            "output_dir": {
+                "help_text": "Where the training writes (checkpoints go below it): a folder in the project's data directory (a relative path is placed there) or a writable project volume; empty: the job's own."
+            },
         }
 
     @cached_property
@@ -191,10 +201,13 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         plain, secrets = split_secrets(data.get("env") or {}, data.get("secret_env"))
         masked = sorted(name for name, value in secrets.items() if value == MASK)
         if masked:
-            raise serializers.ValidationError({"secret_env": [
-                f"Give the value of {', '.join(masked)}: secrets are never returned, so {MASK} is not a value "
-                "(POST …/clone/ keeps a job's secrets)."
-            ]})
+            raise serializers.ValidationError(
+                {
+                    "secret_env": [
+                        f"Give the value of {', '.join(masked)}: secrets are never returned, so {MASK} is not a value (POST …/clone/ keeps a job's secrets)."
+                    ]
+                }
+            )
         data["env"], data["secret_env"] = plain, SecretEnv.of(secrets)
         try:
             # The settings a job may have are the creation service's to judge (every route's).
@@ -257,8 +270,17 @@ class JobAttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobAttempt
         fields = [
-            "number", "state", "nodes", "placements", "created_at", "started_at", "ended_at",
-            "exit_code", "exit_signal", "cause", "image_digest",
+            "number",
+            "state",
+            "nodes",
+            "placements",
+            "created_at",
+            "started_at",
+            "ended_at",
+            "exit_code",
+            "exit_signal",
+            "cause",
+            "image_digest",
         ]
         read_only_fields = fields
 
@@ -286,28 +308,24 @@ class LogLineSerializer(serializers.Serializer):
 
 class LogPageSerializer(serializers.Serializer):
     lines = LogLineSerializer(many=True)
-    next_after = serializers.IntegerField(
-        allow_null=True, help_text="The last line's seq: pass it as `after` for the next page; null if no lines."
-    )
-    has_more = serializers.BooleanField(
-        help_text="More lines match beyond this page (after it; before it for a tail page)."
-    )
+    next_after = serializers.IntegerField(allow_null=True, help_text="The last line's seq: pass it as `after` for the next page; null if no lines.")
+    has_more = serializers.BooleanField(help_text="More lines match beyond this page (after it; before it for a tail page).")
 
 
 class LogQuerySerializer(serializers.Serializer):
     """The query of a log range: forward from ``after``, or the tail before ``before``."""
 
-    stream = serializers.RegexField(STREAM_NAME, required=False, default="master", max_length=16,
-                                    error_messages={"invalid": "Use master or worker-<n>."})
-    after = serializers.IntegerField(min_value=0, max_value=MAX_DB_INT, required=False,
-                                     help_text="Only lines with a greater seq.")
+    stream = serializers.RegexField(STREAM_NAME, required=False, default="master", max_length=16, error_messages={"invalid": "Use master or worker-<n>."})
+    after = serializers.IntegerField(min_value=0, max_value=MAX_DB_INT, required=False, help_text="Only lines with a greater seq.")
 
     def validate_stream(self, value: str) -> str:
         if not is_stream_name(value):
             raise serializers.ValidationError("Use master or worker-<n>.")
         return value
-    before = serializers.IntegerField(min_value=0, max_value=MAX_DB_INT, required=False,
-                                      help_text="Only lines with a smaller seq; without `after`, the last page before it.")
+
+    before = serializers.IntegerField(
+        min_value=0, max_value=MAX_DB_INT, required=False, help_text="Only lines with a smaller seq; without `after`, the last page before it."
+    )
     limit = serializers.IntegerField(min_value=1, max_value=5000, required=False, default=1000)
     q = serializers.CharField(max_length=1000, required=False, help_text="Only lines containing this text (any case).")
 
@@ -321,9 +339,7 @@ class JobListQuerySerializer(serializers.Serializer):
     def validate_status(self, value: list[str]) -> list[str]:
         unknown = [text for text in value if text not in JobStatus.values]
         if unknown:
-            raise serializers.ValidationError(
-                f"Not a status: {', '.join(repr(t) for t in unknown)}. Use the exact texts: {', '.join(JobStatus.values)}."
-            )
+            raise serializers.ValidationError(f"Not a status: {', '.join(repr(t) for t in unknown)}. Use the exact texts: {', '.join(JobStatus.values)}.")
         return value
 
 
@@ -345,8 +361,20 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = [
-            "id", "name", "gpu_model", "state", "healthy", "health_reason", "cordoned", "simulated",
-            "last_heartbeat", "cpu_count", "memory_mb", "limits_enforced", "limits_note", "gpus",
+            "id",
+            "name",
+            "gpu_model",
+            "state",
+            "healthy",
+            "health_reason",
+            "cordoned",
+            "simulated",
+            "last_heartbeat",
+            "cpu_count",
+            "memory_mb",
+            "limits_enforced",
+            "limits_note",
+            "gpus",
         ]
         read_only_fields = fields
 
@@ -363,4 +391,3 @@ class TokenRequestSerializer(serializers.Serializer):
 class TokenSerializer(serializers.Serializer):
     token = serializers.CharField(help_text="Shown once: only its digest is stored.")
     expiry = serializers.DateTimeField(help_text="When it stops working; revoke it sooner on the account's Tokens page.")
-

@@ -1,6 +1,7 @@
 """API tokens: username and password → a new token (django-rest-knox: only its SHA-512 digest is
 stored; it expires after API_TOKEN_TTL_DAYS). Throttled per client address and locked per username
 and per address after repeated failures (``console.lockout``)."""
+
 from __future__ import annotations
 
 from typing import Any

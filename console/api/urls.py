@@ -1,4 +1,5 @@
 """The REST API's routes, included at ``/api/v1/``."""
+
 from __future__ import annotations
 
 from django.urls import path

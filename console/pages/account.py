@@ -1,4 +1,5 @@
 """The account menu's pages: signing in (with the lock-out) and the user's API tokens."""
+
 from __future__ import annotations
 
 from django import forms

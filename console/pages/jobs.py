@@ -1,4 +1,5 @@
 """The console's Training Job pages: list (with bulk actions), create/clone, detail, stop and delete."""
+
 from __future__ import annotations
 
 import logging
@@ -159,10 +160,7 @@ def chart_markers(job: TrainingJob, attempts: list) -> dict[str, list[dict[str, 
     """Where the charts mark a new attempt (failover, resume) and each committed checkpoint."""
     checkpoints = Checkpoint.objects.filter(job=job).order_by("committed_at").values_list("step", "committed_at")[:500]
     return {
-        "attempts": [
-            {"number": a.number, "started_at": a.started_at.isoformat() if a.started_at else None, "resume_step": a.resume_step}
-            for a in attempts
-        ],
+        "attempts": [{"number": a.number, "started_at": a.started_at.isoformat() if a.started_at else None, "resume_step": a.resume_step} for a in attempts],
         "checkpoints": [{"step": step, "at": at.isoformat()} for step, at in checkpoints],
     }
 
@@ -178,7 +176,10 @@ def with_failing_lines(job: TrainingJob, attempts: list) -> list:
 def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: TrainingJob | None = None) -> HttpResponse:
     """The create form (blank or cloned from ``source``); a valid POST creates the job."""
     form = TrainingJobForm(
-        request.POST or None, owner=request.user, initial=initial, kept_secrets=source.secret_env if source is not None and source.owner_id == request.user.pk else None
+        request.POST or None,
+        owner=request.user,
+        initial=initial,
+        kept_secrets=source.secret_env if source is not None and source.owner_id == request.user.pk else None,
     )
     if request.method == "POST" and form.is_valid():
         try:
@@ -193,8 +194,7 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
             messages.success(request, format_html('Training Job {} created. It is <span data-field="status_text">{}</span>.', job.name, job.status))
             return redirect("jobs:detail", pk=job.pk)
     images = Image.objects.order_by("reference").values_list("reference", "description")
-    context: dict[str, object] = {"form": form, "source": source, "images": images, "nav": "jobs",
-               "volumes_text": visible_volumes_text(form.projects)}
+    context: dict[str, object] = {"form": form, "source": source, "images": images, "nav": "jobs", "volumes_text": visible_volumes_text(form.projects)}
     if source is not None and request.GET.get("fix") and source.status in FIXABLE:
         # "Clone and fix": quote the line the failed run ended on above the prefilled form.
         last = source.attempts.order_by("-number").first()

@@ -6,6 +6,7 @@ each other in a circle.
 Staff only. Every action is a POST with the CSRF token that calls one service and comes back to
 the page with a message; a bad request is a message too, never a server error.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,14 +59,20 @@ class NodeView:
 def node_overview() -> list[NodeView]:
     """Every node, in name order, with everything the page shows: five queries in all."""
     open_faults = SimulatedFault.objects.filter(cleared_at__isnull=True).order_by("created_at")
-    nodes = Node.objects.order_by("name").select_related("health").prefetch_related(
-        Prefetch("gpus", queryset=GPU.objects.select_related("allocated_to__attempt__job").order_by("index")),
-        Prefetch("simulated_faults", queryset=open_faults, to_attr="open_faults"),
+    nodes = (
+        Node.objects.order_by("name")
+        .select_related("health")
+        .prefetch_related(
+            Prefetch("gpus", queryset=GPU.objects.select_related("allocated_to__attempt__job").order_by("index")),
+            Prefetch("simulated_faults", queryset=open_faults, to_attr="open_faults"),
+        )
     )
     views = {node.pk: NodeView(node=node, gpus=list(node.gpus.all()), faults=node.open_faults) for node in nodes}
-    live = AttemptNode.objects.filter(
-        node_id__in=views, attempt__state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING]
-    ).select_related("attempt__job").order_by("attempt__job__name", "rank")
+    live = (
+        AttemptNode.objects.filter(node_id__in=views, attempt__state__in=[JobAttempt.State.PLACED, JobAttempt.State.RUNNING])
+        .select_related("attempt__job")
+        .order_by("attempt__job__name", "rank")
+    )
     for placement in live:
         views[placement.node_id].placements.append(placement)
     for event in HealthEvent.objects.filter(node_id__in=views).order_by("-at", "-id")[: EVENTS_SHOWN * max(len(views), 1)]:

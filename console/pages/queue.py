@@ -1,5 +1,6 @@
 """The operators' Queue page: waiting jobs by project with their reasons, each project's usage
 against its quota, and "why is this job not running" for any job. Staff only; read-only."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

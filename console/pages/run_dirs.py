@@ -3,6 +3,7 @@ container ``/job/work`` and ``/job/output``; a writable project volume at its ow
 node's host path for staff only (a user has no use for the platform's layout of a node's disks,
 and their run cannot reach it). Where jobs run without containers (``JOB_SANDBOX=off``) the run
 sees the host's paths, and so does its page."""
+
 from __future__ import annotations
 
 import os

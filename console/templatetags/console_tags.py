@@ -1,4 +1,5 @@
 """Template helpers of the console pages: status badges, icons and durations."""
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,7 @@ from logs.terminal import plain_text
 register = template.Library()
 
 # Icons the templates use; each is a <symbol id="icon-NAME"> in templates/_icons.html.
-ICONS = frozenset(
-    {"clock", "alert", "play", "stop", "refresh", "x", "check", "plus", "copy", "trash", "search", "server", "zap", "pause", "save", "menu"}
-)
+ICONS = frozenset({"clock", "alert", "play", "stop", "refresh", "x", "check", "plus", "copy", "trash", "search", "server", "zap", "pause", "save", "menu"})
 
 
 @register.simple_tag
@@ -32,9 +31,7 @@ def icon(name: str, label: str = "") -> str:
     if name not in ICONS:
         raise template.TemplateSyntaxError(f"unknown icon {name!r}")
     if label:
-        return format_html(
-            '<svg class="icon" role="img" aria-label="{}" focusable="false"><use href="#icon-{}"></use></svg>', label, name
-        )
+        return format_html('<svg class="icon" role="img" aria-label="{}" focusable="false"><use href="#icon-{}"></use></svg>', label, name)
     return format_html('<svg class="icon" aria-hidden="true" focusable="false"><use href="#icon-{}"></use></svg>', name)
 
 

@@ -1,4 +1,5 @@
 """The project usage line on the Training Jobs page ("team: using 6 of 8 GPUs; 2 borrowed")."""
+
 from __future__ import annotations
 
 from django import template

@@ -3,6 +3,7 @@
 The users (owner, teammate, outsider, staff), ``make_job`` and ``default_image`` come from
 ``console/testing.py``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

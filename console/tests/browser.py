@@ -21,6 +21,7 @@ Use the fixtures from a test module with::
 Playwright's sync API must not run inside a running asyncio loop: use these fixtures from plain
 (sync) tests only.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,14 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or ROOT / "test-artifacts")
 PY = sys.executable
 CHROMIUM_ARGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 ADMIN_PASSWORD = "admin-pass-1"
 # Where the live console runs its jobs: its own node agents ("agents"), or a one-host Slurm
@@ -147,7 +154,11 @@ class LiveConsole:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [PY, "manage.py", "runconsole", "--port", str(self.port)],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         try:
@@ -276,8 +287,9 @@ print(json.dumps(AuthToken.objects.create(user)[1]))
             args += ["--gpu", str(gpu)]
         return self.manage(*args)
 
-    def insert_log_lines(self, job_id: int, count: int, *, stream: str = "master", attempt: int = 1,
-                         text: str = "line {seq} of the stored log") -> tuple[int, int]:
+    def insert_log_lines(
+        self, job_id: int, count: int, *, stream: str = "master", attempt: int = 1, text: str = "line {seq} of the stored log"
+    ) -> tuple[int, int]:
         """Append ``count`` lines to a job's stream straight into the database (no publishing):
         ``text`` is formatted with ``seq`` and ``n`` (1-based within this batch). Returns the
         first and last seq written."""

@@ -1,4 +1,5 @@
 """Helpers shared by the page and admin tests (the users and the job factory live in conftest.py)."""
+
 from __future__ import annotations
 
 import re
@@ -58,5 +59,3 @@ def login(client: Client) -> Callable[..., Client]:
         return client
 
     return as_user
-
-

@@ -8,6 +8,7 @@ console/tests and the process-level ones of other apps (``PROCESS_LEVEL``: brows
 and scale-out cluster tests set up their own databases) run in the first pass only, except those
 named in ``ON_POSTGRES_TOO``: the schemathesis fuzz of every API endpoint runs on both.
 """
+
 from __future__ import annotations
 
 import os

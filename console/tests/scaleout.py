@@ -1,5 +1,6 @@
 """A scale-out cluster on loopback for the integration test: PostgreSQL, Redis, two Daphne
 processes, a Celery control worker with beat, and one node agent process per node."""
+
 from __future__ import annotations
 
 import json
@@ -109,8 +110,30 @@ class Cluster:
             port = free_port()
             self.ports.append(port)
             self.spawn(f"daphne-{port}", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"])
-        self.spawn("control", [PY, "-m", "celery", "-A", "console", "worker", "-Q", "control", "-B", "-P", "solo", "-l", "WARNING",
-                               "-n", "control@%h", "--without-gossip", "--without-mingle", "-s", str(self.tmp / "beat-schedule")])
+        self.spawn(
+            "control",
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "-Q",
+                "control",
+                "-B",
+                "-P",
+                "solo",
+                "-l",
+                "WARNING",
+                "-n",
+                "control@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "-s",
+                str(self.tmp / "beat-schedule"),
+            ],
+        )
         for name in ("node-a", "node-b", "node-c"):
             self.start_agent(name)
         for port in self.ports:
@@ -203,9 +226,21 @@ class ProcfileCluster(Cluster):
     step through ``honcho run``, then ``honcho start`` of deploy/Procfile's processes, one honcho
     for the control host's and one per node agent (NODE_NAME)."""
 
-    SETTINGS = ("DATABASE_URL", "REDIS_URL", "CONSOLE_VAR_DIR", "JOB_WORK_ROOT", "SECRET_KEY", "CONSOLE_ADMIN_PASSWORD",
-                "NODE_HEARTBEAT_TIMEOUT", "HEALTH_CHECK_INTERVAL", "SIMULATED_GPUS", "SIMULATED_GPUS_PER_NODE",
-                "STOP_GRACE_PERIOD", "LOG_LEVEL", "PYTHONUNBUFFERED")
+    SETTINGS = (
+        "DATABASE_URL",
+        "REDIS_URL",
+        "CONSOLE_VAR_DIR",
+        "JOB_WORK_ROOT",
+        "SECRET_KEY",
+        "CONSOLE_ADMIN_PASSWORD",
+        "NODE_HEARTBEAT_TIMEOUT",
+        "HEALTH_CHECK_INTERVAL",
+        "SIMULATED_GPUS",
+        "SIMULATED_GPUS_PER_NODE",
+        "STOP_GRACE_PERIOD",
+        "LOG_LEVEL",
+        "PYTHONUNBUFFERED",
+    )
 
     def __init__(self, tmp: Path, pg_url: str, redis_url: str) -> None:
         super().__init__(tmp, pg_url, redis_url)
@@ -226,12 +261,18 @@ class ProcfileCluster(Cluster):
 
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
         self.sql(f'CREATE DATABASE "{self.db_name}"')
-        release = subprocess.run(self.honcho("run", ".venv/bin/python", "manage.py", "bootstrap", "--no-nodes"),
-                                 cwd=ROOT, env=self.base_env, capture_output=True, text=True)
+        release = subprocess.run(
+            self.honcho("run", ".venv/bin/python", "manage.py", "bootstrap", "--no-nodes"), cwd=ROOT, env=self.base_env, capture_output=True, text=True
+        )
         assert release.returncode == 0, release.stdout + release.stderr
         self.ports = [free_port(), free_port()]
-        self.spawn_with("control-host", self.honcho("start", "web1", "web2", "control", "notify"),
-                        WEB1_PORT=str(self.ports[0]), WEB2_PORT=str(self.ports[1]), WEB_METRICS_DIR=str(self.tmp / "prometheus"))
+        self.spawn_with(
+            "control-host",
+            self.honcho("start", "web1", "web2", "control", "notify"),
+            WEB1_PORT=str(self.ports[0]),
+            WEB2_PORT=str(self.ports[1]),
+            WEB_METRICS_DIR=str(self.tmp / "prometheus"),
+        )
         for name in ("node-a", "node-b", "node-c"):
             self.start_agent(name)
         for port in self.ports:
@@ -242,8 +283,7 @@ class ProcfileCluster(Cluster):
 
     def spawn_with(self, key: str, argv: list[str], **extra: str) -> None:
         log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env={**self.base_env, **extra}, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env={**self.base_env, **extra}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def exited(self) -> list[str]:
         """The honcho-started processes that stopped: honcho's own lines saying so, and any honcho gone."""

@@ -1,4 +1,5 @@
 """The guide's Spot script as the resume tests submit it (in its container, offline, tiny)."""
+
 from __future__ import annotations
 
 SPOT = 'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" python /opt/examples/spot_train.py'

@@ -1,5 +1,6 @@
 """Who may see and act on a job: its owner and the project's members, and staff; an outsider
 learns nothing (404), whatever the endpoint."""
+
 from __future__ import annotations
 
 import pytest

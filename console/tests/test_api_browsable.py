@@ -1,4 +1,5 @@
 """The API's HTML view (DRF's browsable API) renders for a signed-in user."""
+
 from __future__ import annotations
 
 import pytest

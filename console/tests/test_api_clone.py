@@ -1,4 +1,5 @@
 """Cloning a job: a new Pending job with the same settings, owned by whoever cloned it."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Creating a job through the API: defaults, the project it lands in, and its first event."""
+
 from __future__ import annotations
 
 import pytest

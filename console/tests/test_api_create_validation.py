@@ -1,4 +1,5 @@
 """Invalid input to create a job is a 400 that names the field, never a 500."""
+
 from __future__ import annotations
 
 import pytest
@@ -130,6 +131,17 @@ def test_multi_node_jobs_need_their_projects_leave_to_use_the_nodes_network(owne
     assert response.status_code == 400
     assert "an operator has not allowed for project" in response.json()["node_count"][0]
     client.force_login(owner)
-    form = client.post(reverse("jobs:create"), {"name": "two-nodes", "project": project.pk, "job_type": "On-Demand", "image": "pytorch:2.13-py3.11", "command": "python train.py", "gpus_per_node": 1, "node_count": 2})
+    form = client.post(
+        reverse("jobs:create"),
+        {
+            "name": "two-nodes",
+            "project": project.pk,
+            "job_type": "On-Demand",
+            "image": "pytorch:2.13-py3.11",
+            "command": "python train.py",
+            "gpus_per_node": 1,
+            "node_count": 2,
+        },
+    )
     assert "an operator has not allowed for project" in form.content.decode()
     assert owner_api.post(JOBS_URL, {**VALID, "node_count": 1}, format="json").status_code == 201

@@ -6,6 +6,7 @@
 * an anonymous API call is 401 with a WWW-Authenticate challenge, a favicon is served, and a
   refused page (403) leaves one line in the server log, not a traceback.
 """
+
 from __future__ import annotations
 
 import logging

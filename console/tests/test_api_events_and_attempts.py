@@ -1,4 +1,5 @@
 """A job's history through the API: its status changes, and where each attempt ran and how it ended."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,14 @@ def test_attempts_show_their_nodes_gpus_and_exit(owner_api, job):
     node_b = Node.objects.create(name="node-b")
     now = timezone.now()
     first = JobAttempt.objects.create(
-        job=job, number=1, state=JobAttempt.State.EXITED, started_at=now, ended_at=now,
-        exit_code=None, exit_signal=9, cause="GPU fell off the bus",
+        job=job,
+        number=1,
+        state=JobAttempt.State.EXITED,
+        started_at=now,
+        ended_at=now,
+        exit_code=None,
+        exit_signal=9,
+        cause="GPU fell off the bus",
     )
     AttemptNode.objects.create(attempt=first, node=node_a, rank=0, gpu_indices=[0, 1])
     second = JobAttempt.objects.create(job=job, number=2, state=JobAttempt.State.RUNNING, started_at=now)

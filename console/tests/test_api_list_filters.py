@@ -1,4 +1,5 @@
 """Listing jobs: filters by status, type and name, ordering, paging, and a fixed query count."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """GPU nodes through the API: staff see them and cordon them; nobody else may."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,12 @@ def test_staff_list_the_nodes_with_their_gpus(api_as, staff, node, job):
     assert body["count"] == 1
     listed = body["results"][0]
     assert {k: listed[k] for k in ("name", "gpu_model", "state", "healthy", "cordoned", "simulated")} == {
-        "name": "node-a", "gpu_model": "H100", "state": "Ready", "healthy": True, "cordoned": False, "simulated": True,
+        "name": "node-a",
+        "gpu_model": "H100",
+        "state": "Ready",
+        "healthy": True,
+        "cordoned": False,
+        "simulated": True,
     }
     assert [(g["index"], g["memory_mb"], g["allocated"]) for g in listed["gpus"]] == [(0, 81559, False), (1, 81559, True)]
 

@@ -1,5 +1,6 @@
 """The published OpenAPI schema: valid, free of generator warnings, and describing the API as it
 answers (the fuzz test checks the answers against it)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Schemathesis fuzzes every operation of the published schema: no request, however odd, may
 make the API fail (5xx) or answer with a body its own schema does not describe."""
+
 from __future__ import annotations
 
 import itertools
@@ -53,8 +54,7 @@ def world(db, requests_on_the_test_connection, owner, teammate, staff, project, 
     AttemptNode.objects.create(attempt=attempt, node=node, gpu_indices=[0, 1])
     start = timezone.now()
     LogLine.objects.bulk_create(
-        LogLine(job=running, stream="master", attempt=1, seq=seq, line_no=seq, ts=start + timedelta(seconds=seq), text=f"step {seq}")
-        for seq in range(1, 31)
+        LogLine(job=running, stream="master", attempt=1, seq=seq, line_no=seq, ts=start + timedelta(seconds=seq), text=f"step {seq}") for seq in range(1, 31)
     )
     finished = move_to(make_job(name="finished-job"), JobStatus.COMPLETED)
     pending = make_job(name="pending-job", owner=teammate, project=project)

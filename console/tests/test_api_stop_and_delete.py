@@ -1,4 +1,5 @@
 """Stopping and deleting jobs: what each status allows, and a 409 that says why when it does not."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Scripts authenticate with a token they get for their username and password."""
+
 from __future__ import annotations
 
 import pytest

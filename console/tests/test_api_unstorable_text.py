@@ -1,6 +1,7 @@
 """Text no column or run can hold (a lone surrogate, which JSON's "\\ud800" escape decodes to, or
 a NUL) is refused with a 400 naming the field, in every text field of the job API and the form:
 no job is saved, and the job list keeps answering for everyone."""
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,7 @@ def test_a_valid_astral_character_is_kept(owner_api):
     response = post_json(owner_api, JOBS_URL, {**VALID, "env": {"A": "\ud83d\ude00"}, "description": "\ud83d\ude00"})
 
     assert response.status_code == 201, response.json()
-    assert TrainingJob.objects.get().env == {"A": "\U0001F600"}
+    assert TrainingJob.objects.get().env == {"A": "\U0001f600"}
 
 
 def test_a_clone_name_with_a_lone_surrogate_is_a_400(owner_api, make_job):
@@ -105,8 +106,13 @@ def test_a_subscription_with_a_lone_surrogate_is_a_400(owner_api, field):
 @pytest.mark.parametrize("bad", ["\ud800", "\x00"])
 def test_the_form_refuses_the_same_text_beside_its_field(owner, default_image, field, bad):
     data = {
-        "name": "form-job", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand",
-        "image": default_image.reference, "command": "python train.py", "gpus_per_node": "1", "node_count": "1",
+        "name": "form-job",
+        "project": str(personal_project_for(owner).pk),
+        "job_type": "On-Demand",
+        "image": default_image.reference,
+        "command": "python train.py",
+        "gpus_per_node": "1",
+        "node_count": "1",
     }
     data[field] = data.get(field, "A=1" if field == "env_text" else "x") + bad
 
@@ -120,8 +126,13 @@ def test_the_form_refuses_the_same_text_beside_its_field(owner, default_image, f
 def test_the_create_page_refuses_a_nul_in_the_description(client, owner, default_image):
     client.force_login(owner)
     data = {
-        "name": "page-job", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand",
-        "image": default_image.reference, "command": "python train.py", "gpus_per_node": "1", "node_count": "1",
+        "name": "page-job",
+        "project": str(personal_project_for(owner).pk),
+        "job_type": "On-Demand",
+        "image": default_image.reference,
+        "command": "python train.py",
+        "gpus_per_node": "1",
+        "node_count": "1",
         "description": "a\x00b",
     }
 

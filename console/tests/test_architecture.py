@@ -6,6 +6,7 @@ The floors, bottom first (``ARCHITECTURE.md`` draws them): jobs < logs < agent <
 notify < console. Tests and migrations are left out; imports inside functions count (a lazy import that
 dodges a cycle is still a cycle).
 """
+
 from __future__ import annotations
 
 import ast
@@ -80,12 +81,7 @@ def cycles(modules: list[str]) -> list[list[str]]:
 @pytest.mark.parametrize("lower", LAYERS[:-1])
 def test_no_app_imports_an_app_above_it(lower):
     above = LAYERS[LAYERS.index(lower) + 1 :]
-    upward = sorted(
-        f"{module} -> {target}"
-        for module in modules_of(lower)
-        for target in imports_of(module)
-        if target.split(".")[0] in above
-    )
+    upward = sorted(f"{module} -> {target}" for module in modules_of(lower) for target in imports_of(module) if target.split(".")[0] in above)
     assert upward == [], f"{lower} may import only {LAYERS[: LAYERS.index(lower)]}; found:\n" + "\n".join(upward)
 
 
@@ -107,12 +103,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_ckptlib_imports_neither_django_nor_an_app():
     forbidden = {"django", "rest_framework", "channels", "celery", *LAYERS}
-    found = sorted(
-        f"{module} -> {target}"
-        for module in modules_of("ckptlib")
-        for target in imports_of(module)
-        if target.split(".")[0] in forbidden
-    )
+    found = sorted(f"{module} -> {target}" for module in modules_of("ckptlib") for target in imports_of(module) if target.split(".")[0] in forbidden)
     assert found == []
 
 
@@ -142,11 +133,7 @@ def guarded_writes(path: Path, *, root: Path = ROOT) -> list[str]:
                 if keyword.arg in GUARDED:
                     found.append(f"{path.relative_to(root)}:{node.lineno} {node.func.attr}({keyword.arg}=…)")
                 if keyword.arg in ("defaults", "update_fields"):
-                    names = {
-                        elt.value
-                        for elt in ast.walk(keyword.value)
-                        if isinstance(elt, ast.Constant) and isinstance(elt.value, str)
-                    }
+                    names = {elt.value for elt in ast.walk(keyword.value) if isinstance(elt, ast.Constant) and isinstance(elt.value, str)}
                     for name in sorted(names & GUARDED):
                         found.append(f"{path.relative_to(root)}:{node.lineno} {node.func.attr}({keyword.arg}: {name})")
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):

@@ -14,6 +14,7 @@ A statement changed in ARCHITECTURE.md that one of these checks covers changes h
 Production code only: tests, migrations, ``console/testing.py`` (the tests' helpers) and ``bench/``
 are left out.
 """
+
 from __future__ import annotations
 
 import ast
@@ -95,12 +96,7 @@ def definitions() -> dict[str, set[str]]:
 
 @cache
 def string_literals() -> set[str]:
-    return {
-        node.value
-        for module in files()
-        for node in ast.walk(tree(module))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-    }
+    return {node.value for module in files() for node in ast.walk(tree(module)) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
 
 
 @cache
@@ -340,12 +336,7 @@ def test_the_sketchs_relations_are_the_models(name, field, target, on_delete):
 
 def test_every_foreign_key_of_ours_is_drawn():
     drawn = {(n, f) for n, f, _, _ in RELATIONS}
-    real = {
-        (m.__name__, f.name)
-        for m in map(model, model_classes())
-        for f in m._meta.get_fields()
-        if f.is_relation and f.concrete
-    }
+    real = {(m.__name__, f.name) for m in map(model, model_classes()) for f in m._meta.get_fields() if f.is_relation and f.concrete}
     assert real - drawn == set()
 
 
@@ -401,7 +392,15 @@ WRITERS = {
     "Registry": [],
     "RegistryCredential": [],
     "Image": ["console.management.commands.bootstrap"],
-    "Node": ["agent.inventory", "agent.node_agent", "agent.slurm", "console.management.commands.nodeagent", "jobs.services.nodes", "jobs.services.runs", "failover.services"],
+    "Node": [
+        "agent.inventory",
+        "agent.node_agent",
+        "agent.slurm",
+        "console.management.commands.nodeagent",
+        "jobs.services.nodes",
+        "jobs.services.runs",
+        "failover.services",
+    ],
     "GPU": ["agent.inventory", "jobs.services.placement", "failover.services"],
     "LogLine": ["logs.services"],
     "LogVolume": ["logs.services"],
@@ -464,11 +463,7 @@ def loglines_reads(module_tree: ast.Module) -> list[str]:
 
 
 def test_every_read_of_loglines_is_in_logs_queries():
-    users = sorted(
-        module
-        for module in files()
-        if any(isinstance(n, ast.Name) and n.id == "LogLine" for n in ast.walk(tree(module)))
-    )
+    users = sorted(module for module in files() if any(isinstance(n, ast.Name) and n.id == "LogLine" for n in ast.walk(tree(module))))
     assert set(users) <= {"logs.models", "logs.queries", "logs.services"}, users
     assert loglines_reads(tree("logs.services")) == []
     assert not any("logs_logline" in text for text in string_literals())

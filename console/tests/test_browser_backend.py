@@ -1,6 +1,7 @@
 """The backend the browser tests run on is the one they say (``make test`` runs them twice: on the
 console's own agents, then with ``BROWSER_BACKEND=slurm`` on a one-host Slurm cluster): a job's
 rank is a Slurm batch job exactly on the Slurm pass, and its page and log read the same."""
+
 from __future__ import annotations
 
 import pytest

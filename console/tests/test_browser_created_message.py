@@ -1,6 +1,7 @@
 """The green "Training Job … created. It is Pending." message follows the job's status live: when
 the run fails and failover is refused, it reads "It is Pending - internalerror" in red, never
 green above an error."""
+
 from __future__ import annotations
 
 import pytest

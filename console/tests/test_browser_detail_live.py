@@ -1,6 +1,7 @@
 """A job's detail page follows the job to its end without a reload: the loss chart reaches the last
 step of a short run, the Attempts table fills, the Delete button comes and Stop goes, the flash
 message tells the current status, and live times carry their zone like the server's."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,11 +14,7 @@ OWNER = ("detail-live-owner", "owner-pass-1")
 
 
 def short_run(steps: int, pause: float) -> str:
-    return (
-        "python -c \"import time\n"
-        f"for i in range(1, {steps} + 1):\n"
-        f"    print(f'step {{i}}/{steps} loss {{1.0 / i:.4f}}', flush=True); time.sleep({pause})\""
-    )
+    return f"python -c \"import time\nfor i in range(1, {steps} + 1):\n    print(f'step {{i}}/{steps} loss {{1.0 / i:.4f}}', flush=True); time.sleep({pause})\""
 
 
 def test_the_detail_page_follows_a_short_run_to_its_last_point(users, page):

@@ -1,6 +1,7 @@
 """Commands typed into the Create form in a real Chromium (which submits textareas with CRLF line
 endings) run as written: ``VAR=value \\`` continuations keep their variables, and the prefilled
 example finds the DataStates drop-in on ``PYTHONPATH=$CHECKPOINT_VENDOR``."""
+
 from __future__ import annotations
 
 import pytest

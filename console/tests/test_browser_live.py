@@ -1,6 +1,7 @@
 """The live pages in a real Chromium against a real console: badges that change without a reload
 (create → Pending → Running → Completed; a hardware fault → failover → Running again), progress
 and the loss curve from the log, and the operators' Nodes page."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,7 +45,7 @@ def set_cordoned(console, cordoned: bool) -> None:
 
 def progress_command(steps: int, pause: float) -> str:
     return (
-        "python -c \"import time\n"
+        'python -c "import time\n'
         "print('Starting dataset initialization', flush=True)\n"
         f"for i in range(1, {steps} + 1):\n"
         f"    print(f'step {{i}}/{steps} loss {{1.0 / i:.4f}} lr 0.01', flush=True); time.sleep({pause})\""
@@ -112,8 +113,11 @@ def test_a_hardware_fault_shows_running_failover_running_on_the_list_and_the_nod
         nodes_page.wait_for_selector(".message--success:has-text('Injected')")
 
         row = page.locator(f"tr[data-job-id='{job['id']}']")
-        wait(lambda: badge_texts(page, job["id"])[-3:] == ["Running", "Pending - failoverinprogress", "Running"],
-             "the badge to go Running → Pending - failoverinprogress → Running", timeout=90)
+        wait(
+            lambda: badge_texts(page, job["id"])[-3:] == ["Running", "Pending - failoverinprogress", "Running"],
+            "the badge to go Running → Pending - failoverinprogress → Running",
+            timeout=90,
+        )
         assert badge_texts(page, job["id"]) == ["Running", "Pending - failoverinprogress", "Running"]
         assert not_reloaded(page)
         wait(lambda: row.locator("[data-field='failover_count']").inner_text() == "1/3", "the failover count 1/3", timeout=10)
@@ -141,6 +145,7 @@ def test_the_failover_tab_shows_the_timeline_of_attempts(users, page):
     login(page, console, *OWNER)
     page.goto(f"{console.base_url}/training-jobs/{jobs[0]}/?tab=failover")
     items = page.locator("[data-failover-timeline] > li")
+
     # The failover test may leave the job still re-placing: look again until attempt 2 is there.
     def two_attempts() -> bool:
         if items.count() >= 2:

@@ -1,5 +1,6 @@
 """An open job list follows the jobs without a reload: a job created elsewhere appears (even on an
 empty list), a deleted one leaves, and a filtered list gains a job when it enters the filter."""
+
 from __future__ import annotations
 
 import pytest
@@ -60,7 +61,7 @@ def test_a_list_filtered_to_finished_jobs_gains_a_job_when_it_finishes(users, pa
 
 def test_bulk_stop_names_the_selected_jobs_before_it_stops_them(users, page):
     console = users
-    job = console.create_job(OWNER[0], "bulk-stop-me", "python -c \"import time; time.sleep(60)\"")
+    job = console.create_job(OWNER[0], "bulk-stop-me", 'python -c "import time; time.sleep(60)"')
     console.wait_for_job(job["id"], "Running", timeout=60)
     login(page, console, *OWNER)
     page.goto(f"{console.base_url}/")

@@ -1,5 +1,6 @@
 """tqdm's cursor-up (``ESC[A``) and colour codes never show in the log viewer as a box and "[A":
 the viewer shows a line as ``logs.terminal.plain_text`` does, live and in search results."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The Logs tab in a real Chromium against a real console: live lines, failover banners, a
 100,000-line log, search, line links, the no-JavaScript fallback and access rules."""
+
 from __future__ import annotations
 
 import re
@@ -13,12 +14,13 @@ pytestmark = pytest.mark.slow
 OWNER = ("log-owner", "owner-pass-1")
 OUTSIDER = ("log-outsider", "outsider-pass-1")
 
+
 # Prints a start-up line, then numbered lines of its attempt; `lines` of them, or forever (None).
 def counter(lines: int | None, pause: float) -> str:
     loop = f"for i in range({lines}):" if lines is not None else "i = 0\nwhile True:"
     step = "" if lines is not None else "; i += 1"
     return (
-        "python -c \"import os, time\n"
+        'python -c "import os, time\n'
         "print('Starting dataset initialization', flush=True)\n"
         f"{loop}\n"
         f"    print('attempt', os.environ['JOB_ATTEMPT'], 'step', i, flush=True){step}; time.sleep({pause})\""

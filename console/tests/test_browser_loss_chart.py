@@ -1,5 +1,6 @@
 """The loss chart on the Details tab: every logged loss against the step, with the epoch the log
 told on a second axis, and the committed checkpoints marked and said in words under it."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The Details tab charts a running job's GPU and host usage: points appear and grow without a
 reload on simulated GPUs; the loss chart switches to a log scale; a short job's time axis stays
 within its run, and the line breaks where the job waited between attempts."""
+
 from __future__ import annotations
 
 import json
@@ -98,7 +99,9 @@ def test_a_six_second_jobs_time_axis_spans_its_run_not_years(users, page):
     # The labels read as seconds and times of the job's day (":35", "12/3/26 1:03pm"), not months or years.
     labels = chart["labels"]
     assert labels and all(re.fullmatch(r":\d{2}|\d{1,2}:\d{2}(:\d{2})?(am|pm)?", label.split("\n")[0]) for label in labels), labels
-    day = page.evaluate("(s) => { const d = new Date(s * 1000); return (d.getMonth() + 1) + '/' + d.getDate() + '/' + String(d.getFullYear()).slice(2); }", job["start"])
+    day = page.evaluate(
+        "(s) => { const d = new Date(s * 1000); return (d.getMonth() + 1) + '/' + d.getDate() + '/' + String(d.getFullYear()).slice(2); }", job["start"]
+    )
     assert set(re.findall(r"\d{1,2}/\d{1,2}/\d{2}", " ".join(labels))) == {day}, labels
     assert page.js_errors == []
 

@@ -2,6 +2,7 @@
 and cut nothing off: the list's rows become cards under a folded "Filters" disclosure, every tab of
 a job shows in view, the tables of its tabs and the Nodes page's GPUs become labelled cards, and the
 header folds into a menu. Screenshots of each page are kept in test-artifacts/narrow-*.png."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,9 +22,11 @@ TABS = ("Details", "Logs", "Checkpoints", "Failover", "Events")
 def job(live_console):
     live_console.create_user(*OWNER)
     return live_console.create_job(
-        OWNER[0], "a-rather-long-job-name-for-a-small-phone-screen",
+        OWNER[0],
+        "a-rather-long-job-name-for-a-small-phone-screen",
         "python -c \"print('step 1/2 loss 0.5'); print('step 2/2 loss 0.25')\"",
-        image="pytorch:2.13-py3.11", description="narrow screens",
+        image="pytorch:2.13-py3.11",
+        description="narrow screens",
     )
 
 
@@ -189,8 +192,7 @@ def test_the_log_wraps_its_lines_at_360_px_unless_the_user_chose_otherwise(live_
 
 def test_the_nodes_page_shows_every_gpu_column_at_360_px(live_console, job, phone):
     live_console.create_user(*OPERATOR, staff=True)
-    holder = live_console.create_job(OWNER[0], "a-long-job-name-that-holds-a-gpu-on-a-phone", "sleep 300",
-                                     image="pytorch:2.13-py3.11")
+    holder = live_console.create_job(OWNER[0], "a-long-job-name-that-holds-a-gpu-on-a-phone", "sleep 300", image="pytorch:2.13-py3.11")
     try:
         live_console.wait_for_job(holder["id"], "Running", timeout=90)
         login(phone, live_console, *OPERATOR)
@@ -200,8 +202,7 @@ def test_the_nodes_page_shows_every_gpu_column_at_360_px(live_console, job, phon
         assert sideways_overflow(phone) == []
         assert clipped(phone, "section[data-node]") == []
         # Each GPU a card of labelled fields, "Held by" with the whole job name in view.
-        labels = held.locator("xpath=..").locator("td").evaluate_all(
-            "cells => cells.map(td => getComputedStyle(td, '::before').content.replace(/\"/g, ''))")
+        labels = held.locator("xpath=..").locator("td").evaluate_all("cells => cells.map(td => getComputedStyle(td, '::before').content.replace(/\"/g, ''))")
         assert labels == ["GPU", "Health", "Model", "Memory", "Held by"]
         box = held.locator("a").bounding_box()
         assert box["x"] >= 0 and box["x"] + box["width"] <= WIDTH

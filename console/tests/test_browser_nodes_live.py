@@ -1,5 +1,6 @@
 """The Nodes page follows a fault without a reload: right after "Inject" the fault is pending, then
 the GPU shows Unhealthy and the fault applied; "Mark healthy" shows only on an unhealthy node."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """After a stop, "Resume" starts a new attempt from the last committed checkpoint: the run is told
 CKPT_LAST_STEP and its training continues from that step, not from the start."""
+
 from __future__ import annotations
 
 import re
@@ -21,7 +22,9 @@ def log_text(console, job_id: int) -> str:
 
 
 def committed_steps(console, job_id: int) -> list[int]:
-    out = console.shell_json(f"import json; from logs.models import Checkpoint; print(json.dumps(list(Checkpoint.objects.filter(job_id={job_id}).order_by('step').values_list('step', flat=True))))")
+    out = console.shell_json(
+        f"import json; from logs.models import Checkpoint; print(json.dumps(list(Checkpoint.objects.filter(job_id={job_id}).order_by('step').values_list('step', flat=True))))"
+    )
     return out
 
 

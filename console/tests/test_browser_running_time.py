@@ -1,6 +1,7 @@
 """In Chromium, the running time the list and the detail page count between live updates is what
 the job's attempts ran: it stands still while the job waits in failover, and a Running job counts
 on from what its earlier attempts ran, not from its first start."""
+
 from __future__ import annotations
 
 import pytest

@@ -3,6 +3,7 @@
 step it committed in ``./results`` (the run's work directory), the Failover tab says which, and
 the training continues from there. A run that commits where nothing survives is warned about
 on its page while it runs."""
+
 from __future__ import annotations
 
 import ast
@@ -92,10 +93,7 @@ def test_the_guides_spot_script_resumes_from_its_results_directory_after_an_xid_
         console.api("POST", f"/api/v1/training-jobs/{job['id']}/stop/", user=OWNER[0])
         console.wait_for_job(job["id"], "Stopped", timeout=120)
     finally:
-        console.shell(
-            "from jobs.models import Node; from failover.services.faults import clear_node; "
-            f"clear_node(Node.objects.get(name={first['node']!r}))"
-        )
+        console.shell(f"from jobs.models import Node; from failover.services.faults import clear_node; clear_node(Node.objects.get(name={first['node']!r}))")
 
 
 def test_a_running_job_that_commits_outside_its_storage_is_warned_about_live(users, page):

@@ -3,6 +3,7 @@ its detail page shows it: progress goes 0 → 100 % by the Trainer's own steps (
 commit lines), never by a data-preparation bar ("Map", "Writing model shards") or the evaluation
 bar (5/5), and the loss chart has every loss the Trainer logged (one every 2 steps: 100 points), an epoch axis and
 a marker at each of the 10 committed checkpoints."""
+
 from __future__ import annotations
 
 import re

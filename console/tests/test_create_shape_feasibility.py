@@ -1,5 +1,6 @@
 """A job no node could ever hold is refused when it is created (form and API alike), with the
 largest shape the cluster has; 0 GPUs per node is a CPU job, and the form and the job say so."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,13 @@ pytestmark = pytest.mark.django_db
 
 def post_form(client, owner, image, **fields):
     data = {
-        "name": "shape", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand",
-        "image": image.reference, "command": "python train.py", "gpus_per_node": "1", "node_count": "1",
+        "name": "shape",
+        "project": str(personal_project_for(owner).pk),
+        "job_type": "On-Demand",
+        "image": image.reference,
+        "command": "python train.py",
+        "gpus_per_node": "1",
+        "node_count": "1",
     }
     data.update({k: str(v) for k, v in fields.items()})
     return client.post(reverse("jobs:create"), data)

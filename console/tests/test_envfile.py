@@ -1,5 +1,6 @@
 """One-off manage.py commands on a scale-out host: the deployment's env file is read, and a command
 that would run on the embedded SQLite beside a scale-out setting is refused."""
+
 from __future__ import annotations
 
 import os
@@ -24,14 +25,21 @@ ENGINE = ("shell", "--no-imports", "-c", "from django.conf import settings; prin
 
 
 def test_the_env_file_is_parsed_as_systemd_reads_it():
-    text = "# comment\n\nSECRET_KEY=abc=def\nQUOTED=\"a b\"\n not a pair\nALLOWED_HOSTS=x,y\n"
+    text = '# comment\n\nSECRET_KEY=abc=def\nQUOTED="a b"\n not a pair\nALLOWED_HOSTS=x,y\n'
     assert envfile.parse(text) == {"SECRET_KEY": "abc=def", "QUOTED": "a b", "ALLOWED_HOSTS": "x,y"}
 
 
 @pytest.mark.slow  # manage.py processes
 def test_a_command_beside_a_scale_out_setting_without_a_database_is_refused(tmp_path):
-    done = manage("inject_fault", "node-a", "--gpu", "3", REDIS_URL="redis://127.0.0.1:6379/15",
-                  CONSOLE_ENV_FILE=str(tmp_path / "none"), CONSOLE_VAR_DIR=str(tmp_path / "var"))
+    done = manage(
+        "inject_fault",
+        "node-a",
+        "--gpu",
+        "3",
+        REDIS_URL="redis://127.0.0.1:6379/15",
+        CONSOLE_ENV_FILE=str(tmp_path / "none"),
+        CONSOLE_VAR_DIR=str(tmp_path / "var"),
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert "REDIS_URL is set (a scale-out setting) but DATABASE_URL is not" in done.stderr
     assert "Traceback" not in done.stderr and "Injected" not in done.stdout

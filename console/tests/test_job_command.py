@@ -1,5 +1,6 @@
 """``manage.py job show|stop|resume <id>``: an operator's terminal does what the Stop and Resume
 buttons do, with the same history rows, and says clearly why it cannot."""
+
 from __future__ import annotations
 
 import json

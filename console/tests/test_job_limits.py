@@ -1,6 +1,7 @@
 """A job's CPU and memory limits: asked for in the form and the API (checked against the largest
 node), shown on the detail page with the default for what the job left empty, and the Nodes page
 says where limits are not enforced."""
+
 from __future__ import annotations
 
 import pytest
@@ -69,8 +70,13 @@ def test_the_api_refuses_limits_no_node_can_give_with_a_clear_message(owner_api,
 def test_the_form_takes_limits_with_units_and_refuses_bad_ones_beside_the_field(login, owner, sized_nodes, default_image):
     page = login(owner)
     valid = {
-        "name": "limited", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand",
-        "image": default_image.reference, "command": "python train.py", "gpus_per_node": "1", "node_count": "1",
+        "name": "limited",
+        "project": str(personal_project_for(owner).pk),
+        "job_type": "On-Demand",
+        "image": default_image.reference,
+        "command": "python train.py",
+        "gpus_per_node": "1",
+        "node_count": "1",
     }
     html = page.get(reverse("jobs:create")).content.decode()
     assert 'for="id_cpu_limit"' in html and 'for="id_memory_limit_mb"' in html

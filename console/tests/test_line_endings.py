@@ -1,5 +1,6 @@
 """Text typed in a browser arrives with CRLF line endings: every text field is stored with LF,
 through the form and the API alike, so a ``VAR=value \\`` continuation keeps its variables."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,13 @@ def test_a_crlf_command_from_the_form_is_stored_with_lf(login, owner, default_im
     response = login(owner).post(
         reverse("jobs:create"),
         {
-            "name": "crlf-form", "job_type": "On-Demand", "image": default_image.reference,
-            "command": CRLF_COMMAND, "env_text": "A=1\r\nB=2\r\n", "gpus_per_node": "1", "node_count": "1",
+            "name": "crlf-form",
+            "job_type": "On-Demand",
+            "image": default_image.reference,
+            "command": CRLF_COMMAND,
+            "env_text": "A=1\r\nB=2\r\n",
+            "gpus_per_node": "1",
+            "node_count": "1",
             "description": "two\r\nlines",
             "project": str(personal_project_for(owner).pk),
         },

@@ -1,6 +1,7 @@
 """The list reads each access branch (own jobs, each project's, per status when filtered) off its
 own index (``console.paging``): a user still sees exactly their own and their projects' jobs,
 every one once, in the order asked for, on every page, on the page and in the API."""
+
 from __future__ import annotations
 
 import re
@@ -71,9 +72,7 @@ def expected(jobs, order: tuple[str, ...], statuses=None) -> list[str]:
     return list(jobs.order_by(*order).values_list("name", flat=True))
 
 
-@pytest.mark.parametrize(
-    "sort,order", [("-created", ("-created_at", "-id")), ("created", ("created_at", "id")), ("name", ("name", "id"))]
-)
+@pytest.mark.parametrize("sort,order", [("-created", ("-created_at", "-id")), ("created", ("created_at", "id")), ("name", ("name", "id"))])
 def test_every_page_of_the_list_holds_the_visible_jobs_in_order(login, teammate, shared_world, sort, order):
     client = login(teammate)
     want = expected(shared_world, order)

@@ -1,5 +1,6 @@
 """The list's count stops at a cap, so its cost does not grow with the table: below it exact,
 above it "More than N jobs" (the page) and N + 1 (the API's count)."""
+
 from __future__ import annotations
 
 import pytest

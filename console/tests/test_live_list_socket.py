@@ -1,4 +1,5 @@
 """The list socket tells of jobs created and deleted, to those who may see them only."""
+
 from __future__ import annotations
 
 import pytest

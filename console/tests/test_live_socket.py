@@ -1,4 +1,5 @@
 """The live pages' WebSocket: status changes and progress of the jobs a user may see."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime
@@ -59,8 +60,15 @@ async def test_the_owner_sees_status_changes_with_what_the_row_needs(make_job, o
     assert message["from"] == "Pending"
     snapshot = message["job"]
     assert {k: snapshot[k] for k in ("id", "status", "badge", "icon", "reason", "failover_count", "max_failovers", "started_at", "finished_at")} == {
-        "id": job.pk, "status": "Running", "badge": "running", "icon": "play", "reason": "to Running",
-        "failover_count": 0, "max_failovers": 3, "started_at": NOW.isoformat(), "finished_at": None,
+        "id": job.pk,
+        "status": "Running",
+        "badge": "running",
+        "icon": "play",
+        "reason": "to Running",
+        "failover_count": 0,
+        "max_failovers": 3,
+        "started_at": NOW.isoformat(),
+        "finished_at": None,
     }
     assert snapshot["stoppable"] is True and snapshot["progress"] is None
 
@@ -148,7 +156,11 @@ async def test_progress_from_the_log_reaches_the_list_and_the_jobs_socket(make_j
         message = await ws.receive_json_from(timeout=3)
         assert message["type"] == "progress" and message["job"] == job.pk
         assert {k: message["progress"][k] for k in ("step", "total", "epoch", "loss", "lr")} == {
-            "step": 50, "total": 150, "epoch": 1.0, "loss": 0.036, "lr": 0.01,
+            "step": 50,
+            "total": 150,
+            "epoch": 1.0,
+            "loss": 0.036,
+            "lr": 0.01,
         }
     assert await stranger.receive_nothing(timeout=0.3)
     # A status change carries the progress too.

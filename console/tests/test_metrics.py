@@ -1,5 +1,6 @@
 """``/metrics``: who may read it, that prometheus_client's own parser reads it, and that its
 figures are the platform's (jobs, failover judgements and recovery, checkpoints, nodes)."""
+
 from __future__ import annotations
 
 import time
@@ -52,8 +53,14 @@ def test_jobs_failovers_checkpoints_and_nodes_are_counted(client, staff, make_jo
     assert before[("satrain_jobs", (("status", "Running"),))] == 0
     job = make_job()
     now = timezone.now()
-    first = JobAttempt.objects.create(job=job, number=1, started_at=now - timedelta(seconds=30), ended_at=now - timedelta(seconds=12),
-                                      verdict="hardware", evidence={"source": "nvml", "xid": 79, "gpu": 0})
+    first = JobAttempt.objects.create(
+        job=job,
+        number=1,
+        started_at=now - timedelta(seconds=30),
+        ended_at=now - timedelta(seconds=12),
+        verdict="hardware",
+        evidence={"source": "nvml", "xid": 79, "gpu": 0},
+    )
     JobAttempt.objects.create(job=job, number=2, started_at=now)
     job.__class__.objects.filter(pk=job.pk).update(created_at=now - timedelta(seconds=33))
     assert transition(job.pk, JobStatus.RUNNING, reason="placed")
@@ -83,8 +90,7 @@ def test_a_running_jobs_latest_usage_sample_is_exported(client, staff, make_job)
     assert transition(job.pk, JobStatus.RUNNING, reason="placed")
     now = timezone.now()
     ResourceSample.objects.create(job=job, attempt=1, ts=now - timedelta(seconds=10), gpu_util=10.0, power_w=100.0)
-    ResourceSample.objects.create(job=job, attempt=1, ts=now, gpu_util=72.5, gpu_mem_mb=2048.0, power_w=310.0,
-                                  cpu_percent=150.0, host_mem_mb=900.0)
+    ResourceSample.objects.create(job=job, attempt=1, ts=now, gpu_util=72.5, gpu_mem_mb=2048.0, power_w=310.0, cpu_percent=150.0, host_mem_mb=900.0)
     done = make_job(name="finished-one")
     ResourceSample.objects.create(job=done, attempt=1, ts=now, gpu_util=99.0)
     labels = (("job", str(job.pk)), ("name", job.name), ("project", job.project.name))
@@ -119,12 +125,16 @@ def test_a_real_failover_moves_the_counters(live_console):
     placement = live_console.attempts(job["id"])[0]["placements"][0]
     try:
         live_console.inject_fault(placement["node"], gpu=placement["gpu_indices"][0], xid=79)
-        wait(lambda: live_console.job(job["id"])["failover_count"] == 1 and live_console.job(job["id"])["status"] == "Running",
-             "the job to fail over and run again", timeout=90)
+        wait(
+            lambda: live_console.job(job["id"])["failover_count"] == 1 and live_console.job(job["id"])["status"] == "Running",
+            "the job to fail over and run again",
+            timeout=90,
+        )
         time.sleep(live_console_cache_seconds())
         after = live_scrape()
-        unhealthy = sum(v for (name, labels), v in after.items()
-                        if name == "satrain_gpus" and ("node", placement["node"]) in labels and ("healthy", "false") in labels)
+        unhealthy = sum(
+            v for (name, labels), v in after.items() if name == "satrain_gpus" and ("node", placement["node"]) in labels and ("healthy", "false") in labels
+        )
         assert unhealthy >= 1, "the faulted GPU shows as unhealthy"
         assert ("satrain_node_healthy", (("cordoned", "false"), ("node", placement["node"]), ("state", "Ready"))) in after
     finally:

@@ -1,5 +1,6 @@
 """The web processes' shared PROMETHEUS_MULTIPROC_DIR: each Daphne, starting, removes the files of
 web processes that no longer run and keeps those of its running siblings."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,7 @@ def test_a_starting_web_process_removes_only_dead_processes_files(tmp_path, monk
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics))
     tidy_metrics_dir()  # made when missing
     assert metrics.is_dir()
-    names = [f"counter_{dead_pid}.db", f"gauge_livesum_{dead_pid}.db", f"histogram_{os.getppid()}.db",
-             f"counter_{os.getpid()}.db", "notes.txt"]
+    names = [f"counter_{dead_pid}.db", f"gauge_livesum_{dead_pid}.db", f"histogram_{os.getppid()}.db", f"counter_{os.getpid()}.db", "notes.txt"]
     for name in names:
         (metrics / name).write_bytes(b"")
     tidy_metrics_dir()

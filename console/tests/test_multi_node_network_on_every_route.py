@@ -2,6 +2,7 @@
 hosts' network is refused on every route (create from the form and the API, clone from the API
 and the page, resume) while the project's switch is off, with the same message; with the
 operator's switch on, every route takes it."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,14 +45,19 @@ def across_hosts(make_job, project, two_hosts) -> TrainingJob:
 
 
 def form_data(project: Project, image: str) -> dict[str, str]:
-    return {"name": "two-nodes", "project": str(project.pk), "job_type": "On-Demand", "image": image,
-            "command": "python train.py", "gpus_per_node": "1", "node_count": "2"}
+    return {
+        "name": "two-nodes",
+        "project": str(project.pk),
+        "job_type": "On-Demand",
+        "image": image,
+        "command": "python train.py",
+        "gpus_per_node": "1",
+        "node_count": "2",
+    }
 
 
 @pytest.mark.parametrize("allowed", [False, True])
-def test_the_create_form_takes_a_multi_node_job_only_when_the_operator_allows_the_hosts_network(
-    login, owner, project, default_image, two_hosts, allowed
-):
+def test_the_create_form_takes_a_multi_node_job_only_when_the_operator_allows_the_hosts_network(login, owner, project, default_image, two_hosts, allowed):
     allow_host_network(project, allowed)
     response = login(owner).post(reverse("jobs:create"), form_data(project, default_image.reference))
 
@@ -65,9 +71,7 @@ def test_the_create_form_takes_a_multi_node_job_only_when_the_operator_allows_th
 
 
 @pytest.mark.parametrize("allowed", [False, True])
-def test_the_api_creates_a_multi_node_job_only_when_the_operator_allows_the_hosts_network(
-    owner_api, project, default_image, two_hosts, allowed
-):
+def test_the_api_creates_a_multi_node_job_only_when_the_operator_allows_the_hosts_network(owner_api, project, default_image, two_hosts, allowed):
     allow_host_network(project, allowed)
     response = owner_api.post(JOBS_URL, {"name": "two-nodes", "command": "python train.py", "node_count": 2}, format="json")
 

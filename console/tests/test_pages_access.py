@@ -1,4 +1,5 @@
 """Who may open which page: owner, teammate, staff see a job; an outsider gets 404; anonymous users log in."""
+
 from __future__ import annotations
 
 import pytest

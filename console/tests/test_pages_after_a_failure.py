@@ -1,6 +1,7 @@
 """After a failure: every cause links to the log line that tells it (the Attempts table and the
 Failover tab say the same), "Clone and fix" quotes that line above the prefilled form, and
 "Resume" is offered only for a Stopped / internalerror job with a committed checkpoint."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -20,9 +21,24 @@ pytestmark = pytest.mark.django_db
 def failed_run(make_job, status=JobStatus.INTERNAL_ERROR):
     job = put_in_status(make_job(name="broken", command="python train.py --lr 10"), status)
     now = timezone.now()
-    JobAttempt.objects.create(job=job, number=1, state="exited", started_at=now - timedelta(minutes=1), ended_at=now,
-                              exit_code=1, cause="exit code 1", verdict="non-hardware", verdict_reason="user code error: ValueError")
-    texts = ["Starting dataset initialization", "Traceback (most recent call last):", '  File "train.py", line 3', "ValueError: learning rate 10 is too large", "done?"]
+    JobAttempt.objects.create(
+        job=job,
+        number=1,
+        state="exited",
+        started_at=now - timedelta(minutes=1),
+        ended_at=now,
+        exit_code=1,
+        cause="exit code 1",
+        verdict="non-hardware",
+        verdict_reason="user code error: ValueError",
+    )
+    texts = [
+        "Starting dataset initialization",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 3',
+        "ValueError: learning rate 10 is too large",
+        "done?",
+    ]
     LogLine.objects.bulk_create(LogLine(job=job, stream="master", attempt=1, seq=i, line_no=i, ts=now, text=t) for i, t in enumerate(texts, 1))
     return job
 
@@ -32,7 +48,7 @@ def test_every_cause_links_to_its_log_line_and_both_tabs_agree(login, owner, mak
     client = login(owner)
     details = client.get(reverse("jobs:detail", args=[job.pk])).content.decode()
     failover = client.get(reverse("jobs:detail", args=[job.pk]) + "?tab=failover").content.decode()
-    link = '?tab=logs&amp;stream=master#L4'
+    link = "?tab=logs&amp;stream=master#L4"
     for html in (details, failover):
         assert link in html
         assert "ValueError: learning rate 10 is too large" in html

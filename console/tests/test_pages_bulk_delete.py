@@ -1,4 +1,5 @@
 """Bulk delete from the list: a confirmation page first, then each finished job through delete_job."""
+
 from __future__ import annotations
 
 import pytest

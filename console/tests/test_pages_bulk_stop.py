@@ -1,4 +1,5 @@
 """Bulk stop from the list: each selected job through request_stop; refusals are messages, never errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -64,9 +65,7 @@ def test_nothing_selected_asks_for_a_selection(login, owner):
 
 def test_it_returns_to_the_list_with_its_filters(login, owner, make_job):
     job = make_job()
-    response = login(owner).post(
-        reverse("jobs:bulk"), {"action": "stop", "job_ids": [job.pk], "next": "/?type=Spot&page_size=50"}
-    )
+    response = login(owner).post(reverse("jobs:bulk"), {"action": "stop", "job_ids": [job.pk], "next": "/?type=Spot&page_size=50"})
     assert response.status_code == 302
     assert response["Location"] == "/?type=Spot&page_size=50"
 

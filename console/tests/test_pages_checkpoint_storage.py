@@ -1,5 +1,6 @@
 """The job page says where a resumed attempt's checkpoint was committed, and warns while a run
 commits checkpoints outside the job's work and output directories (lost on a re-placement)."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -35,7 +36,7 @@ def test_the_failover_tab_names_the_directory_a_resumed_attempt_started_from(log
     for step in (20, 40):
         commit(job, 1, step, f"/job/work/results/concurrent_checkpoint/checkpoint-{step}")
     html = detail(login(owner), job, tab="failover")
-    assert "checkpoint step 40 in <code class=\"small\">/job/work/results/concurrent_checkpoint</code>" in html
+    assert 'checkpoint step 40 in <code class="small">/job/work/results/concurrent_checkpoint</code>' in html
 
 
 def test_a_failed_over_attempt_without_a_checkpoint_says_none_was_found(login, owner, make_job):
@@ -62,15 +63,15 @@ def test_checkpoints_in_the_work_or_output_directory_raise_no_warning(login, own
     commit(job, 1, 20, "/job/work/results/concurrent_checkpoint/checkpoint-20")
     client = login(owner)
     assert 'data-checkpoint-warning data-storage-names="/job/work|' in (html := detail(client, job))
-    assert "checkpoint-20</code>" not in html and "data-watch=\"true\" hidden" in html
+    assert "checkpoint-20</code>" not in html and 'data-watch="true" hidden' in html
     commit(job, 1, 30, "/job/output/concurrent_checkpoint/checkpoint-30")
-    assert "data-watch=\"true\" hidden" in detail(client, job)
+    assert 'data-watch="true" hidden' in detail(client, job)
 
 
 def test_a_finished_job_is_not_warned_about(login, owner, make_job):
     job = put_in_status(make_job(name="done"), JobStatus.COMPLETED)
     commit(job, 1, 10, "/tmp/scratch/concurrent_checkpoint/checkpoint-10")
-    assert "data-watch=\"false\" hidden" in detail(login(owner), job)
+    assert 'data-watch="false" hidden' in detail(login(owner), job)
 
 
 def test_resume_offers_the_newest_checkpoint_a_new_attempt_can_find(login, owner, make_job):

@@ -1,4 +1,5 @@
 """Clone: the create form prefilled from an existing job, named <name>-copy; posting it creates a new job."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The Create Training Job form: defaults, a job created from valid input, and each error beside its field."""
+
 from __future__ import annotations
 
 import pytest
@@ -52,8 +53,19 @@ def test_the_form_starts_with_the_documented_defaults(login, owner, default_imag
 
 def test_every_input_has_a_label(login, owner):
     html = login(owner).get(reverse("jobs:create")).content.decode()
-    for field in ("name", "project", "image", "command", "env_text", "gpus_per_node", "node_count",
-                  "failover_enabled", "output_dir", "max_run_minutes", "description"):
+    for field in (
+        "name",
+        "project",
+        "image",
+        "command",
+        "env_text",
+        "gpus_per_node",
+        "node_count",
+        "failover_enabled",
+        "output_dir",
+        "max_run_minutes",
+        "description",
+    ):
         assert f'for="id_{field}"' in html, field
     assert "<legend" in html and "Job type" in html
 

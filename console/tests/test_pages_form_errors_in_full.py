@@ -1,5 +1,6 @@
 """The form says everything that is wrong at once, and cuts nothing: a long name, each wrong
 character and where it is, every bad environment line."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,15 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_volume")]
 @pytest.fixture
 def post(login, owner, default_image):
     def send(**fields: str):
-        data = {"name": "ok", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand",
-                "image": default_image.reference, "command": "python t.py", "gpus_per_node": "1", "node_count": "1"}
+        data = {
+            "name": "ok",
+            "project": str(personal_project_for(owner).pk),
+            "job_type": "On-Demand",
+            "image": default_image.reference,
+            "command": "python t.py",
+            "gpus_per_node": "1",
+            "node_count": "1",
+        }
         data.update(fields)
         return login(owner).post(reverse("jobs:create"), data)
 

@@ -1,4 +1,5 @@
 """The job detail page: header with status and actions, server-side tabs, and the Details tab with attempts."""
+
 from __future__ import annotations
 
 import re
@@ -29,7 +30,7 @@ def test_the_header_shows_name_status_badge_and_reason(login, owner, make_job):
     header = re.search(r'<div class="page-header job-header" data-job-id="(\d+)".*?<nav class="tabs"', html, re.S)
     assert header and header.group(1) == str(job.pk)
     assert "<h1>resnet</h1>" in header.group(0)
-    assert f'badge--{BADGE_GROUPS[JobStatus.INTERNAL_ERROR][0]}' in header.group(0)
+    assert f"badge--{BADGE_GROUPS[JobStatus.INTERNAL_ERROR][0]}" in header.group(0)
     assert "Pending - internalerror" in header.group(0)
     assert '<span class="muted" data-field="status_reason">exit code 1: no hardware fault</span>' in header.group(0)
 
@@ -115,8 +116,8 @@ def test_the_failover_tab_shows_the_node_health_events_of_each_attempt(login, ow
 
     html = detail(login(owner), job, tab="failover")
 
-    events = html[html.index('data-field="health-events"'):]
-    events = events[:events.index("</details>")]
+    events = html[html.index('data-field="health-events"') :]
+    events = events[: events.index("</details>")]
     assert "Node health events (1)" in events
     assert f"{part.node.name} GPU {gpu}: gpu_lost (run stopped)" in events and "NVML: GPU is lost" in events
     assert "old" not in events and "another GPU" not in events

@@ -1,4 +1,5 @@
 """The Events tab lists a job's status history: time, from → to, reason, attempt and actor."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """The Training Job list shows each job's columns, a status badge told by colour, icon and text, and hooks for live updates."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """The list filters by status, status group and type, searches by name, sorts, and pages with the querystring kept."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """The list runs the same number of queries whatever the page size: no query per row."""
+
 from __future__ import annotations
 
 from datetime import timedelta

@@ -1,4 +1,5 @@
 """The Logs tab shows the last 1000 stored lines of a stream, in order, with timestamps and a stream selector."""
+
 from __future__ import annotations
 
 import re
@@ -27,7 +28,9 @@ def test_it_shows_the_master_stream_in_order_with_timestamps(login, owner, make_
     html = log_tab(login(owner), job)
     assert seqs(html) == [1, 2, 3, 4, 5]
     assert '<ol id="log"' in html
-    assert re.search(r'<li id="L1" data-seq="1" data-attempt="1"><time datetime="[^"]+">\d\d:\d\d:\d\d</time><span class="log__text">master line 1</span>', html)
+    assert re.search(
+        r'<li id="L1" data-seq="1" data-attempt="1"><time datetime="[^"]+">\d\d:\d\d:\d\d</time><span class="log__text">master line 1</span>', html
+    )
 
 
 def test_it_shows_only_the_last_1000_lines_and_says_so(login, owner, make_job):

@@ -1,4 +1,5 @@
 """The base layout, login and logout, the error page, and the console's own static files."""
+
 from __future__ import annotations
 
 import pytest

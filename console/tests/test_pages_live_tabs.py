@@ -1,4 +1,5 @@
 """The detail page's Checkpoints and Failover tabs, progress and loss curve, and the catch-up fetch."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,16 @@ def test_the_details_tab_carries_the_loss_curve_and_its_library(login, owner, tr
 
 def test_the_checkpoints_tab_lists_commits_newest_first_with_the_work_at_risk(login, owner, trained):
     for step in (10, 20):
-        Checkpoint.objects.create(job=trained, attempt=1, step=step, bytes=2_500_000, blocking_s=0.0123, persist_s=1.5, path=f"/out/ck/step-{step}", committed_at=T0 + timedelta(seconds=step))
+        Checkpoint.objects.create(
+            job=trained,
+            attempt=1,
+            step=step,
+            bytes=2_500_000,
+            blocking_s=0.0123,
+            persist_s=1.5,
+            path=f"/out/ck/step-{step}",
+            committed_at=T0 + timedelta(seconds=step),
+        )
     html = detail(login(owner), trained, tab="checkpoints")
     assert [int(s) for s in re.findall(r'<tr data-step="(\d+)"', html)] == [20, 10]
     assert "2.4\xa0MB" in html and "0.0123 s" in html and "1.5 s" in html and "/out/ck/step-20" in html
@@ -67,15 +77,31 @@ def test_without_checkpoints_the_tab_says_so(login, owner, make_job):
 def test_the_failover_tab_shows_each_attempt_with_node_gpus_cause_and_evidence(login, owner, make_job, nodes):
     job = put_in_status(make_job(name="llama"), JobStatus.RUNNING, failover_count=1)
     first = JobAttempt.objects.create(
-        job=job, number=1, state="exited", started_at=T0, ended_at=T0 + timedelta(minutes=5), exit_signal=9,
-        cause="killed by signal 9", verdict="hardware", verdict_reason="Xid 79 on node-a GPU 0",
+        job=job,
+        number=1,
+        state="exited",
+        started_at=T0,
+        ended_at=T0 + timedelta(minutes=5),
+        exit_signal=9,
+        cause="killed by signal 9",
+        verdict="hardware",
+        verdict_reason="Xid 79 on node-a GPU 0",
         evidence={"findings": [{"kind": "xid", "gpu": 0, "xid": 79}], "source": "simulated"},
     )
     AttemptNode.objects.create(attempt=first, node=Node.objects.get(name="node-a"), gpu_indices=[0])
     second = JobAttempt.objects.create(job=job, number=2, state="running", started_at=T0 + timedelta(minutes=6), resume_step=40)
     AttemptNode.objects.create(attempt=second, node=Node.objects.get(name="node-b"), gpu_indices=[1])
-    JobEvent.objects.create(job=job, from_status="Running", to_status="Pending - failoverinprogress", reason="exit: SIGKILL", attempt=1, created_at=T0 + timedelta(minutes=5))
-    JobEvent.objects.create(job=job, from_status="Pending - failoverinprogress", to_status="Running", reason="attempt 2 on node-b GPU 1 after a GPU fault", attempt=2, created_at=T0 + timedelta(minutes=6))
+    JobEvent.objects.create(
+        job=job, from_status="Running", to_status="Pending - failoverinprogress", reason="exit: SIGKILL", attempt=1, created_at=T0 + timedelta(minutes=5)
+    )
+    JobEvent.objects.create(
+        job=job,
+        from_status="Pending - failoverinprogress",
+        to_status="Running",
+        reason="attempt 2 on node-b GPU 1 after a GPU fault",
+        attempt=2,
+        created_at=T0 + timedelta(minutes=6),
+    )
     html = detail(login(owner), job, tab="failover")
     assert re.findall(r'class="timeline__item[^"]*" data-attempt="(\d+)"', html) == ["1", "2"]
     assert "node-a: GPU 0" in html and "node-b: GPU 1" in html

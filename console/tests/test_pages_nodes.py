@@ -1,4 +1,5 @@
 """The operators' Nodes page: what it shows, its actions, who may use it, and bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -143,8 +144,8 @@ def test_the_latest_health_events_and_an_unreadable_kernel_log_are_shown(login, 
     client = login(staff)
     with django_assert_max_num_queries(12):
         html = client.get(reverse("nodes:list")).content.decode()
-    section = html[html.index('data-node="node-b"'):html.index('data-node="node-c"')]
+    section = html[html.index('data-node="node-b"') : html.index('data-node="node-c"')]
     assert "GPU 2: gpu_lost (runs stopped)" in section and "mlx5_0: network_link_down" in section
     assert "event 6" in section and "event 4" in section and "event 3" not in section  # the latest five
     assert "kernel log unreadable (/dev/kmsg: Permission denied)" in section
-    assert "Health events" not in html[html.index('data-node="node-a"'):html.index('data-node="node-b"')]
+    assert "Health events" not in html[html.index('data-node="node-a"') : html.index('data-node="node-b"')]

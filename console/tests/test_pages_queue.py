@@ -1,5 +1,6 @@
 """Sharing GPUs on screen: project usage on the list page and in the API, the operators' Queue
 page with "why is this job not running", and preemptions on the Failover tab."""
+
 from __future__ import annotations
 
 import pytest

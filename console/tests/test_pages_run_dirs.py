@@ -1,6 +1,7 @@
 """The job page names the job's directories as its run sees them (``/job/output``, ``/job/work``; a
 writable project volume at its own path): a node's host paths (JOB_WORK_ROOT, PROJECT_DATA_ROOT)
 are shown to staff only."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,7 @@ def detail(client, job, **params) -> str:
 
 def output_field(html: str) -> str:
     start = html.index('data-field="output_dir">')
-    return html[start:html.index("</dd>", start)]
+    return html[start : html.index("</dd>", start)]
 
 
 def host_roots(settings) -> tuple[str, str]:

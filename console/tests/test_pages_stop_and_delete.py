@@ -1,4 +1,5 @@
 """Stop and Delete from the detail page: through the lifecycle services, with refusals shown as messages."""
+
 from __future__ import annotations
 
 import pytest

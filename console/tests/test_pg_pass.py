@@ -1,4 +1,5 @@
 """The PostgreSQL pass reruns the database tests and the API fuzz, not the process-level tests."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,6 +1,7 @@
 """A job's running time is what its attempts ran: the list, the detail page, the API and the live
 snapshot show the sum over its attempts, never the wall time since it first started, and the
 figure stands still while the job waits between attempts (a failover)."""
+
 from __future__ import annotations
 
 import re
@@ -29,9 +30,7 @@ def attempt(job, number: int, start: datetime, end: datetime | None) -> JobAttem
 @pytest.fixture
 def two_attempts(make_job):
     """Ran 10 min, waited 4 min 30 s in failover, ran 5 min 30 s more, completed: 15 min 30 s of running."""
-    job = put_in_status(
-        make_job(name="two-attempts"), JobStatus.COMPLETED, started_at=T0, finished_at=T0 + timedelta(minutes=20), failover_count=1
-    )
+    job = put_in_status(make_job(name="two-attempts"), JobStatus.COMPLETED, started_at=T0, finished_at=T0 + timedelta(minutes=20), failover_count=1)
     attempt(job, 1, T0, T0 + timedelta(minutes=10))
     attempt(job, 2, T0 + timedelta(minutes=14, seconds=30), T0 + timedelta(minutes=20))
     return job

@@ -3,6 +3,7 @@ worker with beat): 50 node agents in one process (``bench.scale.fleet``). A hear
 agent restarting at once, again and again, while control rounds run) marks no node NotReady; a
 mass heartbeat loss is taken as an outage, not 30 lost nodes; one node gone silent is lost after
 the timeout and its job fails over."""
+
 from __future__ import annotations
 
 import os
@@ -33,10 +34,48 @@ class FleetCluster(Cluster):
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
         self.sql(f'CREATE DATABASE "{self.db_name}"')
         subprocess.run([PY, "manage.py", "bootstrap", "--no-nodes"], cwd=ROOT, env=self.env, check=True, capture_output=True)
-        self.spawn("control", [PY, "-m", "celery", "-A", "console", "worker", "-Q", "control", "-B", "-P", "solo", "-l", "WARNING",
-                               "-n", "control@%h", "--without-gossip", "--without-mingle", "-s", str(self.tmp / "beat-schedule")])
-        self.spawn("fleet", [PY, "-m", "bench.scale.fleet", "--nodes", str(NODES), "--gpus", "2", "--prefix", "fleet-",
-                             "--run-seconds", "600", "--silence-file", str(self.silence)])
+        self.spawn(
+            "control",
+            [
+                PY,
+                "-m",
+                "celery",
+                "-A",
+                "console",
+                "worker",
+                "-Q",
+                "control",
+                "-B",
+                "-P",
+                "solo",
+                "-l",
+                "WARNING",
+                "-n",
+                "control@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "-s",
+                str(self.tmp / "beat-schedule"),
+            ],
+        )
+        self.spawn(
+            "fleet",
+            [
+                PY,
+                "-m",
+                "bench.scale.fleet",
+                "--nodes",
+                str(NODES),
+                "--gpus",
+                "2",
+                "--prefix",
+                "fleet-",
+                "--run-seconds",
+                "600",
+                "--silence-file",
+                str(self.silence),
+            ],
+        )
         self.wait(lambda: "ready 50" in self.log("fleet"), "the fleet", timeout=120)
 
     def log(self, key: str) -> str:
@@ -93,16 +132,19 @@ def test_a_mass_heartbeat_loss_is_taken_as_an_outage_not_as_lost_nodes(fleet):
 
 
 def test_a_node_silent_past_the_timeout_is_lost_and_its_job_fails_over(fleet):
-    job_id = int(fleet.manage(
-        "from django.contrib.auth import get_user_model; from jobs.services.creation import create_job; "
-        "print(create_job(owner=get_user_model().objects.get(username='admin'), name='fleet-job', image=__import__('django.conf').conf.settings.DEFAULT_IMAGE, "
-        "command='python train.py', gpus_per_node=1, node_count=1).pk)"
-    ))
+    job_id = int(
+        fleet.manage(
+            "from django.contrib.auth import get_user_model; from jobs.services.creation import create_job; "
+            "print(create_job(owner=get_user_model().objects.get(username='admin'), name='fleet-job', image=__import__('django.conf').conf.settings.DEFAULT_IMAGE, "
+            "command='python train.py', gpus_per_node=1, node_count=1).pk)"
+        )
+    )
 
     def placed_on() -> str | None:
         rows = fleet.query(
             "SELECT n.name FROM jobs_attemptnode p JOIN jobs_jobattempt a ON a.id = p.attempt_id JOIN jobs_node n ON n.id = p.node_id "
-            "WHERE a.job_id = %s AND a.state = 'running' ORDER BY a.number DESC", [job_id]
+            "WHERE a.job_id = %s AND a.state = 'running' ORDER BY a.number DESC",
+            [job_id],
         )
         return rows[0][0] if rows else None
 

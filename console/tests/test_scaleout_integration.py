@@ -1,5 +1,6 @@
 """Scale-out on real parts: PostgreSQL, Redis, two Daphne processes, a Celery control worker with
 beat and three node agents as separate processes on loopback."""
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.scaleout, pytest.mark.slow]
 
 # Prints its attempt's numbered lines steadily until stopped.
 COUNTER = (
-    "python -c \"import os, time\n"
+    'python -c "import os, time\n'
     "print('Starting dataset initialization', flush=True)\n"
     "i = 0\n"
     "while True:\n"

@@ -2,6 +2,7 @@
 env file made from deploy/console.env.example, the release step before them, against PostgreSQL
 and Redis on loopback. They stay up, both Daphnes serve, and a job fails over across agents and
 completes."""
+
 from __future__ import annotations
 
 import os
@@ -14,7 +15,7 @@ pytestmark = [pytest.mark.scaleout, pytest.mark.slow]
 
 # Attempt 1 prints until its GPU faults; attempt 2 prints 20 lines and exits 0.
 TWO_ATTEMPTS = (
-    "python -c \"import os, time\n"
+    'python -c "import os, time\n'
     "n = int(os.environ['JOB_ATTEMPT'])\n"
     "for i in range(100000 if n == 1 else 20):\n"
     "    print('attempt', n, 'line', i, flush=True); time.sleep(0.05)\""
@@ -43,8 +44,9 @@ def test_the_procfiles_processes_stay_up_serve_and_fail_a_job_over(cluster):
     status, body = cluster.api(first, "POST", "/api/v1/auth/token/", body={"username": "admin", "password": "admin-pass-1"})
     assert status == 200, body
     token = body["token"]
-    cluster.wait(lambda: len([n for n in cluster.api(second, "GET", "/api/v1/nodes/", token)[1]["results"] if n["state"] == "Ready"]) == 3,
-                 "3 ready nodes", timeout=120)
+    cluster.wait(
+        lambda: len([n for n in cluster.api(second, "GET", "/api/v1/nodes/", token)[1]["results"] if n["state"] == "Ready"]) == 3, "3 ready nodes", timeout=120
+    )
 
     status, job = cluster.api(first, "POST", "/api/v1/training-jobs/", token, {"name": "procfile", "command": TWO_ATTEMPTS, "gpus_per_node": 1})
     assert status == 201, job
@@ -60,8 +62,7 @@ def test_the_procfiles_processes_stay_up_serve_and_fail_a_job_over(cluster):
     assert cluster.api(first, "POST", f"/api/v1/nodes/{node_one}/inject-fault/", token, {"gpu": gpu, "xid": 79})[0] == 201
     two = cluster.wait(lambda: attempt(2), "attempt 2 after the fault", timeout=120)
     assert two["nodes"][0] != node_one
-    cluster.wait(lambda: cluster.api(second, "GET", f"/api/v1/training-jobs/{job_id}/", token)[1]["status"] == "Completed", "Completed",
-                 timeout=120)
+    cluster.wait(lambda: cluster.api(second, "GET", f"/api/v1/training-jobs/{job_id}/", token)[1]["status"] == "Completed", "Completed", timeout=120)
 
     history = cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/events/", token)[1]
     events = [e["to_status"] for e in history if e["from_status"] != e["to_status"]]

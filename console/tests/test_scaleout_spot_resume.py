@@ -3,6 +3,7 @@ separate processes sharing JOB_WORK_ROOT as a cluster shares a file system): the
 with its own ``output_dir="./results"`` fails over on an Xid 79 to another node's agent, which
 resumes it from the last step committed in ``./results``; Chromium reads that on the Failover tab
 served by the other Daphne."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """Secret environment variables: encrypted at rest, •••• on every page, in the API, the admin and
 clones, never logged; present in the run's environment."""
+
 from __future__ import annotations
 
 import hashlib
@@ -78,7 +79,8 @@ def test_the_api_shows_the_mask_and_never_the_value(owner_api, secret_job):
 
 def test_the_api_takes_secret_env_and_answers_with_the_mask(owner_api, default_image):
     response = owner_api.post(
-        JOBS_URL, {"name": "api-secret", "command": "python train.py", "env": {"A": "1"}, "secret_env": {"S3_CREDS": VALUE}},
+        JOBS_URL,
+        {"name": "api-secret", "command": "python train.py", "env": {"A": "1"}, "secret_env": {"S3_CREDS": VALUE}},
         format="json",
     )
     assert response.status_code == 201, response.json()
@@ -142,9 +144,16 @@ def test_a_teammates_clone_form_asks_for_the_value_again(login, teammate, secret
 def test_a_form_with_errors_does_not_echo_a_secret_back(login, owner, default_image):
     response = login(owner).post(
         reverse("jobs:create"),
-        {"name": "Bad_Name", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand",
-         "image": default_image.reference, "command": "python t.py", "secret_env_text": f"HF_TOKEN={VALUE}",
-         "gpus_per_node": "1", "node_count": "1"},
+        {
+            "name": "Bad_Name",
+            "project": str(personal_project_for(owner).pk),
+            "job_type": "On-Demand",
+            "image": default_image.reference,
+            "command": "python t.py",
+            "secret_env_text": f"HF_TOKEN={VALUE}",
+            "gpus_per_node": "1",
+            "node_count": "1",
+        },
     )
     assert response.status_code == 200
     assert VALUE not in response.content.decode()
@@ -172,9 +181,17 @@ def test_a_secret_the_key_cannot_decrypt_fails_the_launch_with_a_reason(settings
 
 def test_a_secret_typed_into_a_form_shown_again_is_kept_without_being_shown(login, owner, default_image):
     client = login(owner)
-    data = {"name": "Bad_Name", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand",
-            "image": default_image.reference, "command": "python t.py", "env_text": f"A=1\nDB_PASSWORD={VALUE}-2",
-            "secret_env_text": f"HF_TOKEN={VALUE}", "gpus_per_node": "1", "node_count": "1"}
+    data = {
+        "name": "Bad_Name",
+        "project": str(personal_project_for(owner).pk),
+        "job_type": "On-Demand",
+        "image": default_image.reference,
+        "command": "python t.py",
+        "env_text": f"A=1\nDB_PASSWORD={VALUE}-2",
+        "secret_env_text": f"HF_TOKEN={VALUE}",
+        "gpus_per_node": "1",
+        "node_count": "1",
+    }
     response = client.post(reverse("jobs:create"), data)
     html = response.content.decode()
     assert VALUE not in html and f"HF_TOKEN={MASK}" in html

@@ -1,6 +1,7 @@
 """Secrets written in the Command (``HF_TOKEN=hf_… python …``) are kept like the Environment
 field's: taken out of the stored command into the job's encrypted variables at creation (form,
 API, clone), shown as ••••, given to the run with the job's other secrets; a name the Environment field sets too is refused."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,8 +27,16 @@ def stored_row(job: TrainingJob) -> str:
 
 
 def form_data(owner, image: str, **fields: str) -> dict[str, str]:
-    return {"name": "from-form", "project": str(personal_project_for(owner).pk), "job_type": "On-Demand", "image": image,
-            "command": COMMAND, "gpus_per_node": "0", "node_count": "1", **fields}
+    return {
+        "name": "from-form",
+        "project": str(personal_project_for(owner).pk),
+        "job_type": "On-Demand",
+        "image": image,
+        "command": COMMAND,
+        "gpus_per_node": "0",
+        "node_count": "1",
+        **fields,
+    }
 
 
 def assert_kept_secret(job: TrainingJob) -> None:
@@ -72,9 +81,7 @@ def test_a_name_the_environment_sets_too_is_refused_on_the_command(api_as, owner
         assert response.status_code == 400
         assert "HF_TOKEN is set both in the command and in the environment variables" in response.json()["command"][0]
 
-    response = login(owner).post(
-        reverse("jobs:create"), form_data(owner, default_image.reference, secret_env_text="HF_TOKEN=hf_other")
-    )
+    response = login(owner).post(reverse("jobs:create"), form_data(owner, default_image.reference, secret_env_text="HF_TOKEN=hf_other"))
     assert response.status_code == 200
     assert "HF_TOKEN is set both in the command" in " ".join(response.context["form"].errors["command"])
     assert not TrainingJob.objects.exists()

@@ -2,6 +2,7 @@
 X-Forwarded-For header buys nothing when the console is reached directly (NUM_PROXIES = 0), and
 spraying one password across many usernames from one address is locked too, while another
 client's sign-in goes on."""
+
 from __future__ import annotations
 
 import pytest

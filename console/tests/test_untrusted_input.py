@@ -1,6 +1,7 @@
 """What a hostile user sends is refused at the door, with a clear message and never a 500:
 reserved environment names, output directories outside the project, bodies too big or too
 deeply nested, header-breaking stream names; and records or lines a job forges change nothing."""
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 ingest and the web API, each on a thread of its own here as in ``manage.py runconsole``. Every
 transaction takes the write lock at BEGIN (``IMMEDIATE``) and waits for it (the busy timeout), so
 they queue instead of failing: no "database is locked", no "database table is locked"."""
+
 from __future__ import annotations
 
 import os
@@ -111,7 +112,9 @@ def test_the_control_round_the_agent_the_monitor_a_log_flood_and_an_api_burst_wr
         deadline = time.monotonic() + 240
         # The test's own reads go on meanwhile, as the pages' do.
         while not writers.stop.is_set() and TrainingJob.objects.filter(status=JobStatus.COMPLETED).count() < JOBS:
-            assert time.monotonic() < deadline, f"{TrainingJob.objects.filter(status=JobStatus.COMPLETED).count()} of {JOBS} jobs completed; steps {writers.steps}"
+            assert time.monotonic() < deadline, (
+                f"{TrainingJob.objects.filter(status=JobStatus.COMPLETED).count()} of {JOBS} jobs completed; steps {writers.steps}"
+            )
             time.sleep(0.1)
     finally:
         writers.join()

@@ -1,6 +1,7 @@
 """A browser's WebSocket (one that sends Origin) is accepted only from the console's own origin,
 exactly (scheme, host and port, as the request's Host names it), or from CSRF_TRUSTED_ORIGINS;
 clients that send no Origin (the CLI, with a token) pass the check."""
+
 from __future__ import annotations
 
 import pytest

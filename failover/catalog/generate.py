@@ -9,6 +9,7 @@ repair action per Xid, used where the catalogue leaves the resolution empty: 162
 ``sxid/sxid.go`` (NVSwitch SXids from NVIDIA's Fabric Manager user guide: name, whether always fatal
 to the fabric). Nothing is judged here; ``failover.xids`` derives the verdicts from these facts.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,15 +44,19 @@ def generate(root: Path) -> dict:
     sxids = (root / SXID_DETAILS).read_text()
     actions = {int(code): sorted(set(_ACTION.findall(body))) for code, body in _BLOCK.findall(details)}
     xids: list[dict] = [
-        {"code": int(code), "mnemonic": _go(mnemonic).replace("\n", " "), "description": _go(description).replace("\n", " "),
-         "immediate": _go(immediate).replace("\n", " "), "investigatory": _go(investigatory).replace("\n", " "),
-         "gpud_actions": actions.get(int(code), [])}
+        {
+            "code": int(code),
+            "mnemonic": _go(mnemonic).replace("\n", " "),
+            "description": _go(description).replace("\n", " "),
+            "immediate": _go(immediate).replace("\n", " "),
+            "investigatory": _go(investigatory).replace("\n", " "),
+            "gpud_actions": actions.get(int(code), []),
+        }
         for code, mnemonic, description, immediate, investigatory in _ENTRY.findall(catalog)
     ]
     known = {x["code"] for x in xids}
     for code in sorted(set(actions) - known):  # gpud knows it, the catalogue sheet does not yet (173)
-        xids.append({"code": code, "mnemonic": "", "description": "", "immediate": "", "investigatory": "",
-                     "gpud_actions": actions[code]})
+        xids.append({"code": code, "mnemonic": "", "description": "", "immediate": "", "investigatory": "", "gpud_actions": actions[code]})
     descriptions = {int(c): re.search(r'Description:\s+"((?:[^"\\]|\\.)*)"', b) for c, b in _BLOCK.findall(details)}
     for entry in xids:
         found = descriptions.get(int(entry["code"]))
@@ -60,12 +65,22 @@ def generate(root: Path) -> dict:
     switch = []
     for code, body in _BLOCK.findall(sxids):
         name = _NAME.search(body)
-        switch.append({"code": int(code), "name": _go(name[1]) if name else "", "always_fatal": bool(_ALWAYS.search(body)),
-                       "gpud_actions": sorted(set(_ACTION.findall(body)))})
+        switch.append(
+            {
+                "code": int(code),
+                "name": _go(name[1]) if name else "",
+                "always_fatal": bool(_ALWAYS.search(body)),
+                "gpud_actions": sorted(set(_ACTION.findall(body))),
+            }
+        )
     return {
-        "source": {"repo": SOURCE_REPO, "commit": commit, "files": [XID_CATALOG, XID_DETAILS, SXID_DETAILS],
-                   "catalogue": "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html",
-                   "sxid_guide": "https://docs.nvidia.com/datacenter/tesla/pdf/fabric-manager-user-guide.pdf"},
+        "source": {
+            "repo": SOURCE_REPO,
+            "commit": commit,
+            "files": [XID_CATALOG, XID_DETAILS, SXID_DETAILS],
+            "catalogue": "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html",
+            "sxid_guide": "https://docs.nvidia.com/datacenter/tesla/pdf/fabric-manager-user-guide.pdf",
+        },
         "xids": sorted(xids, key=lambda x: x["code"]),
         "sxids": sorted(switch, key=lambda x: x["code"]),
     }

@@ -1,4 +1,5 @@
 """What the operator commands share: the node they name."""
+
 from __future__ import annotations
 
 from django.core.management.base import CommandError

@@ -1,4 +1,5 @@
 """Operator commands on nodes: inject a fault into a simulated GPU, clear a node, reclaim spot."""
+
 from __future__ import annotations
 
 import logging
@@ -51,9 +52,7 @@ def clear_node(node: Node, *, actor: str = "operator") -> None:
     now = timezone.now()
     with transaction.atomic():
         # A fault that already bit keeps its applied_at; one that never did is closed as of now.
-        SimulatedFault.objects.filter(node=node, cleared_at__isnull=True).update(
-            cleared_at=now, applied_at=Coalesce(F("applied_at"), Value(now))
-        )
+        SimulatedFault.objects.filter(node=node, cleared_at__isnull=True).update(cleared_at=now, applied_at=Coalesce(F("applied_at"), Value(now)))
         Node.objects.filter(pk=node.pk).update(healthy=True, health_reason="", unhealthy_since=None)
         GPU.objects.filter(node=node).update(healthy=True, health_reason="", unhealthy_since=None)
         # The events stay (each kernel line is stored once, so an old Xid still in the ring does

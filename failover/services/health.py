@@ -13,6 +13,7 @@ when it differs from the last one stored; a simulated node's reading changes onl
 injected faults, so it is taken when the set of open faults changes (``inject_fault`` and
 ``clear_node`` wake the agent, whose reconcile reads them).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -346,6 +347,4 @@ def attempt_events(attempt, *, limit: int = 5) -> list[HealthEvent]:
         where |= Q(node_id=part.node_id) & (Q(gpu__isnull=True) | Q(gpu__in=list(part.gpu_indices)))
     if not where:
         return []
-    return list(
-        HealthEvent.objects.filter(where, at__gte=attempt.created_at, at__lte=until).select_related("node").order_by("-at", "-id")[:limit]
-    )
+    return list(HealthEvent.objects.filter(where, at__gte=attempt.created_at, at__lte=until).select_related("node").order_by("-at", "-id")[:limit])

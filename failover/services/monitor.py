@@ -21,6 +21,7 @@ segfault (``traps: <comm>[<pid>] … in <file>[…]``) quotes names the job chos
 it stops no run and marks nothing, whatever driver text those names spell. The same holds for the
 lines a Slurm node's own check hands over (:class:`NodeEvidenceMonitor`): they are parsed again here.
 """
+
 from __future__ import annotations
 
 import json
@@ -177,9 +178,7 @@ class HealthMonitor:
             self.unsaved[node.name] = (carried + [e for e in events if e.source in ("nvml", "simulated")])[-BACKLOG_KEPT:]
             raise
 
-    def store_node_events(
-        self, node: Node, lines: list[KernelLine], now: datetime, carried: list[HealthEvent], events: list[HealthEvent]
-    ) -> int:
+    def store_node_events(self, node: Node, lines: list[KernelLine], now: datetime, carried: list[HealthEvent], events: list[HealthEvent]) -> int:
         """``poll_node``'s work; ``events`` is filled as they are read, so a failure keeps them."""
         stop_gpus: set[int | None] = {e.gpu for e in carried if e.fatal}
         injected = any(e.source == "simulated" for e in carried)
@@ -239,8 +238,16 @@ class HealthMonitor:
 
     def event(self, node: Node, finding: Finding, source: str, at: datetime, *, fatal: bool) -> HealthEvent:
         return HealthEvent(
-            node=node, at=at, kind=finding.kind, gpu=finding.gpu, xid=finding.xid, value=finding.value,
-            expected=finding.expected, source=source, message=(finding.detail or finding.kind)[:500], fatal=fatal,
+            node=node,
+            at=at,
+            kind=finding.kind,
+            gpu=finding.gpu,
+            xid=finding.xid,
+            value=finding.value,
+            expected=finding.expected,
+            source=source,
+            message=(finding.detail or finding.kind)[:500],
+            fatal=fatal,
         )
 
     def kernel_event(self, node: Node, line: KernelLine) -> HealthEvent:

@@ -17,6 +17,7 @@ them from the same events when they are stored. The run's own output may make th
 "hardware" and exclude its nodes *for this job*, but never marks a node unhealthy (DESIGN.md,
 Trust).
 """
+
 from __future__ import annotations
 
 import logging
@@ -217,9 +218,11 @@ def judge_exited() -> None:
     verdict yet (its exit just reported), or with a claim whose judge went silent, is claimed
     and judged, once."""
     stale = timezone.now() - CLAIM_TIMEOUT
-    for attempt in JobAttempt.objects.filter(job__status=JobStatus.FAILOVER_IN_PROGRESS, state=JobAttempt.State.EXITED).filter(
-        Q(verdict="") | Q(verdict=JUDGING, judged_at__lt=stale)
-    ).order_by("job_id", "-number"):
+    for attempt in (
+        JobAttempt.objects.filter(job__status=JobStatus.FAILOVER_IN_PROGRESS, state=JobAttempt.State.EXITED)
+        .filter(Q(verdict="") | Q(verdict=JUDGING, judged_at__lt=stale))
+        .order_by("job_id", "-number")
+    ):
         latest = attempt.job.attempts.order_by("-number").values_list("number", flat=True).first()
         if attempt.number == latest and claim(attempt):
             judge(attempt.job_id, attempt.pk)
@@ -321,7 +324,10 @@ def sweep_lost_nodes() -> None:
     if len(suspects) > 3 and len(suspects) > settings.NODE_LOST_MAX_FRACTION * Node.objects.filter(state=Node.State.READY).count():
         logger.error(
             "mass heartbeat loss: %s of the Ready nodes missed their beats (%s past the %ss timeout), assuming a control-plane "
-            "or broker outage; none marked NotReady", len(suspects), len(lost), int(timeout),
+            "or broker outage; none marked NotReady",
+            len(suspects),
+            len(lost),
+            int(timeout),
         )
         _last_outage = now.timestamp()
         if settings.SCALE_OUT:
@@ -358,7 +364,9 @@ def lose_node(pk: int, name: str, reason: str, last: float) -> None:
         except Exception:
             logger.warning("could not mark %s lost in Redis", name, exc_info=True)
     logger.warning("node %s lost: %s", name, reason)
-    for part in AttemptNode.objects.filter(node_id=pk, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]).select_related("attempt"):
+    for part in AttemptNode.objects.filter(
+        node_id=pk, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]
+    ).select_related("attempt"):
         end_lost_part(part, cause=f"node {name} lost ({reason})", last_heartbeat=last or None)
 
 
@@ -405,7 +413,9 @@ def terminate_orphan(part: AttemptNode) -> None:
     printed meanwhile (``NodeAgent.stop_strays``)."""
     logger.warning(
         "job %s: attempt %s rank %s on a lost node is left to its node's agent to end when it returns",
-        part.attempt.job_id, part.attempt.number, part.rank,
+        part.attempt.job_id,
+        part.attempt.number,
+        part.rank,
     )
 
 
@@ -429,19 +439,17 @@ def next_timed_work() -> float | None:
     repair = timedelta(seconds=settings.FAILOVER_REPAIR_WAIT)
     here = sorted({name for agent in local_agents() for name in agent.node_names})
     with postgres_transaction():
-        beat = (
-            Node.objects.filter(state=Node.State.READY, last_heartbeat__gt=now - timeout)
-            .exclude(name__in=here)
-            .aggregate(oldest=Min("last_heartbeat"))
-        )
+        beat = Node.objects.filter(state=Node.State.READY, last_heartbeat__gt=now - timeout).exclude(name__in=here).aggregate(oldest=Min("last_heartbeat"))
         judged = JobAttempt.objects.filter(job__status=JobStatus.FAILOVER_IN_PROGRESS, judged_at__gt=now - max(repair, CLAIM_TIMEOUT)).aggregate(
             stranded=Min("judged_at", filter=Q(verdict="hardware", judged_at__gt=now - repair)),
             claimed=Min("judged_at", filter=Q(verdict=JUDGING, judged_at__gt=now - CLAIM_TIMEOUT)),
         )
     outage_over = _last_outage + timeout.total_seconds() if _last_outage else None
-    return earliest([
-        unix(beat["oldest"], timeout),
-        outage_over if outage_over and outage_over > now.timestamp() else None,
-        unix(judged["stranded"], repair),
-        unix(judged["claimed"], CLAIM_TIMEOUT),
-    ])
+    return earliest(
+        [
+            unix(beat["oldest"], timeout),
+            outage_over if outage_over and outage_over > now.timestamp() else None,
+            unix(judged["stranded"], repair),
+            unix(judged["claimed"], CLAIM_TIMEOUT),
+        ]
+    )

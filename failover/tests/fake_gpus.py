@@ -1,5 +1,6 @@
 """A node with GPUs behind the fake pynvml and a kernel log the test writes, for the health
 monitor's tests: the ``gpus`` fixture (a plugin of the root conftest) and ``FakeAgent``."""
+
 from __future__ import annotations
 
 import gc

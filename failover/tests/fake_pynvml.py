@@ -11,6 +11,7 @@ Xid event reaches only the event sets registered for that GPU when it happens; `
 raises TIMEOUT when nothing is pending and GPU_IS_LOST once a registered GPU is lost; a lost GPU
 answers every call with GPU_IS_LOST; an inactive NVLink reads ``NVML_FEATURE_DISABLED``.
 """
+
 from __future__ import annotations
 
 import string
@@ -61,9 +62,12 @@ class NVMLError(Exception):
 
     def __str__(self):
         return {
-            NVML_ERROR_UNINITIALIZED: "Uninitialized", NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
-            NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_TIMEOUT: "Timeout",
-            NVML_ERROR_GPU_IS_LOST: "GPU is lost", NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+            NVML_ERROR_UNINITIALIZED: "Uninitialized",
+            NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+            NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+            NVML_ERROR_TIMEOUT: "Timeout",
+            NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+            NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
         }.get(self.value, "Unknown Error")
 
     def __eq__(self, other):
@@ -321,10 +325,17 @@ def nvmlDeviceGetFieldValues(handle, fieldIds):
             ret, value = NVML_SUCCESS, gpu.recovery_action
         elif field_id in _FIELD_COUNTER and scope < len(gpu.links):
             ret, kind, value = NVML_SUCCESS, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, gpu.link_errors.get((scope, _FIELD_COUNTER[field_id]), 0)
-        values.append(SimpleNamespace(
-            fieldId=field_id, scopeId=scope, timestamp=0, latencyUsec=0, valueType=kind, nvmlReturn=ret,
-            value=SimpleNamespace(uiVal=value, ullVal=value, ulVal=value, dVal=float(value), sllVal=value, siVal=value, usVal=value),
-        ))
+        values.append(
+            SimpleNamespace(
+                fieldId=field_id,
+                scopeId=scope,
+                timestamp=0,
+                latencyUsec=0,
+                valueType=kind,
+                nvmlReturn=ret,
+                value=SimpleNamespace(uiVal=value, ullVal=value, ulVal=value, dVal=float(value), sllVal=value, siVal=value, usVal=value),
+            )
+        )
     return values
 
 

@@ -1,4 +1,5 @@
 """``manage.py classify_failure``: one JSON case on stdin, one JSON verdict on stdout."""
+
 from __future__ import annotations
 
 import io
@@ -21,8 +22,11 @@ def run_command(monkeypatch, stdin_text: str) -> dict:
 
 
 def test_it_judges_a_kernel_xid_79_as_hardware(monkeypatch):
-    case = {"exit_code": 1, "log": "step 10\nRuntimeError: CUDA error: unknown error",
-            "kernel_log": "[5.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=7, GPU has fallen off the bus."}
+    case = {
+        "exit_code": 1,
+        "log": "step 10\nRuntimeError: CUDA error: unknown error",
+        "kernel_log": "[5.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=7, GPU has fallen off the bus.",
+    }
 
     result = run_command(monkeypatch, json.dumps(case))
 
@@ -40,8 +44,7 @@ def test_it_judges_a_missing_module_as_non_hardware(monkeypatch):
     assert result == {
         "verdict": "non-hardware",
         "reason": "ModuleNotFoundError: No module named 'foo'",
-        "evidence": {"source": "log", "signature": "import_error",
-                     "matched": "ModuleNotFoundError: No module named 'foo'", "exit_code": 1},
+        "evidence": {"source": "log", "signature": "import_error", "matched": "ModuleNotFoundError: No module named 'foo'", "exit_code": 1},
     }
 
 
@@ -56,8 +59,7 @@ def test_it_accepts_findings_and_exit_signal(monkeypatch):
 
 
 def test_every_field_is_optional(monkeypatch):
-    assert run_command(monkeypatch, "{}") == {
-        "verdict": "non-hardware", "reason": "no hardware fault signal", "evidence": {"source": "none"}}
+    assert run_command(monkeypatch, "{}") == {"verdict": "non-hardware", "reason": "no hardware fault signal", "evidence": {"source": "none"}}
 
 
 @pytest.mark.parametrize(
@@ -90,7 +92,11 @@ def test_bad_input_is_refused_with_exit_status_2(monkeypatch, stdin_text, messag
 def _manage(stdin_text: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "manage.py", "classify_failure"],
-        input=stdin_text, capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+        input=stdin_text,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
     )
 
 
@@ -100,8 +106,10 @@ def test_from_the_shell_it_prints_one_json_line():
 
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {
-        "verdict": "non-hardware", "reason": "killed by SIGKILL (host OOM kill?)",
-        "evidence": {"source": "exit", "exit_code": 137}}
+        "verdict": "non-hardware",
+        "reason": "killed by SIGKILL (host OOM kill?)",
+        "evidence": {"source": "exit", "exit_code": 137},
+    }
 
 
 @pytest.mark.slow  # a manage.py process

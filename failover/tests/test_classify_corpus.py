@@ -3,6 +3,7 @@
 ``corpus/cases.json`` holds trimmed quotes from public issues, forums and documentation; each case
 records what the platform should decide and why. A case id appears in its test id.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Unit tests of the classification tables: Xids, NVML findings, signatures, precedence."""
+
 from __future__ import annotations
 
 import json
@@ -34,6 +35,7 @@ APPLICATION_XIDS = [code for code, rule in XIDS.items() if rule.cls == "applicat
 
 
 # --- Xid table -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("code", HARDWARE_XIDS)
 def test_a_hardware_class_xid_in_the_kernel_log_is_a_hardware_fault(code):
@@ -98,7 +100,9 @@ def test_xid_63_alone_is_not_hardware():
 
 
 @pytest.mark.parametrize(
-    "evidence", [[Finding(kind=FindingKind.REMAP_FAILURE, gpu=1)], [xid(64)]], ids=["remap_failure", "xid64"],
+    "evidence",
+    [[Finding(kind=FindingKind.REMAP_FAILURE, gpu=1)], [xid(64)]],
+    ids=["remap_failure", "xid64"],
 )
 def test_xid_63_with_a_failed_remap_is_hardware(evidence):
     assert classify_failure(findings=[xid(63), *evidence]).hardware
@@ -194,6 +198,7 @@ def test_the_most_serious_xid_is_reported_when_several_apply():
 
 # --- NVML findings -------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("finding", "expected_reason"),
     [
@@ -206,8 +211,7 @@ def test_the_most_serious_xid_is_reported_when_several_apply():
         (Finding(kind=FindingKind.NVLINK_DOWN, gpu=2, value=7), "NVLink link 7 down on GPU 2"),
         (Finding(kind=FindingKind.NETWORK_LINK, detail="mlx5_0 port 1 DOWN"), "InfiniBand / RoCE port down (mlx5_0 port 1 DOWN)"),
         (Finding(kind=FindingKind.THERMAL, gpu=0, detail="hw_thermal_slowdown"), "Hardware thermal slowdown / shutdown on GPU 0 (hw_thermal_slowdown)"),
-        (Finding(kind=FindingKind.RECOVERY_ACTION, gpu=0, value=1, detail="driver recovery action 1"),
-         "Driver recovery action: GPU reset required on GPU 0"),
+        (Finding(kind=FindingKind.RECOVERY_ACTION, gpu=0, value=1, detail="driver recovery action 1"), "Driver recovery action: GPU reset required on GPU 0"),
         (Finding(kind=FindingKind.RECOVERY_ACTION, gpu=0, detail="DRAIN_P2P"), "Driver recovery action: DRAIN_P2P on GPU 0"),
     ],
     ids=lambda value: value.kind if isinstance(value, Finding) else "",
@@ -239,8 +243,7 @@ def test_a_nominal_reading_is_not_evidence(finding):
 
 @pytest.mark.parametrize(
     "kind",
-    [FindingKind.REMAP_PENDING, FindingKind.RETIRED_PAGES_PENDING, FindingKind.PCIE_REPLAY,
-     FindingKind.PCIE_LINK_DEGRADED, FindingKind.NVLINK_ERRORS],
+    [FindingKind.REMAP_PENDING, FindingKind.RETIRED_PAGES_PENDING, FindingKind.PCIE_REPLAY, FindingKind.PCIE_LINK_DEGRADED, FindingKind.NVLINK_ERRORS],
 )
 def test_supporting_evidence_alone_is_not_a_hardware_fault_but_is_recorded(kind):
     verdict = classify_failure(exit_code=1, findings=[Finding(kind=kind, gpu=0)])
@@ -283,6 +286,7 @@ def test_a_bare_nccl_timeout_with_a_kernel_xid_79_is_hardware():
 
 
 # --- the run's own output --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "line",
@@ -345,21 +349,27 @@ def test_node_evidence_wins_over_a_non_hardware_reason_in_the_log():
 
 # --- non-hardware reasons ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("lines", "reason"),
     [
         (["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"], "CUDA out of memory"),
-        (["Traceback (most recent call last):", '  File "train.py", line 1, in <module>', "    import foo",
-          "ModuleNotFoundError: No module named 'foo'"], "ModuleNotFoundError: No module named 'foo'"),
+        (
+            ["Traceback (most recent call last):", '  File "train.py", line 1, in <module>', "    import foo", "ModuleNotFoundError: No module named 'foo'"],
+            "ModuleNotFoundError: No module named 'foo'",
+        ),
         (["ImportError: cannot import name 'Trainer' from 'transformers'"], "ImportError: cannot import name 'Trainer' from 'transformers'"),
         (["SyntaxError: invalid syntax"], "SyntaxError: invalid syntax"),
-        (["FileNotFoundError: [Errno 2] No such file or directory: 'data/train.jsonl'"],
-         "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.jsonl'"),
+        (
+            ["FileNotFoundError: [Errno 2] No such file or directory: 'data/train.jsonl'"],
+            "FileNotFoundError: [Errno 2] No such file or directory: 'data/train.jsonl'",
+        ),
         (["PermissionError: [Errno 13] Permission denied: '/output'"], "PermissionError: [Errno 13] Permission denied: '/output'"),
-        (["usage: train.py [-h] [--lr LR]", "train.py: error: unrecognized arguments: --lrr 3e-4"],
-         "train.py: error: unrecognized arguments: --lrr 3e-4"),
-        (["RuntimeError: Error(s) in loading state_dict for GPT:", "\tsize mismatch for wte.weight: copying a param"],
-         "shape mismatch loading a checkpoint (state_dict)"),
+        (["usage: train.py [-h] [--lr LR]", "train.py: error: unrecognized arguments: --lrr 3e-4"], "train.py: error: unrecognized arguments: --lrr 3e-4"),
+        (
+            ["RuntimeError: Error(s) in loading state_dict for GPT:", "\tsize mismatch for wte.weight: copying a param"],
+            "shape mismatch loading a checkpoint (state_dict)",
+        ),
         (["step 1200 loss is nan, stopping"], "NaN / infinite loss"),
         (["RuntimeError: CUDA error: device-side assert triggered"], "device-side assert triggered"),
         (["[rank0]: KeyError: 'input_ids'"], "KeyError: 'input_ids'"),
@@ -383,8 +393,7 @@ def test_a_cuda_oom_outranks_the_nccl_timeout_it_caused():
 
 
 def test_the_childs_exception_outranks_the_launchers_wrapper():
-    lines = ["ValueError: batch_size must be positive",
-             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]
+    lines = ["ValueError: batch_size must be positive", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: "]
 
     assert classify_failure(exit_code=1, log_lines=lines).reason == "ValueError: batch_size must be positive"
 
@@ -411,9 +420,7 @@ def test_exit_codes_on_a_healthy_node_are_internal_errors(exit_code, exit_signal
 
 
 def test_a_host_oom_kill_in_the_kernel_log_is_named():
-    verdict = classify_failure(
-        exit_signal=9, kernel_log="[12.3] Out of memory: Killed process 4242 (python3) total-vm:53312244kB"
-    )
+    verdict = classify_failure(exit_signal=9, kernel_log="[12.3] Out of memory: Killed process 4242 (python3) total-vm:53312244kB")
 
     assert verdict.reason == "killed by SIGKILL (host OOM kill?)"
     assert verdict.evidence["exit_signal"] == 9
@@ -421,13 +428,16 @@ def test_a_host_oom_kill_in_the_kernel_log_is_named():
 
 # --- parsing, API ---------------------------------------------------------------------------------
 
+
 def test_parse_kernel_xids_reads_nvrm_lines():
-    kernel_log = "\n".join([
-        "[ 1.0] usb 1-1: new high-speed USB device",
-        "[ 2.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
-        "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=18, name=python3, Ch 00000001 caused by previous Xid 149",
-        "[ 3.0] NVRM: Xid (0000:03:00): 14, Channel 00000001",
-    ])
+    kernel_log = "\n".join(
+        [
+            "[ 1.0] usb 1-1: new high-speed USB device",
+            "[ 2.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+            "kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=18, name=python3, Ch 00000001 caused by previous Xid 149",
+            "[ 3.0] NVRM: Xid (0000:03:00): 14, Channel 00000001",
+        ]
+    )
 
     findings = parse_kernel_xids(kernel_log)
 

@@ -1,5 +1,6 @@
 """Verdicts count only node evidence scoped to the attempt; the run's own words never take a node
 down; exclusions are lifted by a repair; a job with no node left ends; one fault counts once."""
+
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,5 @@
 """Every Job Failover flow end to end on the embedded agent with simulated GPUs."""
+
 from __future__ import annotations
 
 import gc
@@ -89,7 +90,7 @@ def test_a_gpu_fault_fails_over_to_a_healthy_node_and_resumes_from_the_checkpoin
 
 
 def test_a_user_code_error_is_refused_as_internal_error(make_job, drive):
-    job = make_job(command="python -c \"import no_such_module_for_sure\"")
+    job = make_job(command='python -c "import no_such_module_for_sure"')
     job = drive(job, JobStatus.INTERNAL_ERROR)
     assert flow(job) == ["Pending", "Running", "Pending - failoverinprogress", "Pending - internalerror"]
     assert "ModuleNotFoundError" in job.status_reason

@@ -288,6 +288,7 @@ def team(owner):
 @pytest.mark.slurm_accounting
 def test_a_projects_job_runs_under_its_account_whose_gpu_limit_slurm_enforces(make_job, drive, agent, slurm, team):
     from jobs.backends.slurm.client import Submission
+
     client = slurm.client
     # The project's account exists already (an operator made it, with a looser limit), and
     # someone outside the console runs on it with 2 GPUs.

@@ -6,6 +6,7 @@
 * A 40 s write lock on the SQLite database, held while the embedded agent runs, kills no job and
   makes no node NotReady or unhealthy.
 """
+
 from __future__ import annotations
 
 import signal
@@ -28,12 +29,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_run_outlives_its_tes
 
 WORKER = (
     "import os, time, torch, torch.distributed as dist\\n"
-    "dist.init_process_group(\"gloo\")\\n"
+    'dist.init_process_group("gloo")\\n'
     "rank = dist.get_rank()\\n"
-    "print(f\"worker {rank} of {dist.get_world_size()} up\", flush=True)\\n"
+    'print(f"worker {rank} of {dist.get_world_size()} up", flush=True)\\n'
     "for step in range(100000):\\n"
     "    t = torch.ones(1); dist.all_reduce(t)\\n"
-    "    print(f\"rank {rank} step {step}\", flush=True); time.sleep(0.1)\\n"
+    '    print(f"rank {rank} step {step}", flush=True); time.sleep(0.1)\\n'
 )
 TORCHRUN = (
     f"printf '{WORKER}' > $OUTPUT_DIR/failover_worker.py && "
@@ -56,8 +57,6 @@ def processes_of(job: TrainingJob, attempt: int) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
-
-
 
 
 def describe(processes) -> list:

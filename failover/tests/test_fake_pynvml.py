@@ -1,6 +1,7 @@
 """The fake pynvml the NVML backend is tested with speaks the real nvidia-ml-py's language: every
 function it defines exists in the installed ``pynvml`` with the same parameters, every constant
 has the same value, every error class the same name, base and code."""
+
 from __future__ import annotations
 
 import inspect
@@ -14,7 +15,8 @@ real = pytest.importorskip("pynvml")  # nvidia-ml-py, a dependency of the projec
 
 def public(kind):
     return {
-        name: value for name, value in vars(fake).items()
+        name: value
+        for name, value in vars(fake).items()
         if not name.startswith("_") and getattr(value, "__module__", fake.__name__) == fake.__name__ and kind(name, value)
     }
 

@@ -3,6 +3,7 @@ domains 0008, 0009, 0018, 0019, all on bus 01:00) each keep their own bus id, so
 ``0008:01:00`` kills and blames GPU 0 only; a process that names itself like an Xid line never becomes
 one; the NVLink5 Nonfatal lines and Xid 121 kill nothing and keep the node placeable; with
 ``FAILOVER_EXCLUDE=gpu`` an Xid 79 on GPU 0 leaves the node's other GPUs placeable."""
+
 from __future__ import annotations
 
 import time
@@ -64,8 +65,9 @@ def test_an_xid_79_on_one_gb200_gpu_kills_and_blames_that_gpu_only(gb200, settin
 def test_a_forged_process_name_and_a_user_space_record_never_become_an_xid(gb200, settings):
     checker = health.HealthChecker(FakeAgent())
     write_records(settings.KERNEL_LOG_PATH, FORGED)  # what the kernel prints for the job's segfault
-    write_records(settings.KERNEL_LOG_PATH, "NVRM: Xid (PCI:0008:01:00): 79, pid=7, name=python, GPU has fallen off the bus.",
-                  facility=1, first_seq=20)  # written to /dev/kmsg by a process: facility user
+    write_records(
+        settings.KERNEL_LOG_PATH, "NVRM: Xid (PCI:0008:01:00): 79, pid=7, name=python, GPU has fallen off the bus.", facility=1, first_seq=20
+    )  # written to /dev/kmsg by a process: facility user
     try:
         checker.monitor.poll()
         assert not HealthEvent.objects.filter(node__name="node-a").exists()
@@ -87,11 +89,14 @@ def test_the_reader_drops_what_a_process_wrote_or_named(tmp_path):
     assert not classify_failure(exit_signal=11, kernel_log=FORGED).hardware
 
 
-@pytest.mark.parametrize("line", [
-    "NVRM: Xid (PCI:0018:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 05 (0x00000013 0x00000000 0x00000000 0x00000000)",
-    "NVRM: Xid (PCI:0018:01:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)",
-    "NVRM: Xid (PCI:0018:01:00): 121, C2C link corrected error",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NVRM: Xid (PCI:0018:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 05 (0x00000013 0x00000000 0x00000000 0x00000000)",
+        "NVRM: Xid (PCI:0018:01:00): 145, RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)",
+        "NVRM: Xid (PCI:0018:01:00): 121, C2C link corrected error",
+    ],
+)
 def test_nonfatal_nvlink_lines_and_xid_121_kill_nothing_and_keep_the_node(line):
     from failover.xids import parse_kernel_line
 
@@ -101,16 +106,17 @@ def test_nonfatal_nvlink_lines_and_xid_121_kill_nothing_and_keep_the_node(line):
 
 
 def test_sxid_20034_and_12028_are_node_side_faults():
-    for line in ("[131453.740743] nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
-                 "[111.111] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error"):
+    for line in (
+        "[131453.740743] nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up",
+        "[111.111] nvidia-nvswitch3: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 32 egress non-posted PRIV error",
+    ):
         fault = node_fault(kernel_log=line)
         assert fault is not None and fault.node and "SXid" in fault.reason
         assert classify_failure(exit_code=1, kernel_log=line).hardware
 
 
 def test_xid_13_with_one_pcie_replay_marks_nothing_and_is_the_applications():
-    findings = [Finding(kind=FindingKind.XID, gpu=0, xid=13, detail="Graphics Exception"),
-                Finding(kind=FindingKind.PCIE_REPLAY, gpu=0, value=1)]
+    findings = [Finding(kind=FindingKind.XID, gpu=0, xid=13, detail="Graphics Exception"), Finding(kind=FindingKind.PCIE_REPLAY, gpu=0, value=1)]
     assert node_fault(findings) is None
     assert not classify_failure(exit_code=1, findings=findings).hardware
 
@@ -134,8 +140,10 @@ def test_with_gpu_exclusion_an_xid_79_on_gpu_0_keeps_the_other_gpus_placeable(no
 
 
 def test_xid_109_after_the_applications_xid_13_on_the_same_gpu_is_the_applications():
-    lines = ["NVRM: Xid (PCI:0000:cb:00): 13, pid=7, name=python, Graphics SM Warp Exception",
-             "NVRM: Xid (PCI:0000:cb:00): 109, pid=7, name=python, Ch 00000008, errorString CTX SWITCH TIMEOUT"]
+    lines = [
+        "NVRM: Xid (PCI:0000:cb:00): 13, pid=7, name=python, Graphics SM Warp Exception",
+        "NVRM: Xid (PCI:0000:cb:00): 109, pid=7, name=python, Ch 00000008, errorString CTX SWITCH TIMEOUT",
+    ]
     assert not classify_failure(exit_code=1, kernel_log="\n".join(lines)).hardware
     assert classify_failure(exit_code=1, kernel_log=lines[1]).hardware
     assert classify_failure(exit_code=1, kernel_log="\n".join([lines[0].replace("cb:00", "ca:00"), lines[1]])).hardware

@@ -1,6 +1,7 @@
 """The node health monitor: its own thread, a fatal GPU event stopping the run on that GPU at once
 (a hung rank included) and failing it over, kernel lines read past a cursor, health events kept
 per GPU, and the monitor (with NVML) shut down with the agent."""
+
 from __future__ import annotations
 
 import time
@@ -26,10 +27,6 @@ CLEANS_UP_RUNS = pytest.mark.usefixtures("no_run_outlives_its_test")
 
 
 HUNG = "python -c 'import time; print(\"step 1\", flush=True); time.sleep(600)'"
-
-
-
-
 
 
 def first_attempt_processes(attempt: JobAttempt) -> list[psutil.Process]:
@@ -134,9 +131,7 @@ def test_on_its_own_thread_a_gpu_loss_stops_a_hung_rank_without_an_agent_round(b
         loop.join(15)
 
     assert stopped < 3
-    assert not loop.is_alive() and not any(
-        t.name.startswith("health-monitor") and t.is_alive() and t not in monitors_before for t in threading.enumerate()
-    )
+    assert not loop.is_alive() and not any(t.name.startswith("health-monitor") and t.is_alive() and t not in monitors_before for t in threading.enumerate())
     assert fault.count() == 1
     assert AttemptNode.objects.get(attempt__job=job, attempt__number=2).node_id != part.node_id
     if driver is not None:  # NVML was shut down with the agent's loop
@@ -254,17 +249,32 @@ def test_a_verdict_reads_the_events_on_its_gpus_within_its_window(nodes):
     since = timezone.now()
     HealthEvent.objects.create(node=node, kind="xid", gpu=1, xid=79, source="nvml", at=since - timedelta(minutes=5))  # before
     HealthEvent.objects.create(node=node, kind="ecc_uncorrected", gpu=3, value=2, source="nvml", at=since + timedelta(seconds=1))  # not ours
-    HealthEvent.objects.create(node=node, kind="oom_kill", source="kmsg", at=since + timedelta(seconds=2),
-                               message="Out of memory: Killed process 4321 (python)")
+    HealthEvent.objects.create(
+        node=node, kind="oom_kill", source="kmsg", at=since + timedelta(seconds=2), message="Out of memory: Killed process 4321 (python)"
+    )
 
     quiet = scoped_evidence(node, gpus=[0, 1], since=since)
     assert quiet.findings == [] and quiet.kernel_findings == []
     assert not quiet.judge(exit_code=None, exit_signal=9).hardware  # the OOM killer's line explains a SIGKILL
 
-    HealthEvent.objects.create(node=node, kind="xid", gpu=1, xid=48, source="kmsg", at=since + timedelta(seconds=3),
-                               message="NVRM: Xid (PCI:0000:28:00): 48, pid=1, name=python, DBE (Double Bit Error) ECC Error")
-    HealthEvent.objects.create(node=node, kind="thermal", gpu=0, value=0x40, source="nvml", at=since + timedelta(seconds=4),
-                               message="hardware slowdown clock reason in 3 readings within 60s")
+    HealthEvent.objects.create(
+        node=node,
+        kind="xid",
+        gpu=1,
+        xid=48,
+        source="kmsg",
+        at=since + timedelta(seconds=3),
+        message="NVRM: Xid (PCI:0000:28:00): 48, pid=1, name=python, DBE (Double Bit Error) ECC Error",
+    )
+    HealthEvent.objects.create(
+        node=node,
+        kind="thermal",
+        gpu=0,
+        value=0x40,
+        source="nvml",
+        at=since + timedelta(seconds=4),
+        message="hardware slowdown clock reason in 3 readings within 60s",
+    )
     evidence = scoped_evidence(node, gpus=[0, 1], since=since)
     assert [(f.kind, f.gpu, f.xid) for f in evidence.kernel_findings] == [("xid", 1, 48)]
     assert [(f.kind, f.gpu) for f in evidence.findings] == [("thermal", 0)]

@@ -2,6 +2,7 @@
 GPU), per node where it is a reboot, the fabric or a NIC; and a job waiting on unhealthy capacity
 says which nodes and GPUs, since when, and who can act (issue 31: "one Xid 79 on GPU 0 of each
 node")."""
+
 from __future__ import annotations
 
 import gc
@@ -66,8 +67,7 @@ def test_a_job_waiting_on_unhealthy_gpus_says_which_since_when_and_that_an_opera
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING
     assert job.status_reason == (
-        f"1st for 4 GPUs; node-a GPU 0, node-b GPU 0, node-c GPU 0 unhealthy since {since('node-a', 0)} (Xid 79): "
-        "an operator must mark them healthy"
+        f"1st for 4 GPUs; node-a GPU 0, node-b GPU 0, node-c GPU 0 unhealthy since {since('node-a', 0)} (Xid 79): an operator must mark them healthy"
     )
 
     clear_node(Node.objects.get(name="node-b"), actor="test")
@@ -141,21 +141,22 @@ def test_a_job_failing_over_off_its_node_waits_naming_the_unhealthy_gpus_and_its
 
 def test_the_plan_names_unhealthy_capacity_only_when_it_would_let_the_job_fit():
     capacity = Capacity(
-        nodes=[(1, "node-a")], free={1: [1, 2, 3]},
+        nodes=[(1, "node-a")],
+        free={1: [1, 2, 3]},
         held_out=(HeldOut(1, "node-a", (0,), False, "Xid 79", "18:20"), HeldOut(2, "node-b", (0, 1, 2, 3), True, "Xid 167", "18:25")),
         names={1: "node-a", 2: "node-b"},
     )
     plan = plan_round(
         [WaitingJob(1, 1, 4, 1), WaitingJob(2, 1, 4, 1, exclude_nodes=frozenset({2})), WaitingJob(3, 1, 8, 1)],
-        {}, capacity, half_life=3600,
+        {},
+        capacity,
+        half_life=3600,
     )
     assert plan.reasons[1] == (
-        "1st for 4 GPUs; node-a GPU 0 unhealthy since 18:20 (Xid 79); node-b unhealthy since 18:25 (Xid 167): "
-        "an operator must mark them healthy"
+        "1st for 4 GPUs; node-a GPU 0 unhealthy since 18:20 (Xid 79); node-b unhealthy since 18:25 (Xid 167): an operator must mark them healthy"
     )
     assert plan.reasons[2] == (
-        "2nd for 4 GPUs; node-a GPU 0 unhealthy since 18:20 (Xid 79): an operator must mark it healthy; "
-        "excluded after faults from node-b"
+        "2nd for 4 GPUs; node-a GPU 0 unhealthy since 18:20 (Xid 79): an operator must mark it healthy; excluded after faults from node-b"
     )
     assert plan.reasons[3] == "1st for 8 GPUs; no free capacity fits it"
 
@@ -165,7 +166,9 @@ def test_a_reading_keeps_what_a_finding_expected_through_the_event_store(nodes):
     "Only 3 of 4 GPUs visible"."""
     node = Node.objects.get(name="node-a")
     since = timezone.now()
-    report = HealthReport(node=node.name, findings=(Finding(kind=FindingKind.GPU_COUNT, value=3, expected=4, detail="fewer GPUs than expected"),), source="nvml")
+    report = HealthReport(
+        node=node.name, findings=(Finding(kind=FindingKind.GPU_COUNT, value=3, expected=4, detail="fewer GPUs than expected"),), source="nvml"
+    )
     health.record_health(node, report, "")
     [finding] = health.scoped_evidence(node, gpus=[0], since=since).findings
     assert (finding.value, finding.expected) == (3, 4)

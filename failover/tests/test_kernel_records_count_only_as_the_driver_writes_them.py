@@ -5,6 +5,7 @@ process's name and the mapped file's, both the job's choice. Whatever driver tex
 the health monitor's reading path (the kernel-log reader, the Slurm node's own check, the monitor's
 event for a line) and the classifier (``classify_failure``, ``node_fault``) take no evidence from it;
 genuine records, whose message starts with the driver's text, still count."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,7 @@ FORGED = [
     f"python3[4242]: segfault at 7f00 {SEGV} in mlx5_core 0000:5e:00.0 mlx5_0: Link down.so{MAP} likely on CPU 3 (core 3, socket 0)",
     f"traps: python3[4242] trap divide error {IP} in pcieport 0000:00:03.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0{MAP}",
     f"[ 8123.456789] traps: python3[4242] trap invalid opcode {IP} in NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.{MAP}",
-    f"Feb 23 16:24:18 gpu-node-7 kernel: traps: python3[4242] general protection fault {IP} in NVRM: GPU 0000:18:00.0: "
-    f"GPU is lost{MAP}",
+    f"Feb 23 16:24:18 gpu-node-7 kernel: traps: python3[4242] general protection fault {IP} in NVRM: GPU 0000:18:00.0: GPU is lost{MAP}",
     f"[Sun Feb 23 16:24:18 2025] python3[4242]: segfault at 0 {SEGV} in NVRM: GPU at PCI:0000:18:00: GPU is lost{MAP}",
     f"traps: python3[4242] trap invalid opcode {IP} in NVRM: Timeout waiting for RPC from GSP0! Expected function 76{MAP}",
     f"traps: python3[4242] trap invalid opcode {IP} in thermal thermal_zone0: critical temperature reached (105 C), shutting down{MAP}",
@@ -49,8 +49,7 @@ FORGED = [
     f"mlx5_core[4242]: segfault at 0 {SEGV} in 0000:5e:00.0 mlx5_0: Link down{MAP}",
     f"traps: python3[4242] general protection fault {IP} in mlx5_core 0000:5e:00.0 mlx5_0: Link down{MAP}",
     f"traps: nvidia-nvswitc[4242] trap invalid opcode {IP} in h0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30{MAP}",
-    f"kernel: traps: python3[4242] trap stack segment {IP} in NVRM: Xid (PCI:0000:18:00): 119, pid=1, "
-    f"Timeout waiting for RPC from GSP!{MAP}",
+    f"kernel: traps: python3[4242] trap stack segment {IP} in NVRM: Xid (PCI:0000:18:00): 119, pid=1, Timeout waiting for RPC from GSP!{MAP}",
     f"traps: kernel: NVRM: G[4242] trap invalid opcode {IP} in PU has fallen off the bus{MAP}",
     # A comm of unprintable bytes, as /dev/kmsg escapes them (\xNN): 15 bytes, 42 characters.
     "NVRM: " + "\\x01" * 9 + f"[4242]: segfault at 0 {SEGV} in GPU has fallen off the bus.so{MAP}",
@@ -62,8 +61,7 @@ GENUINE = [
     ("NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python3, GPU has fallen off the bus.", "xid"),
     ("[131453.740743] nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up", "sxid"),
     ("[1084456.074566] NVRM: GPU 0000:18:00.0: GPU has fallen off the bus.", "fallen_off_bus"),
-    ("Dec  2 10:43:35 worker4 kernel: pcieport 0000:00:03.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0",
-     "pcie_fatal"),
+    ("Dec  2 10:43:35 worker4 kernel: pcieport 0000:00:03.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0", "pcie_fatal"),
     ("mlx5_core 0000:5e:00.0 mlx5_0: Link down", "network_link_down"),
     ("NVRM: GPU at PCI:0000:18:00: GPU-1234 Timeout waiting for RPC from GSP!", "gsp_timeout"),
 ]
@@ -121,15 +119,16 @@ def test_classify_failure_takes_no_node_evidence_from_one(record):
 def test_all_twenty_together_beside_a_failed_run_are_no_evidence():
     kernel_log = "\n".join(FORGED)
     assert node_fault(kernel_log=kernel_log) is None
-    verdict = classify_failure(exit_code=1, kernel_log=kernel_log, log_lines=["Traceback (most recent call last):",
-                                                                              "ValueError: bad batch"])
+    verdict = classify_failure(exit_code=1, kernel_log=kernel_log, log_lines=["Traceback (most recent call last):", "ValueError: bad batch"])
     assert not verdict.hardware and verdict.reason == "ValueError: bad batch"
 
 
 def test_a_record_quoting_an_internal_error_neither_names_the_reason_nor_upgrades_a_failure():
-    quoting = [f"traps: python3[4242] trap invalid opcode {IP} in illegal memory access was encountered{MAP}",
-               f"python3[77]: segfault at 0 {SEGV} in CUDA out of memory.so{MAP}",
-               f"traps: python3[4242] trap invalid opcode {IP} in Out of memory: Killed process 1 (python3){MAP}"]
+    quoting = [
+        f"traps: python3[4242] trap invalid opcode {IP} in illegal memory access was encountered{MAP}",
+        f"python3[77]: segfault at 0 {SEGV} in CUDA out of memory.so{MAP}",
+        f"traps: python3[4242] trap invalid opcode {IP} in Out of memory: Killed process 1 (python3){MAP}",
+    ]
     supporting = [Finding(kind=FindingKind.PCIE_REPLAY, gpu=0, value=3)]
     verdict = classify_failure(exit_code=1, kernel_log="\n".join(quoting), findings=supporting)
     assert not verdict.hardware and verdict.reason == "exit code 1"
@@ -162,8 +161,10 @@ def test_a_journal_record_with_a_line_break_in_its_file_name_is_one_record():
     # journald restores the line breaks /dev/kmsg escaped: the reader keeps each record on one line.
     record = f"traps: python3[4242] trap invalid opcode {IP} in a\nNVRM: GPU has fallen off the bus\nb{MAP}"
     assert parse_kernel_line(record) is None
-    assert node_fault(kernel_log=kernel_line_event(Node(name="node-a"), record, at=datetime.now(dt_timezone.utc),
-                                                   source="journalctl", gpu_by_pci={}).message) is None
+    assert (
+        node_fault(kernel_log=kernel_line_event(Node(name="node-a"), record, at=datetime.now(dt_timezone.utc), source="journalctl", gpu_by_pci={}).message)
+        is None
+    )
 
 
 @pytest.mark.django_db

@@ -1,6 +1,7 @@
 """The kernel-log reader: /dev/kmsg records (``prio,seq,usec,flags;message``) read non-blocking
 from a cursor, every line a classifier table knows kept, an old line never returned twice, and an
 unreadable log said, not silently empty. The kernel's side is a file or a FIFO the test writes."""
+
 from __future__ import annotations
 
 import os

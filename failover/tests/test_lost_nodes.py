@@ -1,6 +1,7 @@
 """Lost nodes: a loss during a failover's placement is still a loss; the console never sweeps the
 nodes its own agent serves; a node is Ready again when its heartbeat returns; on a multi-node
 run the survivors are stopped before their GPUs are freed."""
+
 from __future__ import annotations
 
 import gc
@@ -240,8 +241,9 @@ def checked(**env: str) -> str:
     from pathlib import Path
 
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "NODE_HEARTBEAT_TIMEOUT", "DJANGO_SETTINGS_MODULE")}
-    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parents[2], env={**base, **env},
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parents[2], env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
     return done.stdout + done.stderr
 
 

@@ -1,4 +1,5 @@
 """The NVML backend, run against the fake pynvml over scripted GPU timelines."""
+
 from __future__ import annotations
 
 import time

@@ -5,6 +5,7 @@ NVIDIA/nvidia-resiliency-ext at fixed commits; each case names its source line).
 A device-health case (gpud, DCGM, k8s-device-plugin) is scored by whether the product takes the GPU
 or node out of placement (``node_fault``); a run case (NVRx) by whether it fails the run over
 (``classify_failure``). The figure per peer is printed with the test's output."""
+
 from __future__ import annotations
 
 import json

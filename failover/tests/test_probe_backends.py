@@ -1,6 +1,7 @@
 """The same GPU timelines through both backends: NVML (the fake pynvml) and simulated GPUs.
 Whichever reads the node, the fault shows as the same finding on the same GPU, and the verdict is
 "hardware"; a healthy node reads nominal before the fault."""
+
 from __future__ import annotations
 
 import pytest

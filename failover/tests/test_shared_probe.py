@@ -2,6 +2,7 @@
 the Xid event set registered once per node), also right before it reports a failed exit, so an
 Xid that killed the run is stored before the control plane judges; the judge reads stored
 evidence only and makes no probe."""
+
 from __future__ import annotations
 
 import gc

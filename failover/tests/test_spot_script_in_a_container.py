@@ -2,6 +2,7 @@
 ``PYTHONPATH=$CHECKPOINT_VENDOR`` imports ckptlib's ``datastates``, an Xid 79 on its GPU fails it
 over to another node, and the second attempt resumes from the checkpoint the first committed in
 the script's own ``./results`` (the run's work directory, not ``$OUTPUT_DIR``)."""
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """The one Xid table: docs/failover.md shows what the code judges, the monitor kills on the
 catalogue's reset / reboot Xids, and the issue's misjudgements stay fixed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,22 +41,31 @@ def test_gpu_reset_xids_are_gpu_scoped_and_reboots_node_scoped():
     assert XIDS[94].scope == ""
 
 
-@pytest.mark.parametrize("address,expected", [
-    ("0008:01:00", "0008:01:00"), ("00000008:01:00.0", "0008:01:00"), ("PCI:0019:01:00.0", "0019:01:00"),
-    ("0000:3B:00.0", "0000:3b:00"), ("3b:00", "0000:3b:00"),
-])
+@pytest.mark.parametrize(
+    "address,expected",
+    [
+        ("0008:01:00", "0008:01:00"),
+        ("00000008:01:00.0", "0008:01:00"),
+        ("PCI:0019:01:00.0", "0019:01:00"),
+        ("0000:3B:00.0", "0000:3b:00"),
+        ("3b:00", "0000:3b:00"),
+    ],
+)
 def test_bus_ids_keep_their_domain(address, expected):
     assert bus_id(address) == expected
 
 
-@pytest.mark.parametrize("line", [
-    "Xid (3b:00): 79[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6 in a.out[401000+1000]",
-    "[ 812.1] Xid (3b:00): 79[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6",
-    "NVRM: Xid (PCI[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6",
-    "GPU is lost[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6",
-    "python3[4242]: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus",
-    "audit: type=1701 comm=\"Xid (3b:00): 79\" exe=\"/usr/bin/python3\" sig=11 res=1",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Xid (3b:00): 79[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6 in a.out[401000+1000]",
+        "[ 812.1] Xid (3b:00): 79[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6",
+        "NVRM: Xid (PCI[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6",
+        "GPU is lost[4242]: segfault at 0 ip 0000000000401136 sp 00007ffd3d1f6d10 error 6",
+        "python3[4242]: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus",
+        'audit: type=1701 comm="Xid (3b:00): 79" exe="/usr/bin/python3" sig=11 res=1',
+    ],
+)
 def test_a_process_name_never_becomes_an_xid(line):
     assert parse_kernel_line(line) is None
 
@@ -70,7 +80,9 @@ def test_nvswitch_sxids_are_read_with_the_severity_the_driver_printed():
 
 def test_nvlink5_xids_are_fatal_only_as_printed():
     nonfatal = parse_kernel_line("NVRM: Xid (PCI:0018:01:00): 149, NETIR_BER_EVENT Nonfatal XC0 i0 Link 05 (0x00000013 0x00000000 0x00000000 0x00000000)")
-    fatal = parse_kernel_line("NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT/NETIR_LINK_DOWN Fatal XC0 i0 Link 05 (0x00000011 0x00000000 0x00000000 0x00000000)")
+    fatal = parse_kernel_line(
+        "NVRM: Xid (PCI:0018:01:00): 149, NETIR_LINK_EVT/NETIR_LINK_DOWN Fatal XC0 i0 Link 05 (0x00000011 0x00000000 0x00000000 0x00000000)"
+    )
     assert (nonfatal.severity, nonfatal.fatal, nonfatal.pci) == ("Nonfatal", False, "0018:01:00")
     assert (fatal.severity, fatal.fatal) == ("Fatal", True)
 

@@ -5,6 +5,7 @@
 On a re-placed run the platform sets ``CKPT_LAST_STEP``; the loop then loads that checkpoint and
 goes on from its step, so the loss curve continues where the committed state left it.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -8,6 +8,7 @@ With ``--datastates`` it first imports the DataStates drop-in (``datastates.llm`
 Prints what a real job prints (dataset initialisation, one line per step group with loss and
 learning rate, the final loss) and saves the model to ``<output-dir>/model.pt``.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """What a user (or an operator) may do to a job: stop it, resume it, delete it."""
+
 from __future__ import annotations
 
 import logging
@@ -65,7 +66,11 @@ def resume_job(job: TrainingJob, *, actor: str, checkpoint_step: int | None) -> 
     except JobSettingsRefused as exc:
         raise JobActionRefused(f"The job cannot resume: {exc}") from None
     if not transition(
-        job.pk, JobStatus.PENDING, expected=RESUMABLE, actor=actor, finished_at=None,
+        job.pk,
+        JobStatus.PENDING,
+        expected=RESUMABLE,
+        actor=actor,
+        finished_at=None,
         reason=f"resumed by {actor} from checkpoint step {checkpoint_step}",
     ):
         job.refresh_from_db(fields=["status"])

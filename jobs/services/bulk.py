@@ -4,6 +4,7 @@ Written out by hand because Django's ``Case(When(pk=…))`` costs about a millis
 build, which at a placement round of hundreds of jobs is most of the round. Plain SQL that
 SQLite and PostgreSQL both run; every value is a bound parameter.
 """
+
 from __future__ import annotations
 
 from typing import Any, cast

@@ -5,6 +5,7 @@ Every registered node counts, whatever its health or cordon now (both change); o
 GPUs a node has bounds what it can hold. With no node registered yet nothing is refused: the
 agents may not have reported their inventory.
 """
+
 from __future__ import annotations
 
 from collections import Counter

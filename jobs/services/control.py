@@ -6,6 +6,7 @@ The embedded loop runs it when woken (``jobs.services.wakeups``) and at its next
 each round returns (``Round.next_due``): an image pull's retry time, a job reaching the reservation
 bound, a Spot or yield hold running out, a closed attempt's grace, and what the hooks name (a
 heartbeat going stale, a failover's repair wait). A job's max run time is its agent's to time."""
+
 from __future__ import annotations
 
 import time
@@ -105,10 +106,12 @@ def next_timed_work() -> float | None:
             ),
             yielded=Min("ended_at", filter=Q(preempted_for__status__in=WAITING, ended_at__gt=now - yield_hold)),
         )
-    return earliest([
-        unix(jobs["retry"]),
-        unix(jobs["bound"], reserve),
-        unix(spot["until"]),
-        unix(ended["closed"], CLOSE_GRACE),
-        unix(ended["yielded"], yield_hold),
-    ])
+    return earliest(
+        [
+            unix(jobs["retry"]),
+            unix(jobs["bound"], reserve),
+            unix(spot["until"]),
+            unix(ended["closed"], CLOSE_GRACE),
+            unix(ended["yielded"], yield_hold),
+        ]
+    )

@@ -1,4 +1,5 @@
 """Creating and cloning Training Jobs, and the personal project every user gets."""
+
 from __future__ import annotations
 
 import logging
@@ -40,10 +41,7 @@ def check_waiting_limit(owner) -> None:
     limit = settings.QUEUE_MAX_WAITING_PER_USER
     waiting = TrainingJob.objects.filter(owner=owner, status__in=[JobStatus.PENDING, JobStatus.IMAGE_PULL_BACKOFF]).count()
     if waiting >= limit:
-        raise JobRefused(
-            f"You already have {waiting} jobs waiting (the limit is {limit} per user); "
-            "wait for some to start or stop some before creating more."
-        )
+        raise JobRefused(f"You already have {waiting} jobs waiting (the limit is {limit} per user); wait for some to start or stop some before creating more.")
 
 
 def personal_project_for(user) -> Project:
@@ -115,10 +113,7 @@ def check_settings(fields: Mapping[str, Any], *, owner) -> dict[str, Any]:
     if fields.get("command"):
         environment = set(fields.get("env") or {}) | set(secret_env_of(fields).names)
         _, secrets, refusals = command_secrets(fields["command"])
-        refusals += [
-            f"{name} is set both in the command and in the environment variables: keep one of them."
-            for name in secrets if name in environment
-        ]
+        refusals += [f"{name} is set both in the command and in the environment variables: keep one of them." for name in secrets if name in environment]
         if refusals:
             problems.setdefault("command", []).extend(refusals)
     if problems:

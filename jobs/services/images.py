@@ -1,4 +1,5 @@
 """Images as OCI references: where a job's image comes from and with which credentials."""
+
 from __future__ import annotations
 
 import base64

@@ -7,6 +7,7 @@ job row, its event row in the same transaction, and a live publish after commit.
 them. Every change but placement's own wakes the embedded control round after commit
 (``jobs.services.wakeups``): an attempt ended, a verdict, a back-off, a stop change what it decides.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,9 +71,7 @@ def record_reason(
     reason, a placement, a retry, a failover counted (``failover_count=F(...) + 1``).
     ``event=False`` updates the reason in place (published live, no event row, no status hook):
     the same why told again, such as an image-pull retry's count and next time."""
-    return write(
-        job_id, frozenset(expected), None, reason=reason, actor=actor, attempt=attempt, evidence=evidence, fields=fields, event=event
-    )
+    return write(job_id, frozenset(expected), None, reason=reason, actor=actor, attempt=attempt, evidence=evidence, fields=fields, event=event)
 
 
 QUEUE_CHUNK = 300
@@ -117,9 +116,7 @@ def record_queue_reasons(reasons: dict[int, tuple[str, str]], *, actor: str = PL
     return changed
 
 
-def record_placements(
-    placements: dict[int, tuple[str, str, int]], *, actor: str = PLACEMENT, in_place: Collection[int] = ()
-) -> list[int]:
+def record_placements(placements: dict[int, tuple[str, str, int]], *, actor: str = PLACEMENT, in_place: Collection[int] = ()) -> list[int]:
     """``record_reason`` for a placement round's jobs at once: job → (the status it was placed
     in, "placed on …", the attempt's number). The jobs in ``in_place`` get their reason written
     without an event row (an image-pull retry: its back-off event already says why it waits).
@@ -143,8 +140,13 @@ def record_placements(
                 changed += [pk for pk, reason in after if reason == reasons[pk]]
         events = JobEvent.objects.bulk_create(
             JobEvent(
-                job_id=pk, from_status=placements[pk][0], to_status=placements[pk][0], reason=placements[pk][1][:REASON_CHARS],
-                attempt=placements[pk][2], actor=actor[:150], created_at=now,
+                job_id=pk,
+                from_status=placements[pk][0],
+                to_status=placements[pk][0],
+                reason=placements[pk][1][:REASON_CHARS],
+                attempt=placements[pk][2],
+                actor=actor[:150],
+                created_at=now,
             )
             for pk in changed
             if pk not in in_place

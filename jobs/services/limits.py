@@ -6,6 +6,7 @@ takes the operator's default (``JOB_DEFAULT_CPUS``, ``JOB_DEFAULT_MEMORY_MB``; u
 The agent enforces them with a cgroup per run where the node allows one (``agent.cgroups``); each
 node records at registration whether it does (``Node.limits_enforced``, ``Node.limits_note``).
 """
+
 from __future__ import annotations
 
 import os
@@ -113,9 +114,7 @@ def check_limits(cpu_limit: float | None = None, memory_limit_mb: int | None = N
         if memory_limit_mb < MIN_MEMORY_MB:
             raise LimitRefused("memory_limit_mb", f"Ask for at least {MIN_MEMORY_MB} MiB of memory.")
         if memory_limit_mb > memory:
-            raise LimitRefused(
-                "memory_limit_mb", f"The largest node has {format_memory(memory)} of memory ({memory} MiB): ask for at most that."
-            )
+            raise LimitRefused("memory_limit_mb", f"The largest node has {format_memory(memory)} of memory ({memory} MiB): ask for at most that.")
     return {"cpu_limit": cpu_limit, "memory_limit_mb": memory_limit_mb}
 
 

@@ -1,6 +1,7 @@
 """Sending work to other processes after commit (scale-out only): a launch to each node agent's
 queue, a control round to the control queue. Tasks are sent by name, so the control plane never
 imports the agent that runs them."""
+
 from __future__ import annotations
 
 import logging
@@ -85,7 +86,6 @@ _redis = None
 def redis_client():
     global _redis
     if _redis is None:
-
         _redis = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
     return _redis
 

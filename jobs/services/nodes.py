@@ -1,6 +1,7 @@
 """Operator commands on nodes. Cordoning is a flag the placement loop reads (jobs already on
 the node keep running); fault injection, clearing and spot reclaim are ``failover.services.faults``.
 """
+
 from __future__ import annotations
 
 import logging

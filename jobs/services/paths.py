@@ -5,6 +5,7 @@ A job writes to its work directory and its output directory: the default output 
 (``<PROJECT_DATA_ROOT>/<project>/``) or a writable project volume. ``..`` and symlinks that lead
 out are refused when the job is created and again when a run is launched.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Placement: the fair-share queue's rounds (``jobs.fairshare`` decides; this module reads the
 database for it and carries the plan out), GPU holds by compare-and-swap, image-pull back-off."""
+
 from __future__ import annotations
 
 import logging
@@ -55,9 +56,7 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
     schedulable nodes here (no list of a thousand node ids, no join whose plan rests on fresh
     statistics)."""
     rows = list(
-        Node.objects.order_by("name").values_list(
-            "id", "name", "address", "state", "healthy", "cordoned", "health_reason", "unhealthy_since", "backend_state"
-        )
+        Node.objects.order_by("name").values_list("id", "name", "address", "state", "healthy", "cordoned", "health_reason", "unhealthy_since", "backend_state")
     )
     names = {node_id: name for node_id, name, *_ in rows}
     usable = {row[0]: row[:8] for row in rows if row[3] == Node.State.READY and not row[5]}
@@ -86,8 +85,12 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
         held_out += [HeldOut(node_id, name, tuple(g), False, cause, at) for (cause, at), g in by_fault.items()]
     spot_held = frozenset(Node.objects.filter(spot_reclaimed_until__gt=now).values_list("id", flat=True))
     capacity = Capacity(
-        nodes=[(n, names[n]) for n in names if n in schedulable], free=dict(free), spot_held=spot_held,
-        addresses={n: row[2] for n, row in usable.items() if n in schedulable}, held_out=tuple(held_out), names=names,
+        nodes=[(n, names[n]) for n in names if n in schedulable],
+        free=dict(free),
+        spot_held=spot_held,
+        addresses={n: row[2] for n, row in usable.items() if n in schedulable},
+        held_out=tuple(held_out),
+        names=names,
     )
     return capacity, gpu_ids
 
@@ -124,8 +127,18 @@ def when(moment) -> str:
 
 # What a round reads of a waiting job (a placed one is read again in full when held).
 QUEUE_FIELDS = (
-    "id", "project_id", "gpus_per_node", "node_count", "priority", "created_at", "job_type", "image", "status",
-    "status_reason", "next_retry_at", "pull_attempts",
+    "id",
+    "project_id",
+    "gpus_per_node",
+    "node_count",
+    "priority",
+    "created_at",
+    "job_type",
+    "image",
+    "status",
+    "status_reason",
+    "next_retry_at",
+    "pull_attempts",
 )
 
 
@@ -264,7 +277,11 @@ def place_waiting_jobs(*, window: int | None = None) -> Placed:
     capacity, gpu_ids = read_capacity(now)
     spot = running_spot(now) if any(not w.spot and w.total_gpus for w in waiting) else []
     plan = plan_round(
-        waiting, shares, capacity, half_life=settings.QUEUE_USAGE_HALF_LIFE, spot_runs=spot,
+        waiting,
+        shares,
+        capacity,
+        half_life=settings.QUEUE_USAGE_HALF_LIFE,
+        spot_runs=spot,
         max_reservations=settings.QUEUE_RESERVATIONS,
     )
     placed = hold_placements([(by_id[wanted.id], chosen) for wanted, chosen in plan.placements], capacity=capacity, gpu_ids=gpu_ids)
@@ -289,9 +306,7 @@ def preempt_spot(victims: list[int], *, for_job: TrainingJob, now) -> None:
     """Ask Spot runs to yield: the agent sends SIGTERM (ckptlib saves a final checkpoint), waits
     the grace period, and their jobs go back to ``Pending`` to resume from that checkpoint later.
     Like an operator's reclaim, a preemption never counts as a failover."""
-    attempts = JobAttempt.objects.filter(
-        job_id__in=victims, state=JobAttempt.State.RUNNING, stop_requested_at__isnull=True, job__status=JobStatus.RUNNING
-    )
+    attempts = JobAttempt.objects.filter(job_id__in=victims, state=JobAttempt.State.RUNNING, stop_requested_at__isnull=True, job__status=JobStatus.RUNNING)
     count = attempts.update(reclaimed=True, preempted_for=for_job, stop_requested_at=now)
     wake_agents(jobs=victims)
     logger.warning("jobs %s: preempted (%s runs) for On-Demand job %s within its project's quota", victims, count, for_job.pk)
@@ -320,9 +335,7 @@ def hold_placements(
     return placed
 
 
-def hold_in_bulk(
-    batch: list[tuple[TrainingJob, list[tuple[int, list[int]]]]], *, capacity: Capacity, gpu_ids: dict[tuple[int, int], int]
-) -> list[JobAttempt]:
+def hold_in_bulk(batch: list[tuple[TrainingJob, list[tuple[int, list[int]]]]], *, capacity: Capacity, gpu_ids: dict[tuple[int, int], int]) -> list[JobAttempt]:
     """The attempts' numbers in one read, attempts and ranks in one insert each, every GPU claimed
     in one ``UPDATE … CASE`` by compare-and-swap (only while still free; a count short is a race:
     PlacementConflict rolls it all back), the reasons and events in bulk. Launches are
@@ -339,7 +352,9 @@ def hold_in_bulk(
         try:
             attempts = JobAttempt.objects.bulk_create(
                 JobAttempt(
-                    job=job, number=last.get(job.pk, 0) + 1, master_addr=capacity.addresses[chosen[0][0]],
+                    job=job,
+                    number=last.get(job.pk, 0) + 1,
+                    master_addr=capacity.addresses[chosen[0][0]],
                     master_port=master_port(job.pk, last.get(job.pk, 0) + 1),
                 )
                 for job, chosen in batch
@@ -355,9 +370,7 @@ def hold_in_bulk(
         dispatch_launches([(attempt.pk, [names.get(node_id, "") for node_id, _ in chosen]) for attempt, (_job, chosen) in zip(attempts, batch)])
         reasons = {job.pk: placed_reason(chosen, names, job) for job, chosen in batch}
         retries = {job.pk for job, _ in batch if job.status == JobStatus.IMAGE_PULL_BACKOFF}
-        changed = record_placements(
-            {job.pk: (job.status, reasons[job.pk], attempt.number) for attempt, (job, _) in zip(attempts, batch)}, in_place=retries
-        )
+        changed = record_placements({job.pk: (job.status, reasons[job.pk], attempt.number) for attempt, (job, _) in zip(attempts, batch)}, in_place=retries)
         if len(changed) != len(batch):
             raise PlacementConflict(f"{len(batch) - len(changed)} job(s) changed status since the round read them")
     for attempt, (job, _chosen) in zip(attempts, batch):
@@ -381,7 +394,7 @@ def master_port(job_id: int, number: int) -> int:
 
 
 def placed_reason(chosen: list[tuple[int, list[int]]], node_names: dict[int, str], job: TrainingJob | None = None) -> str:
-    """"placed on node-a GPU 0; starting", or for an image-pull retry the pull's failure kept
+    """ "placed on node-a GPU 0; starting", or for an image-pull retry the pull's failure kept
     with where it is tried again."""
     names = ", ".join(f"{node_names.get(node_id, node_id)} GPU {','.join(map(str, indices)) or '-'}" for node_id, indices in chosen)
     if job is not None and job.status == JobStatus.IMAGE_PULL_BACKOFF:
@@ -389,9 +402,7 @@ def placed_reason(chosen: list[tuple[int, list[int]]], node_names: dict[int, str
     return f"placed on {names}; starting"
 
 
-def hold_placement(
-    job: TrainingJob, chosen: list[tuple[int, list[int]]], *, node_names: dict[int, str], master_addr: str
-) -> JobAttempt:
+def hold_placement(job: TrainingJob, chosen: list[tuple[int, list[int]]], *, node_names: dict[int, str], master_addr: str) -> JobAttempt:
     """Create the attempt and hold its GPUs by compare-and-swap, all in one transaction (the
     fallback when a round's batch raced)."""
     with transaction.atomic():
@@ -444,7 +455,11 @@ def back_off_image_pull(job_id: int, reason: str) -> None:
         transition(job_id, JobStatus.IMAGE_PULL_BACKOFF, reason=full_reason, pull_attempts=tries, next_retry_at=next_retry)
     else:
         record_reason(
-            job_id, reason=full_reason, expected={JobStatus.IMAGE_PULL_BACKOFF}, pull_attempts=tries, next_retry_at=next_retry,
+            job_id,
+            reason=full_reason,
+            expected={JobStatus.IMAGE_PULL_BACKOFF},
+            pull_attempts=tries,
+            next_retry_at=next_retry,
             event=pull_failure(job.status_reason) != reason,
         )
 
@@ -459,9 +474,7 @@ def abandon_open_attempts(job_id: int, *, cause: str) -> None:
     for attempt in JobAttempt.objects.filter(job_id=job_id, state=JobAttempt.State.PLACED):
         with transaction.atomic():
             release_gpus(attempt)
-            JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(
-                state=JobAttempt.State.ABANDONED, ended_at=now, cause=cause[:500]
-            )
+            JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(state=JobAttempt.State.ABANDONED, ended_at=now, cause=cause[:500])
 
 
 def release_part_gpus(part: AttemptNode) -> None:

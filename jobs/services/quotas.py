@@ -1,5 +1,6 @@
 """What a project uses against its quota, and why a job is not running: read-only views of the
 fair-share queue for the list page, the API and the operators' Queue page."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ class ProjectUsage:
 
     @property
     def text(self) -> str:
-        """"using 6 of 8 GPUs; 2 borrowed" — what members read on the list page."""
+        """ "using 6 of 8 GPUs; 2 borrowed" — what members read on the list page."""
         limit = self.project.gpu_borrow_limit
         text = f"using {self.used_gpus} of {self.quota} GPU{'s' if self.quota != 1 else ''}"
         if self.borrowed:
@@ -58,7 +59,7 @@ class ProjectUsage:
 
     @property
     def waiting_text(self) -> str:
-        """"3 jobs waiting", or "more than 1,000 jobs waiting" past the cap."""
+        """ "3 jobs waiting", or "more than 1,000 jobs waiting" past the cap."""
         if self.waiting_cap is not None and self.waiting_jobs > self.waiting_cap:
             return f"more than {self.waiting_cap:,} jobs waiting"
         return f"{self.waiting_jobs} job{'s' if self.waiting_jobs != 1 else ''} waiting"

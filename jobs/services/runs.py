@@ -7,6 +7,7 @@ launch failed, the max run time is reached, it began stopping a run. The functio
 what that means for the job and make the change (a job's status through the one writer,
 ``jobs.services.lifecycle``); the agent writes no job, attempt or rank itself.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,9 +59,7 @@ def describe_exit(exit_code: int | None, exit_signal: int | None) -> str:
 
 
 def placement_text(attempt: JobAttempt) -> str:
-    return ", ".join(
-        f"{p.node.name} GPU {','.join(map(str, p.gpu_indices)) or '-'}" for p in attempt.placements.select_related("node")
-    )
+    return ", ".join(f"{p.node.name} GPU {','.join(map(str, p.gpu_indices)) or '-'}" for p in attempt.placements.select_related("node"))
 
 
 def yield_text(attempt: JobAttempt) -> str:
@@ -200,9 +199,7 @@ def launch_failed(attempt: JobAttempt, error: str) -> None:
 
 def max_run_time_reached(job: TrainingJob) -> None:
     """The run has been Running for longer than the job allows: ask it to stop."""
-    transition(
-        job.pk, JobStatus.STOPPING, reason=f"max run time of {job.max_run_minutes} min exceeded", actor=AGENT, expected={JobStatus.RUNNING}
-    )
+    transition(job.pk, JobStatus.STOPPING, reason=f"max run time of {job.max_run_minutes} min exceeded", actor=AGENT, expected={JobStatus.RUNNING})
 
 
 def storage_measured(uses: Sequence[StorageUse]) -> list[int]:
@@ -213,16 +210,12 @@ def storage_measured(uses: Sequence[StorageUse]) -> list[int]:
     (its ranks on other nodes are woken). Returns the attempt ids the agent must end now."""
     projects = {
         pk: (name, (gib or 0) * 2**30)
-        for pk, name, gib in Project.objects.filter(pk__in={u.project_id for u in uses}, storage_limit_gib__gt=0).values_list(
-            "pk", "name", "storage_limit_gib"
-        )
+        for pk, name, gib in Project.objects.filter(pk__in={u.project_id for u in uses}, storage_limit_gib__gt=0).values_list("pk", "name", "storage_limit_gib")
     }
     ending = []
     for attempt_id, cause in storage_verdicts(list(uses), job_limit=job_storage_limit(), project_limits=projects).items():
         # Only a run still going, and only the first cause: an exit seen meanwhile keeps its own.
-        if JobAttempt.objects.filter(pk=attempt_id, state=JobAttempt.State.RUNNING, cause="").update(
-            cause=cause[:500], stop_requested_at=timezone.now()
-        ):
+        if JobAttempt.objects.filter(pk=attempt_id, state=JobAttempt.State.RUNNING, cause="").update(cause=cause[:500], stop_requested_at=timezone.now()):
             job_id = JobAttempt.objects.values_list("job_id", flat=True).get(pk=attempt_id)
             logger.warning("job %s: attempt %s ends: %s", job_id, attempt_id, cause)
             wake_agents(attempts=[attempt_id])
@@ -252,9 +245,7 @@ def run_started(attempt: JobAttempt) -> bool:
     with transaction.atomic():
         # Only a placed attempt starts: one the control plane ended meanwhile (its node taken as
         # lost, or abandoned) stays ended, and its agent ends the stray run (``stop_strays``).
-        if not JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(
-            state=JobAttempt.State.RUNNING, started_at=now
-        ):
+        if not JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(state=JobAttempt.State.RUNNING, started_at=now):
             logger.warning("job %s: attempt %s reported its start after it had ended; ignored", job.pk, attempt.number)
             return False
         moved = transition(
@@ -304,9 +295,7 @@ def finishing(job: TrainingJob, attempt: JobAttempt) -> bool:
     failed after the close committed (the database refused the status write), so the job is still
     where the run left it and no later attempt exists. The moves that follow are compare-and-swaps
     (the status, Job Failover's claim), so a second report never moves the job twice."""
-    return job.status in (JobStatus.RUNNING, JobStatus.STOPPING) and not JobAttempt.objects.filter(
-        job_id=job.pk, number__gt=attempt.number
-    ).exists()
+    return job.status in (JobStatus.RUNNING, JobStatus.STOPPING) and not JobAttempt.objects.filter(job_id=job.pk, number__gt=attempt.number).exists()
 
 
 # An attempt closed this long ago whose job has not moved on was left by a report that failed
@@ -340,9 +329,7 @@ def finish_closed_attempts(limit: int = 100) -> int:
     return moved
 
 
-def record_exit(
-    attempt: JobAttempt, *, exit_code: int | None, exit_signal: int | None, cause: str = "", lost: bool = False
-) -> str:
+def record_exit(attempt: JobAttempt, *, exit_code: int | None, exit_signal: int | None, cause: str = "", lost: bool = False) -> str:
     """Close the attempt, free its GPUs and move the job to where the exit takes it.
 
     A job being stopped ends ``Stopped``; a reclaimed Spot run goes back to ``Pending``; exit 0
@@ -353,8 +340,10 @@ def record_exit(
     now = timezone.now()
     outcome = cause or describe_exit(exit_code, exit_signal)
     with transaction.atomic():
-        updated = JobAttempt.objects.filter(pk=attempt.pk).exclude(state=JobAttempt.State.EXITED).update(
-            state=JobAttempt.State.EXITED, ended_at=now, exit_code=exit_code, exit_signal=exit_signal, cause=outcome[:500]
+        updated = (
+            JobAttempt.objects.filter(pk=attempt.pk)
+            .exclude(state=JobAttempt.State.EXITED)
+            .update(state=JobAttempt.State.EXITED, ended_at=now, exit_code=exit_code, exit_signal=exit_signal, cause=outcome[:500])
         )
         if updated:
             release_gpus(attempt)

@@ -4,6 +4,7 @@ A job keeps at most ``MAX_SAMPLES`` rows: past that, its oldest ``MERGE_BATCH`` 
 pairwise (means weighted by span, spans added), so older history gets coarser while the recent
 part stays at the sampling interval. The agent reports facts; nothing here judges them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,7 @@ def record_readings(readings: list[Reading]) -> None:
         return
     with transaction.atomic():
         ResourceSample.objects.bulk_create(
-            ResourceSample(job_id=r.job_id, attempt=r.attempt, ts=r.ts, span_s=r.span_s, **{f: getattr(r, f) for f in FIELDS})
-            for r in readings
+            ResourceSample(job_id=r.job_id, attempt=r.attempt, ts=r.ts, span_s=r.span_s, **{f: getattr(r, f) for f in FIELDS}) for r in readings
         )
     for job_id in {r.job_id for r in readings}:
         if ResourceSample.objects.filter(job_id=job_id).count() > MAX_SAMPLES:

@@ -19,6 +19,7 @@ wake-up names (an operator's edit in the admin, a write that failed halfway).
 Scale-out uses none of the file: Celery beat runs the round every second and
 ``jobs.services.messages.request_placement`` sends one at once.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """Admin actions: cordon and uncordon nodes; stop and delete jobs through the lifecycle services."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """In the admin a job's status cannot be edited: it moves only through lifecycle.transition."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The admin reads as English, links each job to its console page, and keeps the audit log."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The operators' admin: every model's pages load for staff, and non-staff are kept out."""
+
 from __future__ import annotations
 
 import pytest

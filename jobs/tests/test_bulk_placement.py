@@ -1,6 +1,7 @@
 """Placement in bulk: a round's cost does not grow with the jobs it places or the fleet's size,
 a race with another placement falls back without placing a job twice, and every placed job has
 its reason, its event and (scale-out) its launch message, sent after commit."""
+
 from __future__ import annotations
 
 import threading
@@ -28,8 +29,7 @@ def fleet(nodes: int, gpus: int = 8) -> list[Node]:
 
 def queue(owner, project, image: str, count: int, **fields) -> list[TrainingJob]:
     return TrainingJob.objects.bulk_create(
-        TrainingJob(name=f"q{i}", owner=owner, project=project, image=image, command="true", **{"gpus_per_node": 1, **fields})
-        for i in range(count)
+        TrainingJob(name=f"q{i}", owner=owner, project=project, image=image, command="true", **{"gpus_per_node": 1, **fields}) for i in range(count)
     )
 
 
@@ -89,9 +89,7 @@ def intruder_part(make_job, node_name: str) -> AttemptNode:
 
 
 @pytest.mark.slow  # threads racing for the database
-def test_a_gpu_taken_between_reading_and_claiming_rolls_the_batch_back_and_holds_the_rest_one_by_one(
-    nodes, make_job, monkeypatch
-):
+def test_a_gpu_taken_between_reading_and_claiming_rolls_the_batch_back_and_holds_the_rest_one_by_one(nodes, make_job, monkeypatch):
     intruder = intruder_part(make_job, "node-a")
     first, second, third = (make_job(gpus_per_node=1) for _ in range(3))
     take_gpu_after_reading(monkeypatch, "node-a", 0, intruder)
@@ -192,9 +190,7 @@ def launches_sent(names: list[str]) -> dict[str, list[int]]:
     return sent
 
 
-def test_every_placed_job_has_its_reason_its_event_and_its_launch_message_after_commit(
-    nodes, make_job, settings, django_capture_on_commit_callbacks
-):
+def test_every_placed_job_has_its_reason_its_event_and_its_launch_message_after_commit(nodes, make_job, settings, django_capture_on_commit_callbacks):
     settings.SCALE_OUT = True
     names = [n.name for n in nodes]
     launches_sent(names)  # whatever an earlier test left
@@ -214,9 +210,7 @@ def test_every_placed_job_has_its_reason_its_event_and_its_launch_message_after_
         assert (event.reason, event.attempt, event.from_status, event.to_status) == (job.status_reason, 1, "Pending", "Pending")
         queues = sorted(name for name, ids in sent.items() if attempt.pk in ids)
         assert queues == sorted(attempt.placements.values_list("node__name", flat=True))
-    assert sorted(n for ids in sent.values() for n in ids) == sorted(
-        a.pk for a in placed for _ in range(a.placements.count())
-    )
+    assert sorted(n for ids in sent.values() for n in ids) == sorted(a.pk for a in placed for _ in range(a.placements.count()))
 
 
 def test_the_control_round_goes_on_placing_past_a_full_window(nodes, make_job, settings):

@@ -1,6 +1,7 @@
 """The command's leading ``NAME=value`` assignments, read as bash reads them: what each line
 starts with (not what a quoted string, a comment or a here-document holds), the value bash
 assigns, whether it is literal, and the command with some of them taken out."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The free-GPU index behind ``Capacity.first_fit`` gives the same first fit by node name as
 walking every node, through any sequence of holds and releases."""
+
 from __future__ import annotations
 
 import random

@@ -1,4 +1,5 @@
 """The fair-share queue: no clog, quota shares, places in line, bounded waits for large jobs."""
+
 from __future__ import annotations
 
 from datetime import timedelta

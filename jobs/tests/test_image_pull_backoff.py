@@ -3,6 +3,7 @@ a failed pull puts the job in ``Pending - imagepullbackoff`` with the registry's
 exponential back-off; it stays there, one event saying why, until a pull succeeds; a pull that
 never started the run is no attempt of the job; the digest that ran is on the attempt, and a
 failover runs the same one."""
+
 from __future__ import annotations
 
 import socket
@@ -93,7 +94,7 @@ def test_pull_retries_stay_in_back_off_with_one_event_and_no_new_attempt(make_jo
         numbers.append(hold_and_fail_the_pull(job))
         job.refresh_from_db()
         assert job.status == JobStatus.IMAGE_PULL_BACKOFF
-        assert job.status_reason.endswith(f"manifest unknown; retry {retry + 1} in {10 * 2 ** retry}s")
+        assert job.status_reason.endswith(f"manifest unknown; retry {retry + 1} in {10 * 2**retry}s")
         assert not JobAttempt.objects.filter(job=job).exists()  # no attempt, GPUs free meanwhile
         assert not GPU.objects.filter(allocated_to__isnull=False).exists()
         TrainingJob.objects.filter(pk=job.pk).update(next_retry_at=timezone.now() - timedelta(seconds=1))
@@ -109,8 +110,7 @@ def test_pull_retries_stay_in_back_off_with_one_event_and_no_new_attempt(make_jo
     job.refresh_from_db()
     assert job.status == JobStatus.PENDING
     assert job.status_reason == (
-        f"image team/app:v9 is available: pulled as 127.0.0.1:5000/team/app@sha256:{'a' * 64} on {part.node.name}"
-        " after 3 failed pulls; starting attempt 1"
+        f"image team/app:v9 is available: pulled as 127.0.0.1:5000/team/app@sha256:{'a' * 64} on {part.node.name} after 3 failed pulls; starting attempt 1"
     )
     assert (job.pull_attempts, job.next_retry_at, job.failover_count) == (0, None, 0)
     history = [(e.from_status, e.to_status, e.attempt) for e in JobEvent.objects.filter(job=job).order_by("id")]

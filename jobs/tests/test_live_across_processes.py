@@ -1,6 +1,7 @@
 """The embedded default (SQLite, the in-memory channel layer): a status changed by another process
 (``manage.py job stop`` in a terminal) reaches the pages already open on the console server
 without a reconnect, through the server's local relay socket; junk on that socket changes nothing."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,6 +1,7 @@
 """The embedded console's local relay (jobs.live_relay): what another process publishes reaches the
 server's layer; junk is answered with an error and dropped; a dead server's socket file is replaced;
 no server listening costs a publisher nothing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -136,7 +137,7 @@ def test_each_bad_line_is_answered_with_why_and_dropped_while_good_lines_around_
     lines = [
         line({"group": "job-1", "message": STATUS}),
         b"{not json\n",
-        b"\"a string\"\n",
+        b'"a string"\n',
         line({"group": "job-0", "message": STATUS}),
         line({"group": "jobs; DROP", "message": STATUS}),
         line({"group": "job-1-log-" + "m" * 40, "message": STATUS}),
@@ -250,8 +251,10 @@ def test_a_notice_about_another_database_is_refused_quietly(server, var_dir, cap
     assert asyncio.run_coroutine_threadsafe(relay.start(), server.loop).result(30)
     server.relays.append(relay)
 
-    answers = talk(path, line({"group": "jobs", "message": STATUS, "db": "test_console"})
-                   + line({"group": "jobs", "message": STATUS, "db": "/srv/console/var/console.sqlite3"}))
+    answers = talk(
+        path,
+        line({"group": "jobs", "message": STATUS, "db": "test_console"}) + line({"group": "jobs", "message": STATUS, "db": "/srv/console/var/console.sqlite3"}),
+    )
 
     assert answers == ["error: a notice about another database", "ok"]
     assert server.wait_for(1) == [("jobs", STATUS)]

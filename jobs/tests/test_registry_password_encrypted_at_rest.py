@@ -1,6 +1,7 @@
 """A registry credential's password (Admin → Registries) is stored encrypted as secret
 environment variables are (a key derived from SECRET_KEY), never shown back in the admin, and
 decrypted only for the pull's auth file."""
+
 from __future__ import annotations
 
 import base64

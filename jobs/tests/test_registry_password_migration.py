@@ -1,5 +1,6 @@
 """Migration 0014 encrypts the registry passwords already stored in the clear: after it, each
 reads back as it was and none is in the database in clear; going back decrypts them again."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """What wakes the embedded control round (``jobs.services.wakeups``) and the timed work a round
 returns: the services that change its answer raise a loop's flag after commit, a process with no
 loop writes the wake file instead, and a round names its next retry time or stale heartbeat."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -96,9 +97,7 @@ def test_the_wake_file_starts_afresh_when_it_has_grown(wake_file):
     assert wake_file.read_bytes() == b"."
 
 
-def test_scale_out_writes_no_wake_file_and_its_rounds_name_no_timed_work(
-    wake_file, settings, make_job, django_capture_on_commit_callbacks, monkeypatch
-):
+def test_scale_out_writes_no_wake_file_and_its_rounds_name_no_timed_work(wake_file, settings, make_job, django_capture_on_commit_callbacks, monkeypatch):
     settings.SCALE_OUT = True
     monkeypatch.setattr(policy, "_last_outage", None)  # no Redis here: the sweep notes an outage
     with django_capture_on_commit_callbacks(execute=True):
@@ -129,4 +128,3 @@ def test_nodes_this_process_serves_and_lost_ones_are_no_timed_work(wake_file, no
     Node.objects.filter(pk=nodes[0].pk).update(state=Node.State.NOT_READY)
 
     assert policy.next_timed_work() is None  # node-a is lost already; the agent beats for the others
-

@@ -2,6 +2,7 @@
 agents as processes): every status change reaches open pages on either Daphne, whichever process
 made it. Here: the job's creation (Daphne A's API), Running and the failover (the node agents'
 processes), Stopping (``manage.py job stop`` in a terminal), Stopped (the agent again)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -86,8 +87,10 @@ def test_every_status_change_from_any_process_reaches_open_pages_on_both_daphnes
         return found[0] if found else None
 
     one = cluster.wait(lambda: attempt(1), "attempt 1 running")
-    assert cluster.api(first, "POST", f"/api/v1/nodes/{one['nodes'][0]}/inject-fault/", token,
-                       {"gpu": one["placements"][0]["gpu_indices"][0], "xid": 79})[0] == 201
+    assert (
+        cluster.api(first, "POST", f"/api/v1/nodes/{one['nodes'][0]}/inject-fault/", token, {"gpu": one["placements"][0]["gpu_indices"][0], "xid": 79})[0]
+        == 201
+    )
     cluster.wait(lambda: attempt(2), "attempt 2 running after the fault")
     cluster.wait(lambda: any(f == "Pending - failoverinprogress" for f, _ in page.changes(job_id)), "the failover on the page")
 
@@ -100,8 +103,12 @@ def test_every_status_change_from_any_process_reaches_open_pages_on_both_daphnes
     history = cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/events/", token)[1]
     changes = [(e["from_status"], e["to_status"]) for e in history if e["from_status"] != e["to_status"]]
     assert changes == [
-        ("", "Pending"), ("Pending", "Running"), ("Running", "Pending - failoverinprogress"),
-        ("Pending - failoverinprogress", "Running"), ("Running", "Stopping"), ("Stopping", "Stopped"),
+        ("", "Pending"),
+        ("Pending", "Running"),
+        ("Running", "Pending - failoverinprogress"),
+        ("Pending - failoverinprogress", "Running"),
+        ("Running", "Stopping"),
+        ("Stopping", "Stopped"),
     ]
     for socket in (listing, page):
         socket.stop_reading = True

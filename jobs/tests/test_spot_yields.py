@@ -1,4 +1,5 @@
 """Spot runs yield their GPUs to On-Demand work within quota, and resume from their checkpoint."""
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,7 @@ def test_borrowed_spot_capacity_is_returned_to_on_demand_work_and_the_spot_job_r
     run_until(agent, lambda: all(any(COMMIT.search(t) for t in texts(s)) for s in spots), what="a checkpoint from every Spot job")
     youngest = max(spots, key=lambda s: JobAttempt.objects.get(job=s).started_at)
 
-    urgent = make_job(command="python -c \"import time; print('on demand', flush=True); time.sleep(600)\"", gpus_per_node=4,
-                      project=team, owner=member)
+    urgent = make_job(command="python -c \"import time; print('on demand', flush=True); time.sleep(600)\"", gpus_per_node=4, project=team, owner=member)
     run_until(agent, lambda: JobAttempt.objects.filter(job=urgent, state="running").exists(), what="the On-Demand job running")
 
     youngest.refresh_from_db()

@@ -1,5 +1,6 @@
 """A forged or absurd progress or commit line costs only itself: the batch it came in is stored
 whole, and the batch's valid progress and checkpoint lines still count."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -17,10 +18,7 @@ HUGE = 10**30
 
 
 def commit(step: object, nbytes: object = 1000, blocking: str = "0.010000", persist: str = "0.500000") -> str:
-    return (
-        f"[Concurrent Checkpoint] committed step={step} bytes={nbytes} blocking_s={blocking} persist_s={persist} "
-        f"path=/out/concurrent_checkpoint/step-{step}"
-    )
+    return f"[Concurrent Checkpoint] committed step={step} bytes={nbytes} blocking_s={blocking} persist_s={persist} path=/out/concurrent_checkpoint/step-{step}"
 
 
 ABSURD = [
@@ -43,9 +41,7 @@ def fresh_throttle(monkeypatch):
 @pytest.mark.django_db
 def test_a_mixed_batch_keeps_its_lines_and_its_valid_checkpoint(make_job):
     job = make_job()
-    valid_commit = CheckpointResult(
-        step=40, path="/out/concurrent_checkpoint/step-40", bytes=4096, blocking_s=0.02, persist_s=0.3, committed=True
-    ).log_line()
+    valid_commit = CheckpointResult(step=40, path="/out/concurrent_checkpoint/step-40", bytes=4096, blocking_s=0.02, persist_s=0.3, committed=True).log_line()
     texts = ["Starting dataset initialization", "step 30/400 loss 0.5", *ABSURD, valid_commit, "step 40/400 loss 0.25", "done"]
     lines = [RawLine(i, T0 + timedelta(seconds=i), text) for i, text in enumerate(texts, start=1)]
     stored = ingest_lines(job_id=job.pk, stream="master", attempt=1, lines=lines)
@@ -80,9 +76,22 @@ def test_ranks_adding_up_to_absurd_byte_counts_stay_in_the_column(make_job):
     assert (row.step, row.ranks) == (5, 4) and row.bytes <= 2**63 - 1
 
 
-@pytest.mark.parametrize("text", [
-    "epoch 1/3 step 50/150 loss 0.036 lr 0.01", "LR: 0.1", "lr", "already", "42/100 [00:01<00:02", "a/100 [", "path/to/x [1]",
-    "{'learning_rate': 5e-05}", "[Concurrent Checkpoint] committed step=1", "Training complete", "x" * 16000, "Step",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "epoch 1/3 step 50/150 loss 0.036 lr 0.01",
+        "LR: 0.1",
+        "lr",
+        "already",
+        "42/100 [00:01<00:02",
+        "a/100 [",
+        "path/to/x [1]",
+        "{'learning_rate': 5e-05}",
+        "[Concurrent Checkpoint] committed step=1",
+        "Training complete",
+        "x" * 16000,
+        "Step",
+    ],
+)
 def test_the_runners_fast_test_agrees_with_the_pattern(text):
     assert may_tell(text) == bool(INTERESTING.search(text))

@@ -1,4 +1,5 @@
 """A job past its log cap keeps running; its lines are counted and dropped behind a marker."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ def test_a_job_past_its_log_cap_keeps_running_and_its_log_ends_with_the_marker(m
     lines = texts(job)
     preamble = len(lines) - len(job_output(job))  # the platform's lines while the run is prepared
     assert len(lines) == 1001
-    assert lines[preamble:preamble + 2] == ["line 0", "line 1"] and lines[999] == f"line {999 - preamble}"
+    assert lines[preamble : preamble + 2] == ["line 0", "line 1"] and lines[999] == f"line {999 - preamble}"
     assert lines[-1] == (
         "[log cap] this job stored its limit of 1,000 log lines (LOG_MAX_LINES_PER_JOB); "
         f"later lines are counted and dropped ({2000 + preamble:,} so far); the run goes on"
@@ -42,7 +43,9 @@ def test_a_job_past_its_log_cap_keeps_running_and_its_log_ends_with_the_marker(m
     assert len(records) == 1000 + preamble + 2
     assert json.loads(records[-2])["s"].startswith("[console] this run's output reached the log cap of 1,000 lines")
     assert json.loads(records[-1]) | {"t": 0} == {
-        "n": 3000 + preamble, "t": 0, "s": "[console] 2,000 lines of this run past the log cap of 1,000 were counted, not kept"
+        "n": 3000 + preamble,
+        "t": 0,
+        "s": "[console] 2,000 lines of this run past the log cap of 1,000 were counted, not kept",
     }
     # The run went on past the cap: it wrote its file after the last line.
     from jobs.services.paths import output_dir_of

@@ -2,6 +2,7 @@
 Follow on before the flood starts, a 199,000-line log ends with its last line in view and "Ended"
 only after it — on a normal page, on a page whose CPU is throttled (a slow client) and when the
 socket drops in the middle."""
+
 from __future__ import annotations
 
 import re
@@ -20,12 +21,12 @@ LINES = 199_000
 # Waits for the viewer to be open (the test touches `go` in the job's output directory), then
 # prints LINES lines as fast as it can.
 FLOOD = (
-    "python -c \"import os, sys, time\n"
+    'python -c "import os, sys, time\n'
     "go = os.path.join(os.environ['OUTPUT_DIR'], 'go')\n"
     "deadline = time.time() + 60\n"
     "while not os.path.exists(go) and time.time() < deadline: time.sleep(0.05)\n"
     f"for i in range({LINES}): print('line', i)\n"
-    "sys.stdout.flush()\""
+    'sys.stdout.flush()"'
 )
 
 # Recorded in the page: whether the viewer held the log's last line when it first said "Ended".

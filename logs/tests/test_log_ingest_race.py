@@ -1,6 +1,7 @@
 """Two ingesters of one job's log at once (two agents after a lost node, a retried batch): every
 line is stored once, the seqs stay contiguous, and neither raises. Real concurrency needs a
 database with row locks: it runs in the PostgreSQL pass."""
+
 from __future__ import annotations
 
 import threading

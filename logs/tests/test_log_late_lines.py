@@ -2,6 +2,7 @@
 elsewhere: the merged log still reads all of attempt 1, then attempt 2 (a banner between them in
 the viewer), each line once — in the database, the download, the log socket from ``after=0``, and
 for a viewer that was following the tail when the late lines came."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime

@@ -1,6 +1,7 @@
 """The log tab in a real Chromium while an ended attempt's lines arrive late: the viewer, following
 the tail, puts them in their attempt's place (before the next attempt's banner), each line once,
 and holds what the stored stream holds."""
+
 from __future__ import annotations
 
 import json

@@ -50,7 +50,8 @@ def test_each_job_keeps_its_own_counts_and_progress_whatever_order_their_rows_we
     more = ingest_lines(job_id=first.pk, stream="master", attempt=1, lines=[RawLine(3, now, "step 30 loss 1.3")])
     assert [line["seq"] for line in more] == [3]
     assert {v.job_id: (v.lines, v.seen) for v in LogVolume.objects.all()} == {
-        second.pk: (5, {"master/1": 5}), first.pk: (3, {"master/1": 3}),
+        second.pk: (5, {"master/1": 5}),
+        first.pk: (3, {"master/1": 3}),
     }
     progress = {p.job_id: (p.step, p.loss) for p in JobProgress.objects.all()}
     assert progress == {second.pk: (5, 0.5), first.pk: (30, 1.3)}

@@ -1,4 +1,5 @@
 """The log tab's WebSocket: backlog, live lines, reconnect, end, banners, access and bad input."""
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,7 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def add_lines(job_id: int, texts: list[str], *, attempt: int = 1, start: int = 1, stream: str = "master"):
-    return ingest_lines(
-        job_id=job_id, stream=stream, attempt=attempt, lines=[RawLine(line_no=start + i, ts=NOW, text=t) for i, t in enumerate(texts)]
-    )
+    return ingest_lines(job_id=job_id, stream=stream, attempt=attempt, lines=[RawLine(line_no=start + i, ts=NOW, text=t) for i, t in enumerate(texts)])
 
 
 def token_for(user) -> bytes:
@@ -198,9 +197,7 @@ async def test_the_session_cookie_authenticates_too(running_job, owner):
 
 
 async def test_a_cross_site_browser_socket_is_refused(running_job, owner):
-    communicator = WebsocketCommunicator(
-        application, f"/ws/training-jobs/{running_job.pk}/logs/", headers=[(b"origin", b"http://evil.example")]
-    )
+    communicator = WebsocketCommunicator(application, f"/ws/training-jobs/{running_job.pk}/logs/", headers=[(b"origin", b"http://evil.example")])
     connected, _ = await communicator.connect()
     assert not connected
 

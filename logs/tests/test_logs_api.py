@@ -1,5 +1,6 @@
 """Reading a job's log through the API: forward pages from ``after``, the tail before ``before``,
 a search, and clear 400s for bad parameters."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -18,8 +19,15 @@ def log(job) -> list[LogLine]:
     """Twenty master lines over two attempts, a worker line, and another job's line."""
     start = timezone.now()
     rows = [
-        LogLine(job=job, stream="master", attempt=1 if seq <= 12 else 2, seq=seq, line_no=seq,
-                ts=start + timedelta(seconds=seq), text=f"step {seq}" if seq % 5 else f"Saving checkpoint {seq}")
+        LogLine(
+            job=job,
+            stream="master",
+            attempt=1 if seq <= 12 else 2,
+            seq=seq,
+            line_no=seq,
+            ts=start + timedelta(seconds=seq),
+            text=f"step {seq}" if seq % 5 else f"Saving checkpoint {seq}",
+        )
         for seq in range(1, 21)
     ]
     rows.append(LogLine(job=job, stream="worker-1", attempt=1, seq=1, line_no=1, ts=start, text="worker up"))

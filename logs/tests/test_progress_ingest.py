@@ -1,4 +1,5 @@
 """Ingesting log lines keeps a job's progress, loss curve and checkpoints, with few queries."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -30,7 +31,9 @@ def ingest(job_id: int, texts: list[str], *, start: int = 1, attempt: int = 1, s
 
 
 def commit_line(step: int, nbytes: int = 1000, blocking: float = 0.01, persist: float = 0.5) -> str:
-    return CheckpointResult(step=step, path=f"/out/concurrent_checkpoint/step-{step}", bytes=nbytes, blocking_s=blocking, persist_s=persist, committed=True).log_line()
+    return CheckpointResult(
+        step=step, path=f"/out/concurrent_checkpoint/step-{step}", bytes=nbytes, blocking_s=blocking, persist_s=persist, committed=True
+    ).log_line()
 
 
 @pytest.mark.django_db

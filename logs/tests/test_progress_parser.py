@@ -1,4 +1,5 @@
 """The metrics parser reads progress from the log lines real training scripts print."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -91,8 +92,13 @@ def test_a_batch_finds_the_same_lines_as_one_by_one():
     from logs.progress_parser import parse_lines
 
     corpus = [
-        "{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.5}", " 12%|█▏        | 12/100 [00:03<00:20,  4.31it/s]",
-        "epoch 1/3 step 50/150 loss 0.036 lr 0.01", "plain", "İstanbul step 3 loss 1.0", "LR: 0.1", "Step=4",
+        "{'loss': 2.1, 'learning_rate': 5e-05, 'epoch': 0.5}",
+        " 12%|█▏        | 12/100 [00:03<00:20,  4.31it/s]",
+        "epoch 1/3 step 50/150 loss 0.036 lr 0.01",
+        "plain",
+        "İstanbul step 3 loss 1.0",
+        "LR: 0.1",
+        "Step=4",
         CheckpointResult(step=1, path="/p", bytes=1, blocking_s=0.1, persist_s=0.2, committed=True).log_line(),
     ]
     batch = parse_lines([(T0, text) for text in corpus])

@@ -1,4 +1,5 @@
 """``logs.terminal.plain_text``: what a page shows of a line printed for a terminal."""
+
 from __future__ import annotations
 
 import pytest

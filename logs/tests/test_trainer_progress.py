@@ -2,6 +2,7 @@
 Spot script stores (one per newline, the last redraw of a bar kept, as the agent keeps it), read one
 by one as they arrive, never show a data-preparation or evaluation bar's figures, and every loss
 the Trainer logged is a point at its step."""
+
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -75,16 +76,17 @@ def test_without_ckptlibs_step_lines_the_evaluation_bar_still_never_counts():
 
 
 def test_data_preparation_and_nested_bars_tell_nothing():
-    for line in ["Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 121.37it/s]",
-                 "Map: 100%|██████████| 400/400 [00:00<00:00, 4385.90 examples/s]",
-                 "Generating train split: 100%|██████████| 400/400 [00:00<00:00, 3150.33 examples/s]",
-                 EVALUATION[1]]:
+    for line in [
+        "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 121.37it/s]",
+        "Map: 100%|██████████| 400/400 [00:00<00:00, 4385.90 examples/s]",
+        "Generating train split: 100%|██████████| 400/400 [00:00<00:00, 3150.33 examples/s]",
+        EVALUATION[1],
+    ]:
         assert parse_line(line) is None, line
     found = parse_line("Training: 12%|█▏        | 12/100 [00:03<00:20,  4.31it/s]")
     assert found is not None and found.progress == Progress(step=12, total=100)
 
 
 def test_a_late_commit_never_moves_the_step_back():
-    batch = fold_lines([(T0, f"{PREFIX} committed step=20 bytes=1 blocking_s=0.1 persist_s=0.2 path=/job/work/c")],
-                       start=Progress(step=24, total=200))
+    batch = fold_lines([(T0, f"{PREFIX} committed step=20 bytes=1 blocking_s=0.1 persist_s=0.2 path=/job/work/c")], start=Progress(step=24, total=200))
     assert batch.progress.step == 24 and len(batch.checkpoints) == 1

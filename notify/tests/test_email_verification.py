@@ -1,6 +1,7 @@
 """Nothing is mailed to an address before its holder confirms it: subscribing sends one e-mail
 with a signed, expiring link; until it is opened the deliveries are recorded as skipped and the
 page says "waiting for verification"; a changed address needs its own link."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """Notifications in-process: which changes notify whom, one delivery per subscription and event,
 e-mail through Django's mail, the API's rules and the account page."""
+
 from __future__ import annotations
 
 import pytest
@@ -107,7 +108,9 @@ def test_the_account_page_adds_lists_and_deletes_subscriptions(client, owner):
     assert b'href="/account/notifications/"' in page.content  # in the account menu
     bad = client.post("/account/notifications/", {"channel": "webhook", "url": "", "scope": "mine"})
     assert bad.status_code == 200 and b"A webhook needs an http:// or https:// URL." in bad.content
-    done = client.post("/account/notifications/", {"channel": "email", "email": "me@example.org", "scope": "mine", "kinds": ["terminal", "failover"]}, follow=True)
+    done = client.post(
+        "/account/notifications/", {"channel": "email", "email": "me@example.org", "scope": "mine", "kinds": ["terminal", "failover"]}, follow=True
+    )
     assert b"me@example.org" in done.content and b"all my jobs" in done.content
     sub = Subscription.objects.get(user=owner)
     assert sorted(sub.kinds) == ["failover", "terminal"]

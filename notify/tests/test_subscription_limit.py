@@ -1,5 +1,6 @@
 """A user holds at most NOTIFY_MAX_SUBSCRIPTIONS_PER_USER subscriptions; the next is refused
 with a clear error, and another user can still subscribe."""
+
 from __future__ import annotations
 
 import pytest

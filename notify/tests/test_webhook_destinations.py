@@ -2,6 +2,7 @@
 private or link-local host is refused when subscribing and again at each try, the name is
 resolved once per try and the connection goes to the address that was checked (no DNS
 rebinding), and one refused hook costs only its own delivery."""
+
 from __future__ import annotations
 
 import json
@@ -123,8 +124,7 @@ def test_a_name_with_one_private_address_among_public_ones_is_refused(owner, net
 
     assert answer.status_code == 400
     assert answer.json()["url"] == [
-        "This URL cannot receive webhooks: intranet.example.org resolves to 10.1.2.3, is a loopback or private address "
-        "(NOTIFY_WEBHOOK_ALLOW_PRIVATE is off)."
+        "This URL cannot receive webhooks: intranet.example.org resolves to 10.1.2.3, is a loopback or private address (NOTIFY_WEBHOOK_ALLOW_PRIVATE is off)."
     ]
 
 

@@ -1,6 +1,7 @@
 """Webhooks from a real console (embedded agent and worker) to a receiver on 127.0.0.1: one
 signed delivery per event, a retry after a 500, failovers notified, and pages that stay fast
 while the endpoint hangs."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,7 +40,11 @@ class Receiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with receiver.lock:
-                    seen = [r for r in receiver.requests if r["path"] == self.path and r["headers"].get("X-Satrain-Event-Id") == self.headers.get("X-Satrain-Event-Id")]
+                    seen = [
+                        r
+                        for r in receiver.requests
+                        if r["path"] == self.path and r["headers"].get("X-Satrain-Event-Id") == self.headers.get("X-Satrain-Event-Id")
+                    ]
                     receiver.requests.append({"path": self.path, "headers": dict(self.headers), "body": body, "at": time.monotonic()})
                 if self.path.startswith("/hang/"):
                     receiver.release.wait(hang)
@@ -123,8 +128,11 @@ def test_a_failover_and_the_jobs_end_are_notified_to_a_job_subscription(live_con
     try:
         live_console.inject_fault(placement["node"], gpu=placement["gpu_indices"][0], xid=79)
         # Running again after the failover (the first wait alone can see the Running before it).
-        wait(lambda: (lambda j: j["failover_count"] == 1 and j["status"] == "Running")(live_console.job(job["id"])),
-             "the failover counted and the job Running again", timeout=90)
+        wait(
+            lambda: (lambda j: j["failover_count"] == 1 and j["status"] == "Running")(live_console.job(job["id"])),
+            "the failover counted and the job Running again",
+            timeout=90,
+        )
         live_console.api("POST", f"/api/v1/training-jobs/{job['id']}/stop/", user="hook-failover")
         live_console.wait_for_job(job["id"], "Stopped", timeout=60)
         wait(lambda: len(receiver.at("/job/")) >= 2, "two notifications", timeout=30)

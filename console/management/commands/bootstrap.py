@@ -1,4 +1,5 @@
 """First-run set-up: migrate, the operator account, the default image and the local nodes."""
+
 from __future__ import annotations
 
 import os
@@ -86,10 +87,12 @@ class Command(BaseCommand):
         ensure_default_image()
         ready, why = containers_ready() if settings.JOB_SANDBOX != "off" else (False, "")
         if settings.JOB_SANDBOX != "off" and not ready:
-            self.stdout.write(self.style.ERROR(
-                f"JOBS CANNOT RUN: {why}. Install podman and runc (as root: apt-get install podman runc docker-registry "
-                "mmdebstrap skopeo), or set JOB_SANDBOX=off to run jobs on the host, unconfined."
-            ))
+            self.stdout.write(
+                self.style.ERROR(
+                    f"JOBS CANNOT RUN: {why}. Install podman and runc (as root: apt-get install podman runc docker-registry "
+                    "mmdebstrap skopeo), or set JOB_SANDBOX=off to run jobs on the host, unconfined."
+                )
+            )
         elif settings.JOB_SANDBOX == "off":
             self.stdout.write(self.style.WARNING("JOB_SANDBOX=off: jobs run on the host with the console's own privileges."))
         elif settings.EMBEDDED_AGENT and not no_image:

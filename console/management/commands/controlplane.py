@@ -1,5 +1,6 @@
 """The control loop without Celery beat: ``manage.py controlplane`` runs a control round (lost-node
 sweeps, failover judgements, placement) every AGENT_POLL_INTERVAL seconds."""
+
 from __future__ import annotations
 
 import logging

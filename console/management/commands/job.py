@@ -4,6 +4,7 @@ The same services as the console's Stop and Resume buttons (``jobs.services.acti
 event history, the node agent's SIGTERM and the live pages behave exactly as after a click; open
 pages see the change at once (the embedded console's local relay, or Redis in scale-out).
 """
+
 from __future__ import annotations
 
 import argparse

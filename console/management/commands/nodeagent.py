@@ -7,6 +7,7 @@ AGENT_RECONCILE_INTERVAL) or a message arrives. With a broker (REDIS_URL) the pr
 Celery worker consuming the node's own queue ``node.NODE``: ``agent.launch_attempt`` from placement
 and ``agent.reconcile`` when one of its runs must stop.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,15 +50,20 @@ class Command(BaseCommand):
         self.stdout.write(f"node agent for {node.name} ({len(spec.gpus)} GPUs{', simulated' if spec.simulated else ''}) started")
         try:
             if settings.SCALE_OUT:
-
                 app.worker_main(
                     [
                         "worker",
-                        "-Q", node_queue(node.name),
-                        "-n", f"{node.name}@{socket.gethostname()}",
-                        "-P", "solo",
-                        "--without-gossip", "--without-mingle", "--without-heartbeat",
-                        "-l", "WARNING",
+                        "-Q",
+                        node_queue(node.name),
+                        "-n",
+                        f"{node.name}@{socket.gethostname()}",
+                        "-P",
+                        "solo",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
+                        "-l",
+                        "WARNING",
                     ]
                 )
             else:
@@ -76,6 +82,9 @@ class Command(BaseCommand):
         if not specs:
             raise CommandError("no GPUs found")
         first = specs[0]
-        return NodeSpec(name=name, gpu_model=first.gpu_model, gpus=tuple(
-            type(g)(index=g.index, uuid=g.uuid.replace(first.name, name), model=g.model, memory_mb=g.memory_mb) for g in first.gpus
-        ), simulated=first.simulated)
+        return NodeSpec(
+            name=name,
+            gpu_model=first.gpu_model,
+            gpus=tuple(type(g)(index=g.index, uuid=g.uuid.replace(first.name, name), model=g.model, memory_mb=g.memory_mb) for g in first.gpus),
+            simulated=first.simulated,
+        )

@@ -1,4 +1,5 @@
 """Serve the console with Daphne, with the embedded control loop (placement + node agent)."""
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,6 @@ class Command(BaseCommand):
         call_command("bootstrap")
         loop = None
         if settings.EMBEDDED_AGENT:
-
             loop = EmbeddedControlLoop(start_local_agent())
             loop.start()
 

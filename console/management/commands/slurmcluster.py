@@ -4,6 +4,7 @@ fake GPUs, a preemptible ``spot`` partition, every file under ``VAR_DIR/slurm``.
 ``SLURM_CONF`` to start the console with, and runs until interrupted. ``--accounting`` also keeps
 accounts (slurmdbd on a private MariaDB: ``apt-get install slurmdbd mariadb-server``), so each
 project becomes a Slurm account with its GPU limit."""
+
 from __future__ import annotations
 
 import os

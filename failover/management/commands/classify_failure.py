@@ -11,6 +11,7 @@ Input (every field optional)::
 
 Bad JSON or wrong types: a message on stderr and exit status 2.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Clear a node after repair: its faults are gone and it takes jobs again."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand

@@ -1,4 +1,5 @@
 """Inject a hardware fault into a simulated GPU: ``inject_fault NODE --gpu N --xid 79``."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError

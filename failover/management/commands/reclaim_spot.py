@@ -1,4 +1,5 @@
 """Reclaim the spot capacity of a node: its Spot jobs are stopped gracefully and go back to Pending."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand

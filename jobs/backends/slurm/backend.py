@@ -38,9 +38,7 @@ REQUEUE_WAIT_S = 10.0
 class SlurmBackend:
     """The Backend of one Slurm cluster, through its commands (``client``)."""
 
-    def __init__(
-        self, client: SlurmClient, *, spot_partition: str | None = None, spot_qos: str | None = None, partition: str | None = None
-    ) -> None:
+    def __init__(self, client: SlurmClient, *, spot_partition: str | None = None, spot_qos: str | None = None, partition: str | None = None) -> None:
         self.client = client
         self.partition = partition or None
         self.spot_partition = spot_partition
@@ -106,8 +104,13 @@ class SlurmBackend:
 
     def nodes(self) -> list[NodeView]:
         return [
-            NodeView(name=node.name, gpus=node.gpus, takes_work=not node.drained and not node.state.startswith(("DOWN", "FAIL")),
-                     state=node.state, reason=node.reason)  # fmt: skip
+            NodeView(
+                name=node.name,
+                gpus=node.gpus,
+                takes_work=not node.drained and not node.state.startswith(("DOWN", "FAIL")),
+                state=node.state,
+                reason=node.reason,
+            )  # fmt: skip
             for node in self.client.nodes()
         ]
 

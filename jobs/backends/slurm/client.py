@@ -197,7 +197,9 @@ class SlurmClient:
         names = sorted(submission.environment)
         refused = [name for name in names if not _ENV_NAME.match(name) or _SLURM_READS.match(name)]
         if refused:
-            raise SlurmError(f"sbatch: not submitted: the job's environment names {', '.join(refused)[:200]} (Slurm's own names, the loader's, or not a variable name)")
+            raise SlurmError(
+                f"sbatch: not submitted: the job's environment names {', '.join(refused)[:200]} (Slurm's own names, the loader's, or not a variable name)"
+            )
         args.append("--export=" + (",".join(names) if names else "NIL"))
         # sbatch takes the named variables' values from its own environment.
         out = self.run(*args, stdin=submission.script, extra_env=submission.environment)
@@ -267,7 +269,9 @@ class SlurmClient:
             self.run("sacctmgr", "--immediate", "add", "account", name, f"Description={_one_line(description or name)}", "Organization=console")
             known = Account(name=name)
         if known.gpu_limit != gpu_limit:
-            self.run("sacctmgr", "--immediate", "modify", "account", "where", f"name={name}", "set", f"GrpTRES=gres/gpu={-1 if gpu_limit is None else gpu_limit}")
+            self.run(
+                "sacctmgr", "--immediate", "modify", "account", "where", f"name={name}", "set", f"GrpTRES=gres/gpu={-1 if gpu_limit is None else gpu_limit}"
+            )
         if user not in known.users:
             self.run("sacctmgr", "--immediate", "add", "user", user, f"account={name}")
 

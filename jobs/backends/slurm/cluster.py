@@ -68,9 +68,7 @@ class LocalSlurmCluster:
         accounting: Keep accounts (MariaDB and slurmdbd), enforcing their limits.
     """
 
-    def __init__(
-        self, root: Path, *, nodes: Sequence[str] = ("node-a", "node-b", "node-c"), gpus: int = 4, cpus: int = 4, accounting: bool = False
-    ) -> None:
+    def __init__(self, root: Path, *, nodes: Sequence[str] = ("node-a", "node-b", "node-c"), gpus: int = 4, cpus: int = 4, accounting: bool = False) -> None:
         self.root = root
         self.accounting = accounting
         self.nodes = list(nodes)
@@ -134,8 +132,7 @@ class LocalSlurmCluster:
         gres = ["AutoDetect=off"]
         for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(
-                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} "
-                f"RealMemory=2000 Gres=gpu:{self.gpus} State=UNKNOWN"
+                f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} RealMemory=2000 Gres=gpu:{self.gpus} State=UNKNOWN"
             )
             devices = root / "dev" / name
             devices.mkdir(parents=True, exist_ok=True)
@@ -153,9 +150,7 @@ class LocalSlurmCluster:
         # The console's runs' containers outlive a runner Slurm killed: the epilog removes them.
         epilog = root / "etc" / "epilog.sh"
         base = Path(__file__).resolve().parents[3]
-        epilog.write_text(
-            f"#!/bin/sh\nexport SLURM_CONF={self.conf} PYTHONPATH={base}\nexec {sys.executable} -m agent.runner --slurm-epilog\n"
-        )
+        epilog.write_text(f"#!/bin/sh\nexport SLURM_CONF={self.conf} PYTHONPATH={base}\nexec {sys.executable} -m agent.runner --slurm-epilog\n")
         epilog.chmod(0o755)
         # The nodes' kernel logs are as fake as their GPUs: one file per node (``kernel_log``).
         (root / "kmsg").mkdir(exist_ok=True)

@@ -16,8 +16,6 @@ def get_logger(logger_name: str) -> logging.Logger:
         handler = logging.StreamHandler(stream=sys.stdout)
         handler._datastates_stdout = True  # type: ignore[attr-defined]
         handler.setLevel(logging.INFO)
-        handler.setFormatter(
-            logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] %(message)s")
-        )
+        handler.setFormatter(logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] %(message)s"))
         logger.addHandler(handler)
     return logger
