@@ -313,8 +313,8 @@ IMAGE_PULL_BACKOFF_MAX = env_float("IMAGE_PULL_BACKOFF_MAX", 300.0)
 # Every run is an OCI container run by Podman (agent.sandbox). Images are OCI references; a name
 # without a registry (e.g. "pytorch:2.13-py3.11") is looked up in DEFAULT_REGISTRY, the local
 # registry the embedded default starts on loopback (Debian's docker-registry, storage in var/).
-DEFAULT_REGISTRY = env_str("DEFAULT_REGISTRY", "127.0.0.1:5000")
 LOCAL_REGISTRY_PORT = env_int("LOCAL_REGISTRY_PORT", 5000)
+DEFAULT_REGISTRY = env_str("DEFAULT_REGISTRY", f"127.0.0.1:{LOCAL_REGISTRY_PORT}")
 # The image every install knows, built on first use from Debian packages and the pinned CPU torch.
 DEFAULT_IMAGE = env_str("DEFAULT_IMAGE", "pytorch:2.13-py3.11")
 # Podman's configuration and storage (containers.conf, storage.conf, registries.conf).
