@@ -1,12 +1,14 @@
-"""The suite's second pass, on PostgreSQL: ``python -m console.tests.pg_pass [pytest args]``.
+"""The PostgreSQL lane: ``python -m console.tests.pg_pass [pytest args]``.
 
-Runs every database test again with ``DATABASE_URL`` pointing at ``TEST_POSTGRES_URL`` (default
-the local server's ``postgres`` database; pytest-django creates its own test database beside it).
-Where no PostgreSQL answers it says so and skips, unless ``REQUIRE_SCALEOUT=1`` (CI), where that
-is a failure. ckptlib, the client and the benchmarks' tests (no database), the tests in
-console/tests and the process-level ones of other apps (``PROCESS_LEVEL``: browser, live console
-and scale-out cluster tests set up their own databases) run in the first pass only, except those
-named in ``ON_POSTGRES_TOO``: the schemathesis fuzz of every API endpoint runs on both.
+Runs the apps' database tests again with ``DATABASE_URL`` pointing at ``TEST_POSTGRES_URL``
+(default the local server's ``postgres`` database; pytest-django creates a test database per
+worker beside it), on every core: every test of the apps that is not marked ``slow`` (queries,
+filters, ordering, transactions, locks, migrations: the ORM in this process) and the slow ones
+marked ``database`` (what they check is the database's own behaviour under real processes, e.g.
+concurrent writers). The other slow tests start runs, consoles, browsers or clusters; what they
+check does not depend on the database, so they run on SQLite only. ckptlib, the client and the
+benchmarks have no database. Where no PostgreSQL answers it says so and skips, unless
+``REQUIRE_SCALEOUT=1`` (CI), where that is a failure.
 """
 
 from __future__ import annotations
@@ -18,42 +20,25 @@ from pathlib import Path
 
 from console.tests.scaleout import reachable
 
-CONSOLE_TESTS = Path(__file__).resolve().parent
-ROOT = CONSOLE_TESTS.parent.parent
-ON_POSTGRES_TOO = ("test_api_schema_fuzz.py",)
-# Left out (no database): ckptlib, client, bench.
-PROCESS_LEVEL = (
-    "notify/tests/test_webhooks_end_to_end.py",
-    "jobs/tests/test_live_across_processes.py",
-    "jobs/tests/test_scaleout_live_status.py",
-    "logs/tests/test_log_flood_browser.py",
-)
-
-
+ROOT = Path(__file__).resolve().parents[2]
 DATABASE_APPS = ("jobs", "logs", "agent", "failover", "notify", "console")
+SELECTION = "not slow or database"
 
 
 def pytest_command(argv: list[str]) -> list[str]:
-    """The pytest command line of the PostgreSQL pass: the apps' tests (``testpaths`` overridden:
-    an ``--ignore`` does not apply to a directory pytest starts from), less the first-pass-only
-    files."""
-    first_pass_only = [path for path in sorted(CONSOLE_TESTS.glob("test_*.py")) if path.name not in ON_POSTGRES_TOO]
-    first_pass_only += [ROOT / path for path in PROCESS_LEVEL]
-    return [
-        sys.executable, "-m", "pytest", "-o", f"testpaths={' '.join(DATABASE_APPS)}", *argv,
-        *(f"--ignore={path}" for path in first_pass_only),
-    ]  # fmt: skip
+    """The pytest command line of the PostgreSQL lane (``testpaths`` overridden: the apps only)."""
+    return [sys.executable, "-m", "pytest", "-o", f"testpaths={' '.join(DATABASE_APPS)}", "-m", SELECTION, "-n", "auto", *argv]
 
 
 def main(argv: list[str]) -> int:
     url = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     problem = reachable(url)
     if problem:
-        print(f"\nPostgreSQL pass SKIPPED: no PostgreSQL at {url} ({problem}). Set TEST_POSTGRES_URL to run it.")
+        print(f"\nPostgreSQL lane SKIPPED: no PostgreSQL at {url} ({problem}). Set TEST_POSTGRES_URL to run it.")
         return 1 if os.environ.get("REQUIRE_SCALEOUT") else 0
-    print(f"\nPostgreSQL pass: the suite again on {url}", flush=True)
+    print(f"\nPostgreSQL lane: the apps' database tests again on {url}", flush=True)
     env = {**os.environ, "DATABASE_URL": url}
-    return subprocess.call(pytest_command(argv), env=env)
+    return subprocess.call(pytest_command(argv), env=env, cwd=ROOT)
 
 
 if __name__ == "__main__":

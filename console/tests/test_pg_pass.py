@@ -1,27 +1,28 @@
-"""The PostgreSQL pass reruns the database tests and the API fuzz, not the process-level tests."""
+"""The PostgreSQL lane reruns the apps' database tests: every test not marked slow, and the slow
+ones marked ``database``."""
 
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from console.tests.pg_pass import ROOT, pytest_command
 
 
-def test_the_postgresql_pass_reruns_the_api_fuzz_and_leaves_out_the_process_level_tests():
-    command = pytest_command(["-q"])
-    ignored = {Path(arg.split("=", 1)[1]).name for arg in command if arg.startswith("--ignore=")}
-    assert "test_api_schema_fuzz.py" not in ignored
-    assert {"test_browser_live.py", "test_scaleout_integration.py", "test_webhooks_end_to_end.py"} <= ignored
-    assert "-q" in command
+def collected(*extra: str) -> set[str]:
+    listed = subprocess.run(
+        [*pytest_command(["-q", *extra]), "--collect-only", "-p", "no:cacheprovider", "-n", "0"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
+    return {line for line in listed.stdout.splitlines() if "::" in line}
 
 
-@pytest.mark.slow  # a pytest process
-def test_the_postgresql_pass_collects_no_test_of_ckptlib_the_client_or_the_benchmarks():
-    """What it would run, as pytest collects it (an --ignore of a testpaths directory is not
-    honoured: the pass names the apps it runs instead)."""
-    listed = subprocess.run([*pytest_command(["-q"]), "--collect-only", "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT)
-    collected = {line.split("/", 1)[0] for line in listed.stdout.splitlines() if "::" in line}
-    assert collected == {"jobs", "logs", "agent", "failover", "notify", "console"}, listed.stdout[-2000:]
+@pytest.mark.slow  # pytest processes
+def test_the_postgresql_lane_runs_the_apps_database_tests_and_no_process_level_one():
+    tests = collected()
+    assert {test.split("/", 1)[0] for test in tests} == {"jobs", "logs", "agent", "failover", "notify", "console"}
+    # A database test of the apps, a slow one marked database, and no browser or cluster test.
+    assert "jobs/tests/test_fair_share_queue.py::test_two_hundred_jobs_no_node_can_hold_do_not_block_a_placeable_one" in tests
+    assert any(test.startswith("console/tests/test_writers_queue_for_the_database.py::") for test in tests)
+    assert not [test for test in tests if "test_browser_" in test or "test_scaleout_" in test]

@@ -25,7 +25,7 @@ from jobs.statuses import JobStatus
 from logs.models import LogLine
 from logs.services import RawLine, ingest_lines
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.slow, pytest.mark.database, pytest.mark.django_db(transaction=True)]
 
 JOBS = 60  # three nodes of four GPUs hold twelve at once: five waves of placement
 LINES = 20  # per batch of the log flood

@@ -154,7 +154,7 @@ def test_a_multi_node_placement_another_agent_holds_a_rank_of_is_abandoned_not_f
 
 @needs_sandbox
 @pytest.mark.slow
-def test_a_job_on_the_default_image_runs_and_its_attempt_shows_the_digest(make_job, drive, default_ref):
+def test_a_job_on_the_default_image_runs_and_its_attempt_shows_the_digest(make_job, drive, default_ref, settings):
     job = drive(make_job(command="python -c 'import torch; print(torch.__version__)'"), JobStatus.COMPLETED, timeout=120)
     attempt = JobAttempt.objects.get(job=job)
     assert attempt.image_digest.startswith(default_ref.rsplit(":", 1)[0] + "@sha256:")
@@ -163,7 +163,7 @@ def test_a_job_on_the_default_image_runs_and_its_attempt_shows_the_digest(make_j
 
     log = list(LogLine.objects.filter(job=job).order_by("seq").values_list("text", flat=True))
     # The environment being prepared, as the guide's log shows it: the pull, ckptlib, ready.
-    assert log[0].startswith("[console] pull: Trying to pull 127.0.0.1:5000/pytorch:2.13-py3.11")
+    assert log[0].startswith(f"[console] pull: Trying to pull {settings.DEFAULT_REGISTRY}/pytorch:2.13-py3.11")
     pulled = next(i for i, line in enumerate(log) if line.startswith(f"[console] image {job.image} pulled (sha256:"))
     assert all(line.startswith("[console] pull: ") for line in log[:pulled])
     assert log[pulled + 1].startswith("[INFO] Concurrent Checkpoint library is installed")
