@@ -11,8 +11,6 @@ import time
 
 import pytest
 
-from console.tests.browser import wait
-
 pytestmark = [pytest.mark.slow, pytest.mark.database]
 
 OWNER = ("writer", "writer-pass-1")
