@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import connection
 from django.urls import reverse
 
 from console.forms import TrainingJobForm
@@ -83,6 +84,8 @@ def test_a_clone_name_with_a_lone_surrogate_is_a_400(owner_api, make_job):
 
 
 def test_a_job_stored_before_the_refusal_does_not_break_the_list(owner_api, make_job):
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite ever stored such text: PostgreSQL refuses it in a JSON column itself")
     make_job(name="old", env={"A": "\ud800"})  # as an earlier version let it in
     make_job(name="fine")
 
