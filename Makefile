@@ -14,18 +14,8 @@ SERVICES_WARNING = echo "make $@: the tests create and drop PostgreSQL databases
   "TEST_REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15} (that database number only); point both at servers" \
   "or a Redis database no deployment shares."
 
-# What the console needs to run, and the examples' training libraries.
+# What the console needs to run, and the examples' training libraries; then the container tools.
 $(RUN_STAMP): pyproject.toml client/pyproject.toml
-	@# Jobs run in Podman containers, images come from a local registry and the default image is
-	@# built from Debian packages: install the tools where we may (root with apt), else say so.
-	@missing=""; for t in podman runc skopeo mmdebstrap docker-registry catatonit; do \
-	  command -v $$t >/dev/null || missing="$$missing $$t"; done; \
-	if [ -n "$$missing" ]; then \
-	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null 2>&1 || \
-	      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; }; }; } || \
-	  echo "WARNING:$$missing not installed: jobs will not run until they are (as root: apt-get install$$missing) or JOB_SANDBOX=off is set."; \
-	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The CPU build of torch first, pinned, so nothing pulls a multi-GB CUDA build.
@@ -33,6 +23,18 @@ $(RUN_STAMP): pyproject.toml client/pyproject.toml
 	$(PY) -m pip install --quiet -e '.[ckpt]'
 	# The command-line client (its own package, no Django): `satrain` on the venv's PATH.
 	$(PY) -m pip install --quiet -e ./client
+	@# Jobs run in Podman containers, images come from a local registry and the default image is
+	@# built from Debian packages: install the tools where we may (root with apt; waiting for
+	@# another apt, e.g. .ci/run's, to finish), else say so.
+	@missing=""; for t in podman runc skopeo mmdebstrap docker-registry catatonit; do \
+	  command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq $$missing >/dev/null 2>&1 || \
+	      { apt-get -o DPkg::Lock::Timeout=900 update -qq && \
+	        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -qq $$missing >/dev/null; }; }; } || \
+	  echo "WARNING:$$missing not installed: jobs will not run until they are (as root: apt-get install$$missing) or JOB_SANDBOX=off is set."; \
+	fi
 	@touch $(RUN_STAMP)
 
 # ... and the test and benchmark tools (pytest, Playwright, DeepSpeed, schemathesis, ruff, mypy).
@@ -51,18 +53,13 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/mypy --config-file .mypy/strict.ini
 
 # The gate, the whole suite on SQLite, the browser tests again with the console on a one-host Slurm
-# cluster (skipped, saying why, where Slurm or root is missing), then the apps' database tests again
-# on PostgreSQL where one answers.
-# Each lane prints how long it took (LANE_TIMES collects them for .ci/run's summary).
-LANE = lane() { name=$$1; shift; start=$$(date +%s); "$$@"; rc=$$?; took=$$(( $$(date +%s) - start )); \
-  echo "lane $$name: $$took s (exit $$rc)"; [ -z "$$LANE_TIMES" ] || echo "$$name $$took $$rc" >>"$$LANE_TIMES"; return $$rc; }
-
-test:
-	@$(LANE); lane gate $(MAKE) --no-print-directory lint
+# cluster (skipped, saying why, where Slurm or root is missing) and the apps' database tests again
+# on PostgreSQL where one answers: harness/lanes.py runs these lanes in two streams, one for what
+# waits on containers, consoles and clusters and one (niced) for what computes, and prints each
+# lane's time (LANE_TIMES collects them for .ci/run's summary). Logs: var/lanes/<lane>.log.
+test: $(TEST_STAMP)
 	@$(SERVICES_WARNING)
-	@$(LANE); lane sqlite $(PY) -m pytest $(PYTEST_ARGS)
-	@$(LANE); lane browser-on-slurm env BROWSER_BACKEND=slurm $(PY) -m pytest $(PYTEST_ARGS) console/tests/test_browser_*.py
-	@$(LANE); lane postgresql $(PY) -m console.tests.pg_pass $(PYTEST_ARGS)
+	@$(PY) harness/lanes.py $(LANES_ARGS) $(PYTEST_ARGS)
 
 # The fast lane: pyflakes' rules and import order, then every test not marked slow, on every
 # core (pytest-xdist); it prints its time. `make lint` (mypy too) and `make test` do the rest.

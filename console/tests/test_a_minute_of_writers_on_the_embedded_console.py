@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.database]
+pytestmark = pytest.mark.slow  # a live console's own SQLite file, whatever the lane's database
 
 OWNER = ("writer", "writer-pass-1")
 MINUTE = 60.0

@@ -109,6 +109,7 @@ def test_a_gpu_taken_between_reading_and_claiming_rolls_the_batch_back_and_holds
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow  # threads racing for the database
+@pytest.mark.database
 def test_on_postgresql_a_claim_committed_by_another_connection_makes_the_batch_fall_back(nodes, make_job, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("two connections racing on row locks: PostgreSQL (the suite's second pass)")
@@ -123,6 +124,7 @@ def test_on_postgresql_a_claim_committed_by_another_connection_makes_the_batch_f
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow  # threads racing for the database
+@pytest.mark.database
 def test_on_postgresql_two_placements_at_once_place_each_job_once(nodes, make_job, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("two connections racing on row locks: PostgreSQL (the suite's second pass)")

@@ -13,7 +13,7 @@ from django.db import close_old_connections, connection
 from logs.models import LogLine, LogVolume
 from logs.services import RawLine, ingest_lines
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database]
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
