@@ -336,7 +336,7 @@ def output_record(number: int, time: float, text: str) -> bytes:
     the encoder object cost more than the text)."""
     if type(number) is not int or type(time) is not float or not math.isfinite(time):
         return json.dumps({"n": number, "t": time, "s": text}, ensure_ascii=False).encode("utf-8") + b"\n"
-    return f'{{"n": {number}, "t": {time!r}, "s": {encode_basestring(text)}}}\n'.encode("utf-8")
+    return f'{{"n": {number}, "t": {time!r}, "s": {encode_basestring(text)}}}\n'.encode()
 
 
 def checked_record(record: object) -> OutputLine | None:

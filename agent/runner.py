@@ -97,7 +97,7 @@ def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, 
                 if len(line) > cap:
                     # A progress bar's last redraw is what is kept; else the line's head.
                     at = line.rfind(b"\r", 0, len(line) - 1)
-                    if 0 <= at and len(line) - at - 1 <= cap:
+                    if at >= 0 and len(line) - at - 1 <= cap:
                         del line[: at + 1]
                     else:
                         del line[cap:]

@@ -187,9 +187,9 @@ class Walk:
         self.bytes += info.st_blocks * 512
 
     def over_bounds(self) -> bool:
-        if self.entries >= self.max_entries:
-            self.cut = True
-        elif self.entries % 1024 == 0 and (time.monotonic() >= self.deadline or (self.stopped is not None and self.stopped.is_set())):
+        if self.entries >= self.max_entries or (
+            self.entries % 1024 == 0 and (time.monotonic() >= self.deadline or (self.stopped is not None and self.stopped.is_set()))
+        ):
             self.cut = True
         return self.cut
 

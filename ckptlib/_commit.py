@@ -61,7 +61,7 @@ class MultiRankCommit:
                     self._commit(job)
                 else:
                     self._await_commit(job)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             job.error = job.error or f"commit failed: {error}"
         if job.error is not None:
             self._mark_rank_failed(job)

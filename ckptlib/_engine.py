@@ -228,7 +228,7 @@ class CheckpointEngine:
                 mem_align=mem_align,
                 guard=guard,
             )
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
+        except Exception as error:  # reported, training goes on
             job = InFlightCheckpoint(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
             self._jobs.fail(job, f"cannot plan the checkpoint: {error}")
             return False
@@ -241,7 +241,7 @@ class CheckpointEngine:
             directory.mkdir(parents=True, exist_ok=True)
             if write_extra_files is not None:
                 write_extra_files(directory)
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
+        except Exception as error:  # reported, training goes on
             self._jobs.fail(job, f"cannot create {directory}: {error}")
             return False
         for optimizer in plan.optimizers:
@@ -467,7 +467,7 @@ class CheckpointEngine:
             if job.write_files_later is not None and job.error is None:
                 try:
                     job.write_files_later(job.directory)
-                except Exception as error:  # noqa: BLE001 - reported, training goes on
+                except Exception as error:  # reported, training goes on
                     job.fail_in_flight(f"cannot write the checkpoint's small files: {error!r}")
             self._committer.settle(job)
         self._jobs.complete(job)

@@ -17,8 +17,7 @@ import hmac
 import os
 import time
 from collections import Counter as Tally
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db.models import Count, OuterRef, Q, Subquery, Sum
@@ -70,7 +69,7 @@ def outage_start(run_end: datetime | None, last_heartbeat) -> datetime | None:
     """When a failed-over run's outage began: its lost node's last heartbeat (unix time, stored by
     the lost-node sweep; the run was closed only a lease later), else the run's end."""
     try:
-        return datetime.fromtimestamp(float(last_heartbeat), tz=dt_timezone.utc)
+        return datetime.fromtimestamp(float(last_heartbeat), tz=UTC)
     except (TypeError, ValueError, OverflowError, OSError):
         return run_end
 

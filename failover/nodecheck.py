@@ -78,7 +78,7 @@ def gpus_by_pci(node: str) -> dict[str, int]:
         from failover.nvml import NvmlProbe
 
         probe = NvmlProbe(node, expected_gpus=0)
-    except Exception:  # noqa: BLE001 - no NVML here: Xid lines then name no GPU
+    except Exception:  # no NVML here: Xid lines then name no GPU
         return {}
     try:
         return probe.gpu_by_pci()

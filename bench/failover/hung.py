@@ -57,7 +57,7 @@ def run_hung(console: EmbeddedConsole, *, runs: int, timeout: float, log=print) 
         except TimeoutError as exc:
             log(f"  hung run {i:>2}: FAILED: {exc}")
             continue
-        log("  hung run {:>2}: ".format(i) + "  ".join(f"{k} {v:.3f}s" for k, v in sample.items()))
+        log(f"  hung run {i:>2}: " + "  ".join(f"{k} {v:.3f}s" for k, v in sample.items()))
         samples.append(sample)
     return samples
 

@@ -104,7 +104,7 @@ class WebSocket:
             # Give the server a moment to answer; we don't need its close frame.
             self.writer.close()
             await asyncio.wait_for(self.writer.wait_closed(), timeout=2)
-        except (ConnectionError, asyncio.TimeoutError, RuntimeError, OSError):
+        except (TimeoutError, ConnectionError, RuntimeError, OSError):
             pass
 
 

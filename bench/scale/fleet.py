@@ -313,14 +313,13 @@ class Fleet:
 
         while not self.stopped.is_set():
             try:
-                with Connection(settings.CELERY_BROKER_URL) as conn:
-                    with conn.Consumer(queues, callbacks=[on_message], accept=["json"]):
-                        consuming.set()
-                        while not self.stopped.is_set():
-                            try:
-                                conn.drain_events(timeout=1)
-                            except socket.timeout:
-                                pass
+                with Connection(settings.CELERY_BROKER_URL) as conn, conn.Consumer(queues, callbacks=[on_message], accept=["json"]):
+                    consuming.set()
+                    while not self.stopped.is_set():
+                        try:
+                            conn.drain_events(timeout=1)
+                        except TimeoutError:
+                            pass
             except Exception:
                 logger.exception("broker connection lost; reconnecting")
                 time.sleep(1)

@@ -146,7 +146,7 @@ class SimRunners:
         self.thread = threading.Thread(target=self.serve, name="sim-runners", daemon=True)
         self.started = 0
 
-    def Popen(self, argv: list[str], **_: object) -> SimRun:  # noqa: N802 (subprocess's name)
+    def Popen(self, argv: list[str], **_: object) -> SimRun:  # subprocess's name
         """``python -m agent.runner SPEC``: the pid record and the run's one line now, the exit
         record later."""
         directory = Path(argv[-1]).parent

@@ -17,10 +17,10 @@ os.environ.update(
     DS_ACCELERATOR="cpu",
 )  # fmt: skip
 
-import deepspeed  # noqa: E402
-import torch  # noqa: E402
+import deepspeed
+import torch
 
-from ckptlib.deepspeed import use_ckptlib  # noqa: E402
+from ckptlib.deepspeed import use_ckptlib
 
 # One process on gloo needs no shared-memory collective (its JIT build needs a compiler).
 comm_torch: Any = importlib.import_module("deepspeed.comm.torch")  # DeepSpeed ships no types

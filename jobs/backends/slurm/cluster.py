@@ -217,7 +217,7 @@ class LocalSlurmCluster:
             try:
                 if ready():
                     return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # not up yet
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"{what} of the Slurm cluster did not come up; see {self.root}/log")
@@ -239,7 +239,7 @@ class LocalSlurmCluster:
         while time.monotonic() < deadline:
             try:
                 states = {node.name: node.state for node in self.client.nodes()}
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # not up yet
                 states = {}
             if len(states) == len(self.nodes) and all(state.startswith("IDLE") for state in states.values()):
                 return
@@ -305,7 +305,7 @@ class LocalSlurmCluster:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and any(job.state in ("RUNNING", "COMPLETING") for job in self.client.jobs()):
                 time.sleep(0.2)
-        except Exception:  # noqa: BLE001 - stopping anyway
+        except Exception:  # stopping anyway
             pass
         for process in reversed(self.processes):
             process.terminate()
