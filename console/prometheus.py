@@ -45,7 +45,7 @@ CHECKPOINT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 def histogram(name: str, doc: str, buckets: tuple[float, ...], values: list[float]) -> HistogramMetricFamily:
     counts = [sum(1 for v in values if v <= bound) for bound in buckets]
     family = HistogramMetricFamily(name, doc)
-    family.add_metric([], [(repr(float(b)), c) for b, c in zip(buckets, counts)] + [("+Inf", len(values))], sum(values))
+    family.add_metric([], [(repr(float(b)), c) for b, c in zip(buckets, counts, strict=True)] + [("+Inf", len(values))], sum(values))
     return family
 
 
@@ -178,7 +178,7 @@ class DatabaseCollector:
         )
         families = [GaugeMetricFamily(name, doc, labels=["job", "name", "project"]) for _, name, doc in self.USAGE]
         for pk, name, project, *values in running:
-            for family, value in zip(families, values):
+            for family, value in zip(families, values, strict=True):
                 if value is not None:
                     family.add_metric([str(pk), name, project or ""], value)
         yield from families

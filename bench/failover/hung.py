@@ -46,7 +46,7 @@ def one_run(console: EmbeddedConsole, index: int, *, timeout: float) -> dict[str
     finally:
         clear_node(part.node, actor="bench")
         console.stop_job(job)
-    return dict(zip(PHASES, (gone - started, ended.timestamp() - started, running - started)))
+    return dict(zip(PHASES, (gone - started, ended.timestamp() - started, running - started), strict=True))
 
 
 def run_hung(console: EmbeddedConsole, *, runs: int, timeout: float, log=print) -> list[dict[str, float]]:

@@ -386,7 +386,7 @@ class Side:
         }
         log(
             f"[{self.label}] lost-node detection (timeout {self.args.heartbeat_timeout:.0f}s): "
-            + ", ".join(f"{n} {t:.1f}s" if t is not None else f"{n} not detected" for n, t in zip(chosen, times))
+            + ", ".join(f"{n} {t:.1f}s" if t is not None else f"{n} not detected" for n, t in zip(chosen, times, strict=True))
             + (f"; other nodes NotReady: {len(others)}" if others else "")
         )
         self.silence.unlink()
