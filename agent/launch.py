@@ -167,12 +167,12 @@ def sweep_strays(live: set[str]) -> tuple[int, int]:
     except (networks.NetworkUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
         logger.error("the node's job network rules could not be installed: %s", exc)
     try:
-        listed = subprocess.run([podman, "ps", "-a", "--format", "{{.Names}}"], env=env, capture_output=True, text=True, timeout=120)
+        listed = subprocess.run([podman, "ps", "-a", "--format", "{{.Names}}"], check=False, env=env, capture_output=True, text=True, timeout=120)
         names = [n for n in listed.stdout.split() if n.startswith(prefix) and n not in live]
         for name in names:
             sandbox.remove_container(podman, name, env)
             sandbox.remove_secret_env(name)
-        listed = subprocess.run([podman, "network", "ls", "--format", "{{.Name}}"], env=env, capture_output=True, text=True, timeout=120)
+        listed = subprocess.run([podman, "network", "ls", "--format", "{{.Name}}"], check=False, env=env, capture_output=True, text=True, timeout=120)
         removed = 0
         for name in [n for n in listed.stdout.split() if n.startswith(prefix)]:
             removed += networks.remove_unused(name, podman=podman, env=env)

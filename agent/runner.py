@@ -475,7 +475,7 @@ def slurm_epilog() -> int:
     if not job_id.isdigit():
         return 0
     try:
-        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30).stdout
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     found = re.search(r"\bStdOut=(\S+)", shown)

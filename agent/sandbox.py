@@ -226,7 +226,7 @@ def remove_container(podman: str, name: str, env: Mapping[str, str], *, timeout:
     killed with its run (a SIGKILL to the run's cgroup) is refused once ("could not be stopped":
     Podman left it Stopping) and removed by the second try. Returns whether it is gone."""
     for _ in range(2):
-        done = subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=dict(env), capture_output=True, timeout=timeout)
+        done = subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], check=False, env=dict(env), capture_output=True, timeout=timeout)
         if done.returncode == 0:
             return True
     return False

@@ -213,6 +213,7 @@ def container_layer(name: str, env: dict[str, str]) -> Path | None:
     try:
         done = subprocess.run(
             [podman, "container", "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", name],
+            check=False,
             env=env,
             capture_output=True,
             text=True,

@@ -153,7 +153,7 @@ class KernelLogReader:
     def read_journal(self) -> list[KernelLine]:
         command = ["journalctl", "-k", "-o", "json", "--no-pager", "-q"]
         command += [f"--after-cursor={self.journal_cursor}"] if self.journal_cursor else ["-b", "-n", "5000"]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=10)
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=10)
         if result.returncode != 0:
             raise OSError(result.stderr.strip()[:200] or f"exit {result.returncode}")
         out: list[KernelLine] = []
@@ -171,7 +171,7 @@ class KernelLogReader:
         return out
 
     def read_dmesg(self) -> list[KernelLine]:
-        result = subprocess.run(["dmesg", "--raw"], capture_output=True, text=True, timeout=10)
+        result = subprocess.run(["dmesg", "--raw"], check=False, capture_output=True, text=True, timeout=10)
         if result.returncode != 0:
             raise OSError(result.stderr.strip()[:200] or f"exit {result.returncode}")
         out: list[KernelLine] = []

@@ -286,6 +286,7 @@ class Side:
     def submit(self, count: int, tag: str, rate: float = 0.0) -> dict:
         done = subprocess.run(
             [PY, "-m", "bench.scale.fleetbench", "submit", "--jobs", str(count), "--label", tag, "--rate", str(rate)],
+            check=False,
             cwd=self.root,
             env=self.cluster.env,
             capture_output=True,

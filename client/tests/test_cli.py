@@ -98,7 +98,7 @@ class Cli:
         return [sys.executable, "-m", "satrain.cli", *args]
 
     def __call__(self, *args: str, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True, timeout=timeout, input=stdin)
+        return subprocess.run(self.argv(*args), check=False, env=self.env, capture_output=True, text=True, timeout=timeout, input=stdin)
 
     def popen(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen(self.argv(*args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -201,7 +201,7 @@ class LiveConsole:
     # --- Django against the same database ---------------------------------------------------
     def manage(self, *args: str, timeout: float = 120) -> str:
         """``manage.py <args>`` with the console's environment; its stdout (raises on failure)."""
-        done = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([PY, "manage.py", *args], check=False, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise AssertionError(f"manage.py {' '.join(args)[:200]} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         return done.stdout

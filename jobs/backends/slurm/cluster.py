@@ -202,7 +202,7 @@ class LocalSlurmCluster:
             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
         )
         self._until(deadline, "MariaDB", lambda: subprocess.run(
-            ["mariadb", "--no-defaults", f"--socket={db}/mysqld.sock", "-u", "root", "-e", grant], capture_output=True, timeout=30
+            ["mariadb", "--no-defaults", f"--socket={db}/mysqld.sock", "-u", "root", "-e", grant], check=False, capture_output=True, timeout=30
         ).returncode == 0)  # fmt: skip
         self._spawn(["slurmdbd", "-D"], "slurmdbd")
 
