@@ -27,6 +27,7 @@ fixed environment and reads the job's from a file only the agent can read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -201,10 +202,8 @@ class Watch(threading.Thread):
             elif time.monotonic() - at_limit_since >= PIDS_LIMIT_GRACE:
                 self.pids_limit_hit = limit
                 cgroups.kill_all([Path(d) for d in self.cgroup])
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
                 return
 
 
@@ -409,10 +408,8 @@ def forward_kill(record: PidRecord) -> None:
     death ends the whole container) and the run's process group (Podman's client)."""
     for kill, target in ((os.kill, record.container_pid), (os.killpg, record.pgid)):
         if target:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(target, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def forward_term(record: PidRecord, container: bool) -> None:
@@ -420,10 +417,8 @@ def forward_term(record: PidRecord, container: bool) -> None:
     in a container every process but its init and the command's own shell (the container ends
     with them), else the run's process group."""
     if not container:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pgid or 0, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
         return
     init = record.container_pid
     if init is None:
@@ -513,10 +508,8 @@ def kill_unfinished_runs(work_root: Path) -> int:
         if b"agent.runner" not in cmdline:
             continue
         for kill, target in ((os.killpg, record.pgid), (os.kill, record.runner_pid)):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(target, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         remove_container(directory)  # before its cgroup (and Podman's monitor in it) goes
         own = [Path(d) for d in record.cgroup if cgroups.is_run_cgroup(d)]
         if own:

@@ -26,6 +26,7 @@ This module holds the public API and wires the steps together; each step has its
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -486,10 +487,8 @@ class CheckpointEngine:
                         self._installed[job.target] = job.seq
                     except OSError as error:
                         job.error = f"cannot rename {tmp} to {job.target}: {error}"
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)  # failed, or superseded by a newer save of the path
-        except OSError:
-            pass
 
     # ---- seal (ckptlib._guard) ---------------------------------------------------------------
 

@@ -21,6 +21,7 @@ in ``problem`` (the node's health shows it) instead of returning nothing silentl
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -100,10 +101,8 @@ class KernelLogReader:
 
     def close(self) -> None:
         if self.fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
             self.fd = None
             self.partial = b""
 

@@ -14,6 +14,7 @@ Exit status: 0 all targets met, 1 a target missed, 2 the bench itself could not 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -90,10 +91,8 @@ def machine_lines(var_dir: Path) -> list[str]:
     from django.conf import settings
 
     cpu = ""
-    try:
+    with contextlib.suppress(OSError):
         cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
-    except OSError:
-        pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
         mem = next(int(ln.split()[1]) // 1024 // 1024 for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))

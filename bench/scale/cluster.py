@@ -3,6 +3,7 @@ database, the (instrumented) control worker with beat and N node-agent processes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -121,19 +122,15 @@ class Cluster:
         """End every process this cluster started (process groups: a Celery worker's beat child
         too), then any run a node agent left behind (runners live in their own sessions)."""
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 15
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait(timeout=10)
         self.procs.clear()
         self.kill_runs()

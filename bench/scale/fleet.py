@@ -27,6 +27,7 @@ is a process's entry point, and ``main`` calls ``django.setup()`` before any of 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import itertools
 import logging
@@ -316,10 +317,8 @@ class Fleet:
                 with Connection(settings.CELERY_BROKER_URL) as conn, conn.Consumer(queues, callbacks=[on_message], accept=["json"]):
                     consuming.set()
                     while not self.stopped.is_set():
-                        try:
+                        with contextlib.suppress(TimeoutError):
                             conn.drain_events(timeout=1)
-                        except TimeoutError:
-                            pass
             except Exception:
                 logger.exception("broker connection lost; reconnecting")
                 time.sleep(1)

@@ -32,6 +32,7 @@ The table: figure | new | baseline | target | new / baseline. ``--json PATH`` ke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -277,10 +278,8 @@ class Side:
         rows = []
         for line in self.fleet_log().splitlines():
             if line.startswith("stats {"):
-                try:
+                with contextlib.suppress(ValueError):
                     rows.append(json.loads(line[6:]))
-                except ValueError:
-                    pass
         return rows
 
     def submit(self, count: int, tag: str, rate: float = 0.0) -> dict:

@@ -4,6 +4,7 @@ connection (every line exactly once), ``jobs wait``'s exit codes, the API's own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -66,10 +67,8 @@ class Proxy:
         except OSError:
             pass
         for s in (source, sink):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def cut(self) -> int:
         """Drop every open connection (as a network would); returns how many were open."""

@@ -24,6 +24,7 @@ Playwright's sync API must not run inside a running asyncio loop: use these fixt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -175,10 +176,8 @@ class LiveConsole:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -397,10 +396,8 @@ def page(browser, request):
     finally:
         name = artifact_name(request.node.name)
         failed = request.session.testsfailed > failed_before
-        try:
+        with contextlib.suppress(Exception):
             save_screenshot(tab, f"FAILED-{name}" if failed else f"{name}-end")
-        except Exception:
-            pass
         if failed:
             if console_errors:
                 print("JavaScript errors:\n" + "\n".join(console_errors))

@@ -3,6 +3,7 @@ processes, a Celery control worker with beat, and one node agent process per nod
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -153,20 +154,16 @@ class Cluster:
 
     def stop(self) -> None:
         for key, proc in list(self.procs.items()):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.procs.clear()
-        try:
+        with contextlib.suppress(Exception):
             self.sql(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
-        except Exception:
-            pass
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.tmp.glob("*.log")))

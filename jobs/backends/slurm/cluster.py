@@ -18,6 +18,7 @@ it, ``sacctmgr`` authenticates through munge's default socket and slurmdbd refus
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -281,10 +282,9 @@ class LocalSlurmCluster:
             if node is not None and node.state.startswith(("IDLE", "MIXED", "ALLOCATED")) and "*" not in node.state and "DRAIN" not in node.state:
                 return
             if node is not None and "DOWN" in node.state and "*" not in node.state:
-                try:
+                # SlurmError: slurmd registered meanwhile and Slurm returned the node itself (ReturnToService=2)
+                with contextlib.suppress(SlurmError):
                     self.client.resume(name)
-                except SlurmError:
-                    pass  # slurmd registered meanwhile and Slurm returned the node itself (ReturnToService=2)
             time.sleep(0.3)
         raise RuntimeError(f"slurmd of {name} did not come back in {timeout:.0f}s")
 
