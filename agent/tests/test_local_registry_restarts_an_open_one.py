@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -80,7 +81,7 @@ def _wait_until_it_answers(registry: PlatformRegistry) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except OSError:
         return False
     return state not in ("Z", "X")

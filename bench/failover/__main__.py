@@ -92,10 +92,10 @@ def machine_lines(var_dir: Path) -> list[str]:
 
     cpu = ""
     with contextlib.suppress(OSError):
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), "")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        mem = next(int(ln.split()[1]) // 1024 // 1024 for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))
+        mem = next(int(ln.split()[1]) // 1024 // 1024 for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
     except (OSError, StopIteration):
         mem = "?"
 

@@ -93,8 +93,8 @@ class Cluster:
         return names
 
     def spawn(self, key: str, argv: list[str]) -> None:
-        log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / f"{key}.log", "ab") as log:  # the child holds its own copy
+            self.procs[key] = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def pids(self, prefix: str) -> list[int]:
         return [p.pid for k, p in self.procs.items() if k.startswith(prefix)]

@@ -152,16 +152,15 @@ class LiveConsole:
         (self.workdir / "var").mkdir(parents=True, exist_ok=True)
         if self.slurm is not None:
             self.slurm.start()
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [PY, "manage.py", "runconsole", "--port", str(self.port)],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [PY, "manage.py", "runconsole", "--port", str(self.port)],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             wait(self.serving, f"the console on {self.base_url}", timeout=90)
         except AssertionError:

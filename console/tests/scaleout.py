@@ -144,8 +144,8 @@ class Cluster:
         self.spawn(f"agent-{name}", [PY, "manage.py", "nodeagent", "--name", name, "--simulated"])
 
     def spawn(self, key: str, argv: list[str]) -> None:
-        log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / f"{key}.log", "ab") as log:  # the child holds its own copy
+            self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(key)
@@ -284,8 +284,8 @@ class ProcfileCluster(Cluster):
         self.spawn_with(f"agent-{name}", self.honcho("start", "nodeagent"), NODE_NAME=name)
 
     def spawn_with(self, key: str, argv: list[str], **extra: str) -> None:
-        log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env={**self.base_env, **extra}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / f"{key}.log", "ab") as log:  # the child holds its own copy
+            self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env={**self.base_env, **extra}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def exited(self) -> list[str]:
         """The honcho-started processes that stopped: honcho's own lines saying so, and any honcho gone."""

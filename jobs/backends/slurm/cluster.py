@@ -289,9 +289,8 @@ class LocalSlurmCluster:
         raise RuntimeError(f"slurmd of {name} did not come back in {timeout:.0f}s")
 
     def _spawn(self, command: list[str], name: str) -> None:
-        log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - kept open for the daemon's life
-        self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
-        log.close()
+        with open(self.root / "log" / f"{name}.out", "ab") as log:
+            self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
 
     # --- tear-down ---------------------------------------------------------------------------
     def stop(self) -> None:
