@@ -445,7 +445,7 @@ class Launcher:
                 stdout=err,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=nicer_by(settings.RUN_NICENESS),
+                preexec_fn=nicer_by(settings.RUN_NICENESS),  # noqa: PLW1509 - Popen has no niceness option; the hook only calls os.nice
             )
         self.children[child.pid] = child
         return child.pid

@@ -271,7 +271,7 @@ def run(spec_path: Path) -> int:
     popen.update(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # The child joins the cgroup before it runs anything: the whole run starts inside.
-        proc = subprocess.Popen(argv, preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, **popen)
+        proc = subprocess.Popen(argv, preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, **popen)  # noqa: PLW1509 - no Popen option for it; the hook only writes cgroup.procs
     except subprocess.SubprocessError as exc:
         cgroups.remove([Path(d) for d in cgroup])
         cgroup, unlimited = [], f"could not join the run's cgroup ({exc})"

@@ -83,7 +83,7 @@ def slurm_nodes(views: list[NodeView]) -> list[NodeSpec]:
             gpu_model=model,
             simulated=real is None,
             gpus=tuple(GpuSpec(index=i, uuid=f"GPU-slurm-{view.name}-{i}", model=model, memory_mb=81559) for i in range(view.gpus)),
-        )  # fmt: skip
+        )
         for view in views
     ]
 

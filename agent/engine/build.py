@@ -132,7 +132,7 @@ def build_default_image(
                     suite,
                     str(rootfs),
                     *mirrors,
-                ],  # fmt: skip
+                ],
                 env={**env, "TMPDIR": str(work)},
                 what="mmdebstrap",
                 timeout=1800,
@@ -191,7 +191,7 @@ def build_default_image(
                     "--digestfile",
                     str(digest_file),
                     reference,
-                ],  # fmt: skip
+                ],
                 env=env,
                 what="podman push",
                 timeout=1800,

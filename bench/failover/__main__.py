@@ -286,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
             ok, lines = latency_report(samples, args, out.setdefault(backend, {}) if args.backend == "both" else out)
             results.append(ok)
             lines = [f"[{backend}] " + lines[0], *lines[1:]]
-            report += lines + [""]
+            report += [*lines, ""]
             print("\n".join(lines), flush=True)
             print()
         if len(by_backend) == 2:
             lines = side_by_side(by_backend)
-            report += lines + [""]
+            report += [*lines, ""]
             print("\n".join(lines), flush=True)
             print()
         if args.backend == "slurm":
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Hung rank: {args.hung_runs} runs …", flush=True)
             ok, lines = hung_report(run_hung(console, runs=args.hung_runs, timeout=args.timeout), TARGET_HUNG_S, out)
             results.append(ok)
-            report += lines + [""]
+            report += [*lines, ""]
             print("\n".join(lines), flush=True)
             print()
 

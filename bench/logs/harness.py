@@ -62,11 +62,11 @@ def start_publish_loop() -> asyncio.AbstractEventLoop:
     def run() -> None:
         asyncio.set_event_loop(loop)
 
-        async def remember() -> None:
+        def remember() -> None:
             remember_server_loop()
             ready.set()
 
-        loop.create_task(remember())
+        loop.call_soon(remember)
         loop.run_forever()
 
     threading.Thread(target=run, name="bench-publish-loop", daemon=True).start()

@@ -109,7 +109,7 @@ def launch(argv: list[str], cwd: Path, cgroup: list[str] | None = None, env: dic
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None,
+        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None,  # noqa: PLW1509 - as agent.runner starts a run
         env=env,
     )
 

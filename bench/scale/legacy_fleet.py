@@ -284,7 +284,7 @@ class Fleet:
         start = time.monotonic()
         due = [(start + random.random() * self.output_interval, i) for i in range(len(slots))]
         heapq.heapify(due)
-        for i, slot in enumerate(slots):
+        for slot in slots:
             slot.next_round = start + random.random() * self.interval  # the agents did not all start at once
         while not self.stopped.is_set():
             when, i = due[0]

@@ -153,7 +153,7 @@ class Cluster:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
-        for key, proc in list(self.procs.items()):
+        for _key, proc in list(self.procs.items()):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in self.procs.values():
