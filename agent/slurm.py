@@ -260,7 +260,7 @@ class SlurmAgent(NodeAgent):
             self.slurm.queued.setdefault(
                 part.pk,
                 Queued(part=part, handle=part.backend_job, workdir=str(job_dir(part.attempt.job_id) / "work"), resume_step=spec_resume_step(run_dir(part))),
-            )  # fmt: skip
+            )
 
     def heartbeat(self) -> None:
         """Beats only for the nodes Slurm has up: one Slurm took as down is lost to the console too

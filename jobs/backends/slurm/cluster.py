@@ -129,7 +129,7 @@ class LocalSlurmCluster:
             # Each node's own health check hands its kernel log's fault lines to the console.
             f"HealthCheckProgram={root}/etc/healthcheck.sh",
             f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}",
-        ]  # fmt: skip
+        ]
         gres = ["AutoDetect=off"]
         for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(
