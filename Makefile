@@ -47,6 +47,7 @@ run: $(RUN_STAMP)
 # ckptlib and the client strictly). A new warning fails it.
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy --config-file mypy.ini
 	$(VENV)/bin/mypy --config-file .mypy/strict.ini
 
