@@ -130,7 +130,7 @@ class DatabaseCollector:
         yield histogram("satrain_job_queue_wait_seconds", "From a job's creation to its first run starting", QUEUE_BUCKETS, waits)
 
     def failover_families(self):
-        judged = Tally()
+        judged: Tally[tuple[str, str]] = Tally()
         for verdict, evidence in JobAttempt.objects.filter(verdict__in=[HARDWARE, NON_HARDWARE]).values_list("verdict", "evidence").iterator():
             judged[(verdict, failure_cause(verdict, evidence))] += 1
         family = CounterMetricFamily("satrain_failover_judgements", "Failed runs judged by Job Failover, by verdict and cause", labels=["verdict", "cause"])
@@ -199,9 +199,9 @@ class DatabaseCollector:
             .annotate(held=Count("pk", filter=Q(allocated_to__isnull=False)), n=Count("pk"))
             .values_list("node__name", "healthy", "held", "n")
         )
-        for node, healthy, held, total in sorted(rows):
-            gpus.add_metric([node, str(healthy).lower(), "true"], held)
-            gpus.add_metric([node, str(healthy).lower(), "false"], total - held)
+        for node_name, healthy, held, total in sorted(rows):
+            gpus.add_metric([node_name, str(healthy).lower(), "true"], held)
+            gpus.add_metric([node_name, str(healthy).lower(), "false"], total - held)
         yield gpus
 
     def notification_families(self):
@@ -210,7 +210,7 @@ class DatabaseCollector:
         )
         tries = CounterMetricFamily("satrain_notification_tries", "Delivery tries made (first sends and retries)", labels=["channel"])
         rows = Delivery.objects.values_list("subscription__channel", "state").annotate(n=Count("pk"), tries=Sum("attempts"))
-        per_channel = Tally()
+        per_channel: Tally[str] = Tally()
         for channel, state, n, made in rows.values_list("subscription__channel", "state", "n", "tries"):
             family.add_metric([channel, state], n)
             per_channel[channel] += made or 0
