@@ -36,8 +36,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from agent import cgroups, networks, runfiles, sandbox
 from agent.runfiles import ExitRecord, OutputWriter, PidRecord
@@ -70,7 +71,7 @@ def clean_line(raw: bytes, limit: int, *, cut: bool = False) -> str:
     return text
 
 
-def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, gather: float = 0.0):
+def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, gather: float = 0.0) -> Iterator[tuple[bytes, bool]]:
     """The lines read from ``fd`` as (bytes, cut), never holding more than about 4 × ``limit``
     bytes of one line (a UTF-8 character is at most 4 bytes): the rest of a longer line is
     dropped as it arrives, and the line is marked cut.
@@ -177,7 +178,7 @@ class Watch(threading.Thread):
     """While the run lives: records the container's first process in the pid record once Podman
     has written it, and ends the run if it sits at its PID limit (a fork loop)."""
 
-    def __init__(self, run_dir: Path, record: PidRecord, container: bool, cgroup: list[str], proc: subprocess.Popen) -> None:
+    def __init__(self, run_dir: Path, record: PidRecord, container: bool, cgroup: list[str], proc: subprocess.Popen[bytes]) -> None:
         super().__init__(daemon=True)
         self.run_dir, self.record, self.container, self.cgroup, self.proc = run_dir, record, container, cgroup, proc
         self.pids_limit_hit: int | None = None
@@ -220,7 +221,7 @@ def run(spec_path: Path) -> int:
     cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
     notes: list[str] = []
     parent = None
-    popen: dict = {}
+    popen: dict[str, Any] = {}
     scheduler_job = os.environ.get("SLURM_JOB_ID", "")
     moved = follow_scheduler_gpus(spec.env, policy, os.environ.get("SLURM_JOB_GPUS", "")) if scheduler_job else None
     if moved is not None:
@@ -376,7 +377,9 @@ def index_list(text: str) -> list[int]:
     return indices
 
 
-def follow_scheduler_gpus(env: dict[str, str], policy, slurm_gpus: str):
+def follow_scheduler_gpus(
+    env: dict[str, str], policy: ContainerPolicy | None, slurm_gpus: str
+) -> tuple[dict[str, str], ContainerPolicy | None, tuple[int, ...]] | None:
     """The run uses the GPUs Slurm allocated (``SLURM_JOB_GPUS``), which may not be the ones the
     console placed it on (the cluster's other work holds those): its ``CUDA_VISIBLE_DEVICES`` and
     its container's GPU devices are moved index for index. Returns (env, policy, the indices), or
@@ -394,12 +397,12 @@ def follow_scheduler_gpus(env: dict[str, str], policy, slurm_gpus: str):
         return path[: found.start(2)] + str(moves[int(found.group(2))])
 
     if policy:
-        policy = {
-            **policy,
-            "devices": [[moved(host), moved(inside)] for host, inside in policy.get("devices") or []],
-            "mounts": [[moved(host), moved(inside), mode] if inside.startswith("/dev/nvidia") else [host, inside, mode]
-                       for host, inside, mode in policy.get("mounts") or []],
-        }  # fmt: skip
+        policy = policy.copy()
+        policy["devices"] = [(moved(host), moved(inside)) for host, inside in policy.get("devices") or []]
+        policy["mounts"] = [
+            [moved(host), moved(inside), mode] if inside.startswith("/dev/nvidia") else [host, inside, mode]
+            for host, inside, mode in policy.get("mounts") or []
+        ]
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, given))}, policy, tuple(given)
 
 

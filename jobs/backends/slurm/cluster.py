@@ -27,7 +27,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jobs.backends.slurm.client import SlurmClient, SlurmError
@@ -213,7 +213,7 @@ class LocalSlurmCluster:
 
         self._until(deadline, "slurmdbd", cluster_known)
 
-    def _until(self, deadline: float, what: str, ready) -> None:
+    def _until(self, deadline: float, what: str, ready: Callable[[], object]) -> None:
         while time.monotonic() < deadline:
             try:
                 if ready():
