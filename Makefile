@@ -45,10 +45,14 @@ $(TEST_STAMP): $(RUN_STAMP)
 run: $(RUN_STAMP)
 	$(PY) manage.py runconsole
 
-# The gate: pyflakes' rules and import order (ruff), then the types (mypy: the apps, and
-# ckptlib and the client strictly). A new warning fails it.
+# The gate: ruff's rule families (pyproject.toml says which, and why any rule is off) and its
+# formatter, the layering (lint-imports: pyproject.toml's import contracts), then the types (mypy:
+# the apps with the bodies of unannotated functions, the process seams strictly; ckptlib and the
+# client strictly). A new warning fails it.
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 	$(VENV)/bin/mypy --config-file mypy.ini
 	$(VENV)/bin/mypy --config-file .mypy/strict.ini
 
@@ -61,8 +65,8 @@ test: $(TEST_STAMP)
 	@$(SERVICES_WARNING)
 	@$(PY) harness/lanes.py $(LANES_ARGS) $(PYTEST_ARGS)
 
-# The fast lane: pyflakes' rules and import order, then every test not marked slow, on every
-# core (pytest-xdist); it prints its time. `make lint` (mypy too) and `make test` do the rest.
+# The fast lane: ruff's rules, then every test not marked slow, on every core (pytest-xdist); it
+# prints its time. `make lint` (the formatter, the import contracts, mypy too) and `make test` do the rest.
 test-fast: $(TEST_STAMP)
 	@$(SERVICES_WARNING)
 	@start=$$(date +%s); \

@@ -218,7 +218,7 @@ def tree(directory: Path) -> list[Path]:
         children = []
     for child in children:
         found += tree(child)
-    return found + [Path(directory)]
+    return [*found, Path(directory)]
 
 
 def pids(directories: list[Path]) -> set[int]:

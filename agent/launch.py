@@ -17,8 +17,9 @@ import subprocess
 import sys
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 from django.conf import settings
 
@@ -94,7 +95,17 @@ def mountable(path: str) -> str:
     return path
 
 
-def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, image_ref: str, dirs: dict, uid: int | None) -> ContainerPolicy:
+class RunDirectories(TypedDict):
+    """A run's directories on the host (``LocalLauncher.make_directories``)."""
+
+    work: Path
+    output: Path
+    output_mount: bool  # the output directory is mounted on its own
+    output_in_run: str  # its path as the run sees it
+    fence: NotRequired[Path]  # the attempt's fence file's directory, once written
+
+
+def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, image_ref: str, dirs: RunDirectories, uid: int | None) -> ContainerPolicy:
     """What the run's container is: its image by digest, its mounts (an allow-list), devices,
     user, network and limits (``agent.sandbox.container_argv``)."""
     node = part.node
@@ -167,12 +178,12 @@ def sweep_strays(live: set[str]) -> tuple[int, int]:
     except (networks.NetworkUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
         logger.error("the node's job network rules could not be installed: %s", exc)
     try:
-        listed = subprocess.run([podman, "ps", "-a", "--format", "{{.Names}}"], env=env, capture_output=True, text=True, timeout=120)
+        listed = subprocess.run([podman, "ps", "-a", "--format", "{{.Names}}"], check=False, env=env, capture_output=True, text=True, timeout=120)
         names = [n for n in listed.stdout.split() if n.startswith(prefix) and n not in live]
         for name in names:
             sandbox.remove_container(podman, name, env)
             sandbox.remove_secret_env(name)
-        listed = subprocess.run([podman, "network", "ls", "--format", "{{.Name}}"], env=env, capture_output=True, text=True, timeout=120)
+        listed = subprocess.run([podman, "network", "ls", "--format", "{{.Name}}"], check=False, env=env, capture_output=True, text=True, timeout=120)
         removed = 0
         for name in [n for n in listed.stdout.split() if n.startswith(prefix)]:
             removed += networks.remove_unused(name, podman=podman, env=env)
@@ -258,7 +269,7 @@ def run_secrets(job: TrainingJob, env: dict[str, str]) -> dict[str, str]:
 PULL_LINES_KEPT = 20  # of Podman's progress lines, shown in the run's log
 
 
-def pull_image(job: TrainingJob, attempt: JobAttempt, progress=None) -> tuple[engine.PullResult, str]:
+def pull_image(job: TrainingJob, attempt: JobAttempt, progress: Callable[[str], None] | None = None) -> tuple[engine.PullResult, str]:
     """Pull the attempt's image (a failover's: the digest the first attempt ran) with the
     project's credentials, handed to Podman as an auth file only the agent can read. Returns the
     outcome and the reference that names exactly what was pulled (``repository@sha256:…``);
@@ -304,7 +315,7 @@ class Launcher:
 
     def __init__(self, node_names: Sequence[str]) -> None:
         self.node_names = node_names
-        self.children: dict[int, subprocess.Popen] = {}
+        self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.pull_lines: dict[int, list[str]] = {}  # the last pull's progress, by attempt
 
     def launch(self, attempt: JobAttempt) -> list[AttemptNode]:
@@ -377,7 +388,7 @@ class Launcher:
         return claimed
 
     @staticmethod
-    def make_directories(job: TrainingJob, location, uid: int | None, *, contained: bool) -> dict:
+    def make_directories(job: TrainingJob, location: OutputLocation, uid: int | None, *, contained: bool) -> RunDirectories:
         """The run's work and output directories, made through descriptors below directories the
         agent owns (``agent.workdirs``), each owned by the project's uid. Returns their host
         paths, whether the output directory is mounted on its own, and its path in the run."""
@@ -394,7 +405,7 @@ class Launcher:
         job: TrainingJob,
         attempt: JobAttempt,
         part: AttemptNode,
-        dirs: dict,
+        dirs: RunDirectories,
         *,
         image_ref: str,
         uid: int | None,
@@ -445,7 +456,7 @@ class Launcher:
                 stdout=err,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=nicer_by(settings.RUN_NICENESS),
+                preexec_fn=nicer_by(settings.RUN_NICENESS),  # noqa: PLW1509 - Popen has no niceness option; the hook only calls os.nice
             )
         self.children[child.pid] = child
         return child.pid
@@ -478,7 +489,7 @@ class Launcher:
                 del self.children[pid]
 
 
-def nicer_by(increment: int):
+def nicer_by(increment: int) -> Callable[[], object] | None:
     """A ``preexec_fn`` that makes the runner (and so its run: niceness is inherited) ``increment``
     nicer than the agent; None for 0. A run cannot undo it: its container has no CAP_SYS_NICE."""
     if increment <= 0:

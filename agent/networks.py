@@ -53,7 +53,7 @@ class JobNetwork:
 
 
 def _run(argv: Sequence[str], env: Mapping[str, str], *, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), env=dict(env), input=stdin, capture_output=True, text=True, timeout=TOOL_TIMEOUT)
+    return subprocess.run(list(argv), check=False, env=dict(env), input=stdin, capture_output=True, text=True, timeout=TOOL_TIMEOUT)
 
 
 def _subnets(pool: str) -> list[ipaddress.IPv4Network]:

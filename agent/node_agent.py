@@ -294,11 +294,10 @@ class NodeAgent:
             attempt = part.attempt
             job = attempt.job
             if job.status == JobStatus.RUNNING and attempt.stop_requested_at is None:
-                if job.max_run_minutes and job.started_at and job.pk not in self.over_time:
-                    if now - job.started_at > timedelta(minutes=job.max_run_minutes):
-                        self.over_time.add(job.pk)
-                        runs.max_run_time_reached(job)
-                        self.wake()
+                if job.max_run_minutes and job.started_at and job.pk not in self.over_time and now - job.started_at > timedelta(minutes=job.max_run_minutes):
+                    self.over_time.add(job.pk)
+                    runs.max_run_time_reached(job)
+                    self.wake()
                 continue
             if attempt.state == JobAttempt.State.PLACED and attempt.stop_requested_at is None and job.status in WAITING:
                 continue  # still being launched (here or, for other ranks, by other agents): not Running yet

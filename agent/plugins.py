@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from jobs.models import AttemptNode
 
 
 class AgentView(Protocol):
@@ -15,7 +18,7 @@ class AgentView(Protocol):
     name: str
     node_names: Sequence[str]
 
-    def live_parts(self) -> list:
+    def live_parts(self) -> list[AttemptNode]:
         """The agent's started runs not seen to end (``AttemptNode`` with attempt, job and node),
         from memory: a plug-in reads them without a query."""
 
@@ -51,7 +54,7 @@ def plugins_for(agent: AgentView) -> list[AgentPlugin]:
     return [factory(agent) for factory in _factories]
 
 
-def call_optional(plugins: list[AgentPlugin], hook: str, *args) -> None:
+def call_optional(plugins: list[AgentPlugin], hook: str, *args: object) -> None:
     """Call ``hook`` (``on_start``, ``on_shutdown``, ``on_reconcile``, ``before_failed_exit``) on every plug-in that has
     it; one failing is logged and the others still run."""
 

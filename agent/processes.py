@@ -6,6 +6,7 @@ Each rank of an attempt has a run directory in which ``agent.runner`` keeps the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -65,10 +66,8 @@ def signal_run(part: AttemptNode, sig: int) -> bool:
         own = [Path(d) for d in record.cgroup if cgroups.is_run_cgroup(d)]
         cgroups.kill_all(own)
         if container_pid is not None and processes:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(container_pid, signal.SIGKILL)  # the namespace's init: every process in it ends
-            except (ProcessLookupError, PermissionError):
-                pass
     if sig == signal.SIGKILL or not in_sandbox:
         try:
             os.killpg(pgid, sig)

@@ -55,11 +55,11 @@ import json
 import math
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from json.encoder import encode_basestring
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from agent.sandbox import ContainerPolicy, RunLimits
 
@@ -144,7 +144,7 @@ def read_bounded(path: Path, limit: int) -> bytes:
     return data
 
 
-def read_json(path: Path, limit: int = RECORD_MAX_BYTES) -> dict | None:
+def read_json(path: Path, limit: int = RECORD_MAX_BYTES) -> dict[str, Any] | None:
     """A JSON object from a run file, or None if it is missing or not one (see ``read_bounded``)."""
     try:
         value = json.loads(read_bounded(path, limit))
@@ -153,7 +153,7 @@ def read_json(path: Path, limit: int = RECORD_MAX_BYTES) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def write_json_atomic(path: Path, payload: dict, *, mode: int = 0o644) -> None:
+def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o644) -> None:
     """``payload`` as ``path``, replaced whole: a reader sees the old file, the new one, or none."""
     tmp = path.with_name(path.name + TMP_SUFFIX)
     tmp.unlink(missing_ok=True)
@@ -336,7 +336,7 @@ def output_record(number: int, time: float, text: str) -> bytes:
     the encoder object cost more than the text)."""
     if type(number) is not int or type(time) is not float or not math.isfinite(time):
         return json.dumps({"n": number, "t": time, "s": text}, ensure_ascii=False).encode("utf-8") + b"\n"
-    return f'{{"n": {number}, "t": {time!r}, "s": {encode_basestring(text)}}}\n'.encode("utf-8")
+    return f'{{"n": {number}, "t": {time!r}, "s": {encode_basestring(text)}}}\n'.encode()
 
 
 def checked_record(record: object) -> OutputLine | None:

@@ -27,6 +27,7 @@ fixed environment and reads the job's from a file only the agent can read.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -35,8 +36,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from agent import cgroups, networks, runfiles, sandbox
 from agent.runfiles import ExitRecord, OutputWriter, PidRecord
@@ -69,7 +71,7 @@ def clean_line(raw: bytes, limit: int, *, cut: bool = False) -> str:
     return text
 
 
-def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, gather: float = 0.0):
+def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, gather: float = 0.0) -> Iterator[tuple[bytes, bool]]:
     """The lines read from ``fd`` as (bytes, cut), never holding more than about 4 × ``limit``
     bytes of one line (a UTF-8 character is at most 4 bytes): the rest of a longer line is
     dropped as it arrives, and the line is marked cut.
@@ -97,7 +99,7 @@ def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, 
                 if len(line) > cap:
                     # A progress bar's last redraw is what is kept; else the line's head.
                     at = line.rfind(b"\r", 0, len(line) - 1)
-                    if 0 <= at and len(line) - at - 1 <= cap:
+                    if at >= 0 and len(line) - at - 1 <= cap:
                         del line[: at + 1]
                     else:
                         del line[cap:]
@@ -176,7 +178,7 @@ class Watch(threading.Thread):
     """While the run lives: records the container's first process in the pid record once Podman
     has written it, and ends the run if it sits at its PID limit (a fork loop)."""
 
-    def __init__(self, run_dir: Path, record: PidRecord, container: bool, cgroup: list[str], proc: subprocess.Popen) -> None:
+    def __init__(self, run_dir: Path, record: PidRecord, container: bool, cgroup: list[str], proc: subprocess.Popen[bytes]) -> None:
         super().__init__(daemon=True)
         self.run_dir, self.record, self.container, self.cgroup, self.proc = run_dir, record, container, cgroup, proc
         self.pids_limit_hit: int | None = None
@@ -201,10 +203,8 @@ class Watch(threading.Thread):
             elif time.monotonic() - at_limit_since >= PIDS_LIMIT_GRACE:
                 self.pids_limit_hit = limit
                 cgroups.kill_all([Path(d) for d in self.cgroup])
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
                 return
 
 
@@ -221,7 +221,7 @@ def run(spec_path: Path) -> int:
     cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
     notes: list[str] = []
     parent = None
-    popen: dict = {}
+    popen: dict[str, Any] = {}
     scheduler_job = os.environ.get("SLURM_JOB_ID", "")
     moved = follow_scheduler_gpus(spec.env, policy, os.environ.get("SLURM_JOB_GPUS", "")) if scheduler_job else None
     if moved is not None:
@@ -272,7 +272,7 @@ def run(spec_path: Path) -> int:
     popen.update(stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # The child joins the cgroup before it runs anything: the whole run starts inside.
-        proc = subprocess.Popen(argv, preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, **popen)
+        proc = subprocess.Popen(argv, preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None, **popen)  # noqa: PLW1509 - no Popen option for it; the hook only writes cgroup.procs
     except subprocess.SubprocessError as exc:
         cgroups.remove([Path(d) for d in cgroup])
         cgroup, unlimited = [], f"could not join the run's cgroup ({exc})"
@@ -377,7 +377,9 @@ def index_list(text: str) -> list[int]:
     return indices
 
 
-def follow_scheduler_gpus(env: dict[str, str], policy, slurm_gpus: str):
+def follow_scheduler_gpus(
+    env: dict[str, str], policy: ContainerPolicy | None, slurm_gpus: str
+) -> tuple[dict[str, str], ContainerPolicy | None, tuple[int, ...]] | None:
     """The run uses the GPUs Slurm allocated (``SLURM_JOB_GPUS``), which may not be the ones the
     console placed it on (the cluster's other work holds those): its ``CUDA_VISIBLE_DEVICES`` and
     its container's GPU devices are moved index for index. Returns (env, policy, the indices), or
@@ -395,12 +397,12 @@ def follow_scheduler_gpus(env: dict[str, str], policy, slurm_gpus: str):
         return path[: found.start(2)] + str(moves[int(found.group(2))])
 
     if policy:
-        policy = {
-            **policy,
-            "devices": [[moved(host), moved(inside)] for host, inside in policy.get("devices") or []],
-            "mounts": [[moved(host), moved(inside), mode] if inside.startswith("/dev/nvidia") else [host, inside, mode]
-                       for host, inside, mode in policy.get("mounts") or []],
-        }  # fmt: skip
+        policy = policy.copy()
+        policy["devices"] = [(moved(host), moved(inside)) for host, inside in policy.get("devices") or []]
+        policy["mounts"] = [
+            [moved(host), moved(inside), mode] if inside.startswith("/dev/nvidia") else [host, inside, mode]
+            for host, inside, mode in policy.get("mounts") or []
+        ]
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, given))}, policy, tuple(given)
 
 
@@ -409,10 +411,8 @@ def forward_kill(record: PidRecord) -> None:
     death ends the whole container) and the run's process group (Podman's client)."""
     for kill, target in ((os.kill, record.container_pid), (os.killpg, record.pgid)):
         if target:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(target, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def forward_term(record: PidRecord, container: bool) -> None:
@@ -420,10 +420,8 @@ def forward_term(record: PidRecord, container: bool) -> None:
     in a container every process but its init and the command's own shell (the container ends
     with them), else the run's process group."""
     if not container:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(record.pgid or 0, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
         return
     init = record.container_pid
     if init is None:
@@ -475,7 +473,7 @@ def slurm_epilog() -> int:
     if not job_id.isdigit():
         return 0
     try:
-        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30).stdout
+        shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     found = re.search(r"\bStdOut=(\S+)", shown)
@@ -513,10 +511,8 @@ def kill_unfinished_runs(work_root: Path) -> int:
         if b"agent.runner" not in cmdline:
             continue
         for kill, target in ((os.killpg, record.pgid), (os.kill, record.runner_pid)):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill(target, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         remove_container(directory)  # before its cgroup (and Podman's monitor in it) goes
         own = [Path(d) for d in record.cgroup if cgroups.is_run_cgroup(d)]
         if own:

@@ -136,8 +136,11 @@ class ResourceSampler:
             )
         record_readings(readings)
 
-    def host_usage(self, runner_pid: int, seen: set[int]) -> tuple[float | None, float]:
-        """CPU percent (since the last sample) and resident MiB of a run's process tree."""
+    def host_usage(self, runner_pid: int | None, seen: set[int]) -> tuple[float | None, float]:
+        """CPU percent (since the last sample) and resident MiB of a run's process tree (none
+        for a part without a runner: psutil would read the agent's own)."""
+        if runner_pid is None:
+            return None, 0.0
         try:
             root = psutil.Process(runner_pid)
             tree = [root, *root.children(recursive=True)]

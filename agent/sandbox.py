@@ -144,7 +144,7 @@ def cdi_spec_present(kind: str = "nvidia.com/gpu") -> bool:
 def container_argv(
     command: str,
     *,
-    policy: Mapping,
+    policy: ContainerPolicy,
     env_file: str,
     cgroup_parent: str | None,
     pidfile: str,
@@ -159,8 +159,11 @@ def container_argv(
     job network's name and this rank's address there (``agent.networks.join``); ``secret_file``:
     the run's secret variables on the node (``write_secret_env``); ``seccomp``: the profile."""
     uid = int(policy["user"])
+    podman = policy["podman"]
+    if podman is None:  # Popen would fail on the None anyway; say what is missing
+        raise ValueError("the run's container policy names no Podman")
     argv = [
-        policy["podman"],
+        podman,
         "run",
         "--name",
         policy["name"],
@@ -226,7 +229,7 @@ def remove_container(podman: str, name: str, env: Mapping[str, str], *, timeout:
     killed with its run (a SIGKILL to the run's cgroup) is refused once ("could not be stopped":
     Podman left it Stopping) and removed by the second try. Returns whether it is gone."""
     for _ in range(2):
-        done = subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], env=dict(env), capture_output=True, timeout=timeout)
+        done = subprocess.run([podman, "rm", "--force", "--ignore", "--time", "0", name], check=False, env=dict(env), capture_output=True, timeout=timeout)
         if done.returncode == 0:
             return True
     return False

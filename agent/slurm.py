@@ -83,7 +83,7 @@ def slurm_nodes(views: list[NodeView]) -> list[NodeSpec]:
             gpu_model=model,
             simulated=real is None,
             gpus=tuple(GpuSpec(index=i, uuid=f"GPU-slurm-{view.name}-{i}", model=model, memory_mb=81559) for i in range(view.gpus)),
-        )  # fmt: skip
+        )
         for view in views
     ]
 
@@ -260,7 +260,7 @@ class SlurmAgent(NodeAgent):
             self.slurm.queued.setdefault(
                 part.pk,
                 Queued(part=part, handle=part.backend_job, workdir=str(job_dir(part.attempt.job_id) / "work"), resume_step=spec_resume_step(run_dir(part))),
-            )  # fmt: skip
+            )
 
     def heartbeat(self) -> None:
         """Beats only for the nodes Slurm has up: one Slurm took as down is lost to the console too

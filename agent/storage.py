@@ -187,9 +187,9 @@ class Walk:
         self.bytes += info.st_blocks * 512
 
     def over_bounds(self) -> bool:
-        if self.entries >= self.max_entries:
-            self.cut = True
-        elif self.entries % 1024 == 0 and (time.monotonic() >= self.deadline or (self.stopped is not None and self.stopped.is_set())):
+        if self.entries >= self.max_entries or (
+            self.entries % 1024 == 0 and (time.monotonic() >= self.deadline or (self.stopped is not None and self.stopped.is_set()))
+        ):
             self.cut = True
         return self.cut
 
@@ -213,6 +213,7 @@ def container_layer(name: str, env: dict[str, str]) -> Path | None:
     try:
         done = subprocess.run(
             [podman, "container", "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", name],
+            check=False,
             env=env,
             capture_output=True,
             text=True,

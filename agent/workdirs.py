@@ -16,7 +16,7 @@ import secrets
 import socket
 import stat
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 # The fence's reader (ckptlib reads it in the run the same way): standard library only.
@@ -30,10 +30,8 @@ class DirectoryRefused(OSError):
 
 
 def _open_or_make(parent_fd: int, name: str, mode: int) -> int:
-    try:
+    with suppress(FileExistsError):
         os.mkdir(name, mode, dir_fd=parent_fd)
-    except FileExistsError:
-        pass
     try:
         return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError as exc:
@@ -168,7 +166,5 @@ def read_beneath(root: Path, parts: Sequence[str]) -> str | None:
 
 def close_beneath(path: str | None) -> None:
     if path and path.startswith("/proc/self/fd/"):
-        try:
+        with suppress(OSError, ValueError):
             os.close(int(path.rsplit("/", 1)[1]))
-        except (OSError, ValueError):
-            pass

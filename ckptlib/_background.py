@@ -79,7 +79,7 @@ class BackgroundWriters:
         # This thread's buffer for gathered items, made at its first one and kept: outside the
         # host cache's bound, so a writer never waits for chunks that only a writer gives back.
         self._local.buffer = None
-        carried: WriteItem | None | object = _NOTHING  # taken from the queue, not batchable
+        carried: WriteItem | object | None = _NOTHING  # taken from the queue, not batchable
         while True:
             if carried is not _NOTHING:
                 item, carried = carried, _NOTHING
@@ -121,7 +121,7 @@ class BackgroundWriters:
             and (item.chunk is not None or item.live is not None or item.gather is not None)
         )
 
-    def _take_batch(self, first: WriteItem) -> tuple[list[WriteItem], WriteItem | None | object]:
+    def _take_batch(self, first: WriteItem) -> tuple[list[WriteItem], WriteItem | object | None]:
         """``first`` and the items queued right behind it that continue its file's bytes: one
         ``pwritev`` writes them all. Returns the batch and the first item taken that does not
         belong to it (``_NOTHING`` if none)."""
@@ -200,7 +200,7 @@ class BackgroundWriters:
             assert item.gather is not None and used + item.length <= buffer.size
             copy_segments(buffer.array[used : used + item.length], item.gather)
             view = memoryview(buffer.mem)[used : used + item.length]
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
+        except Exception as error:  # reported, training goes on
             item.job.fail_in_flight(f"writing {item.sink.path.name} failed: {error}")
         finally:
             # Live memory is no longer read: the next optimizer step may go on.
@@ -213,7 +213,7 @@ class BackgroundWriters:
                 sink.write_vectors(run[0].offset, views)
                 with job.lock:
                     job.bytes += sum(item.length for item in run)
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
+        except Exception as error:  # reported, training goes on
             job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
         finally:
             for view in views:  # a chunk given back may be unmapped: no view may outlive this
@@ -236,7 +236,7 @@ class BackgroundWriters:
                     sink.write(item)
                     with job.lock:
                         job.bytes += item.length
-            except Exception as error:  # noqa: BLE001 - reported, training goes on
+            except Exception as error:  # reported, training goes on
                 job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
             finally:
                 if item.chunk is not None:
@@ -261,13 +261,13 @@ class BackgroundWriters:
             sink.write(item, buffer=self._local.buffer.mem)
             with job.lock:
                 job.bytes += item.length
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
+        except Exception as error:  # reported, training goes on
             job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
 
     def _close_file(self, job: InFlightCheckpoint, sink: FileSink) -> None:
         try:
             sink.close(durable=job.error is None)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             job.fail_in_flight(f"writing {sink.path.name} failed: {error}")
         with job.lock:
             job.files_left -= 1

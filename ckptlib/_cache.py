@@ -11,6 +11,7 @@ returned to the system when dropped. Up to ``keep_bytes`` of chunks given back a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import threading
@@ -47,10 +48,8 @@ class Chunk:
         self.size = size
         self.mem = mmap.mmap(-1, size)
         if size >= _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
+            with contextlib.suppress(OSError):
                 self.mem.madvise(mmap.MADV_HUGEPAGE)  # 512× fewer first-touch page faults
-            except OSError:
-                pass
         self.array = np.frombuffer(self.mem, dtype=np.uint8)
         self.tensor = torch.from_numpy(self.array)
         self._pinned = False
@@ -63,10 +62,8 @@ class Chunk:
             torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())
             self._pinned = False
         del self.tensor, self.array
-        try:
+        with contextlib.suppress(BufferError):  # a view is still alive somewhere; the GC frees it later
             self.mem.close()
-        except BufferError:  # a view is still alive somewhere; the GC frees it later
-            pass
 
 
 class HostCache:

@@ -16,6 +16,7 @@ directory fsynced (``settle_file``). Neither ends the job: the engine then compl
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -61,7 +62,7 @@ class MultiRankCommit:
                     self._commit(job)
                 else:
                     self._await_commit(job)
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             job.error = job.error or f"commit failed: {error}"
         if job.error is not None:
             self._mark_rank_failed(job)
@@ -87,10 +88,8 @@ class MultiRankCommit:
             _format.write_bytes_durably(_format.rank_marker(job.directory, self._place.rank), b"ok\n")
 
     def _mark_rank_failed(self, job: InFlightCheckpoint) -> None:
-        try:
+        with contextlib.suppress(OSError):
             _failed_marker(job.directory, self._place.rank).write_text(job.error or "failed")
-        except OSError:
-            pass
 
     def _commit(self, job: InFlightCheckpoint) -> None:
         deadline = time.monotonic() + _COMMIT_TIMEOUT_S

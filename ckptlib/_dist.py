@@ -35,7 +35,7 @@ def current_place(*, local_rank: int | None = None) -> ProcessPlace:
     else:
         rank, world = _from_process_group()
     if local_rank is None or local_rank < 0:
-        local_rank = int(os.environ.get("LOCAL_RANK", -1))
+        local_rank = int(os.environ.get("LOCAL_RANK", "-1"))
     return ProcessPlace(rank=rank, world_size=max(world, 1), local_rank=local_rank)
 
 

@@ -26,6 +26,7 @@ This module holds the public API and wires the steps together; each step has its
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -228,7 +229,7 @@ class CheckpointEngine:
                 mem_align=mem_align,
                 guard=guard,
             )
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
+        except Exception as error:  # reported, training goes on
             job = InFlightCheckpoint(step=step, directory=directory, target=target, plan=StatePlan(), started=began)
             self._jobs.fail(job, f"cannot plan the checkpoint: {error}")
             return False
@@ -241,7 +242,7 @@ class CheckpointEngine:
             directory.mkdir(parents=True, exist_ok=True)
             if write_extra_files is not None:
                 write_extra_files(directory)
-        except Exception as error:  # noqa: BLE001 - reported, training goes on
+        except Exception as error:  # reported, training goes on
             self._jobs.fail(job, f"cannot create {directory}: {error}")
             return False
         for optimizer in plan.optimizers:
@@ -467,7 +468,7 @@ class CheckpointEngine:
             if job.write_files_later is not None and job.error is None:
                 try:
                     job.write_files_later(job.directory)
-                except Exception as error:  # noqa: BLE001 - reported, training goes on
+                except Exception as error:  # reported, training goes on
                     job.fail_in_flight(f"cannot write the checkpoint's small files: {error!r}")
             self._committer.settle(job)
         self._jobs.complete(job)
@@ -486,10 +487,8 @@ class CheckpointEngine:
                         self._installed[job.target] = job.seq
                     except OSError as error:
                         job.error = f"cannot rename {tmp} to {job.target}: {error}"
-        try:
+        with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)  # failed, or superseded by a newer save of the path
-        except OSError:
-            pass
 
     # ---- seal (ckptlib._guard) ---------------------------------------------------------------
 

@@ -50,7 +50,7 @@ class StagingHook:
                 _signals.at_hook_point(kind=self._kind)
             try:
                 points.stage(force=self._force)
-            except Exception:  # noqa: BLE001 - a checkpoint must never break the training step
+            except Exception:  # a checkpoint must never break the training step
                 logger.exception("%s staging failed", LOG_PREFIX)
 
     def __reduce__(self) -> tuple[Any, ...]:

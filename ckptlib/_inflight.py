@@ -140,7 +140,7 @@ class InFlightBook:
             for callback in self._on_commit:
                 try:
                     callback(result)
-                except Exception:  # noqa: BLE001 - rotation must not break training
+                except Exception:  # rotation must not break training
                     logger.exception("%s after-commit callback failed", LOG_PREFIX)
         else:
             logger.error("%s checkpoint step=%s failed: %s", LOG_PREFIX, job.step, job.error)

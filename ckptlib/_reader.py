@@ -52,7 +52,7 @@ def read_checkpoint(directory: Path, *, place: ProcessPlace, map_location: str |
             else:
                 # Our own files, written by this library: they hold numpy RNG arrays and plain objects.
                 state[key] = torch.load(path, map_location=map_location, weights_only=False)
-        except Exception as error:  # noqa: BLE001 - any reader error: the file is named
+        except Exception as error:  # any reader error: the file is named
             raise CheckpointError(f"cannot read {path}: {error}") from error
     return LoadedCheckpoint(step=step, path=directory, state=state)
 

@@ -243,7 +243,7 @@ def _at_exit() -> None:
             if not only_wait:
                 engine.final_checkpoint(deadline=_request.deadline)
             engine.shutdown(timeout=_remaining(engine.options.grace_period_s))
-        except Exception:  # noqa: BLE001 - exiting anyway
+        except Exception:  # exiting anyway
             logger.exception("[Concurrent Checkpoint] final checkpoint at exit failed")
 
 

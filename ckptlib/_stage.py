@@ -168,7 +168,7 @@ class Stager:
                         self._take_back_live(cursor)
                     elif self._live_pending(cursor):
                         break
-                except Exception as error:  # noqa: BLE001 - staging runs inside training: never raise there
+                except Exception as error:  # staging runs inside training: never raise there
                     self._abandon(cursor, f"staging failed: {error!r}")
                 cursor.live.clear()
                 self._cursors.pop(0)

@@ -72,7 +72,7 @@ def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece], list[Ent
     pickler.persistent_id = persistent_id  # type: ignore[method-assign]
     try:
         pickler.dump(obj)
-    except Exception:  # noqa: BLE001 - anything unusual goes through torch.save instead
+    except Exception:  # anything unusual goes through torch.save instead
         return None
     sources = [torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages]
     pieces, entries = _zip_pieces(buffer.getvalue(), [s.nbytes() for s in storages])
@@ -135,7 +135,7 @@ class _Recorder:
             return 0
         address = np.frombuffer(view, dtype=np.uint8).ctypes.data
         offset = address - self.placeholder_address
-        if self.slot >= 0 and 0 <= offset and offset + length <= self.slot_size:
+        if self.slot >= 0 and offset >= 0 and offset + length <= self.slot_size:
             self.pieces.append((self.slot, offset, length))
         elif self.pieces and isinstance(self.pieces[-1], bytes):
             self.pieces[-1] += bytes(view)

@@ -255,7 +255,7 @@ class _CrcBeside(threading.Thread):
         crcs, offset, views = self._call
         try:
             crcs.written(offset, views)
-        except BaseException as error:  # noqa: BLE001 - raised again by join
+        except BaseException as error:  # raised again by join
             self._error = error
 
     def join(self, timeout: float | None = None) -> None:

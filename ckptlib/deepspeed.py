@@ -239,7 +239,7 @@ def _commit_at_destroy_and_exit(ds_engine: Any) -> None:
         if engine is not None:
             try:
                 commit_pending(engine)
-            except Exception:  # noqa: BLE001 - at exit: reported, never raised
+            except Exception:  # at exit: reported, never raised
                 logger.exception("%s committing the last checkpoint at exit failed", LOG_PREFIX)
 
     atexit.register(commit_at_exit)

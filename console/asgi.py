@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
@@ -24,10 +25,8 @@ def tidy_metrics_dir() -> None:
         try:
             os.kill(int(pid), 0)  # no signal: only asks whether that pid runs on this host
         except ProcessLookupError:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(path, name))
-            except FileNotFoundError:
-                pass
         except PermissionError:
             pass  # it runs, as another user
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, cast
 
 from django import forms
@@ -221,10 +222,8 @@ class TrainingJobForm(forms.Form):
         source's value, or the one typed before this form was shown again (else it is an error:
         a value never shown must be given)."""
         kept: dict[str, str] = {}
-        try:
+        with contextlib.suppress(SecretUnreadable):
             kept.update(self.kept_secrets.reveal() if self.kept_secrets else {})
-        except SecretUnreadable:
-            pass
         kept.update(unseal(data.get("secret_env_kept") or "", owner_pk=self.owner.pk))
         if self.is_bound:
             self.mask_typed_secrets(kept)

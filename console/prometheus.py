@@ -17,8 +17,7 @@ import hmac
 import os
 import time
 from collections import Counter as Tally
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db.models import Count, OuterRef, Q, Subquery, Sum
@@ -46,7 +45,7 @@ CHECKPOINT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 3
 def histogram(name: str, doc: str, buckets: tuple[float, ...], values: list[float]) -> HistogramMetricFamily:
     counts = [sum(1 for v in values if v <= bound) for bound in buckets]
     family = HistogramMetricFamily(name, doc)
-    family.add_metric([], [(repr(float(b)), c) for b, c in zip(buckets, counts)] + [("+Inf", len(values))], sum(values))
+    family.add_metric([], [(repr(float(b)), c) for b, c in zip(buckets, counts, strict=True)] + [("+Inf", len(values))], sum(values))
     return family
 
 
@@ -70,7 +69,7 @@ def outage_start(run_end: datetime | None, last_heartbeat) -> datetime | None:
     """When a failed-over run's outage began: its lost node's last heartbeat (unix time, stored by
     the lost-node sweep; the run was closed only a lease later), else the run's end."""
     try:
-        return datetime.fromtimestamp(float(last_heartbeat), tz=dt_timezone.utc)
+        return datetime.fromtimestamp(float(last_heartbeat), tz=UTC)
     except (TypeError, ValueError, OverflowError, OSError):
         return run_end
 
@@ -131,7 +130,7 @@ class DatabaseCollector:
         yield histogram("satrain_job_queue_wait_seconds", "From a job's creation to its first run starting", QUEUE_BUCKETS, waits)
 
     def failover_families(self):
-        judged = Tally()
+        judged: Tally[tuple[str, str]] = Tally()
         for verdict, evidence in JobAttempt.objects.filter(verdict__in=[HARDWARE, NON_HARDWARE]).values_list("verdict", "evidence").iterator():
             judged[(verdict, failure_cause(verdict, evidence))] += 1
         family = CounterMetricFamily("satrain_failover_judgements", "Failed runs judged by Job Failover, by verdict and cause", labels=["verdict", "cause"])
@@ -179,7 +178,7 @@ class DatabaseCollector:
         )
         families = [GaugeMetricFamily(name, doc, labels=["job", "name", "project"]) for _, name, doc in self.USAGE]
         for pk, name, project, *values in running:
-            for family, value in zip(families, values):
+            for family, value in zip(families, values, strict=True):
                 if value is not None:
                     family.add_metric([str(pk), name, project or ""], value)
         yield from families
@@ -200,9 +199,9 @@ class DatabaseCollector:
             .annotate(held=Count("pk", filter=Q(allocated_to__isnull=False)), n=Count("pk"))
             .values_list("node__name", "healthy", "held", "n")
         )
-        for node, healthy, held, total in sorted(rows):
-            gpus.add_metric([node, str(healthy).lower(), "true"], held)
-            gpus.add_metric([node, str(healthy).lower(), "false"], total - held)
+        for node_name, healthy, held, total in sorted(rows):
+            gpus.add_metric([node_name, str(healthy).lower(), "true"], held)
+            gpus.add_metric([node_name, str(healthy).lower(), "false"], total - held)
         yield gpus
 
     def notification_families(self):
@@ -211,7 +210,7 @@ class DatabaseCollector:
         )
         tries = CounterMetricFamily("satrain_notification_tries", "Delivery tries made (first sends and retries)", labels=["channel"])
         rows = Delivery.objects.values_list("subscription__channel", "state").annotate(n=Count("pk"), tries=Sum("attempts"))
-        per_channel = Tally()
+        per_channel: Tally[str] = Tally()
         for channel, state, n, made in rows.values_list("subscription__channel", "state", "n", "tries"):
             family.add_metric([channel, state], n)
             per_channel[channel] += made or 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from failover.evidence import Finding, FindingKind
 from failover.exits import exit_status_facts
@@ -184,13 +185,13 @@ class Verdict:
 
     hardware: bool
     reason: str  # one line for users, e.g. "Xid 79 on GPU 2: GPU has fallen off the bus"
-    evidence: dict = field(default_factory=dict)  # JSON-serialisable
+    evidence: dict[str, Any] = field(default_factory=dict)  # JSON-serialisable
 
     @property
     def verdict(self) -> str:
         return HARDWARE if self.hardware else NON_HARDWARE
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "reason": self.reason, "evidence": self.evidence}
 
 
@@ -200,7 +201,7 @@ class _Candidate:
 
     key: str  # "xid:79", "finding:gpu_lost", "kernel:pcie_fatal", "sxid:20034"
     reason: str
-    evidence: dict
+    evidence: dict[str, Any]
     scope: str = "node"  # what the fault takes out of placement: "gpu", "node" or "" (nothing)
 
     @property
@@ -334,7 +335,9 @@ def classify_failure(
     return Verdict(hardware=False, reason=reason, evidence=_clean(evidence, exit_facts, supporting))
 
 
-def _node_evidence(node_findings: Sequence[tuple[Finding, str]], kernel_lines: Sequence[str]):
+def _node_evidence(
+    node_findings: Sequence[tuple[Finding, str]], kernel_lines: Sequence[str]
+) -> tuple[list[_Candidate], list[tuple[Finding, str]], list[tuple[Finding, str]], list[tuple[Finding, str]]]:
     """Step 1: the hardware candidates of the node's own evidence, the application-class Xids,
     the Xid 63s without a failed remap, and the supporting readings."""
     supporting = [(f, src) for f, src in node_findings if f.kind in SUPPORTING_KINDS]
@@ -370,7 +373,7 @@ def _node_evidence(node_findings: Sequence[tuple[Finding, str]], kernel_lines: S
     return candidates, application_xids, unconfirmed_xids, supporting
 
 
-def _xid_where(finding: Finding) -> tuple:
+def _xid_where(finding: Finding) -> tuple[int | None, str]:
     """The GPU an Xid is on: its index, else the bus id its line names."""
     event = parse_kernel_line(finding.detail) if finding.gpu is None and finding.detail else None
     return (finding.gpu, event.pci if event is not None else "")
@@ -563,11 +566,11 @@ def _describe_support(supporting: Sequence[tuple[Finding, str]]) -> str:
     return ", ".join(parts)
 
 
-def _hardware(candidate: _Candidate, exit_facts: dict, supporting: Sequence[tuple[Finding, str]]) -> Verdict:
+def _hardware(candidate: _Candidate, exit_facts: dict[str, Any], supporting: Sequence[tuple[Finding, str]]) -> Verdict:
     return Verdict(hardware=True, reason=candidate.reason, evidence=_clean(candidate.evidence, exit_facts, supporting))
 
 
-def _clean(evidence: dict, exit_facts: dict, supporting: Sequence[tuple[Finding, str]]) -> dict:
+def _clean(evidence: dict[str, Any], exit_facts: dict[str, Any], supporting: Sequence[tuple[Finding, str]]) -> dict[str, Any]:
     merged = {k: v for k, v in evidence.items() if v not in (None, "")}
     for key in ("exit_code", "exit_signal"):
         if exit_facts.get(key) is not None:

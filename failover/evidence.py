@@ -6,6 +6,7 @@ Pure data, no Django: the probes produce it, the classifier judges it, events st
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 class FindingKind:
@@ -59,11 +60,11 @@ class Finding:
     expected: int | None = None
     detail: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v not in (None, "")}
 
     @classmethod
-    def from_dict(cls, data: dict) -> Finding:
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
         return cls(**{k: data[k] for k in ("kind", "gpu", "xid", "value", "expected", "detail") if k in data})
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal as _signal
+from typing import Any
 
 
 def signal_name(number: int) -> str:
@@ -12,8 +13,8 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def exit_status_facts(exit_code: int | None, exit_signal: int | None) -> dict:
-    facts: dict = {"exit_code": exit_code, "exit_signal": exit_signal}
+def exit_status_facts(exit_code: int | None, exit_signal: int | None) -> dict[str, Any]:
+    facts: dict[str, Any] = {"exit_code": exit_code, "exit_signal": exit_signal}
     signal_number = exit_signal
     if signal_number is None and exit_code is not None:
         if exit_code < 0:

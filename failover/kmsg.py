@@ -21,6 +21,7 @@ in ``problem`` (the node's health shows it) instead of returning nothing silentl
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -100,10 +101,8 @@ class KernelLogReader:
 
     def close(self) -> None:
         if self.fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(self.fd)
-            except OSError:
-                pass
             self.fd = None
             self.partial = b""
 
@@ -153,7 +152,7 @@ class KernelLogReader:
     def read_journal(self) -> list[KernelLine]:
         command = ["journalctl", "-k", "-o", "json", "--no-pager", "-q"]
         command += [f"--after-cursor={self.journal_cursor}"] if self.journal_cursor else ["-b", "-n", "5000"]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=10)
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=10)
         if result.returncode != 0:
             raise OSError(result.stderr.strip()[:200] or f"exit {result.returncode}")
         out: list[KernelLine] = []
@@ -171,7 +170,7 @@ class KernelLogReader:
         return out
 
     def read_dmesg(self) -> list[KernelLine]:
-        result = subprocess.run(["dmesg", "--raw"], capture_output=True, text=True, timeout=10)
+        result = subprocess.run(["dmesg", "--raw"], check=False, capture_output=True, text=True, timeout=10)
         if result.returncode != 0:
             raise OSError(result.stderr.strip()[:200] or f"exit {result.returncode}")
         out: list[KernelLine] = []

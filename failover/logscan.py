@@ -124,7 +124,7 @@ def _first_log_hardware_signature(log_lines: Sequence[str]) -> tuple[str, str, s
     return None
 
 
-def _runtime_says(regex: re.Pattern, line: str) -> bool:
+def _runtime_says(regex: re.Pattern[str], line: str) -> bool:
     """A ``RuntimeError`` whose message *is* the hardware phrase (``RuntimeError: GPU has fallen off
     the bus``, as PyTorch raises it; NVRx attributes it to the infrastructure), not one that quotes it."""
     hit = regex.search(line[len("RuntimeError: ") :]) if line.startswith("RuntimeError: ") else None

@@ -30,7 +30,9 @@ import os
 import re
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from failover.kmsg import KMSG_PATH, KernelLogReader
 
@@ -48,7 +50,7 @@ def evidence_paths(directory: Path, node: str) -> dict[str, Path]:
     }
 
 
-def _write_atomic(path: Path, payload: dict) -> None:
+def _write_atomic(path: Path, payload: Mapping[str, Any]) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     with os.fdopen(fd, "w") as fh:
@@ -56,7 +58,7 @@ def _write_atomic(path: Path, payload: dict) -> None:
     os.replace(temporary, path)
 
 
-def read_json_file(path: Path, limit: int = 64 * 1024) -> dict | None:
+def read_json_file(path: Path, limit: int = 64 * 1024) -> dict[str, Any] | None:
     """A JSON object from a file (not through a link, at most ``limit`` bytes), or None."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -78,7 +80,7 @@ def gpus_by_pci(node: str) -> dict[str, int]:
         from failover.nvml import NvmlProbe
 
         probe = NvmlProbe(node, expected_gpus=0)
-    except Exception:  # noqa: BLE001 - no NVML here: Xid lines then name no GPU
+    except Exception:  # no NVML here: Xid lines then name no GPU
         return {}
     try:
         return probe.gpu_by_pci()

@@ -9,6 +9,7 @@ timeout instead of blocking the agent, and later calls fail fast until the hung 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -340,10 +341,8 @@ class NvmlProbe:
                 out.append(finding or Finding(kind=FindingKind.DRIVER_ERROR, detail=f"NVML event wait failed: {exc}"))
                 break
             gpu = None
-            try:
+            with contextlib.suppress(nv.NVMLError):
                 gpu = int(self.call(nv.nvmlDeviceGetIndex, data.device))
-            except nv.NVMLError:
-                pass
             out.append(Finding(kind=FindingKind.XID, gpu=gpu, xid=int(data.eventData), detail="NVML Xid critical error event"))
         return out
 

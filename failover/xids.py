@@ -43,6 +43,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CATALOG_PATH = Path(__file__).parent / "catalog" / "nvidia.json"
 CATALOG = json.loads(CATALOG_PATH.read_text(encoding="utf-8"))
@@ -128,7 +129,7 @@ class XidRule:
     source: str  # which rule judged it
 
 
-def _rule(entry: dict) -> XidRule:
+def _rule(entry: dict[str, Any]) -> XidRule:
     code = entry["code"]
     immediate = entry["immediate"]
     if code in OVERRIDES:

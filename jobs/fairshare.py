@@ -128,13 +128,12 @@ class Capacity:
 
     def first_fit(self, job: WaitingJob) -> list[tuple[int, list[int]]] | None:
         """``node_count`` distinct nodes with ``gpus_per_node`` free GPUs each, first by name."""
-        if job.node_count == 1 and job.gpus_per_node and not (job.exclude_nodes or job.exclude_gpus):
-            if not (job.spot and self.spot_held):
-                position = self.first_with(job.gpus_per_node)
-                if position is None:
-                    return None
-                node_id = self.nodes[position][0]
-                return [(node_id, self.free[node_id][: job.gpus_per_node])]
+        if job.node_count == 1 and job.gpus_per_node and not (job.exclude_nodes or job.exclude_gpus) and not (job.spot and self.spot_held):
+            position = self.first_with(job.gpus_per_node)
+            if position is None:
+                return None
+            node_id = self.nodes[position][0]
+            return [(node_id, self.free[node_id][: job.gpus_per_node])]
         chosen: list[tuple[int, list[int]]] = []
         for node_id, _name in self.nodes:
             if node_id in job.exclude_nodes or (job.spot and node_id in self.spot_held):

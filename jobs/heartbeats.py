@@ -54,7 +54,7 @@ def beat(names: Iterable[str], at: float) -> set[str]:
     for name in names:
         pipe.srem(LOST, name)
     results = pipe.execute()
-    return {name for name, removed in zip(names, results[1:]) if removed}
+    return {name for name, removed in zip(names, results[1:], strict=True) if removed}
 
 
 def stale(before: float) -> dict[str, float]:
@@ -66,7 +66,7 @@ def scores(names: list[str]) -> dict[str, float]:
     """The last beat in Redis of each of ``names`` that has one."""
     if not names:
         return {}
-    return {n: float(s) for n, s in zip(names, client().zmscore(BEATS, names)) if s is not None}
+    return {n: float(s) for n, s in zip(names, client().zmscore(BEATS, names), strict=True) if s is not None}
 
 
 def mark_lost(names: Iterable[str]) -> None:

@@ -33,13 +33,13 @@ def lone_surrogate_at(data: Any, path: tuple[str, ...] = ()) -> tuple[tuple[str,
     if isinstance(data, dict):
         for key, value in data.items():
             label = _label(key) if isinstance(key, str) else str(key)
-            if isinstance(key, str) and (in_key := lone_surrogate_at(key, path + (label,))):
+            if isinstance(key, str) and (in_key := lone_surrogate_at(key, (*path, label))):
                 return in_key
-            if in_value := lone_surrogate_at(value, path + (label,)):
+            if in_value := lone_surrogate_at(value, (*path, label)):
                 return in_value
     elif isinstance(data, list):
         for index, item in enumerate(data):
-            if in_item := lone_surrogate_at(item, path + (f"[{index}]",)):
+            if in_item := lone_surrogate_at(item, (*path, f"[{index}]")):
                 return in_item
     return None
 

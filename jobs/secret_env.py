@@ -54,7 +54,7 @@ def _fernet() -> MultiFernet:
 class SecretEnv:
     """One job's secret variables: their names, and their values behind ``reveal()``."""
 
-    __slots__ = ("_names", "_token", "_plain")
+    __slots__ = ("_names", "_plain", "_token")
 
     def __init__(self, names: Iterable[str] = (), *, token: str = "", plain: Mapping[str, str] | None = None) -> None:
         self._plain = dict(plain) if plain is not None else None

@@ -112,8 +112,10 @@ class JobLogConsumer(AccessRechecks, AsyncJsonWebsocketConsumer):
         await self.stop_access_rechecks()
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
-        if getattr(self, "flusher", None):
-            self.flusher.cancel()
+        # connect() may have refused the socket before it set the flusher up
+        flusher: asyncio.Task | None = getattr(self, "flusher", None)
+        if flusher is not None:
+            flusher.cancel()
 
     async def still_allowed(self, user) -> bool:
         return await self.read_status(user) is not None

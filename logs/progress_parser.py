@@ -156,7 +156,7 @@ def checked_commit(event: CommitEvent | None) -> CommitEvent | None:
 
 def parse_trainer_dict(text: str) -> Progress | None:
     match = None
-    for match in TRAINER_DICT.finditer(text):
+    for match in TRAINER_DICT.finditer(text):  # noqa: B007 - keeps the last one
         pass
     if match is None or len(match.group(0)) > MAX_DICT_CHARS:
         return None

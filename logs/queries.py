@@ -54,7 +54,7 @@ def read_volume(job_id: int) -> LogVolume | None:
         return None
     pk, *values = [
         volume_field(name).from_db_value(value, None, connection) if name in JSON_COLUMNS else value  # type: ignore[attr-defined]
-        for name, value in zip(VOLUME_COLUMNS, row)
+        for name, value in zip(VOLUME_COLUMNS, row, strict=True)
     ]
     # from_db takes the values in the model's field order: id, job, then the others.
     return LogVolume.from_db(connection.alias, ["id", "job_id", *VOLUME_COLUMNS[1:]], [pk, job_id, *values])

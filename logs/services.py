@@ -96,10 +96,12 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
         save_volume(volume, fields)
         stamps = [utc_stamp(ln.ts) for ln in fresh]
         if fresh:
-            insert_rows(table, [(job_id, stream, attempt, first_seq + i, ln.line_no, stamp, ln.text) for i, (ln, stamp) in enumerate(zip(fresh, stamps))])
+            insert_rows(
+                table, [(job_id, stream, attempt, first_seq + i, ln.line_no, stamp, ln.text) for i, (ln, stamp) in enumerate(zip(fresh, stamps, strict=True))]
+            )
         stored = [
             {"seq": first_seq + i, "attempt": attempt, "ts": stamp.replace(" ", "T", 1) + "+00:00", "text": ln.text}
-            for i, (ln, stamp) in enumerate(zip(fresh, stamps))
+            for i, (ln, stamp) in enumerate(zip(fresh, stamps, strict=True))
         ]
         if stored:
             # Inserted before a later attempt's lines: a viewer past ``first_seq`` holds lines whose

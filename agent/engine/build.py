@@ -132,7 +132,7 @@ def build_default_image(
                     suite,
                     str(rootfs),
                     *mirrors,
-                ],  # fmt: skip
+                ],
                 env={**env, "TMPDIR": str(work)},
                 what="mmdebstrap",
                 timeout=1800,
@@ -191,7 +191,7 @@ def build_default_image(
                     "--digestfile",
                     str(digest_file),
                     reference,
-                ],  # fmt: skip
+                ],
                 env=env,
                 what="podman push",
                 timeout=1800,
@@ -230,11 +230,12 @@ def image_size(root: Path, reference: str) -> dict[str, int]:
     root = Path(root).absolute()
     env = clean_env(root)
     size: dict[str, int] = {}
-    proc = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", reference], env=env, capture_output=True, text=True)
+    proc = subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", reference], check=False, env=env, capture_output=True, text=True)
     if proc.returncode == 0 and proc.stdout.strip().isdigit():
         size["uncompressed"] = int(proc.stdout.strip())
     raw = subprocess.run(
         ["skopeo", "inspect", "--raw", *_tls_args(root, reference), "--authfile", str(auth_file_for(root, reference)), f"docker://{reference}"],
+        check=False,
         env=env,
         capture_output=True,
     )
@@ -252,7 +253,7 @@ def _import_directory(rootfs: Path, reference: str, changes: list[str], env: Map
     assert tar.stdout is not None and tar.stderr is not None  # both are pipes
     try:
         importer = subprocess.run(
-            ["podman", "import", "--quiet", *(arg for change in changes for arg in ("--change", change)), "-", reference],
+            ["podman", "import", "--quiet", *(arg for change in changes for arg in ("--change", change)), "-", reference], check=False,
             env=dict(env), stdin=tar.stdout, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
     finally:
@@ -298,7 +299,7 @@ def _finish_rootfs(rootfs: Path, site: Path) -> None:
 
 def _check(argv: list[str], *, env: Mapping[str, str], what: str, timeout: float = 600) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(argv, env=dict(env), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(argv, check=False, env=dict(env), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"{what} did not finish in {timeout:g} s") from exc
     if proc.returncode != 0:

@@ -202,7 +202,7 @@ def unmount_storage(root: Path) -> list[str]:
             if point == str(root) or point.startswith(f"{root}/"):
                 points.append(point)
     for point in sorted(set(points), key=len, reverse=True):
-        subprocess.run(["umount", "-l", point], env={"PATH": SYSTEM_PATH}, capture_output=True, timeout=30)
+        subprocess.run(["umount", "-l", point], check=False, env={"PATH": SYSTEM_PATH}, capture_output=True, timeout=30)
     return sorted(set(points), key=len, reverse=True)
 
 

@@ -37,6 +37,7 @@ def _probe(root: Path) -> tuple[bool, str]:
     try:
         proc = subprocess.run(
             ["podman", "info", "--format", "json"],
+            check=False,
             env=clean_env(root),
             capture_output=True,
             text=True,

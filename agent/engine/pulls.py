@@ -92,7 +92,7 @@ def resolve_digest(root: Path, reference: str, auth_file: Path | None = None, *,
         "--authfile", str(auth_file_for(root, reference, auth_file)), f"docker://{reference}",
     ]  # fmt: skip
     try:
-        proc = subprocess.run(argv, env=clean_env(root), capture_output=True, timeout=timeout)
+        proc = subprocess.run(argv, check=False, env=clean_env(root), capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return PullResult(False, None, f"the registry did not answer for {reference} in {timeout:g} s", "timeout")
     elapsed = time.monotonic() - started
@@ -212,7 +212,7 @@ def _local_digest(root: Path, reference: str, env: Mapping[str, str]) -> str | N
     if "@sha256:" in reference:
         return reference.split("@", 1)[1]
     proc = subprocess.run(
-        ["podman", "image", "inspect", "--format", "json", reference],
+        ["podman", "image", "inspect", "--format", "json", reference], check=False,
         env=dict(env), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     if proc.returncode != 0:

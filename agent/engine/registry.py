@@ -97,6 +97,7 @@ def ensure_registry(
             # sh starts the registry in the background and exits: the registry is nobody's child.
             proc = subprocess.run(
                 ["/bin/sh", "-c", 'exec </dev/null; "$0" serve "$1" >>"$2" 2>&1 & echo $!', binary, str(config), str(log)],
+                check=False,
                 env={"PATH": SYSTEM_PATH, "LANG": "C.UTF-8", "HOME": str(home), "TMPDIR": str(root / "tmp")},
                 cwd=home,
                 capture_output=True,

@@ -72,7 +72,7 @@ def _tiny_tarball(path: Path) -> Path:
 
 
 def _podman(root: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["podman", *args], env=engine.clean_env(root), capture_output=True, text=True, timeout=120)
+    return subprocess.run(["podman", *args], check=False, env=engine.clean_env(root), capture_output=True, text=True, timeout=120)
 
 
 def _push(root: Path, source: str, destination: str, creds: str | None = None) -> str:

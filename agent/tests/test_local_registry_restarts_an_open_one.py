@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_an_open_registry_left_by_an_earlier_version_is_restarted_with_credentia
     engine.trust_local_registry(root, f"127.0.0.1:{port}")
     # Started as the earlier version did: detached, its pid in registry.pid.
     started = subprocess.run(
-        ["/bin/sh", "-c", 'exec </dev/null; docker-registry serve "$0" >>"$1" 2>&1 & echo $!', str(config), str(home / "registry.log")],
+        ["/bin/sh", "-c", 'exec </dev/null; docker-registry serve "$0" >>"$1" 2>&1 & echo $!', str(config), str(home / "registry.log")], check=False,
         capture_output=True, text=True, timeout=10, start_new_session=True,
     )  # fmt: skip
     earlier_pid = int(started.stdout)
@@ -80,7 +81,7 @@ def _wait_until_it_answers(registry: PlatformRegistry) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0]
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
     except OSError:
         return False
     return state not in ("Z", "X")

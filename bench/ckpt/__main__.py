@@ -69,7 +69,7 @@ class RunFigures:
     save_call_s: list[float] = field(default_factory=list)
 
 
-def _build(size_gb: float, seed: int = 0):  # noqa: ANN202
+def _build(size_gb: float, seed: int = 0):
     import torch
 
     torch.manual_seed(seed)
@@ -84,7 +84,7 @@ def _build(size_gb: float, seed: int = 0):  # noqa: ANN202
     return model, optimizer, scheduler
 
 
-def _state_bytes(model, optimizer) -> int:  # noqa: ANN001
+def _state_bytes(model, optimizer) -> int:
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     moments = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values() if hasattr(t, "numel"))
     return params + moments
@@ -154,7 +154,7 @@ def _worker(variant: str, *, size_gb: float, steps: int, every: int, batch: int,
     )
 
 
-def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb, copy_mode=None):  # noqa: ANN001, ANN202, PLR0913
+def _saver(variant, model, optimizer, scheduler, out, blocking, persist, persist_bytes, size_gb, copy_mode=None):
 
     if variant == "none":
         return lambda step: None

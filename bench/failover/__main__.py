@@ -14,6 +14,7 @@ Exit status: 0 all targets met, 1 a target missed, 2 the bench itself could not 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -90,13 +91,11 @@ def machine_lines(var_dir: Path) -> list[str]:
     from django.conf import settings
 
     cpu = ""
-    try:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
-    except OSError:
-        pass
+    with contextlib.suppress(OSError):
+        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")), "")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        mem = next(int(ln.split()[1]) // 1024 // 1024 for ln in open("/proc/meminfo") if ln.startswith("MemTotal"))
+        mem = next(int(ln.split()[1]) // 1024 // 1024 for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal"))
     except (OSError, StopIteration):
         mem = "?"
 
@@ -287,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
             ok, lines = latency_report(samples, args, out.setdefault(backend, {}) if args.backend == "both" else out)
             results.append(ok)
             lines = [f"[{backend}] " + lines[0], *lines[1:]]
-            report += lines + [""]
+            report += [*lines, ""]
             print("\n".join(lines), flush=True)
             print()
         if len(by_backend) == 2:
             lines = side_by_side(by_backend)
-            report += lines + [""]
+            report += [*lines, ""]
             print("\n".join(lines), flush=True)
             print()
         if args.backend == "slurm":
@@ -306,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Hung rank: {args.hung_runs} runs …", flush=True)
             ok, lines = hung_report(run_hung(console, runs=args.hung_runs, timeout=args.timeout), TARGET_HUNG_S, out)
             results.append(ok)
-            report += lines + [""]
+            report += [*lines, ""]
             print("\n".join(lines), flush=True)
             print()
 

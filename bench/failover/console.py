@@ -3,6 +3,7 @@ and the real embedded control loop thread (placement + the local node agent)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
@@ -87,10 +88,8 @@ class EmbeddedConsole:
         from jobs.services.actions import JobActionRefused, request_stop
         from jobs.statuses import ACTIVE
 
-        try:
+        with contextlib.suppress(JobActionRefused):
             request_stop(job, actor="bench", reason="bench run over")
-        except JobActionRefused:
-            pass
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = TrainingJob.objects.values_list("status", flat=True).get(pk=job.pk)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 from bench.failover.console import EmbeddedConsole
 from bench.failover.timeline import Failover, first_step, last_step, read_back, wait_for, watch_failover
@@ -89,7 +90,7 @@ def run_faulted(console: EmbeddedConsole, job, *, minutes: float, fault_every: f
         before = last_step(job.pk, attempt=fo.old_attempt)
         try:
             fo.running_seen, fo.first_line_seen, new_number = watch_failover(job.pk, fo.old_attempt, timeout=timeout)
-            step = wait_for(lambda: first_step(job.pk, attempt=new_number), timeout=timeout, what="the first step after the failover")
+            step = wait_for(partial(first_step, job.pk, attempt=new_number), timeout=timeout, what="the first step after the failover")
             read_back(fo, fault_id)
         finally:
             # The operator repairs the node: it takes jobs again. The job's own exclusion of the

@@ -46,7 +46,7 @@ def one_run(console: EmbeddedConsole, index: int, *, timeout: float) -> dict[str
     finally:
         clear_node(part.node, actor="bench")
         console.stop_job(job)
-    return dict(zip(PHASES, (gone - started, ended.timestamp() - started, running - started)))
+    return dict(zip(PHASES, (gone - started, ended.timestamp() - started, running - started), strict=True))
 
 
 def run_hung(console: EmbeddedConsole, *, runs: int, timeout: float, log=print) -> list[dict[str, float]]:
@@ -57,7 +57,7 @@ def run_hung(console: EmbeddedConsole, *, runs: int, timeout: float, log=print) 
         except TimeoutError as exc:
             log(f"  hung run {i:>2}: FAILED: {exc}")
             continue
-        log("  hung run {:>2}: ".format(i) + "  ".join(f"{k} {v:.3f}s" for k, v in sample.items()))
+        log(f"  hung run {i:>2}: " + "  ".join(f"{k} {v:.3f}s" for k, v in sample.items()))
         samples.append(sample)
     return samples
 

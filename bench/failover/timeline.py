@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -99,10 +100,8 @@ def read_back(fo: Failover, fault_id: int) -> Failover:
     if part is not None:
         fo.node_to = part.node.name
         pid_file = settings.JOB_WORK_ROOT / str(fo.job_id) / f"attempt-{new.number}" / f"rank-{part.rank}" / runfiles.PID_FILE
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError):
             fo.runner_up = float(json.loads(pid_file.read_text())["started_at"])
-        except (OSError, ValueError, KeyError):
-            pass
     fo.running_event = ts(
         JobEvent.objects.filter(job_id=fo.job_id, attempt=new.number, to_status=JobStatus.RUNNING).values_list("created_at", flat=True).first()
     )

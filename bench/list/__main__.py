@@ -106,15 +106,16 @@ def count_figures(big, small, requests: int) -> str:
             samples.append(time.perf_counter() - start)
         return statistics.median(samples) * 1000
 
-    rows = []
-    for label, user in (("jobs", big), ("baseline", small)):
+    def timings(label: str, user) -> str:
         jobs = TrainingJob.objects.visible_to(user).order_by("-created_at", "-id")
         branches = list_branches(user).rows
-        rows.append(
+        return (
             f"{label}: exact count {median_ms(jobs.count):.1f} ms, capped count {median_ms(lambda: capped_count(jobs)):.1f} ms, "
             f"first page plain {median_ms(lambda: list(jobs[:20])):.1f} ms, "
             f"by branches {median_ms(lambda: list(rows_between(jobs, branches, 0, 20))):.1f} ms"
         )
+
+    rows = [timings(label, user) for label, user in (("jobs", big), ("baseline", small))]
     return "count and first page (median): " + "; ".join(rows)
 
 

@@ -62,11 +62,11 @@ def start_publish_loop() -> asyncio.AbstractEventLoop:
     def run() -> None:
         asyncio.set_event_loop(loop)
 
-        async def remember() -> None:
+        def remember() -> None:
             remember_server_loop()
             ready.set()
 
-        loop.create_task(remember())
+        loop.call_soon(remember)
         loop.run_forever()
 
     threading.Thread(target=run, name="bench-publish-loop", daemon=True).start()
@@ -116,16 +116,16 @@ class ConsoleProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> None:
-        out = open(self.var_dir / "console.out", "ab")
-        self.proc = subprocess.Popen(
-            ([sys.executable, "-m", "bench.logs.probe", str(self.probe_path)] if self.probe_path else [sys.executable, "manage.py"])
-            + ["runconsole", "--port", str(self.port)],
-            cwd=str(REPO),
-            env=console_env(self.var_dir, verbose=self.verbose),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.var_dir / "console.out", "ab") as out:  # the child holds its own copy
+            self.proc = subprocess.Popen(
+                ([sys.executable, "-m", "bench.logs.probe", str(self.probe_path)] if self.probe_path else [sys.executable, "manage.py"])
+                + ["runconsole", "--port", str(self.port)],
+                cwd=str(REPO),
+                env=console_env(self.var_dir, verbose=self.verbose),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -51,7 +51,7 @@ async def watch(viewer: Viewer, port: int, token: str, deadline: float) -> None:
     path = f"/ws/training-jobs/{viewer.job_id}/logs/?stream=master&after=0"
     try:
         ws = await wsclient.connect("127.0.0.1", port, path, {"Authorization": f"Token {token}"})
-    except Exception as exc:  # noqa: BLE001 - reported per viewer
+    except Exception as exc:  # reported per viewer
         viewer.error = f"connect: {exc}"
         return
     try:
@@ -89,9 +89,9 @@ async def watch(viewer: Viewer, port: int, token: str, deadline: float) -> None:
                 else:
                     viewer.live_lines += 1
                     viewer.latencies.append(now - printed)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         viewer.error = "timed out before the end message"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         viewer.error = f"{type(exc).__name__}: {exc}"
     finally:
         await ws.close()
@@ -149,7 +149,7 @@ class CpuSampler:
                 return "runners (agent.runner)"
             if "printer.py" in cmd and proc.cwd().startswith(self.var_dir):
                 return "training processes (printer)"
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None
         return None
 
@@ -164,7 +164,7 @@ class CpuSampler:
                     continue
                 t = proc.cpu_times()
                 cpu = t.user + t.system
-            except Exception:  # noqa: BLE001 - gone meanwhile
+            except Exception:  # gone meanwhile
                 continue
             first = known[1] if known else (cpu if not self.started else 0.0)
             self.seen[proc.pid] = (kind, first, cpu)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import os
 import struct
 import time
@@ -84,10 +85,8 @@ class WebSocket:
                 self.close_code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
                 self.close_reason = payload[2:].decode("utf-8", "replace")
                 self.closed = True
-                try:
+                with contextlib.suppress(ConnectionError, RuntimeError):
                     await self._send_frame(0x8, payload[:2])
-                except (ConnectionError, RuntimeError):
-                    pass
                 self.writer.close()
                 raise WebSocketClosed(self.close_code, self.close_reason)
             parts.append(payload)
@@ -104,7 +103,7 @@ class WebSocket:
             # Give the server a moment to answer; we don't need its close frame.
             self.writer.close()
             await asyncio.wait_for(self.writer.wait_closed(), timeout=2)
-        except (ConnectionError, asyncio.TimeoutError, RuntimeError, OSError):
+        except (TimeoutError, ConnectionError, RuntimeError, OSError):
             pass
 
 

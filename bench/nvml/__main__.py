@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=0.5, help="the watchdog's timeout (NVML_CALL_TIMEOUT), s")
     args = parser.parse_args()
     rows = [one_round(args.timeout) for _ in range(args.rounds)]
-    healthy, hung, still = (list(column) for column in zip(*rows))
+    healthy, hung, still = (list(column) for column in zip(*rows, strict=True))
     print(f"NVML probe, 8 simulated GPUs, watchdog timeout {args.timeout:g} s, {args.rounds} rounds")
     for name, values in (("healthy check (baseline)", healthy), ("check with a hung call", hung), ("next check, call still hung", still)):
         median = statistics.median(values)

@@ -57,10 +57,10 @@ def build_cluster() -> list:
         for i in range(NODES)
     )
     attempts = JobAttempt.objects.bulk_create(JobAttempt(job=j, number=1, state=JobAttempt.State.RUNNING, started_at=now) for j in holders)
-    parts = AttemptNode.objects.bulk_create(AttemptNode(attempt=a, node=n, rank=0, gpu_indices=list(range(GPUS))) for a, n in zip(attempts, nodes))
-    for part, node in zip(parts, nodes):
+    parts = AttemptNode.objects.bulk_create(AttemptNode(attempt=a, node=n, rank=0, gpu_indices=list(range(GPUS))) for a, n in zip(attempts, nodes, strict=True))
+    for part, node in zip(parts, nodes, strict=True):
         GPU.objects.filter(node=node).update(allocated_to=part)
-    return list(zip(users, projects))
+    return list(zip(users, projects, strict=True))
 
 
 def add_waiting(members: list, count: int, start: int) -> None:

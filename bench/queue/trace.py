@@ -71,7 +71,7 @@ def make_trace(*, seed: int, nodes: int, projects: int, duration: float, load: f
         t = rng.expovariate(rate)
         while t < duration:
             pick = rng.random()
-            for g, n, w in shapes:
+            for g, n, w in shapes:  # noqa: B007 - picks a shape: g and n are read after the loop
                 pick -= w
                 if pick <= 0:
                     break

@@ -109,7 +109,7 @@ def launch(argv: list[str], cwd: Path, cgroup: list[str] | None = None, env: dic
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,
-        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None,
+        preexec_fn=(lambda: cgroups.join_self(cgroup)) if cgroup else None,  # noqa: PLW1509 - as agent.runner starts a run
         env=env,
     )
 
@@ -196,7 +196,7 @@ def report_added(base: tuple[str, list[float]], other: tuple[str, list[float]], 
     width = max(len(base_name), len(other_name))
     print(f"  {base_name:<{width}} {spread(base_times, 1000, 'ms')}")
     print(f"  {other_name:<{width}} {spread(other_times, 1000, 'ms')}")
-    added = [y - x for x, y in zip(base_times, other_times)]
+    added = [y - x for x, y in zip(base_times, other_times, strict=True)]
     median_added = statistics.median(added)
     print(f"  added per pair: {spread(added, 1000, 'ms')}")
     print(f"  added: {median_added * 1000:.1f} ms (median of pairs)  [{'PASS' if median_added <= target else 'FAIL'}: ≤ {target * 1000:.0f} ms]")
@@ -258,7 +258,7 @@ def main() -> int:
         print(f"Training step (MLP 512-1024-512, AdamW, batch 64, 1 thread; {args.steps} steps a run), {args.rounds} interleaved pairs:")
         print(f"  bare     {spread(bare_steps, 1000, 'ms')}")
         print(f"  container {spread(boxed_steps, 1000, 'ms')}")
-        ratios = [y / x - 1 for x, y in zip(bare_steps, boxed_steps)]
+        ratios = [y / x - 1 for x, y in zip(bare_steps, boxed_steps, strict=True)]
         print(f"  overhead per pair: {spread(ratios, 100, '%')}")
         overhead = statistics.median(ratios)
         print(f"  overhead: {overhead * 100:+.2f} % (median of pairs)  [{'PASS' if overhead <= 0.01 else 'FAIL'}: ≤ 1 %]")

@@ -3,6 +3,7 @@ database, the (instrumented) control worker with beat and N node-agent processes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,7 +65,7 @@ class Cluster:
         self.drop()
         self.redis().flushdb()
         self.sql(f'CREATE DATABASE "{self.db_name}"')
-        done = subprocess.run([PY, "manage.py", "bootstrap", "--no-nodes"], cwd=self.root, env=self.env, capture_output=True, text=True)
+        done = subprocess.run([PY, "manage.py", "bootstrap", "--no-nodes"], check=False, cwd=self.root, env=self.env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"bootstrap failed:\n{done.stdout}\n{done.stderr}")
 
@@ -92,8 +93,8 @@ class Cluster:
         return names
 
     def spawn(self, key: str, argv: list[str]) -> None:
-        log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / f"{key}.log", "ab") as log:  # the child holds its own copy
+            self.procs[key] = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def pids(self, prefix: str) -> list[int]:
         return [p.pid for k, p in self.procs.items() if k.startswith(prefix)]
@@ -121,19 +122,15 @@ class Cluster:
         """End every process this cluster started (process groups: a Celery worker's beat child
         too), then any run a node agent left behind (runners live in their own sessions)."""
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 15
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait(timeout=10)
         self.procs.clear()
         self.kill_runs()

@@ -27,6 +27,7 @@ is a process's entry point, and ``main`` calls ``django.setup()`` before any of 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import itertools
 import logging
@@ -313,14 +314,11 @@ class Fleet:
 
         while not self.stopped.is_set():
             try:
-                with Connection(settings.CELERY_BROKER_URL) as conn:
-                    with conn.Consumer(queues, callbacks=[on_message], accept=["json"]):
-                        consuming.set()
-                        while not self.stopped.is_set():
-                            try:
-                                conn.drain_events(timeout=1)
-                            except socket.timeout:
-                                pass
+                with Connection(settings.CELERY_BROKER_URL) as conn, conn.Consumer(queues, callbacks=[on_message], accept=["json"]):
+                    consuming.set()
+                    while not self.stopped.is_set():
+                        with contextlib.suppress(TimeoutError):
+                            conn.drain_events(timeout=1)
             except Exception:
                 logger.exception("broker connection lost; reconnecting")
                 time.sleep(1)

@@ -32,6 +32,7 @@ The table: figure | new | baseline | target | new / baseline. ``--json PATH`` ke
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -277,15 +278,14 @@ class Side:
         rows = []
         for line in self.fleet_log().splitlines():
             if line.startswith("stats {"):
-                try:
+                with contextlib.suppress(ValueError):
                     rows.append(json.loads(line[6:]))
-                except ValueError:
-                    pass
         return rows
 
     def submit(self, count: int, tag: str, rate: float = 0.0) -> dict:
         done = subprocess.run(
             [PY, "-m", "bench.scale.fleetbench", "submit", "--jobs", str(count), "--label", tag, "--rate", str(rate)],
+            check=False,
             cwd=self.root,
             env=self.cluster.env,
             capture_output=True,
@@ -386,7 +386,7 @@ class Side:
         }
         log(
             f"[{self.label}] lost-node detection (timeout {self.args.heartbeat_timeout:.0f}s): "
-            + ", ".join(f"{n} {t:.1f}s" if t is not None else f"{n} not detected" for n, t in zip(chosen, times))
+            + ", ".join(f"{n} {t:.1f}s" if t is not None else f"{n} not detected" for n, t in zip(chosen, times, strict=True))
             + (f"; other nodes NotReady: {len(others)}" if others else "")
         )
         self.silence.unlink()

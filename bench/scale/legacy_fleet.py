@@ -146,7 +146,7 @@ class SimRunners:
         self.thread = threading.Thread(target=self.serve, name="sim-runners", daemon=True)
         self.started = 0
 
-    def Popen(self, argv: list[str], **_: object) -> SimRun:  # noqa: N802 (subprocess's name)
+    def Popen(self, argv: list[str], **_: object) -> SimRun:  # subprocess's name
         """``python -m agent.runner SPEC``: the pid record and the run's one line now, the exit
         record later."""
         directory = Path(argv[-1]).parent
@@ -284,7 +284,7 @@ class Fleet:
         start = time.monotonic()
         due = [(start + random.random() * self.output_interval, i) for i in range(len(slots))]
         heapq.heapify(due)
-        for i, slot in enumerate(slots):
+        for slot in slots:
             slot.next_round = start + random.random() * self.interval  # the agents did not all start at once
         while not self.stopped.is_set():
             when, i = due[0]

@@ -208,7 +208,7 @@ def _report(runs: dict[str, list[dict]], options: argparse.Namespace, loads: lis
     lines.append("  none     " + " ".join(f"{1000 * v:8.1f}" for v in none_pos) + "   (absolute)")
     for variant in ("sync", *saving):
         pos = [_mean([x for run in runs[variant] for x in _by_position(run, options.save_steps)[p]]) for p in range(options.save_steps)]
-        lines.append(f"  {variant:8} " + " ".join(f"{1000 * (v - n):+8.1f}" for v, n in zip(pos, none_pos)))
+        lines.append(f"  {variant:8} " + " ".join(f"{1000 * (v - n):+8.1f}" for v, n in zip(pos, none_pos, strict=True)))
     for cv in saving:
         lines.append("")
         lines.extend(_profile(runs, cv))

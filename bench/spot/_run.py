@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,7 @@ def main() -> None:
     trainer = holder["trainer"]
     result["steps"] = trainer.state.global_step
     result["save_steps"] = trainer.args.save_steps
-    result["intervals"] = [b - a for a, b in zip(step_ends, step_ends[1:])]
+    result["intervals"] = [b - a for a, b in pairwise(step_ends)]
     result["times"] = dict(TIMES)
     result["counts"] = dict(COUNTS)
     if variant == "ckptlib":

@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 os.environ.update(
@@ -17,10 +18,10 @@ os.environ.update(
     DS_ACCELERATOR="cpu",
 )  # fmt: skip
 
-import deepspeed  # noqa: E402
-import torch  # noqa: E402
+import deepspeed
+import torch
 
-from ckptlib.deepspeed import use_ckptlib  # noqa: E402
+from ckptlib.deepspeed import use_ckptlib
 
 # One process on gloo needs no shared-memory collective (its JIT build needs a compiler).
 comm_torch: Any = importlib.import_module("deepspeed.comm.torch")  # DeepSpeed ships no types
@@ -55,9 +56,9 @@ def main() -> None:
     expected = {k: v.clone() for k, v in engine.module.state_dict().items()}
     engine.save_checkpoint(out, tag="step2")
     latest = os.path.join(out, "latest")
-    latest_before = open(latest).read() if os.path.exists(latest) else None
+    latest_before = Path(latest).read_text() if os.path.exists(latest) else None
     step(engine)  # a decoupled engine commits step2 here, before the optimizer step
-    latest_after = open(latest).read() if os.path.exists(latest) else None
+    latest_after = Path(latest).read_text() if os.path.exists(latest) else None
     kind = type(engine.checkpoint_engine).__module__ + "." + type(engine.checkpoint_engine).__name__
     engine.destroy()
 

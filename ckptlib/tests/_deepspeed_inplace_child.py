@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -90,13 +91,13 @@ def main() -> None:
         change(engine)  # in place, after save_checkpoint returned
         if index == TAGS - 1:
             break
-        before = open(latest_path).read() if os.path.exists(latest_path) else None
+        before = Path(latest_path).read_text() if os.path.exists(latest_path) else None
         step(engine)  # commits the tag (or leaves latest alone)
-        after = open(latest_path).read() if os.path.exists(latest_path) else None
+        after = Path(latest_path).read_text() if os.path.exists(latest_path) else None
         if after == tag and before != tag:
             committed.append(tag)
     engine.destroy()
-    last_latest = open(latest_path).read() if os.path.exists(latest_path) else None
+    last_latest = Path(latest_path).read_text() if os.path.exists(latest_path) else None
     if last_latest == f"t{TAGS - 1}":
         committed.append(last_latest)
     wrong = []

@@ -13,7 +13,7 @@ os.environ.update(
     DS_ACCELERATOR="cpu", ACCELERATE_USE_DEEPSPEED="true",
 )  # fmt: skip
 
-import torch  # noqa: E402
+import torch
 
 # One process on gloo needs no shared-memory collective (its JIT build needs a compiler).
 comm_torch: Any = importlib.import_module("deepspeed.comm.torch")  # DeepSpeed ships no types

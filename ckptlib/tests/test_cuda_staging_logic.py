@@ -34,10 +34,10 @@ class _Cuda:
     def current_stream(self, device: Any = None) -> Any:
         return self.active[-1]
 
-    def Stream(self, device: Any = None) -> Any:  # noqa: N802 - torch.cuda's name
+    def Stream(self, device: Any = None) -> Any:  # torch.cuda's name
         return _Stream(self, f"copy-{len(self.log)}")
 
-    def Event(self) -> Any:  # noqa: N802
+    def Event(self) -> Any:
         return _Event(self)
 
     @contextlib.contextmanager

@@ -24,6 +24,6 @@ print("ok", engine.latest_step())
 
 @pytest.mark.slow  # a training process of its own
 def test_the_plain_api_runs_without_transformers(tmp_path: Path) -> None:
-    completed = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    completed = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], check=False, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "ok 1"

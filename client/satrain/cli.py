@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, Optional, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 import yaml
@@ -192,19 +192,19 @@ def show_job(job: JsonObject) -> None:
 
 @jobs_app.command("create")
 def jobs_create(
-    file: Optional[str] = typer.Option(None, "--file", "-f", help="A YAML or JSON job spec (the API's fields); - reads stdin"),
-    name: Optional[str] = typer.Option(None, "--name", "-n"),
-    command: Optional[str] = typer.Option(None, "--command", "-c", help="e.g. 'python -m jobs.examples.train_tiny'"),
-    image: Optional[str] = typer.Option(None, "--image"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs per node"),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="node count"),
-    job_type: Optional[str] = typer.Option(None, "--type", help="On-Demand or Spot"),
+    file: str | None = typer.Option(None, "--file", "-f", help="A YAML or JSON job spec (the API's fields); - reads stdin"),
+    name: str | None = typer.Option(None, "--name", "-n"),
+    command: str | None = typer.Option(None, "--command", "-c", help="e.g. 'python -m jobs.examples.train_tiny'"),
+    image: str | None = typer.Option(None, "--image"),
+    gpus: int | None = typer.Option(None, "--gpus", help="GPUs per node"),
+    nodes: int | None = typer.Option(None, "--nodes", help="node count"),
+    job_type: str | None = typer.Option(None, "--type", help="On-Demand or Spot"),
     env: list[str] = typer.Option([], "--env", "-e", help="NAME=value (repeat)"),
-    failover: Optional[bool] = typer.Option(None, "--failover/--no-failover"),
-    output_dir: Optional[str] = typer.Option(None, "--output-dir"),
-    max_run_minutes: Optional[int] = typer.Option(None, "--max-run-minutes"),
-    project: Optional[int] = typer.Option(None, "--project", help="project id"),
-    description: Optional[str] = typer.Option(None, "--description"),
+    failover: bool | None = typer.Option(None, "--failover/--no-failover"),
+    output_dir: str | None = typer.Option(None, "--output-dir"),
+    max_run_minutes: int | None = typer.Option(None, "--max-run-minutes"),
+    project: int | None = typer.Option(None, "--project", help="project id"),
+    description: str | None = typer.Option(None, "--description"),
     output: str = typer.Option("table", "--output", "-o", help="table or json"),
 ) -> None:
     """Create a job from flags and/or a spec file (flags win over the file)."""
@@ -235,9 +235,9 @@ def jobs_create(
 @jobs_app.command("list")
 def jobs_list(
     status: list[str] = typer.Option([], "--status", "-s", help="exact status text (repeat)"),
-    job_type: Optional[str] = typer.Option(None, "--type"),
-    search: Optional[str] = typer.Option(None, "--search", help="part of the name"),
-    ordering: Optional[str] = typer.Option(None, "--ordering"),
+    job_type: str | None = typer.Option(None, "--type"),
+    search: str | None = typer.Option(None, "--search", help="part of the name"),
+    ordering: str | None = typer.Option(None, "--ordering"),
     output: str = typer.Option("table", "--output", "-o", help="table or json"),
 ) -> None:
     """The jobs you may see."""
@@ -278,8 +278,8 @@ def jobs_logs(
     job_id: int,
     follow_: bool = typer.Option(False, "--follow", "-f", help="follow until the job ends (resumes after a disconnect)"),
     stream: str = typer.Option("master", "--stream", help="master or worker-<n>"),
-    attempt: Optional[int] = typer.Option(None, "--attempt", help="only this attempt's lines"),
-    tail: Optional[int] = typer.Option(None, "--tail", help="start with the last N lines"),
+    attempt: int | None = typer.Option(None, "--attempt", help="only this attempt's lines"),
+    tail: int | None = typer.Option(None, "--tail", help="start with the last N lines"),
     timestamps: bool = typer.Option(False, "--timestamps", "-t"),
     raw: bool = typer.Option(False, "--raw", help="print lines as stored, terminal control sequences included"),
 ) -> None:
@@ -331,7 +331,7 @@ def jobs_stop(job_id: int) -> None:
 
 
 @jobs_app.command("clone")
-def jobs_clone(job_id: int, name: Optional[str] = typer.Option(None, "--name")) -> None:
+def jobs_clone(job_id: int, name: str | None = typer.Option(None, "--name")) -> None:
     """A new job with the same settings."""
     job = call(client().post, f"{JOBS}{job_id}/clone/", {"name": name} if name else {})
     say(out, f"Created job {job['id']} ({job['name']}): {job['status']}")
@@ -458,9 +458,9 @@ def nodes_uncordon(name: str) -> None:
 @nodes_app.command("inject-fault")
 def nodes_inject_fault(
     name: str,
-    gpu: Optional[int] = typer.Option(None, "--gpu", help="GPU index; none: the whole node"),
+    gpu: int | None = typer.Option(None, "--gpu", help="GPU index; none: the whole node"),
     kind: str = typer.Option("xid", "--kind", help="xid, ecc, gpu_lost, nvlink or thermal"),
-    xid: Optional[int] = typer.Option(None, "--xid", help="for an Xid fault, e.g. 79"),
+    xid: int | None = typer.Option(None, "--xid", help="for an Xid fault, e.g. 79"),
 ) -> None:
     """Inject a hardware fault into a simulated node's GPU."""
     fault = call(client().post, f"{NODES}{name}/inject-fault/", {"kind": kind, "gpu": gpu, "xid": xid})

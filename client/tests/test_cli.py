@@ -4,6 +4,7 @@ connection (every line exactly once), ``jobs wait``'s exit codes, the API's own 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -66,10 +67,8 @@ class Proxy:
         except OSError:
             pass
         for s in (source, sink):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def cut(self) -> int:
         """Drop every open connection (as a network would); returns how many were open."""
@@ -98,7 +97,7 @@ class Cli:
         return [sys.executable, "-m", "satrain.cli", *args]
 
     def __call__(self, *args: str, timeout: float = 120, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(*args), env=self.env, capture_output=True, text=True, timeout=timeout, input=stdin)
+        return subprocess.run(self.argv(*args), check=False, env=self.env, capture_output=True, text=True, timeout=timeout, input=stdin)
 
     def popen(self, *args: str) -> subprocess.Popen:
         return subprocess.Popen(self.argv(*args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("satrain", reason="the client is not installed: pip install -e ./client")
 
-from rich.console import Console  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+from rich.console import Console
+from typer.testing import CliRunner
 
-from satrain import cli  # noqa: E402
-from satrain.api import ApiError  # noqa: E402
+from satrain import cli
+from satrain.api import ApiError
 
 # Markup Rich would read (a closing tag with no opening one is an error), an emoji code, terminal
 # control sequences (a window title, a screen clear, a C1 CSI) and a carriage return.

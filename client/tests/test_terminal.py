@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("satrain", reason="the client is not installed: pip install -e ./client")
 
-from satrain.terminal import visible  # noqa: E402
+from satrain.terminal import visible
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ Playwright's sync API must not run inside a running asyncio loop: use these fixt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -151,16 +152,15 @@ class LiveConsole:
         (self.workdir / "var").mkdir(parents=True, exist_ok=True)
         if self.slurm is not None:
             self.slurm.start()
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [PY, "manage.py", "runconsole", "--port", str(self.port)],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [PY, "manage.py", "runconsole", "--port", str(self.port)],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
             wait(self.serving, f"the console on {self.base_url}", timeout=90)
         except AssertionError:
@@ -175,10 +175,8 @@ class LiveConsole:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -201,7 +199,7 @@ class LiveConsole:
     # --- Django against the same database ---------------------------------------------------
     def manage(self, *args: str, timeout: float = 120) -> str:
         """``manage.py <args>`` with the console's environment; its stdout (raises on failure)."""
-        done = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([PY, "manage.py", *args], check=False, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             raise AssertionError(f"manage.py {' '.join(args)[:200]} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
         return done.stdout
@@ -397,10 +395,8 @@ def page(browser, request):
     finally:
         name = artifact_name(request.node.name)
         failed = request.session.testsfailed > failed_before
-        try:
+        with contextlib.suppress(Exception):
             save_screenshot(tab, f"FAILED-{name}" if failed else f"{name}-end")
-        except Exception:
-            pass
         if failed:
             if console_errors:
                 print("JavaScript errors:\n" + "\n".join(console_errors))

@@ -3,6 +3,7 @@ processes, a Celery control worker with beat, and one node agent process per nod
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -143,8 +144,8 @@ class Cluster:
         self.spawn(f"agent-{name}", [PY, "manage.py", "nodeagent", "--name", name, "--simulated"])
 
     def spawn(self, key: str, argv: list[str]) -> None:
-        log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / f"{key}.log", "ab") as log:  # the child holds its own copy
+            self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill(self, key: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.pop(key)
@@ -152,21 +153,17 @@ class Cluster:
         proc.wait(timeout=30)
 
     def stop(self) -> None:
-        for key, proc in list(self.procs.items()):
-            try:
+        for _key, proc in list(self.procs.items()):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         for proc in self.procs.values():
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.procs.clear()
-        try:
+        with contextlib.suppress(Exception):
             self.sql(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
-        except Exception:
-            pass
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.tmp.glob("*.log")))
@@ -262,7 +259,12 @@ class ProcfileCluster(Cluster):
         redis.Redis.from_url(self.env["REDIS_URL"]).flushdb()
         self.sql(f'CREATE DATABASE "{self.db_name}"')
         release = subprocess.run(
-            self.honcho("run", ".venv/bin/python", "manage.py", "bootstrap", "--no-nodes"), cwd=ROOT, env=self.base_env, capture_output=True, text=True
+            self.honcho("run", ".venv/bin/python", "manage.py", "bootstrap", "--no-nodes"),
+            check=False,
+            cwd=ROOT,
+            env=self.base_env,
+            capture_output=True,
+            text=True,
         )
         assert release.returncode == 0, release.stdout + release.stderr
         self.ports = [free_port(), free_port()]
@@ -282,8 +284,8 @@ class ProcfileCluster(Cluster):
         self.spawn_with(f"agent-{name}", self.honcho("start", "nodeagent"), NODE_NAME=name)
 
     def spawn_with(self, key: str, argv: list[str], **extra: str) -> None:
-        log = open(self.tmp / f"{key}.log", "ab")
-        self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env={**self.base_env, **extra}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / f"{key}.log", "ab") as log:  # the child holds its own copy
+            self.procs[key] = subprocess.Popen(argv, cwd=ROOT, env={**self.base_env, **extra}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def exited(self) -> list[str]:
         """The honcho-started processes that stopped: honcho's own lines saying so, and any honcho gone."""

@@ -77,10 +77,9 @@ def aim_at_real_objects(case, world: dict) -> None:
             digest = zlib.crc32(repr(case.path_parameters[name]).encode())
             if digest % 4:
                 case.path_parameters[name] = pool[digest % len(pool)]
-    if case.path == "/api/v1/training-jobs/" and case.method == "POST" and isinstance(case.body, dict):
-        if zlib.crc32(repr(case.body).encode()) % 2:
-            case.body["command"] = "python train.py"
-            case.body["name"] = f"fuzzed-{next(FRESH_NAMES)}"
+    if case.path == "/api/v1/training-jobs/" and case.method == "POST" and isinstance(case.body, dict) and zlib.crc32(repr(case.body).encode()) % 2:
+        case.body["command"] = "python train.py"
+        case.body["name"] = f"fuzzed-{next(FRESH_NAMES)}"
 
 
 @pytest.mark.slow  # hypothesis cases against every endpoint (minutes)

@@ -105,9 +105,13 @@ def task_names() -> set[str]:
     names = set()
     for module in files():
         for node in ast.walk(tree(module)):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                if any(isinstance(t, ast.Name) and t.id.endswith("_TASK") for t in node.targets):
-                    names.add(node.value.value)
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+                and any(isinstance(t, ast.Name) and t.id.endswith("_TASK") for t in node.targets)
+            ):
+                names.add(node.value.value)
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "shared_task":
                 for keyword in node.keywords:
                     if keyword.arg == "name" and isinstance(keyword.value, ast.Constant):
@@ -180,10 +184,7 @@ def class_attribute(dotted: str) -> bool:
 
 
 def prose_holds(span: str) -> bool:
-    for pattern, text in PROSE[span]:
-        if not any(text in path.read_text() for path in ROOT.glob(pattern)):
-            return False
-    return True
+    return all(any(text in path.read_text() for path in ROOT.glob(pattern)) for pattern, text in PROSE[span])
 
 
 def external(name: str) -> bool:
@@ -322,7 +323,7 @@ ATTEMPT_BY_NUMBER = ["JobEvent", "LogLine", "Checkpoint", "ResourceSample"]
 def model(name: str):
     from django.apps import apps
 
-    return next(m for m in apps.get_models() if m.__name__ == name and m._meta.app_label in APPS + ["auth"])
+    return next(m for m in apps.get_models() if m.__name__ == name and m._meta.app_label in [*APPS, "auth"])
 
 
 @pytest.mark.parametrize("name, field, target, on_delete", RELATIONS)
@@ -605,9 +606,7 @@ def test_every_link_between_the_docs_exists(doc):
             continue
         file, _, anchor = target.partition("#")
         path = (doc.parent / file).resolve() if file else doc
-        if not path.exists():
-            broken.append(target)
-        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+        if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
             broken.append(target)
     assert broken == []
 

@@ -18,7 +18,7 @@ SCALE_OUT = {"DATABASE_URL", "REDIS_URL", "CONSOLE_ENV_FILE", "DJANGO_SETTINGS_M
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if k not in SCALE_OUT}
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "manage.py", *args], check=False, cwd=ROOT, env={**base, **env}, capture_output=True, text=True, timeout=120)
 
 
 ENGINE = ("shell", "--no-imports", "-c", "from django.conf import settings; print(settings.DATABASES['default']['ENGINE'])")

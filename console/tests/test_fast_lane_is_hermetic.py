@@ -212,9 +212,13 @@ def names_slow_mark(expr: ast.AST | None, module: Module, seen: frozenset = froz
     for node in ast.walk(expr) if expr is not None else []:
         if isinstance(node, ast.Attribute) and node.attr in SLOW_MARKS and module.dotted(node.value) == "pytest.mark":
             return True
-        if isinstance(node, ast.Name) and node.id in module.aliases and node.id not in seen:
-            if names_slow_mark(module.aliases[node.id], module, seen | {node.id}):
-                return True
+        if (
+            isinstance(node, ast.Name)
+            and node.id in module.aliases
+            and node.id not in seen
+            and names_slow_mark(module.aliases[node.id], module, seen | {node.id})
+        ):
+            return True
     return False
 
 

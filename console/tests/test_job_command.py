@@ -47,7 +47,7 @@ def test_a_waiting_job_stops_at_once(make_job):
 
 def test_a_finished_job_cannot_be_stopped_and_a_missing_one_is_named(make_job):
     job = put_in_status(make_job(), JobStatus.COMPLETED)
-    with pytest.raises(CommandError, match="A job that is Completed cannot be stopped."):
+    with pytest.raises(CommandError, match=r"A job that is Completed cannot be stopped\."):
         job_command("stop", str(job.pk))
     with pytest.raises(CommandError, match=f"No training job with id {job.pk + 1000}."):
         job_command("show", str(job.pk + 1000))

@@ -32,7 +32,7 @@ def source(make_job) -> TrainingJob:
 
 def form_data(form) -> dict[str, object]:
     data = {}
-    for name, field in form.fields.items():
+    for name, _field in form.fields.items():
         value = form[name].value()
         if name == "failover_enabled":
             if value:

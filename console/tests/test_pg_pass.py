@@ -11,7 +11,9 @@ from console.tests.pg_pass import ROOT, pytest_command
 
 
 def collected(*extra: str) -> set[str]:
-    listed = subprocess.run([*pytest_command(["-q", *extra]), "--collect-only", "-p", "no:cacheprovider", "-n", "0"], capture_output=True, text=True, cwd=ROOT)
+    listed = subprocess.run(
+        [*pytest_command(["-q", *extra]), "--collect-only", "-p", "no:cacheprovider", "-n", "0"], check=False, capture_output=True, text=True, cwd=ROOT
+    )
     assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
     return {line for line in listed.stdout.splitlines() if "::" in line}
 

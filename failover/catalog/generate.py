@@ -38,7 +38,7 @@ def _go(text: str) -> str:
 
 
 def generate(root: Path) -> dict:
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
     catalog = (root / XID_CATALOG).read_text()
     details = (root / XID_DETAILS).read_text()
     sxids = (root / SXID_DETAILS).read_text()

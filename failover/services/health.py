@@ -25,8 +25,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -102,7 +101,7 @@ class HealthChecker:
         kernel_log = probe.kernel_log()
         shown = (json.dumps([f.to_dict() for f in report.findings], sort_keys=True), kernel_log)
         if news or not on_change or self.stored.get(node.name) != shown:
-            since = datetime.fromtimestamp(self.monitor.started, tz=dt_timezone.utc)
+            since = datetime.fromtimestamp(self.monitor.started, tz=UTC)
             record_health(node, report, kernel_log, probe.gpu_by_pci(), since=since, news=news)
             self.stored[node.name] = shown
         self.last_check[node.name] = timezone.now()

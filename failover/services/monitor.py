@@ -32,8 +32,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -251,7 +250,7 @@ class HealthMonitor:
         )
 
     def kernel_event(self, node: Node, line: KernelLine) -> HealthEvent:
-        at = datetime.fromtimestamp(line.at, tz=dt_timezone.utc)
+        at = datetime.fromtimestamp(line.at, tz=UTC)
         return kernel_line_event(node, line.text, at=at, source=line.source, gpu_by_pci=self.pci.get(node.name))
 
     def new(self, event: HealthEvent) -> bool:

@@ -21,8 +21,7 @@ Trust).
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import OperationalError, transaction
@@ -309,7 +308,7 @@ def sweep_lost_nodes() -> None:
     db_before = heartbeats.db_deadline(now.timestamp()) if settings.SCALE_OUT else suspect_before
     candidates = list(
         Node.objects.filter(state=Node.State.READY)
-        .filter(Q(last_heartbeat__lt=datetime.fromtimestamp(db_before, tz=dt_timezone.utc)) | Q(name__in=list(redis_beats)))
+        .filter(Q(last_heartbeat__lt=datetime.fromtimestamp(db_before, tz=UTC)) | Q(name__in=list(redis_beats)))
         .values_list("pk", "name", "last_heartbeat")
     )
     if settings.SCALE_OUT:

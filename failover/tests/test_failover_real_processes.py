@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sqlite3
 import threading
@@ -62,10 +63,8 @@ def processes_of(job: TrainingJob, attempt: int) -> list[psutil.Process]:
 def describe(processes) -> list:
     out = []
     for p in processes:
-        try:
+        with contextlib.suppress(psutil.Error):
             out.append((p.pid, p.status(), p.ppid(), " ".join(p.cmdline())[:80]))
-        except psutil.Error:
-            pass
     return out
 
 

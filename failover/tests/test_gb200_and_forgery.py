@@ -28,7 +28,7 @@ FORGED = "Xid (3b:00): 79[4242]: segfault at 0 ip 0000555555555131 sp 00007fffff
 @pytest.fixture
 def gb200(gpus):
     """node-a is a GB200 tray: four GPUs behind the fake pynvml at PCI domains 0008/0009/0018/0019."""
-    for gpu, bus in zip(gpus.gpus, GB200):
+    for gpu, bus in zip(gpus.gpus, GB200, strict=True):
         gpu.bus = bus
     return gpus
 

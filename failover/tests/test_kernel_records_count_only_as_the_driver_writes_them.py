@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -102,7 +101,7 @@ def test_the_monitor_makes_no_known_or_fatal_event_of_one_even_when_a_node_file_
     (tmp_path / "node-a.jsonl").write_text(json.dumps({"seq": 1, "at": time.time(), "text": record}) + "\n")
     monitor = NodeEvidenceMonitor(None, directory=tmp_path, interval=1.0)
     [line] = monitor.read_node("node-a")
-    at = datetime.fromtimestamp(line.at, tz=dt_timezone.utc)
+    at = datetime.fromtimestamp(line.at, tz=UTC)
     event = kernel_line_event(Node(name="node-a"), line.text, at=at, source="kmsg", gpu_by_pci={"0000:18:00": 0})
     assert (event.kind, event.xid, event.fatal, event.nic) == ("kernel", None, False, "")
 
@@ -161,10 +160,7 @@ def test_a_journal_record_with_a_line_break_in_its_file_name_is_one_record():
     # journald restores the line breaks /dev/kmsg escaped: the reader keeps each record on one line.
     record = f"traps: python3[4242] trap invalid opcode {IP} in a\nNVRM: GPU has fallen off the bus\nb{MAP}"
     assert parse_kernel_line(record) is None
-    assert (
-        node_fault(kernel_log=kernel_line_event(Node(name="node-a"), record, at=datetime.now(dt_timezone.utc), source="journalctl", gpu_by_pci={}).message)
-        is None
-    )
+    assert node_fault(kernel_log=kernel_line_event(Node(name="node-a"), record, at=datetime.now(UTC), source="journalctl", gpu_by_pci={}).message) is None
 
 
 @pytest.mark.django_db

@@ -242,7 +242,13 @@ def checked(**env: str) -> str:
 
     base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "NODE_HEARTBEAT_TIMEOUT", "DJANGO_SETTINGS_MODULE")}
     done = subprocess.run(
-        [sys.executable, "manage.py", "check"], cwd=Path(__file__).resolve().parents[2], env={**base, **env}, capture_output=True, text=True, timeout=120
+        [sys.executable, "manage.py", "check"],
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     return done.stdout + done.stderr
 

@@ -34,7 +34,7 @@ def registry_of(reference: str) -> str:
 def repository_of(reference: str) -> str:
     """``registry/repository`` without tag or digest."""
     full = DIGEST.sub("", qualify(reference))
-    head, slash, last = full.rpartition("/")
+    head, _slash, last = full.rpartition("/")
     return f"{head}/{last.split(':', 1)[0]}"
 
 

@@ -363,17 +363,19 @@ def hold_in_bulk(batch: list[tuple[TrainingJob, list[tuple[int, list[int]]]]], *
             raise PlacementConflict("an attempt number was taken by another placement") from exc
         parts = AttemptNode.objects.bulk_create(
             AttemptNode(attempt=attempt, node_id=node_id, rank=rank, gpu_indices=indices)
-            for attempt, (_job, chosen) in zip(attempts, batch)
+            for attempt, (_job, chosen) in zip(attempts, batch, strict=True)
             for rank, (node_id, indices) in enumerate(chosen)
         )
         claim_gpus({gpu_ids[(part.node_id, index)]: part.pk for part in parts for index in part.gpu_indices})
-        dispatch_launches([(attempt.pk, [names.get(node_id, "") for node_id, _ in chosen]) for attempt, (_job, chosen) in zip(attempts, batch)])
+        dispatch_launches([(attempt.pk, [names.get(node_id, "") for node_id, _ in chosen]) for attempt, (_job, chosen) in zip(attempts, batch, strict=True)])
         reasons = {job.pk: placed_reason(chosen, names, job) for job, chosen in batch}
         retries = {job.pk for job, _ in batch if job.status == JobStatus.IMAGE_PULL_BACKOFF}
-        changed = record_placements({job.pk: (job.status, reasons[job.pk], attempt.number) for attempt, (job, _) in zip(attempts, batch)}, in_place=retries)
+        changed = record_placements(
+            {job.pk: (job.status, reasons[job.pk], attempt.number) for attempt, (job, _) in zip(attempts, batch, strict=True)}, in_place=retries
+        )
         if len(changed) != len(batch):
             raise PlacementConflict(f"{len(batch) - len(changed)} job(s) changed status since the round read them")
-    for attempt, (job, _chosen) in zip(attempts, batch):
+    for attempt, (job, _chosen) in zip(attempts, batch, strict=True):
         logger.info("job %s: attempt %s %s", job.pk, attempt.number, reasons[job.pk])
     return attempts
 

@@ -62,7 +62,7 @@ def merge_oldest(job_id: int) -> None:
     with transaction.atomic():
         rows = list(ResourceSample.objects.select_for_update().filter(job_id=job_id).order_by("ts", "id")[:MERGE_BATCH])
         doomed: list[int] = []
-        for first, second in zip(rows[0::2], rows[1::2]):
+        for first, second in zip(rows[0::2], rows[1::2], strict=False):
             if first.attempt != second.attempt:
                 continue
             wa, wb = max(first.span_s, 1e-3), max(second.span_s, 1e-3)

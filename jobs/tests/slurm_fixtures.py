@@ -5,6 +5,7 @@ installs them and sets ``REQUIRE_SLURM=1``, so there a missing piece fails inste
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 
@@ -85,7 +86,6 @@ def reset(cluster: LocalSlurmCluster) -> None:
             client.cancel(job.job_id)
     for node in client.nodes():
         if "DRAIN" in node.state or "DOWN" in node.state:
-            try:
+            # SlurmError: its slurmd registered meanwhile and Slurm returned it itself
+            with contextlib.suppress(SlurmError):
                 client.resume(node.name)
-            except SlurmError:
-                pass  # its slurmd registered meanwhile and Slurm returned it itself

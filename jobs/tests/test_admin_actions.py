@@ -18,7 +18,7 @@ def run_action(client, changelist: str, action: str, pks):
 
 def test_cordon_and_uncordon_selected_nodes(login, staff, nodes):
     client = login(staff)
-    a, b, c = (Node.objects.get(name=n) for n in ("node-a", "node-b", "node-c"))
+    a, b, _c = (Node.objects.get(name=n) for n in ("node-a", "node-b", "node-c"))
     response = run_action(client, "admin:jobs_node_changelist", "cordon", [a.pk, b.pk])
     assert response.status_code == 200
     assert "Cordoned 2 nodes." in response.content.decode()

@@ -28,7 +28,7 @@ def test_the_status_texts_are_exactly_the_services():
 
 def test_every_status_has_a_row_in_the_table_and_groups_partition_them():
     assert set(TRANSITIONS) == set(ALL)
-    assert ACTIVE | TERMINAL == set(ALL)
+    assert set(ALL) == ACTIVE | TERMINAL
     assert not ACTIVE & TERMINAL
 
 

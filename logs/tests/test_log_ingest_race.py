@@ -35,7 +35,7 @@ def test_two_ingesters_of_one_attempt_store_each_line_once(make_job):
             start.wait()
             for offset in range(0, 2000, 250):
                 ingest_lines(job_id=job.pk, stream="master", attempt=1, lines=batch(1, first + offset, 250))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
             close_old_connections()
@@ -81,7 +81,7 @@ def test_two_agents_ingesting_one_log_at_once_keep_it_in_attempt_order(make_job)
             start.wait()
             for offset in range(0, count, size):
                 ingest_lines(job_id=job.pk, stream="master", attempt=attempt, lines=batch(attempt, first + offset, min(size, count - offset)))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
         finally:
             connection.close()  # this thread's own connection

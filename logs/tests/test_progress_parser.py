@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pytest
 
@@ -120,9 +121,9 @@ def test_a_flood_batch_is_sampled_evenly_and_keeps_every_checkpoint_and_its_last
     assert MAX_PARSED_PER_BATCH <= len(batch) <= MAX_PARSED_PER_BATCH + 20
     assert any(found.checkpoint is not None and found.checkpoint.step == 1234 for _, found in batch)
     assert steps == sorted(steps) and steps[-1] == 4999
-    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    gaps = [b - a for a, b in pairwise(steps)]
     assert max(gaps) <= 3 * 5000 / MAX_PARSED_PER_BATCH  # no stretch of the batch is left unread
-    folded = fold_lines(list(zip([T0] * len(texts), texts)))
+    folded = fold_lines(list(zip([T0] * len(texts), texts, strict=True)))
     assert folded.progress.step == 4999 and folded.progress.total == 5000 and len(folded.checkpoints) == 1
 
 

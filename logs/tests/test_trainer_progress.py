@@ -54,7 +54,7 @@ def progress_as_lines_arrive(lines: list[str]) -> tuple[list[Progress], list[tup
 
 
 def test_progress_goes_to_the_trainers_max_steps_and_never_shows_another_bar():
-    shown, points = progress_as_lines_arrive(stored_lines())
+    shown, _points = progress_as_lines_arrive(stored_lines())
     told = [p for p in shown if p.step is not None]
     assert {p.total for p in told} == {200}
     steps = [p.step for p in told]

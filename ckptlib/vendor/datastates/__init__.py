@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 try:
-    import ckptlib  # noqa: F401  # installed in the job's environment
+    import ckptlib  # installed in the job's environment
 except ImportError:
     import sys
     from pathlib import Path

@@ -99,7 +99,7 @@ def gpud_cases(repo: str) -> list[dict]:
             )
         )
     # Every other distinct Xid line of gpud's tests, labelled by gpud's event type for its Xid.
-    details_commit, details = show(repo, "components/accelerator/nvidia/xid/xid.go")
+    _details_commit, details = show(repo, "components/accelerator/nvidia/xid/xid.go")
     events = {
         int(code): (re.search(r"EventType:\s+apiv1\.EventType(\w+)", body) or [None, None])[1]
         for code, body in re.findall(r"^\t(\d+): \{\n(.*?)^\t\},", details, re.S | re.M)

@@ -110,7 +110,7 @@ class SlurmBackend:
                 takes_work=not node.drained and not node.state.startswith(("DOWN", "FAIL")),
                 state=node.state,
                 reason=node.reason,
-            )  # fmt: skip
+            )
             for node in self.client.nodes()
         ]
 

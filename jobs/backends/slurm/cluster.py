@@ -18,6 +18,7 @@ it, ``sacctmgr`` authenticates through munge's default socket and slurmdbd refus
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -26,7 +27,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from jobs.backends.slurm.client import SlurmClient, SlurmError
@@ -128,7 +129,7 @@ class LocalSlurmCluster:
             # Each node's own health check hands its kernel log's fault lines to the console.
             f"HealthCheckProgram={root}/etc/healthcheck.sh",
             f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}",
-        ]  # fmt: skip
+        ]
         gres = ["AutoDetect=off"]
         for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(
@@ -202,7 +203,7 @@ class LocalSlurmCluster:
             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';"
         )
         self._until(deadline, "MariaDB", lambda: subprocess.run(
-            ["mariadb", "--no-defaults", f"--socket={db}/mysqld.sock", "-u", "root", "-e", grant], capture_output=True, timeout=30
+            ["mariadb", "--no-defaults", f"--socket={db}/mysqld.sock", "-u", "root", "-e", grant], check=False, capture_output=True, timeout=30
         ).returncode == 0)  # fmt: skip
         self._spawn(["slurmdbd", "-D"], "slurmdbd")
 
@@ -212,12 +213,12 @@ class LocalSlurmCluster:
 
         self._until(deadline, "slurmdbd", cluster_known)
 
-    def _until(self, deadline: float, what: str, ready) -> None:
+    def _until(self, deadline: float, what: str, ready: Callable[[], object]) -> None:
         while time.monotonic() < deadline:
             try:
                 if ready():
                     return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # not up yet
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"{what} of the Slurm cluster did not come up; see {self.root}/log")
@@ -239,7 +240,7 @@ class LocalSlurmCluster:
         while time.monotonic() < deadline:
             try:
                 states = {node.name: node.state for node in self.client.nodes()}
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # not up yet
                 states = {}
             if len(states) == len(self.nodes) and all(state.startswith("IDLE") for state in states.values()):
                 return
@@ -281,17 +282,15 @@ class LocalSlurmCluster:
             if node is not None and node.state.startswith(("IDLE", "MIXED", "ALLOCATED")) and "*" not in node.state and "DRAIN" not in node.state:
                 return
             if node is not None and "DOWN" in node.state and "*" not in node.state:
-                try:
+                # SlurmError: slurmd registered meanwhile and Slurm returned the node itself (ReturnToService=2)
+                with contextlib.suppress(SlurmError):
                     self.client.resume(name)
-                except SlurmError:
-                    pass  # slurmd registered meanwhile and Slurm returned the node itself (ReturnToService=2)
             time.sleep(0.3)
         raise RuntimeError(f"slurmd of {name} did not come back in {timeout:.0f}s")
 
     def _spawn(self, command: list[str], name: str) -> None:
-        log = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - kept open for the daemon's life
-        self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
-        log.close()
+        with open(self.root / "log" / f"{name}.out", "ab") as log:
+            self.processes.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True))
 
     # --- tear-down ---------------------------------------------------------------------------
     def stop(self) -> None:
@@ -305,7 +304,7 @@ class LocalSlurmCluster:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and any(job.state in ("RUNNING", "COMPLETING") for job in self.client.jobs()):
                 time.sleep(0.2)
-        except Exception:  # noqa: BLE001 - stopping anyway
+        except Exception:  # stopping anyway
             pass
         for process in reversed(self.processes):
             process.terminate()
