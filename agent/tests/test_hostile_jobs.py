@@ -174,7 +174,8 @@ def test_a_fork_bomb_ends_at_the_pid_limit_with_a_reason_that_says_so(make_job, 
 
 
 def test_a_huge_line_keeps_the_runner_small(make_job, drive, agent):
-    script = "import sys\nchunk = 'x' * 2**20\nfor _ in range(1536):\n    sys.stdout.write(chunk)\nsys.stdout.write('\\nend\\n')"
+    # 256 MiB without a newline: a runner that held the line would grow past it, far over the bound.
+    script = "import sys\nchunk = 'x' * 2**20\nfor _ in range(256):\n    sys.stdout.write(chunk)\nsys.stdout.write('\\nend\\n')"
     job = drive(make_job(command="python -c " + shlex.quote(script)), JobStatus.RUNNING, timeout=60)
     part = AttemptNode.objects.get(attempt__job=job)
     runner = psutil.Process(part.runner_pid)
