@@ -58,12 +58,12 @@ lint: $(TEST_STAMP)
 
 # The gate, the whole suite on SQLite, the browser tests again with the console on a one-host Slurm
 # cluster (skipped, saying why, where Slurm or root is missing) and the apps' database tests again
-# on PostgreSQL where one answers: harness/lanes.py runs these lanes in two streams, one for what
+# on PostgreSQL where one answers: harness/lane_runner.py runs these lanes in two streams, one for what
 # waits on containers, consoles and clusters and one (niced) for what computes, and prints each
 # lane's time (LANE_TIMES collects them for .ci/run's summary). Logs: var/lanes/<lane>.log.
 test: $(TEST_STAMP)
 	@$(SERVICES_WARNING)
-	@$(PY) harness/lanes.py $(LANES_ARGS) $(PYTEST_ARGS)
+	@$(PY) harness/lane_runner.py $(LANES_ARGS) $(PYTEST_ARGS)
 
 # The fast lane: ruff's rules, then every test not marked slow, on every core (pytest-xdist); it
 # prints its time. `make lint` (the formatter, the import contracts, mypy too) and `make test` do the rest.

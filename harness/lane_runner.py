@@ -14,7 +14,7 @@ path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each la
 the whole log of a lane that failed, and each lane's time; ``$LANE_TIMES`` (``.ci/run``) gets
 ``<lane> <seconds> <exit>`` lines. It exits non-zero when any lane failed; every lane runs anyway.
 
-Run from the repository root: ``python harness/lanes.py [--torch-pin] [pytest args]``.
+Run from the repository root: ``python harness/lane_runner.py [--torch-pin] [pytest args]``.
 """
 
 from __future__ import annotations
