@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console.tests.scaleout import reachable
+from harness.scaleout import reachable
 
 CONSOLE_TESTS = Path(__file__).resolve().parent
 ROOT = CONSOLE_TESTS.parent.parent

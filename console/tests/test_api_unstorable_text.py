@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from console.forms import TrainingJobForm
-from console.tests.api_fixtures import JOBS_URL, job_url
+from harness.api import JOBS_URL, job_url
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 

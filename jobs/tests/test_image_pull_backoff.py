@@ -14,7 +14,8 @@ import pytest
 from django.utils import timezone
 
 from agent import engine, runfiles
-from console.testing import ENGINE_ROOT, default_image_ready, job_output, needs_sandbox
+from harness.job_factory import job_output
+from harness.sandbox import ENGINE_ROOT, default_image_ready, needs_sandbox
 from jobs.models import GPU, JobAttempt, JobEvent, Registry, RegistryCredential, TrainingJob
 from jobs.statuses import JobStatus
 

@@ -1,4 +1,5 @@
-"""Helpers shared by the page and admin tests (the users and the job factory live in conftest.py)."""
+"""Helpers shared by the page and admin tests, and ``login``, a page client signed in as a user
+(the users are ``harness.accounts``', the job factory ``harness.job_factory``'s)."""
 
 from __future__ import annotations
 
