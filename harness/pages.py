@@ -1,5 +1,6 @@
-"""Helpers shared by the page and admin tests, and ``login``, a page client signed in as a user
-(the users are ``harness.accounts``', the job factory ``harness.job_factory``'s)."""
+"""Helpers shared by the page and admin tests (a job put in a status, stored log lines, what a
+page shows), and ``login``: the test client signed in as a user. The users come from
+``harness.accounts``, the job factory from ``harness.job_factory``."""
 
 from __future__ import annotations
 
