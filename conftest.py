@@ -1,12 +1,18 @@
-"""Repository-wide pytest set-up: the shared fixtures, registered once here as plugins (a test
-module never imports a fixture by name: ``console/tests/test_architecture.py`` checks it).
+"""Repository-wide pytest set-up: the test harness's fixtures, registered once here as plugins (a
+test module never imports a fixture by name: ``console/tests/test_architecture.py`` checks it).
+``harness/`` is no product package; ``harness/__init__.py`` says what each module holds:
 
-* ``console.testing``: the users of every access test, projects, jobs, nodes and a node agent;
-* ``console.tests.api_fixtures``: REST API clients;
-* ``console.tests.page_fixtures``: signed-in page clients;
-* ``console.tests.browser``: one live console server and one Chromium for every browser test;
-* ``failover.tests.run_cleanup``: ``no_run_outlives_its_test`` for tests that start real runs;
-* ``jobs.tests.slurm_fixtures``: a real Slurm cluster and the console on it (``BACKEND=slurm``).
+* ``harness.sandbox`` (first: it decides ``JOB_SANDBOX`` for the run) and ``harness.isolation``:
+  container checks, what each test gets afresh and leaves behind;
+* ``harness.lanes``: tests that start real processes are marked ``slow``;
+* ``harness.accounts``, ``harness.job_factory``, ``harness.node_agent``: the users of every access
+  test, projects, jobs, nodes and a node agent;
+* ``harness.api`` and ``harness.pages``: REST API clients and signed-in page clients;
+* ``harness.browser``: one live console server and one Chromium for every browser test;
+* ``harness.scaleout``: the scale-out cluster on PostgreSQL and Redis;
+* ``harness.slurm``: a real Slurm cluster and the console on it (``BACKEND=slurm``).
+
+Fixtures one app's tests use alone live in that app's ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -14,13 +20,17 @@ from __future__ import annotations
 import pytest
 
 pytest_plugins = [
-    "console.testing",
-    "console.tests.api_fixtures",
-    "console.tests.page_fixtures",
-    "console.tests.browser",
-    "failover.tests.run_cleanup",
-    "failover.tests.fake_gpus",
-    "jobs.tests.slurm_fixtures",
+    "harness.sandbox",
+    "harness.isolation",
+    "harness.lanes",
+    "harness.accounts",
+    "harness.job_factory",
+    "harness.node_agent",
+    "harness.api",
+    "harness.pages",
+    "harness.browser",
+    "harness.scaleout",
+    "harness.slurm",
 ]
 
 

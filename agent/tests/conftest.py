@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from agent import engine
-from agent.tests.registry_fixtures import PlatformRegistry, containers_unavailable, free_port, push_tiny_image
+from agent.tests.registry_fixtures import PlatformRegistry, containers_unavailable, push_tiny_image
+from harness.processes import free_port
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import base64
 import dataclasses
 import io
 import os
-import socket
 import subprocess
 import tarfile
 import urllib.error
@@ -47,12 +46,6 @@ def registry_request(method: str, url: str, *, credentials: tuple[str, str] | No
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def containers_unavailable(path: Path) -> str | None:

@@ -11,7 +11,7 @@ import pytest
 from agent import runfiles
 from agent.loop import embedded_round
 from agent.node_agent import NodeAgent, run_dir
-from console.testing import job_output
+from harness.job_factory import job_output
 from jobs.models import JobAttempt
 from jobs.statuses import JobStatus
 from logs.models import LogLine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.testing import job_output
+from harness.job_factory import job_output
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from agent import engine
 from agent.tests.registry_fixtures import registry_request
-from console.testing import ENGINE_ROOT, default_image_ready, needs_sandbox
+from harness.sandbox import ENGINE_ROOT, default_image_ready, needs_sandbox
 from jobs.services.images import qualify
 
 pytestmark = [needs_sandbox, pytest.mark.slow]

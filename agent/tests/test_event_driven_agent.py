@@ -61,7 +61,7 @@ def test_an_idle_agent_without_redis_only_writes_its_heartbeat(nodes, settings):
 @pytest.mark.django_db
 @pytest.mark.slow  # the agent served for seconds of wall clock
 def test_an_idle_agent_with_redis_queries_the_database_not_at_all_between_reconciles(nodes, settings, monkeypatch):
-    from console.tests.scaleout import services_or_skip
+    from harness.scaleout import services_or_skip
     from jobs import heartbeats
     from jobs.services import messages
 
@@ -120,7 +120,7 @@ def test_an_exit_whose_report_the_database_refused_is_reported_again(nodes, make
     """The attempt's close committed, then the job's move was refused: the agent had already
     forgotten the rank, whose row said it had ended, so nothing reported it again and the job stayed
     Running for good. Now the control round's sweep makes the decision again and the job completes."""
-    from console.testing import refuse_once
+    from harness.database import refuse_once
     from jobs.services import runs
 
     monkeypatch.setattr(runs, "CLOSE_GRACE", runs.CLOSE_GRACE * 0)
@@ -138,7 +138,7 @@ def test_a_control_round_the_database_refused_is_tried_again_without_waiting_an_
     past the busy timeout) and the job must still start within seconds, not a whole interval
     later."""
     from agent import loop as loop_module
-    from console.testing import refuse_once
+    from harness.database import refuse_once
 
     refused = refuse_once(monkeypatch, loop_module, "control_round")
     job = make_job(command=SLOW)

@@ -12,7 +12,8 @@ import pytest
 from django.conf import settings
 
 from agent import workdirs
-from console.testing import job_output, needs_sandbox
+from harness.job_factory import job_output
+from harness.sandbox import needs_sandbox
 from jobs.statuses import JobStatus
 
 

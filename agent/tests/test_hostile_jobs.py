@@ -16,7 +16,8 @@ import pytest
 from django.conf import settings
 
 from agent import uids
-from console.testing import job_output, needs_sandbox
+from harness.job_factory import job_output
+from harness.sandbox import needs_sandbox
 from jobs.models import AttemptNode
 from jobs.services.paths import project_root
 from jobs.statuses import JobStatus

@@ -24,7 +24,7 @@ import pytest
 from agent import networks
 from agent.loop import embedded_round
 from agent.tests.test_sandbox_network import listening
-from console.testing import needs_sandbox
+from harness.sandbox import needs_sandbox
 from jobs.models import Node
 from jobs.statuses import JobStatus
 from logs.models import LogLine

@@ -15,7 +15,7 @@ import pytest
 
 from agent import cgroups, runfiles
 from agent.processes import run_dir
-from console.testing import job_output
+from harness.job_factory import job_output
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services.paths import default_output_dir
 from jobs.statuses import JobStatus

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from agent import engine
-from agent.tests.registry_fixtures import PlatformRegistry, containers_unavailable, free_port
+from agent.tests.registry_fixtures import PlatformRegistry, containers_unavailable
+from harness.processes import free_port
 
 pytestmark = pytest.mark.slow  # a real docker-registry and Podman
 

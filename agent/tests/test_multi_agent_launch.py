@@ -7,7 +7,7 @@ import time
 import pytest
 
 from agent.node_agent import NodeAgent
-from console.testing import job_output
+from harness.job_factory import job_output
 from jobs.models import JobAttempt
 from jobs.services.placement import place_waiting_jobs
 from jobs.statuses import JobStatus

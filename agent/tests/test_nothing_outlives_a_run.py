@@ -22,7 +22,7 @@ from agent import cgroups, runfiles
 from agent.launch import container_prefix, engine_env, sweep_strays
 from agent.loop import embedded_round
 from agent.processes import run_dir, signal_run
-from console.testing import needs_sandbox
+from harness.sandbox import needs_sandbox
 from jobs.models import JobAttempt, TrainingJob
 from jobs.services.actions import delete_job, request_stop
 from jobs.statuses import TERMINAL, JobStatus

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 
 from agent import runfiles
-from console.testing import job_output
+from harness.job_factory import job_output
 from jobs.models import JobAttempt, JobEvent
 from jobs.services.paths import default_output_dir
 from jobs.statuses import JobStatus

@@ -15,7 +15,8 @@ from django.conf import settings
 
 from agent import runfiles
 from agent.processes import run_dir
-from console.testing import job_output, needs_sandbox
+from harness.job_factory import job_output
+from harness.sandbox import needs_sandbox
 from jobs.models import AttemptNode
 from jobs.services.paths import default_output_dir, job_dir
 from jobs.statuses import JobStatus

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from console.testing import needs_sandbox
+from harness.sandbox import needs_sandbox
 from jobs.statuses import JobStatus
 from logs.models import LogLine
 

@@ -14,7 +14,7 @@ import pytest
 
 from agent import storage
 from agent.storage import Tree, measure
-from console.testing import needs_sandbox
+from harness.sandbox import needs_sandbox
 from jobs.models import JobAttempt, JobEvent
 from jobs.services import runs
 from jobs.services.limits import StorageUse, format_storage, storage_verdicts

@@ -250,7 +250,7 @@ def print_phase(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     random.seed(args.seed)
-    from console.tests.scaleout import reachable
+    from harness.scaleout import reachable
 
     problems = [p for p in (reachable(args.pg), reachable(args.redis)) if p]
     if problems:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from console.tests.browser import CHROMIUM_ARGS, LiveConsole, login
+from harness.browser import CHROMIUM_ARGS, LiveConsole, login
 
 TARGET_P95_S = 1.0
 USER = ("bench-ui", "bench-ui-pass-1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,12 @@ def job_env(tmp_path: Path) -> dict[str, str]:
         THP_MEM_ALLOC_ENABLE="1",
     )
     return env
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
+    """A checkpoint engine writing to the test's ``tmp_path``, with a small host cache and no
+    signal handlers of its own; shut down after the test."""
+    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
+    yield engine
+    engine.shutdown()

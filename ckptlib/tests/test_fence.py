@@ -25,27 +25,29 @@ def fence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
+def engine_beside_the_fence(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
+    """An engine whose output directory lies beside the fence's (``tmp_path / "output"``, not
+    ``tmp_path`` itself, where the fence and other files of the test lie)."""
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path / "output", host_cache_size=0.05, handle_signals=False)
     yield engine
     engine.shutdown()
 
 
-def test_a_run_whose_attempt_is_superseded_commits_nothing(engine: ckptlib.CheckpointEngine, fence: Path) -> None:
+def test_a_run_whose_attempt_is_superseded_commits_nothing(engine_beside_the_fence: ckptlib.CheckpointEngine, fence: Path) -> None:
     state = small_training_state()
     train_steps(state, 1)
-    engine.save(state, step=10)
-    [first] = engine.wait(persist=True)
+    engine_beside_the_fence.save(state, step=10)
+    [first] = engine_beside_the_fence.wait(persist=True)
     assert first.committed  # the fence names this attempt: it commits
 
     fence.write_text("2\n")  # the job was re-placed: attempt 2 owns the output now
     train_steps(state, 1)
-    engine.save(state, step=20)
-    [second] = engine.wait(persist=True)
+    engine_beside_the_fence.save(state, step=20)
+    [second] = engine_beside_the_fence.wait(persist=True)
     assert not second.committed
     assert "attempt 2 of this job has started elsewhere" in str(second.error) and "step 20 is discarded" in str(second.error)
-    assert engine.committed_steps() == [10] and ckptlib.read_latest(engine.root) == 10
-    assert not _format.tmp_dir(engine.root, 20).exists()
+    assert engine_beside_the_fence.committed_steps() == [10] and ckptlib.read_latest(engine_beside_the_fence.root) == 10
+    assert not _format.tmp_dir(engine_beside_the_fence.root, 20).exists()
 
 
 def test_a_superseded_run_rotates_nothing_out(tmp_path: Path, fence: Path) -> None:
@@ -62,21 +64,21 @@ def test_a_superseded_run_rotates_nothing_out(tmp_path: Path, fence: Path) -> No
 
 
 @pytest.mark.parametrize("content", ["", "not a number", "9" * 200])
-def test_an_unreadable_fence_refuses_nothing(engine: ckptlib.CheckpointEngine, fence: Path, content: str) -> None:
+def test_an_unreadable_fence_refuses_nothing(engine_beside_the_fence: ckptlib.CheckpointEngine, fence: Path, content: str) -> None:
     fence.write_text(content)
-    engine.save(small_training_state(), step=5)
-    [result] = engine.wait(persist=True)
+    engine_beside_the_fence.save(small_training_state(), step=5)
+    [result] = engine_beside_the_fence.wait(persist=True)
     assert result.committed
 
 
-def test_without_the_platform_nothing_is_fenced(engine: ckptlib.CheckpointEngine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_without_the_platform_nothing_is_fenced(engine_beside_the_fence: ckptlib.CheckpointEngine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("JOB_FENCE", str(tmp_path / "missing"))
     monkeypatch.setenv("JOB_ATTEMPT", "1")
-    engine.save(small_training_state(), step=5)
-    assert engine.wait(persist=True)[0].committed
+    engine_beside_the_fence.save(small_training_state(), step=5)
+    assert engine_beside_the_fence.wait(persist=True)[0].committed
     monkeypatch.delenv("JOB_FENCE")
-    engine.save(small_training_state(), step=6)
-    assert engine.wait(persist=True)[0].committed
+    engine_beside_the_fence.save(small_training_state(), step=6)
+    assert engine_beside_the_fence.wait(persist=True)[0].committed
 
 
 def test_a_superseded_run_installs_no_file_of_its_own_layout(tmp_path: Path, fence: Path) -> None:

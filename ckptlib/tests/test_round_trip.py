@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +13,6 @@ import torch
 
 import ckptlib
 from ckptlib.tests.helpers import assert_same, small_training_state, snapshot, train_steps
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
-    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
-    yield engine
-    engine.shutdown()
 
 
 @pytest.mark.slow  # a training process of its own

@@ -6,22 +6,13 @@ from __future__ import annotations
 import os
 import zipfile
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 
 import ckptlib
 from ckptlib._zipcrc import crc32_combine
 from ckptlib.tests.helpers import small_training_state, train_steps
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
-    engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
-    yield engine
-    engine.shutdown()
 
 
 def test_crc32_combine_matches_zlib() -> None:

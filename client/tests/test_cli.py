@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from console.testing import PLATFORM_LINE_PREFIXES
-from console.tests.browser import wait
+from harness.job_factory import PLATFORM_LINE_PREFIXES
+from harness.processes import wait
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("satrain", reason="the client is not installed: pip install -e ./client")

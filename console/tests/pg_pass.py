@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from console.tests.scaleout import reachable
+from harness.scaleout import reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 DATABASE_APPS = ("jobs", "logs", "agent", "failover", "notify", "console")

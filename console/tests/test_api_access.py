@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.api_fixtures import JOBS_URL, job_url, move_to
+from harness.api import JOBS_URL, job_url, move_to
 from jobs.models import TrainingJob
 from jobs.statuses import JobStatus
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.api_fixtures import JOBS_URL, NODES_URL, job_url
+from harness.api import JOBS_URL, NODES_URL, job_url
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.api_fixtures import job_url, move_to
+from harness.api import job_url, move_to
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.statuses import JobStatus

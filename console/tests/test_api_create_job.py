@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from console.tests.api_fixtures import JOBS_URL
+from harness.api import JOBS_URL
 from jobs.models import JobEvent, Project, TrainingJob
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("data_volume")]

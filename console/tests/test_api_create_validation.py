@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.api_fixtures import JOBS_URL
+from harness.api import JOBS_URL
 from jobs.models import Node, TrainingJob
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from console.tests.api_fixtures import job_url, move_to
+from harness.api import job_url, move_to
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 

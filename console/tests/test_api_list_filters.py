@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from console.tests.api_fixtures import JOBS_URL, move_to
+from harness.api import JOBS_URL, move_to
 from jobs.statuses import JobStatus
 
 pytestmark = pytest.mark.django_db

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from console.tests.api_fixtures import JOBS_URL
+from harness.api import JOBS_URL
 from jobs.services.samples import Reading, record_readings
 
 pytestmark = pytest.mark.django_db

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.api_fixtures import NODES_URL
+from harness.api import NODES_URL
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 
 pytestmark = pytest.mark.django_db

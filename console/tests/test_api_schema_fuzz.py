@@ -19,7 +19,7 @@ from knox.models import AuthToken
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from console.tests.api_fixtures import move_to
+from harness.api import move_to
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 from logs.models import LogLine

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from console.tests.api_fixtures import JOBS_URL, TOKEN_URL
+from harness.api import JOBS_URL, TOKEN_URL
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.db import connection
 from django.urls import reverse
 
 from console.forms import TrainingJobForm
-from console.tests.api_fixtures import JOBS_URL, job_url
+from harness.api import JOBS_URL, job_url
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 

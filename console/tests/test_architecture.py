@@ -147,7 +147,7 @@ def test_every_socket_of_the_browser_code_goes_through_the_one_reconnect_helper(
 
 # --- the test suite's own house rules ----------------------------------------------------------
 
-HOUSE = ["console", "jobs", "logs", "agent", "failover", "notify", "ckptlib", "bench", "client"]
+HOUSE = ["console", "jobs", "logs", "agent", "failover", "notify", "ckptlib", "bench", "client", "harness"]
 
 
 @cache

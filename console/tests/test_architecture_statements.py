@@ -11,8 +11,8 @@
 * every link between the docs, and every ``.md`` file the code cites, exists.
 
 A statement changed in ARCHITECTURE.md that one of these checks covers changes here too.
-Production code only: tests, migrations, ``console/testing.py`` (the tests' helpers) and ``bench/``
-are left out.
+Production code only: tests, migrations and ``bench/`` are left out (the test harness, ``harness/``,
+is no app package).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ DOC = ROOT / "ARCHITECTURE.md"
 # --- the code, read once ---------------------------------------------------------------------
 def production(path: Path) -> bool:
     parts = path.relative_to(ROOT).parts
-    return not ({"tests", "migrations", "vendor", "__pycache__"} & set(parts)) and parts[-1] != "testing.py"
+    return not ({"tests", "migrations", "vendor", "__pycache__"} & set(parts))
 
 
 @cache

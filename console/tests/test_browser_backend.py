@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.browser import BACKEND, login
+from harness.browser import BACKEND, login
 
 pytestmark = pytest.mark.slow
 

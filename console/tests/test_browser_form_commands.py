@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.browser import login
+from harness.browser import login
 
 pytestmark = pytest.mark.slow
 

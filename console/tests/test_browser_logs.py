@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from console.tests.browser import login, pass_log_sockets_through, save_screenshot
+from harness.browser import login, pass_log_sockets_through, save_screenshot
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.browser import login, save_screenshot, wait
+from harness.browser import login, save_screenshot
+from harness.processes import wait
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from console.tests.browser import login, save_screenshot, wait
+from harness.browser import login, save_screenshot
+from harness.processes import wait
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.browser import login, save_screenshot
+from harness.browser import login, save_screenshot
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from console.tests.browser import login, wait
+from harness.browser import login
+from harness.processes import wait
 
 pytestmark = pytest.mark.slow
 

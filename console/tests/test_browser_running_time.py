@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from console.tests.browser import login, wait
+from harness.browser import login
+from harness.processes import wait
 
 pytestmark = pytest.mark.slow
 

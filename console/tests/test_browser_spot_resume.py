@@ -11,9 +11,10 @@ import re
 
 import pytest
 
-from console.testing import needs_sandbox
-from console.tests.browser import login, save_screenshot, wait
-from console.tests.spot import ENV, SPOT
+from harness.browser import login, save_screenshot
+from harness.processes import wait
+from harness.sandbox import needs_sandbox
+from harness.spot import ENV, SPOT
 
 pytestmark = [pytest.mark.slow, needs_sandbox]
 

@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from console.testing import needs_sandbox
-from console.tests.browser import login, save_screenshot, wait
+from harness.browser import login, save_screenshot
+from harness.processes import wait
+from harness.sandbox import needs_sandbox
 
 pytestmark = [pytest.mark.slow, needs_sandbox]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.api_fixtures import JOBS_URL
-from console.tests.page_fixtures import field_errors
+from harness.api import JOBS_URL
+from harness.pages import field_errors
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 

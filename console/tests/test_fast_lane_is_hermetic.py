@@ -6,13 +6,13 @@ of them.
 A test counts as marked ``slow`` when its module's or class's ``pytestmark``, or a decorator of its
 own or of its class, holds ``pytest.mark.slow`` or ``pytest.mark.scaleout`` (directly or through a
 module-level name for the mark), or when it asks, directly or through other fixtures, for one of
-``console.testing.REAL_PROCESS_FIXTURES``: the collection hook there marks those ``slow``.
+``harness.lanes.REAL_PROCESS_FIXTURES``: the collection hook there marks those ``slow``.
 
 For every other test it reads the test's body, the bodies of the fixtures it asks for (arguments,
 ``usefixtures``, autouse fixtures; found in its class, its module, the ``conftest.py`` files above
 it and the root conftest's plugins), and the bodies of the functions and classes they call that
-are defined in test code (the same module, or a test module imported by name), following calls
-to any depth. What it finds there:
+are defined in test code (the same module, or a test or ``harness`` module imported by name),
+following calls to any depth. What it finds there:
 
 * ``time.sleep`` and ``asyncio.sleep`` (but ``asyncio.sleep(0)``, which only yields), called or
   handed to a call (``watchdog(time.sleep, 1)``);
@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from console.testing import REAL_PROCESS_FIXTURES
+from harness.lanes import REAL_PROCESS_FIXTURES
 
 ROOT = Path(__file__).resolve().parents[2]
-SLOW_MARKS = {"slow", "scaleout"}  # scaleout: console.testing's hook marks it slow too
+SLOW_MARKS = {"slow", "scaleout"}  # scaleout: harness.lanes' hook marks it slow too
 
 SLEEPS = {"time.sleep", "asyncio.sleep"}
 THREADS = {"threading.Thread", "threading.Timer", "concurrent.futures.ThreadPoolExecutor", "asyncio.to_thread", "_thread.start_new_thread"}
@@ -159,13 +159,15 @@ def parse(path: Path, source: str) -> Module:
 
 @cache
 def support_modules() -> dict[str, Path]:
-    """Test code a test may call into: every module of a ``tests`` package, the conftests, and the
-    root conftest's plugins."""
+    """Test code a test may call into: every module of a ``tests`` package, the conftests, the
+    test harness (``harness/``, its plugins and its helpers) and the root conftest's plugins."""
     found = {}
     for top in suite_roots():
         for path in top.rglob("*.py"):
             if "tests" in path.relative_to(ROOT).parts or path.name.startswith(("test_", "conftest")):
                 found[module_name(path)] = path
+    for path in (ROOT / "harness").rglob("*.py"):
+        found[module_name(path)] = path
     for plugin in plugins():
         found[plugin] = ROOT / Path(*plugin.split(".")).with_suffix(".py")
     return found

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from console.tests.page_fixtures import put_in_status
+from harness.pages import put_in_status
 from jobs.models import JobEvent
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.api_fixtures import JOBS_URL, NODES_URL
-from console.tests.page_fixtures import field_errors, shows
+from harness.api import JOBS_URL, NODES_URL
+from harness.pages import field_errors, shows
 from jobs.models import Node, TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.services.limits import parse_memory

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 from django.utils import timezone
 
-from console.tests.api_fixtures import JOBS_URL
+from harness.api import JOBS_URL
 from jobs.models import Project, TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.statuses import ACTIVE, JobStatus

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from console import paging
 from console.pages import jobs as job_pages
-from console.tests.api_fixtures import JOBS_URL
+from harness.api import JOBS_URL
 
 pytestmark = pytest.mark.django_db
 

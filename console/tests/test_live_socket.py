@@ -12,17 +12,11 @@ from knox.models import AuthToken
 from console.asgi import application
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
-from logs import progress as progress_module
 from logs.services import RawLine, ingest_lines
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.usefixtures("fresh_throttle")]
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def fresh_throttle(monkeypatch):
-    monkeypatch.setattr(progress_module, "_last_published", {})
 
 
 def token_for(user) -> bytes:

@@ -108,7 +108,7 @@ def test_a_running_jobs_latest_usage_sample_is_exported(client, staff, make_job)
 def test_a_real_failover_moves_the_counters(live_console):
     import urllib.request
 
-    from console.tests.browser import wait
+    from harness.processes import wait
 
     def live_scrape() -> dict:
         token = live_console.tokens.get("admin") or live_console.create_user("admin", "admin-pass-1", staff=True)

@@ -10,8 +10,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agent.inventory import register_nodes, simulated_nodes
-from console.tests.api_fixtures import JOBS_URL, job_url
-from console.tests.page_fixtures import put_in_status
+from harness.api import JOBS_URL, job_url
+from harness.pages import put_in_status
 from jobs.models import Project, TrainingJob
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import listed_job_ids, put_in_status
+from harness.pages import listed_job_ids, put_in_status
 from jobs.models import TrainingJob
 from jobs.statuses import JobStatus
 

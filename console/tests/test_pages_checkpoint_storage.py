@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import put_in_status
+from harness.pages import put_in_status
 from jobs.models import JobAttempt
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import put_in_status
+from harness.pages import put_in_status
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.statuses import JobStatus

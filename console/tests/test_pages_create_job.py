@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.urls import reverse
 
-from console.tests.page_fixtures import field_errors, shows
+from harness.pages import field_errors, shows
 from jobs.job_fields import EXAMPLE_COMMAND
 from jobs.models import JobEvent, Project, TrainingJob
 from jobs.services.creation import personal_project_for

@@ -8,8 +8,8 @@ import signal
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import put_in_status, shows
 from failover.tests.exits import report_exit
+from harness.pages import put_in_status, shows
 from jobs.models import JobAttempt
 from jobs.services.placement import place_waiting_jobs
 from jobs.services.runs import run_started

@@ -7,7 +7,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import listed_job_ids, put_in_status
+from harness.pages import listed_job_ids, put_in_status
 from jobs.statuses import JobStatus
 
 pytestmark = pytest.mark.django_db

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from console.tests.page_fixtures import listed_job_ids, put_in_status
+from harness.pages import listed_job_ids, put_in_status
 from jobs.statuses import JobStatus
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import add_log_lines
+from harness.pages import add_log_lines
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import put_in_status, shows
+from harness.pages import put_in_status, shows
 from jobs.models import AttemptNode, JobAttempt, JobEvent, Node
 from jobs.statuses import JobStatus
 from logs.models import Checkpoint, JobProgress, MetricPoint

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from console.tests.page_fixtures import listed_job_ids, put_in_status
+from harness.pages import listed_job_ids, put_in_status
 from jobs.models import JobAttempt
 from jobs.statuses import JobStatus
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from console.tests.scaleout import PY, ROOT, Cluster, running_cluster
+from harness.processes import PY, ROOT
+from harness.scaleout import Cluster, running_cluster
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,6 @@ import psutil
 import pytest
 
 from agent import runfiles
-from console.tests.scaleout import Cluster, running_cluster
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.slow]
 
@@ -26,11 +25,6 @@ COUNTER = (
     "while True:\n"
     "    print('attempt', os.environ['JOB_ATTEMPT'], 'line', i, flush=True); i += 1; time.sleep(0.02)\""
 )
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    yield from running_cluster(Cluster, tmp_path)
 
 
 class SocketReader(threading.Thread):
@@ -68,59 +62,61 @@ class SocketReader(threading.Thread):
                     return
 
 
-def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_daphne(cluster):
-    first, second = cluster.ports
-    status, body = cluster.api(first, "POST", "/api/v1/auth/token/", body={"username": "admin", "password": "admin-pass-1"})
+def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_daphne(scaleout_cluster):
+    first, second = scaleout_cluster.ports
+    status, body = scaleout_cluster.api(first, "POST", "/api/v1/auth/token/", body={"username": "admin", "password": "admin-pass-1"})
     assert status == 200, body
     token = body["token"]
-    cluster.wait(lambda: len([n for n in cluster.api(first, "GET", "/api/v1/nodes/", token)[1]["results"] if n["state"] == "Ready"]) == 3, "3 ready nodes")
+    scaleout_cluster.wait(
+        lambda: len([n for n in scaleout_cluster.api(first, "GET", "/api/v1/nodes/", token)[1]["results"] if n["state"] == "Ready"]) == 3, "3 ready nodes"
+    )
 
-    status, job = cluster.api(first, "POST", "/api/v1/training-jobs/", token, {"name": "scale", "command": COUNTER, "gpus_per_node": 1})
+    status, job = scaleout_cluster.api(first, "POST", "/api/v1/training-jobs/", token, {"name": "scale", "command": COUNTER, "gpus_per_node": 1})
     assert status == 201, job
     job_id = job["id"]
     reader = SocketReader(second, job_id, token)
     reader.start()
 
     def attempt(n: int):
-        rows = cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/attempts/", token)[1]
+        rows = scaleout_cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/attempts/", token)[1]
         found = [a for a in rows if a["number"] == n and a["state"] == "running"]
         return found[0] if found else None
 
-    one = cluster.wait(lambda: attempt(1), "attempt 1 running")
-    cluster.wait(lambda: any("line 20" in ln["text"] for ln in reader.lines), "lines on the other Daphne")
+    one = scaleout_cluster.wait(lambda: attempt(1), "attempt 1 running")
+    scaleout_cluster.wait(lambda: any("line 20" in ln["text"] for ln in reader.lines), "lines on the other Daphne")
 
     # A hardware fault on its node: the job moves to another node.
     node_one = one["nodes"][0]
     gpu = one["placements"][0]["gpu_indices"][0]
-    assert cluster.api(first, "POST", f"/api/v1/nodes/{node_one}/inject-fault/", token, {"gpu": gpu, "xid": 79})[0] == 201
-    two = cluster.wait(lambda: attempt(2), "attempt 2 running after the fault")
+    assert scaleout_cluster.api(first, "POST", f"/api/v1/nodes/{node_one}/inject-fault/", token, {"gpu": gpu, "xid": 79})[0] == 201
+    two = scaleout_cluster.wait(lambda: attempt(2), "attempt 2 running after the fault")
     assert two["nodes"][0] != node_one
-    cluster.wait(lambda: any(ln["attempt"] == 2 and "line 20" in ln["text"] for ln in reader.lines), "attempt 2 lines")
+    scaleout_cluster.wait(lambda: any(ln["attempt"] == 2 and "line 20" in ln["text"] for ln in reader.lines), "attempt 2 lines")
 
     # Its agent dies (SIGKILL): the heartbeat sweeper takes the node as lost and fails the job over.
     node_two = two["nodes"][0]
-    cluster.kill(f"agent-{node_two}")
-    three = cluster.wait(lambda: attempt(3), "attempt 3 after the agent was killed", timeout=60)
+    scaleout_cluster.kill(f"agent-{node_two}")
+    three = scaleout_cluster.wait(lambda: attempt(3), "attempt 3 after the agent was killed", timeout=60)
     assert three["nodes"][0] not in (node_one, node_two)
-    cluster.wait(lambda: any(ln["attempt"] == 3 and "line 20" in ln["text"] for ln in reader.lines), "attempt 3 lines")
+    scaleout_cluster.wait(lambda: any(ln["attempt"] == 3 and "line 20" in ln["text"] for ln in reader.lines), "attempt 3 lines")
     # Meanwhile attempt 2's run goes on with no agent (nothing on the control host signals it):
     # the job's fence names attempt 3, so ckptlib in that stray run commits nothing
     # (docs/failover.md, "A lost node's run").
-    fence = Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / "fence" / "attempt"
+    fence = Path(scaleout_cluster.env["JOB_WORK_ROOT"]) / str(job_id) / "fence" / "attempt"
     assert fence.read_text().split()[0] == "3"
-    stray = runfiles.read_pid(Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / "attempt-2" / "rank-0")
+    stray = runfiles.read_pid(Path(scaleout_cluster.env["JOB_WORK_ROOT"]) / str(job_id) / "attempt-2" / "rank-0")
     assert stray is not None and stray.pgid is not None
     assert running(stray.pgid), "the stray run was ended before its agent came back"
     # The agent comes back: it ends the stray run and delivers the lines it wrote meanwhile.
-    cluster.start_agent(node_two)
-    cluster.wait(lambda: not running(stray.pgid), "the stray run ended by its own agent", timeout=60)
+    scaleout_cluster.start_agent(node_two)
+    scaleout_cluster.wait(lambda: not running(stray.pgid), "the stray run ended by its own agent", timeout=60)
 
-    assert cluster.api(first, "POST", f"/api/v1/training-jobs/{job_id}/stop/", token)[0] == 200
-    cluster.wait(lambda: cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/", token)[1]["status"] == "Stopped", "Stopped")
+    assert scaleout_cluster.api(first, "POST", f"/api/v1/training-jobs/{job_id}/stop/", token)[0] == 200
+    scaleout_cluster.wait(lambda: scaleout_cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/", token)[1]["status"] == "Stopped", "Stopped")
     reader.join(timeout=30)
     assert reader.end == {"type": "end", "status": "Stopped"}
 
-    history = cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/events/", token)[1]
+    history = scaleout_cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/events/", token)[1]
     events = [e["to_status"] for e in history if e["from_status"] != e["to_status"]]
     assert events == ["Pending", "Running", "Pending - failoverinprogress", "Running", "Pending - failoverinprogress", "Running", "Stopping", "Stopped"]
 
@@ -129,7 +125,7 @@ def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_d
     def stored() -> list[dict]:
         lines, after = [], 0
         while True:
-            page = cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/logs/?after={after}&limit=5000", token)[1]
+            page = scaleout_cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/logs/?after={after}&limit=5000", token)[1]
             lines.extend(page["lines"])
             if not page["has_more"]:
                 return lines
@@ -138,7 +134,7 @@ def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_d
     def printed() -> dict[int, list[str]]:
         out = {}
         for n in (1, 2, 3):
-            path = Path(cluster.env["JOB_WORK_ROOT"]) / str(job_id) / f"attempt-{n}" / "rank-0" / runfiles.OUTPUT_FILE
+            path = Path(scaleout_cluster.env["JOB_WORK_ROOT"]) / str(job_id) / f"attempt-{n}" / "rank-0" / runfiles.OUTPUT_FILE
             out[n] = [json.loads(line)["s"] for line in path.read_text().splitlines()]
         return out
 
@@ -148,7 +144,7 @@ def test_a_job_fails_over_across_agent_processes_and_its_log_reaches_the_other_d
             by_attempt.setdefault(line["attempt"], []).append(line["text"])
         return by_attempt == printed()
 
-    cluster.wait(complete, "every printed line stored exactly once", timeout=30)
+    scaleout_cluster.wait(complete, "every printed line stored exactly once", timeout=30)
     rows = stored()
     assert [ln["seq"] for ln in rows] == list(range(1, len(rows) + 1))
     assert [ln["text"] for ln in rows].count("Starting dataset initialization") == 3

@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from console.testing import job_output
-from console.tests.api_fixtures import JOBS_URL, job_url
+from harness.api import JOBS_URL, job_url
+from harness.job_factory import job_output
 from jobs.models import TrainingJob
 from jobs.secret_env import MASK, SecretEnv, SecretUnreadable
 from jobs.services.creation import personal_project_for

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from console.tests.api_fixtures import JOBS_URL, job_url
-from console.tests.page_fixtures import shows
+from harness.api import JOBS_URL, job_url
+from harness.pages import shows
 from jobs.models import TrainingJob
 from jobs.secret_env import MASK
 from jobs.services.creation import personal_project_for

@@ -10,7 +10,7 @@ from django.core.cache import cache
 from django.test import Client
 from rest_framework.test import APIClient
 
-from console.tests.api_fixtures import TOKEN_URL
+from harness.api import TOKEN_URL
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings
 
 from agent.output import checked_line
-from console.testing import job_output
-from console.tests.api_fixtures import JOBS_URL
+from harness.api import JOBS_URL
+from harness.job_factory import job_output
 from jobs.services.paths import project_root
 from logs.services import RawLine, ingest_lines
 

@@ -15,9 +15,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from console.tests.api_fixtures import JOBS_URL
 from failover.probes import probe_for
 from failover.services.health import record_health
+from harness.api import JOBS_URL
 from jobs.models import JobAttempt, Node, TrainingJob
 from jobs.services.control import control_round
 from jobs.services.runs import claim_parts, part_exited, part_started

@@ -3,33 +3,25 @@ down; exclusions are lifted by a repair; a job with no node left ends; one fault
 
 from __future__ import annotations
 
-import gc
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from console.testing import refuse_once
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
 from failover.services import policy
 from failover.services.faults import clear_node
 from failover.tests.exits import report_exit
+from harness.database import refuse_once
 from jobs.models import GPU, JobAttempt, JobEvent, JobExclusion, Node, TrainingJob
 from jobs.services.placement import place_waiting_jobs
 from jobs.services.runs import run_started
 from jobs.statuses import JobStatus
 from logs.services import RawLine, ingest_lines
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_local_agent")]
 
 ECC_LINE = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
-
-
-@pytest.fixture(autouse=True)
-def no_local_agent():
-    """No node agent lives in this process: the policy judges by stored readings and sweeps
-    every node, as a scale-out control plane does."""
-    gc.collect()
 
 
 def start(job) -> JobAttempt:

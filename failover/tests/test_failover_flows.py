@@ -11,8 +11,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from console.testing import job_output
 from failover.services.faults import inject_fault, reclaim_spot
+from harness.job_factory import job_output
 from jobs.models import JobAttempt, JobEvent, JobExclusion, Node
 from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus

@@ -14,9 +14,10 @@ import time
 import pytest
 
 import ckptlib
-from console.testing import job_output, needs_sandbox
 from failover.services.faults import clear_node, inject_fault
 from failover.tests.test_spot_script_in_a_container import fault_after_first_commit
+from harness.job_factory import job_output
+from harness.sandbox import needs_sandbox
 from jobs.models import AttemptNode, JobAttempt, Node, Project
 from jobs.statuses import JobStatus
 
@@ -122,7 +123,7 @@ def test_the_spot_script_preempted_by_on_demand_work_waits_and_resumes_from_its_
     """The guide's Spot script as a Spot job (Slurm's preemptible partition): another user's
     On-Demand job needs its node's GPUs, Slurm preempts it (SIGTERM, GraceTime), the job is
     Pending again, never a failover, and its next attempt resumes from the last checkpoint."""
-    from console.tests.spot import ENV, SPOT
+    from harness.spot import ENV, SPOT
     from jobs.backends.slurm.client import Submission
     from jobs.models import TrainingJob
 

@@ -17,7 +17,7 @@ from failover.kmsg import KernelLogReader
 from failover.models import HealthEvent
 from failover.services import health
 from failover.services.monitor import HealthMonitor
-from failover.tests.fake_gpus import FakeAgent
+from failover.tests.fake_agent import FakeAgent
 from jobs.models import GPU, Node
 from jobs.services.placement import read_capacity
 

@@ -16,7 +16,7 @@ from failover.models import HealthEvent, NodeHealth
 from failover.services import faults, health
 from failover.services.monitor import HealthMonitor, prune_events
 from failover.tests import fake_pynvml
-from failover.tests.fake_gpus import FakeAgent
+from failover.tests.fake_agent import FakeAgent
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 from logs.models import LogLine
@@ -336,7 +336,7 @@ def test_an_event_the_database_refused_is_stored_at_the_next_pass(backend, reque
     driver does not say again once drained: both are kept and stored at the next pass."""
     from django.db.models.query import QuerySet
 
-    from console.testing import refuse_once
+    from harness.database import refuse_once
 
     driver = request.getfixturevalue("gpus") if backend == "nvml" else None
     checker = health.HealthChecker(FakeAgent())

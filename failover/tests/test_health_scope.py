@@ -5,8 +5,6 @@ node")."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 from django.utils import timezone
 
@@ -20,16 +18,10 @@ from jobs.services.placement import place_waiting_jobs, when
 from jobs.services.runs import run_started
 from jobs.statuses import JobStatus
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_local_agent")]
 
 XID_79 = "GPU has fallen off the bus"
 SXID_LINE = "nvidia-nvswitch0: SXid (PCI:0000:00:00.0): 20034, Fatal, Link 30 LTSSM Fault Up"
-
-
-@pytest.fixture(autouse=True)
-def no_local_agent():
-    """No node agent lives in this process: the policy judges by stored readings."""
-    gc.collect()
 
 
 def xid_79_on_gpu_0(node: Node) -> bool:

@@ -21,7 +21,7 @@ from failover.kmsg import KernelLogReader
 from failover.models import HealthEvent
 from failover.services import health
 from failover.services.monitor import HealthMonitor, NodeEvidenceMonitor, kernel_line_event
-from failover.tests.fake_gpus import FakeAgent
+from failover.tests.fake_agent import FakeAgent
 from failover.xids import parse_kernel_line
 from jobs.models import GPU, Node
 

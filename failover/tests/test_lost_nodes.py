@@ -4,7 +4,6 @@ run the survivors are stopped before their GPUs are freed."""
 
 from __future__ import annotations
 
-import gc
 import time
 from datetime import timedelta
 
@@ -19,12 +18,7 @@ from jobs.services.runs import run_started
 from jobs.statuses import JobStatus
 from logs.services import RawLine, ingest_lines
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def no_local_agent():
-    gc.collect()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_local_agent")]
 
 
 def silence(node_name: str, seconds: float = 600) -> None:
@@ -198,7 +192,7 @@ def test_the_recovery_metric_counts_a_lost_node_from_its_last_heartbeat(make_job
 
 
 def redis_or_skip(settings, monkeypatch):
-    from console.tests.scaleout import services_or_skip
+    from harness.scaleout import services_or_skip
     from jobs import heartbeats
     from jobs.services import messages
 

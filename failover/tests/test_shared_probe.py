@@ -5,8 +5,6 @@ evidence only and makes no probe."""
 
 from __future__ import annotations
 
-import gc
-import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -14,7 +12,6 @@ import pytest
 from agent import local_agents
 from failover.evidence import FindingKind
 from failover.services import health, policy
-from failover.tests import fake_pynvml
 from jobs.models import AttemptNode, Node
 from jobs.services.placement import place_waiting_jobs
 
@@ -28,16 +25,6 @@ class FakeAgent:
 
     def launch(self, attempt) -> None:  # registry.LocalAgent
         pass
-
-
-@pytest.fixture
-def gpus(monkeypatch, nodes):
-    gc.collect()  # agents of earlier tests are gone from the registry
-    driver = fake_pynvml.reset(gpus=4)
-    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
-    Node.objects.filter(name="node-a").update(simulated=False)
-    yield driver
-    driver.release()
 
 
 def test_the_checker_keeps_one_probe_per_node(gpus):

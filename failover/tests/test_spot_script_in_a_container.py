@@ -10,8 +10,9 @@ import time
 import pytest
 
 import ckptlib
-from console.testing import job_output, needs_sandbox
 from failover.services.faults import inject_fault
+from harness.job_factory import job_output
+from harness.sandbox import needs_sandbox
 from jobs.models import JobAttempt
 from jobs.statuses import JobStatus
 

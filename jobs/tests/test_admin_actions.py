@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.page_fixtures import put_in_status, shows
+from harness.pages import put_in_status, shows
 from jobs.models import Node, TrainingJob
 from jobs.statuses import JobStatus
 

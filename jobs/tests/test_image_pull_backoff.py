@@ -6,7 +6,6 @@ failover runs the same one."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from datetime import timedelta
 
@@ -14,17 +13,13 @@ import pytest
 from django.utils import timezone
 
 from agent import engine, runfiles
-from console.testing import ENGINE_ROOT, default_image_ready, job_output, needs_sandbox
+from harness.job_factory import job_output
+from harness.processes import free_port
+from harness.sandbox import ENGINE_ROOT, default_image_ready, needs_sandbox
 from jobs.models import GPU, JobAttempt, JobEvent, Registry, RegistryCredential, TrainingJob
 from jobs.statuses import JobStatus
 
 pytestmark = pytest.mark.django_db
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def copy_image(source: str, target: str, *, creds: str | None = None) -> None:

@@ -140,7 +140,7 @@ def test_the_terminal_gets_a_one_line_error_for_a_missing_or_finished_job(live_c
     import subprocess
     import sys
 
-    from console.tests.browser import ROOT
+    from harness.processes import ROOT
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

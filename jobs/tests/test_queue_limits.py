@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from console.tests.api_fixtures import JOBS_URL
+from harness.api import JOBS_URL
 from jobs.models import TrainingJob
 from jobs.services.creation import personal_project_for
 

@@ -12,16 +12,11 @@ import threading
 
 import pytest
 
-from console.tests.scaleout import PY, ROOT, Cluster, running_cluster
+from harness.processes import PY, ROOT
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.slow]
 
 SLEEPER = "python -c \"import time\nprint('started', flush=True)\nwhile True: time.sleep(0.2)\""
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    yield from running_cluster(Cluster, tmp_path)
 
 
 class StatusSocket(threading.Thread):
@@ -64,17 +59,19 @@ def is_subsequence(wanted: list, seen: list) -> bool:
     return all(any(item == got for got in remaining) for item in wanted)
 
 
-def test_every_status_change_from_any_process_reaches_open_pages_on_both_daphnes(cluster):
-    first, second = cluster.ports
-    status, body = cluster.api(first, "POST", "/api/v1/auth/token/", body={"username": "admin", "password": "admin-pass-1"})
+def test_every_status_change_from_any_process_reaches_open_pages_on_both_daphnes(scaleout_cluster):
+    first, second = scaleout_cluster.ports
+    status, body = scaleout_cluster.api(first, "POST", "/api/v1/auth/token/", body={"username": "admin", "password": "admin-pass-1"})
     assert status == 200, body
     token = body["token"]
-    cluster.wait(lambda: len([n for n in cluster.api(first, "GET", "/api/v1/nodes/", token)[1]["results"] if n["state"] == "Ready"]) == 3, "3 ready nodes")
+    scaleout_cluster.wait(
+        lambda: len([n for n in scaleout_cluster.api(first, "GET", "/api/v1/nodes/", token)[1]["results"] if n["state"] == "Ready"]) == 3, "3 ready nodes"
+    )
 
     listing = StatusSocket(second, token)
     listing.start()
     assert listing.ready.wait(30)
-    status, job = cluster.api(first, "POST", "/api/v1/training-jobs/", token, {"name": "live-status", "command": SLEEPER, "gpus_per_node": 1})
+    status, job = scaleout_cluster.api(first, "POST", "/api/v1/training-jobs/", token, {"name": "live-status", "command": SLEEPER, "gpus_per_node": 1})
     assert status == 201, job
     job_id = job["id"]
     page = StatusSocket(first, token, f"?job={job_id}")
@@ -82,25 +79,29 @@ def test_every_status_change_from_any_process_reaches_open_pages_on_both_daphnes
     assert page.ready.wait(30)
 
     def attempt(n: int):
-        rows = cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/attempts/", token)[1]
+        rows = scaleout_cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/attempts/", token)[1]
         found = [a for a in rows if a["number"] == n and a["state"] == "running"]
         return found[0] if found else None
 
-    one = cluster.wait(lambda: attempt(1), "attempt 1 running")
+    one = scaleout_cluster.wait(lambda: attempt(1), "attempt 1 running")
     assert (
-        cluster.api(first, "POST", f"/api/v1/nodes/{one['nodes'][0]}/inject-fault/", token, {"gpu": one["placements"][0]["gpu_indices"][0], "xid": 79})[0]
+        scaleout_cluster.api(
+            first, "POST", f"/api/v1/nodes/{one['nodes'][0]}/inject-fault/", token, {"gpu": one["placements"][0]["gpu_indices"][0], "xid": 79}
+        )[0]
         == 201
     )
-    cluster.wait(lambda: attempt(2), "attempt 2 running after the fault")
-    cluster.wait(lambda: any(f == "Pending - failoverinprogress" for f, _ in page.changes(job_id)), "the failover on the page")
+    scaleout_cluster.wait(lambda: attempt(2), "attempt 2 running after the fault")
+    scaleout_cluster.wait(lambda: any(f == "Pending - failoverinprogress" for f, _ in page.changes(job_id)), "the failover on the page")
 
-    stop = subprocess.run([PY, "manage.py", "job", "stop", str(job_id)], check=False, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=120)
+    stop = subprocess.run(
+        [PY, "manage.py", "job", "stop", str(job_id)], check=False, cwd=ROOT, env=scaleout_cluster.env, capture_output=True, text=True, timeout=120
+    )
     assert stop.returncode == 0, stop.stderr
     assert stop.stdout.strip() == f"Job {job_id} (live-status) is Stopping."
     for socket in (listing, page):
-        cluster.wait(lambda s=socket: any(f == "Stopping" and st == "Stopped" for f, st in s.changes(job_id)), "Stopped on the socket")
+        scaleout_cluster.wait(lambda s=socket: any(f == "Stopping" and st == "Stopped" for f, st in s.changes(job_id)), "Stopped on the socket")
 
-    history = cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/events/", token)[1]
+    history = scaleout_cluster.api(first, "GET", f"/api/v1/training-jobs/{job_id}/events/", token)[1]
     changes = [(e["from_status"], e["to_status"]) for e in history if e["from_status"] != e["to_status"]]
     assert changes == [
         ("", "Pending"),

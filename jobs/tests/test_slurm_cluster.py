@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.slurm import reset
 from jobs.backends.slurm.client import SlurmClient, SlurmError, Submission, expand_nodes, parse_record
 from jobs.backends.slurm.cluster import LocalSlurmCluster
+
+
+@pytest.fixture
+def cluster(slurm_cluster: LocalSlurmCluster) -> Iterator[LocalSlurmCluster]:
+    """The session's cluster alone (the Slurm client's tests, no console on it), left as it was found."""
+    yield slurm_cluster
+    reset(slurm_cluster)
 
 
 def test_scontrol_records_are_read_with_spaces_in_values() -> None:

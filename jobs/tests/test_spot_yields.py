@@ -8,7 +8,7 @@ import time
 import pytest
 from django.contrib.auth import get_user_model
 
-from console.testing import job_output
+from harness.job_factory import job_output
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, plan_round
 from jobs.models import JobAttempt, JobEvent, Project
 from jobs.services.actions import request_stop

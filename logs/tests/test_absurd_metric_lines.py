@@ -8,10 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ckptlib import CheckpointResult
-from logs import progress as progress_module
 from logs.models import Checkpoint, JobProgress, LogLine, MetricPoint
 from logs.progress_parser import INTERESTING, MAX_COUNT, may_tell, parse_line
 from logs.services import RawLine, ingest_lines
+
+pytestmark = pytest.mark.usefixtures("fresh_throttle")
 
 T0 = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
 HUGE = 10**30
@@ -31,11 +32,6 @@ ABSURD = [
     f" 50%|█████     | {HUGE}/{HUGE * 2} [00:01<00:01,  4.31it/s]",
     f"global_step={'7' * 5000}",
 ]
-
-
-@pytest.fixture(autouse=True)
-def fresh_throttle(monkeypatch):
-    monkeypatch.setattr(progress_module, "_last_published", {})
 
 
 @pytest.mark.django_db

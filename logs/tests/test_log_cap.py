@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from agent import runfiles
-from console.testing import job_output
+from harness.job_factory import job_output
 from jobs.statuses import JobStatus
 from logs.models import LogLine, LogVolume
 from logs.services import RawLine, ingest_lines

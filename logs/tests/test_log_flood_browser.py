@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from console.tests.browser import login, pass_log_sockets_through
+from harness.browser import login, pass_log_sockets_through
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from console.tests.browser import login
+from harness.browser import login
 
 pytestmark = pytest.mark.slow
 

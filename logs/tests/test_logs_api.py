@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from console.tests.api_fixtures import job_url
+from harness.api import job_url
 from logs.models import LogLine
 
 pytestmark = pytest.mark.django_db

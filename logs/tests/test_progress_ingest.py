@@ -17,12 +17,9 @@ from logs.models import Checkpoint, JobProgress, MetricPoint
 from logs.progress import SAMPLES_PER_BATCH, chart_points
 from logs.services import RawLine, ingest_lines
 
+pytestmark = pytest.mark.usefixtures("fresh_throttle")
+
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def fresh_throttle(monkeypatch):
-    monkeypatch.setattr(progress_module, "_last_published", {})
 
 
 def ingest(job_id: int, texts: list[str], *, start: int = 1, attempt: int = 1, stream: str = "master"):

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from console.tests.browser import wait
+from harness.processes import wait
 
 pytestmark = pytest.mark.slow
 SUBSCRIPTIONS = "/api/v1/notifications/subscriptions/"
@@ -179,7 +179,7 @@ def test_pages_stay_fast_while_the_endpoint_hangs(live_console, receiver):
 
 
 def test_the_account_menu_leads_to_the_notifications_page_in_a_browser(live_console, receiver, page):
-    from console.tests.browser import login, save_screenshot
+    from harness.browser import login, save_screenshot
 
     live_console.create_user("hook-page", "hook-pass-4")
     login(page, live_console, "hook-page", "hook-pass-4")

@@ -1,4 +1,6 @@
-"""Helpers shared by the page and admin tests (the users and the job factory live in conftest.py)."""
+"""Helpers shared by the page and admin tests (a job put in a status, stored log lines, what a
+page shows), and ``login``: the test client signed in as a user. The users come from
+``harness.accounts``, the job factory from ``harness.job_factory``."""
 
 from __future__ import annotations
 

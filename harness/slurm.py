@@ -1,7 +1,8 @@
-"""A real Slurm cluster for the tests that run the console on it (``BACKEND=slurm``): one
-``LocalSlurmCluster`` per test session (munged, slurmctld, three slurmd on this host, fake GPUs),
-and a Slurm agent serving its nodes. Needs root and Debian's ``slurm-wlm`` and ``munge``; CI
-installs them and sets ``REQUIRE_SLURM=1``, so there a missing piece fails instead of skipping."""
+"""A real Slurm cluster for the tests: ``slurm_cluster``, one ``LocalSlurmCluster`` per test
+session (munged, slurmctld, three slurmd on this host, fake GPUs); ``slurm_accounting_cluster``,
+one that keeps accounts, per module; and ``slurm``, the console on a cluster (``BACKEND=slurm``).
+Needs root and Debian's ``slurm-wlm`` and ``munge``; CI installs them and sets
+``REQUIRE_SLURM=1``, so there a missing piece fails instead of skipping."""
 
 from __future__ import annotations
 
@@ -67,13 +68,6 @@ def slurm(request: pytest.FixtureRequest, settings) -> Iterator[LocalSlurmCluste
     settings.SLURM_POLL_INTERVAL = 0.3
     yield cluster
     reset(cluster)
-
-
-@pytest.fixture
-def cluster(slurm_cluster: LocalSlurmCluster) -> Iterator[LocalSlurmCluster]:
-    """The cluster alone (the Slurm client's tests), left as it was found."""
-    yield slurm_cluster
-    reset(slurm_cluster)
 
 
 def reset(cluster: LocalSlurmCluster) -> None:

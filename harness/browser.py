@@ -1,9 +1,9 @@
 """Browser-test harness: the real console in a subprocess and a headless Chromium driving it.
 
-Use the fixtures from a test module with::
+The fixtures reach a test by name (the root conftest registers this module); a test module imports
+only the helpers::
 
-    from console.tests.browser import browser, live_console, page  # noqa: F401  (pytest fixtures)
-    from console.tests.browser import login, save_screenshot
+    from harness.browser import login, save_screenshot
 
 * ``live_console`` (session): ``manage.py runconsole`` on a free port with its own SQLite file,
   var dir and job work root (embedded agent, 3 simulated nodes × 4 GPUs, fast health checks and
@@ -11,6 +11,7 @@ Use the fixtures from a test module with::
   against the same database in a subprocess, returning stdout), ``create_user``, ``api`` (REST
   with the user's token), ``create_job``, ``wait_for_job``, ``insert_log_lines`` and ``wait``.
   At the end the server's process group gets SIGTERM and every run it started is killed.
+* ``users`` (module): the module's ``OWNER``, ``OUTSIDER``, ``OPERATOR`` and ``ADMIN`` in it.
 * ``browser`` (session): Chromium from ``/usr/bin/chromium`` (or ``$CHROMIUM_PATH``), headless.
   Missing Chromium skips the test, or fails it where ``REQUIRE_BROWSER=1`` (CI).
 * ``page`` (function): a fresh context and page; at teardown a screenshot of the page goes to
@@ -30,25 +31,21 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent.runner import kill_unfinished_runs
+from harness.processes import PY, ROOT, free_port, wait
 
-ROOT = Path(__file__).resolve().parents[2]
 # Screenshots and failure captures; TEST_ARTIFACTS_DIR moves them (e.g. to tmp/artifacts in CI).
 ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS_DIR") or ROOT / "test-artifacts")
-PY = sys.executable
 CHROMIUM_ARGS = [
     "--headless=new",
     "--no-sandbox",
@@ -75,28 +72,6 @@ def chromium_path() -> str:
     if os.environ.get("REQUIRE_BROWSER") == "1":
         pytest.fail(message)
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(condition: Callable[[], Any], what: str, timeout: float = 30.0, interval: float = 0.2) -> Any:
-    """Poll ``condition`` until it returns something truthy; its value is returned."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            value = condition()
-        except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as exc:
-            value, last_error = None, exc
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last_error})" if last_error else ""))
-        time.sleep(interval)
 
 
 class LiveConsole:
@@ -132,8 +107,8 @@ class LiveConsole:
         if BACKEND == "slurm":
             # The same pages on the Slurm backend: a one-host cluster whose three nodes have
             # four (fake) GPUs each, as the simulated ones.
+            from harness.slurm import slurm_missing
             from jobs.backends.slurm.cluster import LocalSlurmCluster
-            from jobs.tests.slurm_fixtures import slurm_missing
 
             reason = slurm_missing()
             if reason:

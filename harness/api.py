@@ -1,7 +1,9 @@
-"""Fixtures and helpers of the REST API tests; test modules import what they use from here.
+"""Fixtures and helpers of the REST API tests: API clients (``api_as``, ``owner_api``), a job,
+the API's URLs and ``move_to`` (a job walked into a status). Test modules import the helpers from
+here and get the fixtures by name.
 
-The users (owner, teammate, outsider, staff), ``make_job`` and ``default_image`` come from
-``console/testing.py``.
+The users (owner, teammate, outsider, staff) come from ``harness.accounts``, ``make_job`` and
+``default_image`` from ``harness.job_factory``.
 """
 
 from __future__ import annotations

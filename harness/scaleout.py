@@ -1,5 +1,9 @@
-"""A scale-out cluster on loopback for the integration test: PostgreSQL, Redis, two Daphne
-processes, a Celery control worker with beat, and one node agent process per node."""
+"""A scale-out cluster on loopback for the scale-out tests: PostgreSQL, Redis, two Daphne
+processes, a Celery control worker with beat, and one node agent process per node.
+
+``scaleout_cluster`` (a fixture: the root conftest registers this module) is a started ``Cluster``
+for one test; a module that needs another kind of cluster (``ProcfileCluster``, or a subclass of
+its own) makes its fixture with ``running_cluster``."""
 
 from __future__ import annotations
 
@@ -7,18 +11,16 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
+from harness.processes import PY, ROOT, free_port
 
 
 def reachable(url: str) -> str | None:
@@ -64,13 +66,10 @@ def running_cluster(make, tmp: Path):
         cluster.stop()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
+    """The console on PostgreSQL and Redis: two Daphne processes, the control worker with beat,
+    and the agents of node-a, node-b and node-c, each a process of its own."""
+
     def __init__(self, tmp: Path, pg_url: str, redis_url: str) -> None:
         self.tmp = tmp
         self.db_name = f"satrain_test_scaleout_{os.getpid()}_{int(time.time())}"  # a name no deployment uses
@@ -198,6 +197,12 @@ class Cluster:
                 return response.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
+
+
+@pytest.fixture
+def scaleout_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A started ``Cluster`` of the test's own (skipped where PostgreSQL or Redis does not answer)."""
+    yield from running_cluster(Cluster, tmp_path)
 
 
 ENV_EXAMPLE = ROOT / "deploy" / "console.env.example"

@@ -1,0 +1,86 @@
+"""What each test gets afresh and what it leaves behind.
+
+Before: its own job work directories, project data and simulated devices, an empty cache (sign-in
+failure counts and request throttles), a fast password hash; ``fresh_throttle`` for a module that
+asks for it. After: the node agents it made are shut down and the embedded notification worker
+has finished what its status changes queued. pytest-django has set Django up before the root
+conftest loads this plugin, so models import at the top.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from django.core.cache import cache
+
+from agent import local_agents
+from logs import progress
+
+
+@pytest.fixture(autouse=True)
+def job_work_root(request, tmp_path):
+    """Every test's runs get their own working directories (where Django is in play), and users
+    a fast password hash: users are made for nearly every test."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        yield None
+        return
+    settings = request.getfixturevalue("settings")
+
+    cache.clear()  # sign-in failure counts and request throttles start afresh in every test
+    settings.JOB_WORK_ROOT = tmp_path / "jobs"
+    settings.PROJECT_DATA_ROOT = tmp_path / "projects"
+    settings.SIMULATED_DEVICE_DIR = tmp_path / "sim-devices"
+    settings.JOB_UID_REGISTRY = tmp_path / "uids.json"
+    settings.JOB_SANDBOX = os.environ.get("JOB_SANDBOX", "on")
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    yield settings.JOB_WORK_ROOT
+    # Runs live in their own sessions (and containers) and outlive the test that started them.
+    from agent.runner import kill_unfinished_runs
+
+    kill_unfinished_runs(tmp_path / "jobs")
+
+
+@pytest.fixture
+def fresh_throttle(monkeypatch):
+    """The live progress throttle forgets when it last published each job's progress, so a test's
+    first progress line is published at once (a module asks for it with
+    ``pytest.mark.usefixtures("fresh_throttle")``)."""
+    monkeypatch.setattr(progress, "_last_published", {})
+
+
+AGENTS_BEFORE = pytest.StashKey[set]()  # the agents of this process before a test
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[AGENTS_BEFORE] = set(map(id, local_agents.local_agents()))
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Before a test's fixtures are torn down (a transactional test's database flush among them):
+
+    * a node agent the test made is shut down: its health monitor's thread stopped, and it leaves
+      this process's registry. A left-over agent "serves" its nodes, so the next tests' lost-node
+      sweep would skip them; its monitor thread would go on writing while the next test's
+      database is flushed;
+    * then the embedded notification worker finishes what the test's status changes queued, and
+      forgets what it would have retried later: a delivery made during the flush, or a retry due
+      after the test, would write the last test's rows into the next test's database.
+
+    One hook for both: a second definition of the same hook in this module would replace the
+    first (``test_architecture`` refuses that)."""
+    before = item.stash.get(AGENTS_BEFORE, set())
+    for agent in local_agents.local_agents():
+        if id(agent) not in before:
+            shutdown = getattr(agent, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            local_agents.discard(agent)
+    module = sys.modules.get("notify.worker")
+    if module is not None and module.worker.thread is not None:
+        module.worker.settle(timeout=10.0)
+    yield
