@@ -10,13 +10,24 @@ conftest loads this plugin, so models import at the top.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.core.cache import cache
 
 from agent import local_agents
 from logs import progress
+
+
+@pytest.fixture(scope="session")
+def console_var_dir(tmp_path_factory) -> Path:
+    """This test process's own console state directory (``VAR_DIR``), so its own install id: the
+    containers and job networks its agents start are named for it, and an agent's start-up sweep
+    of "this console's" strays never touches those of another pytest process running beside it
+    (``make test`` runs lanes side by side)."""
+    return tmp_path_factory.mktemp("var")
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +40,7 @@ def job_work_root(request, tmp_path):
     settings = request.getfixturevalue("settings")
 
     cache.clear()  # sign-in failure counts and request throttles start afresh in every test
+    settings.VAR_DIR = request.getfixturevalue("console_var_dir")
     settings.JOB_WORK_ROOT = tmp_path / "jobs"
     settings.PROJECT_DATA_ROOT = tmp_path / "projects"
     settings.SIMULATED_DEVICE_DIR = tmp_path / "sim-devices"
@@ -84,3 +96,19 @@ def pytest_runtest_teardown(item, nextitem):
     if module is not None and module.worker.thread is not None:
         module.worker.settle(timeout=10.0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def no_process_in_the_fast_lane(request, monkeypatch):
+    """A test not marked ``slow`` starts no process, whatever code it calls: the fast lane's rule
+    (``test_fast_lane_is_hermetic`` reads the tests; this catches product code they call that
+    starts one, e.g. an agent's heartbeat that sweeps containers with Podman)."""
+    if request.node.get_closest_marker("slow"):
+        return
+
+    def refused(*args, **kwargs):
+        raise AssertionError(f"a test not marked slow started a process ({args[1] if len(args) > 1 else args}): mark it slow or keep it from starting one")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refused)
+    monkeypatch.setattr(os, "fork", refused)
+    monkeypatch.setattr(os, "posix_spawn", refused)

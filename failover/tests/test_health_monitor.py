@@ -181,6 +181,7 @@ def test_kernel_lines_are_events_on_their_gpu_and_an_old_line_never_reflags_a_cl
 
 
 @pytest.mark.django_db
+@pytest.mark.slow  # the kernel log's fallbacks run this machine's journalctl and dmesg
 def test_an_unreadable_kernel_log_is_shown_in_the_nodes_health(gpus, settings):
     settings.KERNEL_LOG_PATH = "/nonexistent/kmsg"
     checker = health.HealthChecker(FakeAgent())

@@ -68,6 +68,7 @@ def test_a_fifo_fed_while_the_reader_waits(tmp_path):
         reader.close()
 
 
+@pytest.mark.slow  # the fallbacks run this machine's journalctl and dmesg
 def test_an_unreadable_kernel_log_is_said_not_silently_empty(tmp_path):
     reader = KernelLogReader(str(tmp_path / "missing"), fallbacks=False)
     assert reader.read() == []
