@@ -120,7 +120,11 @@ def run_stream(stream: list[Lane], prefix: tuple[str, ...], by_name: dict[str, L
         rc = 0
         with open(log_path, "wb") as log:
             for command in lane.commands:
-                rc = subprocess.call([*prefix, *command], cwd=ROOT, env={**os.environ, **lane.env}, stdout=log, stderr=subprocess.STDOUT)
+                try:
+                    rc = subprocess.call([*prefix, *command], cwd=ROOT, env={**os.environ, **lane.env}, stdout=log, stderr=subprocess.STDOUT)
+                except OSError as exc:  # a command that is not there: the lane fails, the others go on
+                    log.write(f"{' '.join(command[:3])}: {exc}\n".encode())
+                    rc = 127
                 if rc:
                     break
         lane.seconds, lane.rc = round(time.monotonic() - start), rc
