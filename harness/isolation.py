@@ -26,8 +26,16 @@ def console_var_dir(tmp_path_factory) -> Path:
     """This test process's own console state directory (``VAR_DIR``), so its own install id: the
     containers and job networks its agents start are named for it, and an agent's start-up sweep
     of "this console's" strays never touches those of another pytest process running beside it
-    (``make test`` runs lanes side by side)."""
-    return tmp_path_factory.mktemp("var")
+    (``make test`` runs lanes side by side). As a console's, it holds the key the console signs
+    with (0600): the sandbox tests check that no job reads it."""
+    from django.conf import settings
+
+    var = tmp_path_factory.mktemp("var")
+    var.chmod(0o700)
+    key = var / "secret_key"
+    key.write_text(settings.SECRET_KEY)
+    key.chmod(0o600)
+    return var
 
 
 @pytest.fixture(autouse=True)
