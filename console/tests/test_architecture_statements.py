@@ -145,6 +145,9 @@ PROSE = {
     "podman run": [("agent/sandbox.py", '"run"')],
     "UPDATE … CASE": [("jobs/services/bulk.py", "UPDATE"), ("jobs/services/bulk.py", "CASE")],
     '{"n", "t", "s"}': [("agent/*.py", '"n"'), ("agent/*.py", '"t"'), ("agent/*.py", '"s"')],
+    "pyproject.toml": [("pyproject.toml", "[tool.importlinter]")],
+    "lint-imports": [("Makefile", "lint-imports")],
+    "make lint": [("Makefile", "\nlint:")],
 }
 # Names that are not this project's: where they come from.
 EXTERNAL = {"PROTECT": "django.db.models.PROTECT"}
