@@ -66,6 +66,15 @@ def running_cluster(make, tmp: Path):
         cluster.stop()
 
 
+def control_worker(tmp: Path) -> list[str]:
+    """The control worker's command line (Celery on the ``control`` queue with its beat), as
+    deploy/Procfile starts it."""
+    return [
+        PY, "-m", "celery", "-A", "console", "worker", "-Q", "control", "-B", "-P", "solo", "-l", "WARNING",
+        "-n", "control@%h", "--without-gossip", "--without-mingle", "-s", str(tmp / "beat-schedule"),
+    ]  # fmt: skip
+
+
 class Cluster:
     """The console on PostgreSQL and Redis: two Daphne processes, the control worker with beat,
     and the agents of node-a, node-b and node-c, each a process of its own."""
@@ -112,27 +121,7 @@ class Cluster:
             self.spawn(f"daphne-{port}", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "console.asgi:application"])
         self.spawn(
             "control",
-            [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "console",
-                "worker",
-                "-Q",
-                "control",
-                "-B",
-                "-P",
-                "solo",
-                "-l",
-                "WARNING",
-                "-n",
-                "control@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "-s",
-                str(self.tmp / "beat-schedule"),
-            ],
+            control_worker(self.tmp),
         )
         for name in ("node-a", "node-b", "node-c"):
             self.start_agent(name)

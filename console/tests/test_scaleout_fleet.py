@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.processes import PY, ROOT
-from harness.scaleout import Cluster, running_cluster
+from harness.scaleout import Cluster, control_worker, running_cluster
 
 pytestmark = pytest.mark.slow
 
@@ -37,27 +37,7 @@ class FleetCluster(Cluster):
         subprocess.run([PY, "manage.py", "bootstrap", "--no-nodes"], cwd=ROOT, env=self.env, check=True, capture_output=True)
         self.spawn(
             "control",
-            [
-                PY,
-                "-m",
-                "celery",
-                "-A",
-                "console",
-                "worker",
-                "-Q",
-                "control",
-                "-B",
-                "-P",
-                "solo",
-                "-l",
-                "WARNING",
-                "-n",
-                "control@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "-s",
-                str(self.tmp / "beat-schedule"),
-            ],
+            control_worker(self.tmp),
         )
         self.spawn(
             "fleet",
