@@ -99,3 +99,15 @@ def test_bulk_actions_need_the_csrf_token(owner, make_job):
     assert response.status_code == 403
     job.refresh_from_db()
     assert job.status == JobStatus.RUNNING
+
+
+def test_a_live_refresh_racing_the_redirect_leaves_the_message_to_the_page_it_was_for(login, owner, make_job):
+    """The open list re-reads itself when a job's status changes; that read can reach the server
+    between the POST and its redirect. It must not take the message (a CI run lost it this way)."""
+    job = put_in_status(make_job(name="raced"), JobStatus.RUNNING)
+    client = login(owner)
+    client.post(reverse("jobs:bulk"), {"action": "stop", "job_ids": [job.pk]})
+    refresh = client.get(reverse("jobs:list"), headers={"X-Live-Refresh": "1"})
+    assert refresh.status_code == 200 and "Stop requested" not in refresh.content.decode()
+    page = client.get(reverse("jobs:list"))
+    assert "Stop requested for 1 job: raced." in page.content.decode()

@@ -222,7 +222,7 @@ function refreshRegions() {
   if (detailId === null || !document.querySelector("[data-live-region]")) { return; }
   window.clearTimeout(refreshTimer);
   refreshTimer = window.setTimeout(() => {
-    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
+    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html", "X-Live-Refresh": "1" } })
       .then((response) => (response.ok ? response.text() : null))
       .then((html) => {
         if (!html) { return; }

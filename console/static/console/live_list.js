@@ -45,7 +45,7 @@ export function listRefresher(container, { onRefreshed = () => {} } = {}) {
     if (inFlight) { again = true; return; }
     inFlight = true;
     last = performance.now();
-    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html" } })
+    fetch(window.location.href, { credentials: "same-origin", headers: { Accept: "text/html", "X-Live-Refresh": "1" } })
       .then((response) => (response.ok ? response.text() : null))
       .then((html) => {
         if (!html) { return; }

@@ -16,7 +16,7 @@ function show(text, kind) {
 function refresh() {
   if (busy || document.hidden) { return; }
   busy = true;
-  fetch(window.location.pathname, { credentials: "same-origin", headers: { Accept: "text/html" } })
+  fetch(window.location.pathname, { credentials: "same-origin", headers: { Accept: "text/html", "X-Live-Refresh": "1" } })
     .then((response) => {
       if (!response.ok) { throw new Error(String(response.status)); }
       return response.text();
