@@ -43,6 +43,7 @@ from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
 from agent.processes import run_dir
 from jobs import heartbeats
+from jobs.backends.facts import EvidenceSource, LocalKernel
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services import runs, wakeups
@@ -111,6 +112,14 @@ class NodeAgent:
         with self.lock:
             self.reconcile_due = True
         self._notify()
+
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        """Send ``sig`` to the rank's run through the launcher (failover's kills, storage limits)."""
+        return self.launcher.signal(part, sig)
+
+    def evidence_source(self) -> EvidenceSource:
+        """The nodes are this machine: its kernel log and NVML."""
+        return LocalKernel()
 
     def request_launch(self, attempt_id: int) -> None:
         """The one way a launch arrives: the attempt is launched by the agent's own loop at once

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from jobs.backends.facts import EvidenceSource
     from jobs.models import AttemptNode
 
 
@@ -21,6 +22,17 @@ class AgentView(Protocol):
     def live_parts(self) -> list[AttemptNode]:
         """The agent's started runs not seen to end (``AttemptNode`` with attempt, job and node),
         from memory: a plug-in reads them without a query."""
+
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        """Send ``sig`` to the rank's run as the agent does (on Slurm: through the scheduler, to
+        the run's node); False where nothing received it."""
+
+    def wake(self) -> None:
+        """Re-read the runs and the nodes now (a fault just applied, a stop to deliver)."""
+
+    def evidence_source(self) -> EvidenceSource:
+        """Where the health evidence of the agent's nodes comes from: this machine's kernel log
+        and NVML, or the files each node's own health check writes."""
 
 
 class AgentPlugin(Protocol):

@@ -46,6 +46,7 @@ from agent.node_agent import NodeAgent
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
 from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView, state_takes_work
+from jobs.backends.facts import EvidenceSource, NodeCheckFiles
 from jobs.backends.slurm.backend import SlurmBackend
 from jobs.backends.slurm.client import SlurmClient, SlurmError
 from jobs.models import GPU, AttemptNode, JobAttempt, Node, Project, TrainingJob
@@ -243,15 +244,18 @@ class SlurmAgent(NodeAgent):
 
     def __init__(self, node_names: list[str], *, name: str = "slurm", backend: SlurmBackend | None = None) -> None:
         self.backend = backend or slurm_backend()
-        # Each node's kernel log reaches the health monitor through this directory (Slurm's
-        # HealthCheckProgram on the node: failover.nodecheck), never this machine's own.
-        self.node_evidence_dir = Path(settings.SLURM_HEALTH_DIR) if settings.SLURM_HEALTH_DIR else settings.VAR_DIR / "slurm-health"
         super().__init__(node_names, name=name, launcher=SlurmLauncher(node_names, self.backend))
         self.slurm: SlurmLauncher = self.launcher  # type: ignore[assignment]
         self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last
         self.next_poll = 0.0
         self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
         self.down: set[str] = set()  # nodes Slurm has DOWN
+
+    def evidence_source(self) -> EvidenceSource:
+        """Each node's kernel log reaches the health monitor through the files its own check
+        writes (Slurm's ``HealthCheckProgram`` on the node: ``failover.nodecheck``), never this
+        machine's kernel log (``SLURM_HEALTH_DIR``; empty: ``VAR_DIR/slurm-health``)."""
+        return NodeCheckFiles(Path(settings.SLURM_HEALTH_DIR) if settings.SLURM_HEALTH_DIR else settings.VAR_DIR / "slurm-health")
 
     def start(self) -> None:
         """Ranks queued in Slurm by an earlier run of the console are watched again."""

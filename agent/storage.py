@@ -38,7 +38,7 @@ from django.conf import settings
 from agent import runfiles
 from agent.launch import engine_env
 from agent.plugins import AgentView
-from agent.processes import run_dir, signal_run
+from agent.processes import run_dir
 from agent.sandbox import podman_path, root_tool_env
 from jobs.models import AttemptNode, Project
 from jobs.services import runs
@@ -354,8 +354,7 @@ class StorageWatch:
         ending = set(runs.storage_measured(uses))
         if not ending:
             return
-        launcher = getattr(self.agent, "launcher", None)
         for part in self.agent.live_parts():
             if part.attempt_id in ending:
-                sent = launcher.signal(part, signal.SIGKILL) if launcher is not None else signal_run(part, signal.SIGKILL)
+                sent = self.agent.signal(part, signal.SIGKILL)
                 logger.warning("job %s: attempt %s rank %s over its storage limit; killed: %s", part.attempt.job_id, part.attempt.number, part.rank, sent)

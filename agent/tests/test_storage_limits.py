@@ -232,10 +232,11 @@ def test_the_agent_kills_at_once_the_runs_the_control_plane_ends(running, settin
     over, over_attempt = running()
     under, under_attempt = running()
     parts = [a.placements.select_related("attempt__job", "node").get() for a in (over_attempt, under_attempt)]
-    agent = SimpleNamespace(name="test", node_names=["node-a"], launcher=RecordingLauncher(), live_parts=lambda: parts)
+    launcher = RecordingLauncher()
+    agent = SimpleNamespace(name="test", node_names=["node-a"], signal=launcher.signal, live_parts=lambda: parts)
     watch = storage.StorageWatch(agent)
     watch.enforce([StorageUse(over.pk, over.project_id, over_attempt.pk, 60 * MiB), StorageUse(under.pk, under.project_id, under_attempt.pk, MiB)])
-    assert agent.launcher.sent == [(parts[0].pk, signal.SIGKILL)]
+    assert launcher.sent == [(parts[0].pk, signal.SIGKILL)]
 
 
 @pytest.mark.django_db

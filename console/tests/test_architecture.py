@@ -1,7 +1,8 @@
 """The house rules no import contract can say: one writer owns a job's status, the run files are
 named by their contract module alone, no module grows past the size a reader can hold, the test
-suite's own rules (no pytest hook defined twice, no fixture imported by name), and one reconnect
-helper for the browser's sockets.
+suite's own rules (no pytest hook defined twice, no fixture imported by name), one reconnect
+helper for the browser's sockets, and no ``getattr`` reach into an agent (failover and the agent's
+plug-ins use ``agent.plugins.AgentView``'s typed methods).
 
 The layering itself (each app imports only the apps below it, no import cycle inside an app,
 ckptlib free of Django and the apps) is import-linter's contracts in ``pyproject.toml``, checked by
@@ -248,3 +249,40 @@ def test_the_run_files_are_named_only_by_their_contract_module():
     assert (ROOT / RUN_FILES_CONTRACT).exists()
     found = [hit for p in python_files(*HOUSE) if p != ROOT / RUN_FILES_CONTRACT for hit in run_file_literals(p)]
     assert found == []
+
+
+# --- failover reaches the agent through its typed view ----------------------------------------
+# What only an agent object has: a reach for one of these names is a reach into the agent.
+AGENT_ONLY = {"launcher", "slurm", "wake", "node_evidence_dir", "evidence_source"}
+
+
+def agent_reaches(path: Path, *, root: Path = ROOT) -> list[str]:
+    """``getattr``/``hasattr`` with a constant name on an agent: the object's expression names an
+    agent (``agent``, ``self.checker.agent``), or the name is one only an agent has. What a
+    plug-in may use of the agent is ``agent.plugins.AgentView``'s typed methods instead."""
+    found = []
+    for node in ast.walk(parsed(path)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):
+            continue
+        target, name = node.args[0], node.args[1]
+        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+            continue
+        if "agent" in ast.unparse(target).lower() or name.value in AGENT_ONLY:
+            found.append(f"{path.relative_to(root)}:{node.lineno} {node.func.id}({ast.unparse(target)}, {name.value!r})")
+    return found
+
+
+def test_failover_and_the_agent_reach_an_agent_only_through_its_typed_view():
+    files = [p for p in production_files(".py") if p.relative_to(ROOT).parts[0] in ("agent", "failover")]
+    found = [hit for p in files for hit in agent_reaches(p)]
+    assert found == [], "use agent.plugins.AgentView's methods (signal, wake, evidence_source):\n" + "\n".join(found)
+
+
+def test_the_reach_check_sees_a_reach(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        'a = getattr(self.checker.agent, "wake", None)\nb = getattr(view, "launcher")\nc = hasattr(agent, "x")\n'
+        'd = getattr(plugin, "next_round_in", None)\ne = getattr(plugin, hook, None)\n'
+    )
+    found = [w.split(" ", 1)[1] for w in agent_reaches(sample, root=tmp_path)]
+    assert found == ["getattr(self.checker.agent, 'wake')", "getattr(view, 'launcher')", "hasattr(agent, 'x')"]

@@ -40,6 +40,7 @@ from failover.evidence import Finding, FindingKind, HealthReport
 from failover.models import HealthEvent, NodeHealth
 from failover.probes import HealthProbe, probe_for
 from failover.services.monitor import HealthMonitor, NodeEvidenceMonitor, kernel_line_event
+from jobs.backends.facts import LocalKernel, NodeCheckFiles
 from jobs.models import GPU, Node
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,12 @@ class HealthChecker:
         self.lock = threading.Lock()
         # A cluster's nodes that are not this machine (Slurm's) are watched through what each
         # node's own health check hands over (the agent names the directory).
-        evidence = getattr(agent, "node_evidence_dir", None)
-        self.monitor = NodeEvidenceMonitor(self, directory=evidence) if evidence is not None else HealthMonitor(self)
+        self.monitor: HealthMonitor
+        match agent.evidence_source():
+            case NodeCheckFiles(directory=directory):
+                self.monitor = NodeEvidenceMonitor(self, directory=directory)
+            case LocalKernel():
+                self.monitor = HealthMonitor(self)
         _checkers.add(self)
         use_gpu_reader(ProbeUsageReader())
 

@@ -7,7 +7,7 @@ Every ``HEALTH_MONITOR_INTERVAL`` seconds it drains each node's events — NVML'
 machine's kernel log from its cursor (``failover.kmsg``) — and stores each as a
 :class:`~failover.models.HealthEvent`. A **fatal** event (GPU lost, an Xid whose catalogued
 resolution is a GPU reset or a node reboot, a driver recovery action, "fallen off the bus") on a
-GPU a run holds stops that run at once: SIGKILL to every process of it (``signal_run``), so a rank
+GPU a run holds stops that run at once: SIGKILL to every process of it (the agent's ``signal``), so a rank
 hung on a dead GPU cannot keep its job ``Running``. Its exit then reaches Job Failover as any exit
 does; if the run's supervisor has still not reported an exit ``FATAL_EXIT_WAIT`` seconds later
 (processes stuck in the driver), the monitor reports the rank ended itself. A fatal event also
@@ -39,7 +39,6 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from agent.processes import signal_run
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
 from failover.models import HealthEvent, NodeHealth, SimulatedFault
@@ -224,9 +223,7 @@ class HealthMonitor:
             # a faulty GPU or node leaves placement at once.
             self.checker.check(node, news=True)
         if injected:
-            wake = getattr(self.checker.agent, "wake", None)
-            if wake is not None:
-                wake()  # its reconcile reads the fault as applied: no more fault reads per pass
+            self.checker.agent.wake()  # its reconcile reads the fault as applied: no more fault reads per pass
         return len(fresh)
 
     def kernel_note(self, node: Node) -> str | None:
@@ -267,9 +264,8 @@ class HealthMonitor:
 
     # --- stopping runs ----------------------------------------------------------------------
     def signal(self, part: AttemptNode, sig: int) -> bool:
-        """As the agent signals its runs (its launcher: on a cluster, through the scheduler)."""
-        launcher = getattr(self.checker.agent, "launcher", None)
-        return launcher.signal(part, sig) if launcher is not None else signal_run(part, sig)
+        """As the agent signals its runs (on a cluster, through the scheduler)."""
+        return self.checker.agent.signal(part, sig)
 
     def stop_runs(self, node: Node, gpus: Iterable[int | None], why: str) -> None:
         """SIGKILL every process of each run on ``gpus`` (None: the whole node)."""

@@ -166,11 +166,9 @@ def test_the_agents_sampler_reads_real_gpus_through_the_health_checkers_probe(nv
     nvmlInit): what the sampler charts for a job on a real node."""
     from agent import sampling
     from failover.services.health import HealthChecker, ProbeUsageReader
+    from failover.tests.fake_agent import FakeAgent
 
-    class Agent:
-        node_names = ["gpu-node-1"]
-
-    checker = HealthChecker(Agent())
+    checker = HealthChecker(FakeAgent(node_names=["gpu-node-1"]))
     checker.probes["gpu-node-1"] = probe
     nvml_driver_alone.gpus[1].util, nvml_driver_alone.gpus[1].mem_used, nvml_driver_alone.gpus[1].power_mw = 40, 2**30, 150_000
     assert isinstance(sampling._real_reader, ProbeUsageReader)

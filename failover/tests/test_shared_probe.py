@@ -5,25 +5,20 @@ evidence only and makes no probe."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
 
 from agent import local_agents
 from failover.evidence import FindingKind
 from failover.services import health, policy
+from failover.tests import fake_agent
 from jobs.models import AttemptNode, Node
 from jobs.services.placement import place_waiting_jobs
 
 pytestmark = pytest.mark.django_db
 
 
-@dataclass(eq=False)
-class FakeAgent:
-    name: str = "agent-1"
-    node_names: list = field(default_factory=lambda: ["node-a"])
-
-    def launch(self, attempt) -> None:  # registry.LocalAgent
+class FakeAgent(fake_agent.FakeAgent):
+    def request_launch(self, attempt_id: int) -> None:  # local_agents.LocalAgent
         pass
 
 
