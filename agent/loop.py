@@ -13,9 +13,7 @@ import time
 from django.conf import settings
 from django.db import close_old_connections
 
-from agent.inventory import discover_nodes, register_nodes
 from agent.node_agent import NodeAgent
-from jobs.models import Node
 from jobs.services import wakeups
 from jobs.services.control import control_round
 
@@ -23,28 +21,6 @@ logger = logging.getLogger(__name__)
 
 # A timed round runs this long after its moment (seconds), so the round finds the work due.
 TIMED_MARGIN = 0.05
-
-
-def register_local_nodes(*, name: str = "embedded") -> list[Node]:
-    """This machine's nodes (real or simulated); on ``BACKEND=slurm`` the Slurm cluster's."""
-    if settings.BACKEND == "slurm":
-        from agent.slurm import slurm_backend, slurm_nodes
-
-        return register_nodes(slurm_nodes(slurm_backend().nodes()), agent="slurm")
-    return register_nodes(discover_nodes(), agent=name)
-
-
-def start_local_agent(*, name: str = "embedded") -> NodeAgent:
-    """Register the local nodes and return the agent serving them; on ``BACKEND=slurm`` the
-    cluster's nodes, served through Slurm (``agent.slurm``)."""
-    nodes = register_local_nodes(name=name)
-    if settings.BACKEND == "slurm":
-        from agent.slurm import SlurmAgent
-
-        return SlurmAgent([n.name for n in nodes])
-    agent = NodeAgent([n.name for n in nodes], name=name)
-    agent.sweep_strays()  # what runs killed with the last console left in the container engine
-    return agent
 
 
 def embedded_round(agent: NodeAgent) -> None:

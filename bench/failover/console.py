@@ -49,7 +49,8 @@ class EmbeddedConsole:
         from django.contrib.auth import get_user_model
         from django.core.management import call_command
 
-        from agent.loop import EmbeddedControlLoop, start_local_agent
+        from agent.backend import start_local_agent
+        from agent.loop import EmbeddedControlLoop
 
         call_command("migrate", interactive=False, verbosity=0)
         call_command("bootstrap", stdout=io.StringIO())
@@ -104,7 +105,8 @@ class EmbeddedConsole:
         exactly as ``runconsole`` would with ``BACKEND`` set so."""
         from django.conf import settings
 
-        from agent.loop import EmbeddedControlLoop, start_local_agent
+        from agent.backend import start_local_agent
+        from agent.loop import EmbeddedControlLoop
 
         if self.loop is not None:
             self.loop.stop()

@@ -1,8 +1,9 @@
 """The house rules no import contract can say: one writer owns a job's status, the run files are
 named by their contract module alone, no module grows past the size a reader can hold, the test
 suite's own rules (no pytest hook defined twice, no fixture imported by name), one reconnect
-helper for the browser's sockets, and no ``getattr`` reach into an agent (failover and the agent's
-plug-ins use ``agent.plugins.AgentView``'s typed methods).
+helper for the browser's sockets, no ``getattr`` reach into an agent (failover and the agent's
+plug-ins use ``agent.plugins.AgentView``'s typed methods), and ``settings.BACKEND`` read by
+``agent.backend`` alone.
 
 The layering itself (each app imports only the apps below it, no import cycle inside an app,
 ckptlib free of Django and the apps) is import-linter's contracts in ``pyproject.toml``, checked by
@@ -286,3 +287,49 @@ def test_the_reach_check_sees_a_reach(tmp_path):
     )
     found = [w.split(" ", 1)[1] for w in agent_reaches(sample, root=tmp_path)]
     assert found == ["getattr(self.checker.agent, 'wake')", "getattr(view, 'launcher')", "hasattr(agent, 'x')"]
+
+
+# --- the backend is chosen in one place ---------------------------------------------------------
+BACKEND_READER = "agent/backend.py"
+
+
+def backend_reads(path: Path, *, root: Path = ROOT) -> list[str]:
+    """Where a module reads ``settings.BACKEND`` (an attribute load on a name or attribute called
+    ``settings``, or ``getattr(settings, "BACKEND")``). Writes are not reads: the harness and the
+    benchmarks that set it (``harness/slurm.py``, ``bench/failover/console.py``) and the browser
+    harness, which passes ``BACKEND`` to a console process's environment, choose a backend for
+    what they start; they never branch on it."""
+
+    def is_settings(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "settings") or (isinstance(node, ast.Attribute) and node.attr == "settings")
+
+    found = []
+    for node in ast.walk(parsed(path)):
+        if (isinstance(node, ast.Attribute) and node.attr == "BACKEND" and isinstance(node.ctx, ast.Load) and is_settings(node.value)) or (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and len(node.args) >= 2
+            and is_settings(node.args[0])
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value == "BACKEND"
+        ):
+            found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_settings_backend_is_read_only_by_the_backend_module():
+    """Everything that depends on which engine runs the jobs asks ``agent.backend`` (tests,
+    benchmarks and the harness included)."""
+    reads = [hit for p in python_files(*HOUSE) for hit in backend_reads(p)]
+    assert reads and all(hit.startswith(BACKEND_READER + ":") for hit in reads), "ask agent.backend instead:\n" + "\n".join(reads)
+
+
+def test_the_backend_check_sees_a_read_and_not_a_write(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        'if settings.BACKEND == "slurm": pass\nkind = django.conf.settings.BACKEND\nk = getattr(settings, "BACKEND")\n'
+        'settings.BACKEND = "slurm"\nBACKEND = "agents"\nenv["BACKEND"] = "slurm"\n'
+    )
+    found = sorted(w.split(" ", 1)[1] for w in backend_reads(sample, root=tmp_path))
+    assert found == ["django.conf.settings.BACKEND", "getattr(settings, 'BACKEND')", "settings.BACKEND"]

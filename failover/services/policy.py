@@ -344,9 +344,8 @@ def sweep_backend_down_nodes() -> None:
     """Nodes a cluster's scheduler took as down (Slurm: ``DOWN``, its slurmd silent past
     ``SlurmdTimeout``) are lost, whoever beats for them: their runs end and fail over, as a node
     whose agent stopped beating. Slurm's own record, not a guess from our heartbeats. Only a
-    cluster backend writes node states: on the agents there is nothing to read each round."""
-    if settings.BACKEND != "slurm":
-        return
+    cluster's agent writes a node's scheduler state (``Node.backend_state``): on the agents the
+    query finds nothing, whichever backend this process was started with."""
     for pk, name, state, why, last in Node.objects.filter(state=Node.State.READY, backend_state__contains="DOWN").values_list(
         "pk", "name", "backend_state", "backend_reason", "last_heartbeat"
     ):

@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from agent import default_image
+from agent.backend import register_local_nodes
 from agent.launch import containers_ready
-from agent.loop import register_local_nodes
 from console.env import env_str
 from jobs.models import Image
 from jobs.services.images import qualify

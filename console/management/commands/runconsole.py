@@ -10,7 +10,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from agent.loop import EmbeddedControlLoop, start_local_agent
+from agent.backend import describe, start_local_agent
+from agent.loop import EmbeddedControlLoop
 from console.asgi import application, when_server_ready
 from console.env import env_int, env_str
 
@@ -32,8 +33,8 @@ class Command(BaseCommand):
             loop.start()
 
         self.stdout.write(f"Simple AI Training console on http://{host}:{port}/  (Ctrl-C to stop; running jobs keep running)")
-        if settings.BACKEND == "slurm":
-            self.stdout.write(f"Jobs run as Slurm batch jobs on the cluster of {settings.SLURM_CONF or 'the default slurm.conf'}")
+        if where := describe():
+            self.stdout.write(where)
         try:
             Server(
                 application=application,
