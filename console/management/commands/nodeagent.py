@@ -5,7 +5,8 @@ Beats first (a restart never lets a healthy node look lost while it starts), reg
 something is due (a heartbeat, live runs' output every OUTPUT_POLL_INTERVAL, a reconcile every
 AGENT_RECONCILE_INTERVAL) or a message arrives. With a broker (REDIS_URL) the process is also a
 Celery worker consuming the node's own queue ``node.NODE``: ``agent.launch_attempt`` from placement
-and ``agent.reconcile`` when one of its runs must stop.
+and ``agent.reconcile`` when one of its runs must stop. It refuses to start on ``BACKEND=slurm``
+(``agent.backend.node_agent_refusal``): Slurm runs the jobs there, driven from ``runconsole``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from agent.backend import node_agent_refusal
 from agent.inventory import NodeSpec, discover_nodes, register_nodes, simulated_nodes
 from agent.loop import EmbeddedControlLoop
 from agent.node_agent import NodeAgent, beat_now
@@ -37,6 +39,8 @@ class Command(BaseCommand):
         parser.add_argument("--simulated", action="store_true", help="serve simulated GPUs even if NVML is present")
 
     def handle(self, *args, name: str, address: str | None, simulated: bool, **options):
+        if refusal := node_agent_refusal():
+            raise CommandError(refusal)
         beat_now([name])
         spec = self.node_spec(name, simulated)
         node = register_nodes([spec], agent=f"nodeagent@{socket.gethostname()}")[0]
