@@ -43,7 +43,7 @@ from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
 from agent.processes import run_dir
 from jobs import heartbeats
-from jobs.backends.facts import EvidenceSource, LocalKernel
+from jobs.backends.facts import Ended, EndKind, EvidenceSource, LocalKernel, exited
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services import runs, wakeups
@@ -362,15 +362,10 @@ class NodeAgent:
         if record is not None:
             if not drained:
                 return 0
-            cause = "" if record.readable else "the run's exit record was unreadable"
-            if (record.signal or record.exit_code) and record.out_of_memory:
-                cause = runs.memory_limit_cause(record.memory_limit_mb)
-            elif record.pids_limit_hit is not None:
-                cause = runs.pids_limit_cause(record.pids_limit_hit)
-            self.part_ended(part, record.exit_code, record.signal, cause)
+            self.part_ended(part, recorded_end(record))
             return 1
         if not self.runner_alive(part, directory):
-            self.part_ended(part, None, None, "the run's supervisor process was lost")
+            self.part_ended(part, Ended(EndKind.SUPERVISOR_LOST))
             return 1
         return 0
 
@@ -390,15 +385,15 @@ class NodeAgent:
         started = part.attempt.started_at or part.attempt.created_at
         return not runfiles.pid_written(directory) and timezone.now() - started < LAUNCH_TIMEOUT and pid in self.launcher.children
 
-    def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
+    def part_ended(self, part: AttemptNode, fact: Ended) -> None:
         # Forgotten only once reported: a report the database refused (a lock, a restart) is made
         # again at the next collect. (Forgotten first, the rank's end was never reported again:
         # its row was marked ended, so no reconcile would bring it back, and the job stayed Running.)
-        if exit_signal or exit_code not in (0,) or cause:
+        if fact.exit_signal or fact.exit_code not in (0,) or not fact.plain:
             # The agent reports facts only: its node's evidence is stored before the exit that
             # the control plane's failover verdict will read it for.
             call_optional(self.plugins, "before_failed_exit", part)
-        others = runs.part_exited(part, exit_code=exit_code, exit_signal=exit_signal, cause=cause)
+        others = runs.part_exited(part, fact)
         self.forget(part.pk)
         # Only this agent's own ranks: another node's agent ends its ranks itself, woken by the
         # attempt's stop request (a pid read from a shared JOB_WORK_ROOT names another machine's
@@ -412,3 +407,15 @@ class NodeAgent:
         self.output.forget(part_id)
         self.terminated.discard(part_id)
         self.killed.pop(part_id, None)
+
+
+def recorded_end(record: runfiles.ExitRecord) -> Ended:
+    """How a run ended, from its runner's exit record: killed at its memory limit (a signal or an
+    error exit with the kernel's OOM kills counted), ended at its PID limit, its exit, or a record
+    that says neither a code nor a signal."""
+    code, sig = record.exit_code, record.signal
+    if (sig or code) and record.out_of_memory:
+        return Ended(EndKind.OUT_OF_MEMORY, exit_code=code, exit_signal=sig, limit=record.memory_limit_mb)
+    if record.pids_limit_hit is not None:
+        return Ended(EndKind.PID_LIMIT, exit_code=code, exit_signal=sig, limit=record.pids_limit_hit)
+    return exited(code, sig) if record.readable else Ended(EndKind.EXIT_UNREADABLE, exit_code=code, exit_signal=sig)

@@ -46,7 +46,7 @@ from agent.node_agent import NodeAgent
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
 from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView, state_takes_work
-from jobs.backends.facts import EvidenceSource, NodeCheckFiles
+from jobs.backends.facts import Ended, EndKind, EvidenceSource, NodeCheckFiles, describe
 from jobs.backends.slurm.backend import SlurmBackend
 from jobs.backends.slurm.client import SlurmClient, SlurmError
 from jobs.models import GPU, AttemptNode, JobAttempt, Node, Project, TrainingJob
@@ -61,6 +61,8 @@ DRAIN_PREFIX = "console:"
 # How long a rank's exit waits for Slurm to record how the job ended (seconds; a preemption or a
 # cancel is known only from Slurm's record), before it is reported as the run's exit record says.
 FINAL_STATE_WAIT = 20.0
+# The final states in which Slurm, not the run, ended a batch job the console had not asked to stop.
+SLURM_ENDS = {"CANCELLED": EndKind.CANCELLED, "TIMEOUT": EndKind.TIME_LIMIT, "NODE_FAIL": EndKind.NODE_LOST}
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "UNKNOWN"})
 
 
@@ -388,7 +390,7 @@ class SlurmAgent(NodeAgent):
             return True
         return seen.phase == "lost" and part.node.name in self.down
 
-    def part_ended(self, part: AttemptNode, exit_code: int | None, exit_signal: int | None, cause: str) -> None:
+    def part_ended(self, part: AttemptNode, fact: Ended) -> None:
         """As on the agents, once Slurm has recorded how the batch job ended: a preemption is a
         Spot reclaim, a cancel or a time limit by Slurm says so, and a run whose runner left no
         exit record ended as Slurm recorded it (its exit code or signal)."""
@@ -401,16 +403,19 @@ class SlurmAgent(NodeAgent):
         if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:
             runs.preempted_by_scheduler(part.attempt, [part.node_id])
             # Slurm's word first: a runner killed at the end of the grace period left no exit record.
-            cause = f"preempted by Slurm (job {part.backend_job}) for higher-priority work" + (f"; {cause}" if cause else "")
-        elif seen is not None and seen.state in ("CANCELLED", "TIMEOUT", "NODE_FAIL") and part.attempt.stop_requested_at is None and not cause:
-            cause = f"Slurm ended job {part.backend_job}: {seen.state}" + (f" ({seen.reason})" if seen.reason and seen.reason != "None" else "")
-        elif exit_code is None and exit_signal is None and seen is not None and seen.state in FINAL and (seen.exit_signal or seen.exit_code):
+            below = "" if fact.plain else describe(fact)
+            fact = Ended(EndKind.PREEMPTED, exit_code=fact.exit_code, exit_signal=fact.exit_signal, handle=part.backend_job, detail=below)
+        elif seen is not None and seen.state in SLURM_ENDS and part.attempt.stop_requested_at is None and fact.plain:
+            reason = seen.reason if seen.reason and seen.reason != "None" else ""
+            fact = Ended(
+                SLURM_ENDS[seen.state], exit_code=fact.exit_code, exit_signal=fact.exit_signal, handle=part.backend_job, state=seen.state, detail=reason
+            )
+        elif fact.exit_code is None and fact.exit_signal is None and seen is not None and seen.state in FINAL and (seen.exit_signal or seen.exit_code):
             # The runner died with its run (a SIGKILL to the whole batch step: the health monitor's
             # kill, a stop's grace spent, anyone's scancel) and wrote no exit record: Slurm's
             # record says how the batch job ended.
-            exit_code, exit_signal = seen.exit_code, seen.exit_signal
-            cause = f"{runs.describe_exit(exit_code, exit_signal)}: Slurm job {part.backend_job} {seen.state}, its runner left no exit record"
-        super().part_ended(part, exit_code, exit_signal, cause)
+            fact = Ended(EndKind.SUPERVISOR_LOST, exit_code=seen.exit_code, exit_signal=seen.exit_signal, handle=part.backend_job, state=seen.state)
+        super().part_ended(part, fact)
 
     def forget(self, part_id: int) -> None:
         super().forget(part_id)

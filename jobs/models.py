@@ -434,6 +434,8 @@ class JobAttempt(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     exit_signal = models.IntegerField(null=True, blank=True)
     cause = models.CharField(max_length=500, blank=True)
+    # How the run ended (jobs.backends.facts.EndKind), written with ``cause``, its words; "" until then.
+    end_kind = models.CharField(max_length=24, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     # Stopped because an operator reclaimed spot capacity: the job goes back to Pending.
     reclaimed = models.BooleanField(default=False)

@@ -18,6 +18,7 @@ from agent.engine import PullResult
 from agent.launch import Launcher
 from agent.node_agent import NodeAgent
 from agent.processes import run_dir
+from jobs.backends.facts import exited
 from jobs.models import AttemptNode, JobAttempt, TrainingJob
 from jobs.services import runs
 from jobs.services.actions import request_stop
@@ -161,7 +162,7 @@ def test_a_failed_rank_signals_only_its_own_agents_ranks_the_others_end_through_
         agent.tick()
     parts = {p.node.name: p for p in AttemptNode.objects.filter(attempt=attempt).select_related("attempt", "node")}
     mine, theirs = parts[nodes[0].name], parts[nodes[1].name]
-    first.part_ended(mine, exit_code=1, exit_signal=None, cause="")
+    first.part_ended(mine, exited(1, None))
     assert all(part_id != theirs.pk for part_id, _ in first.launcher.signals)
     assert JobAttempt.objects.get(pk=attempt.pk).stop_requested_at is not None
     second.reconcile()

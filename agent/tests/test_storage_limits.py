@@ -15,6 +15,7 @@ import pytest
 from agent import storage
 from agent.storage import Tree, measure
 from harness.sandbox import needs_sandbox
+from jobs.backends.facts import exited
 from jobs.models import JobAttempt, JobEvent
 from jobs.services import runs
 from jobs.services.limits import StorageUse, format_storage, storage_verdicts
@@ -181,7 +182,7 @@ def test_a_run_over_its_limit_ends_failed_never_failed_over(running, settings):
     assert attempt.cause.startswith("storage limit reached: used 60 MiB of its 51.2 MiB storage limit")
     assert attempt.stop_requested_at is not None
     assert runs.storage_measured([StorageUse(job.pk, job.project_id, attempt.pk, 70 * MiB)]) == []  # once
-    runs.part_exited(attempt.placements.get(), exit_code=None, exit_signal=9)
+    runs.part_exited(attempt.placements.get(), exited(None, 9))
     job.refresh_from_db()
     assert job.status == JobStatus.FAILED and job.failover_count == 0
     assert job.status_reason == attempt.cause
@@ -206,7 +207,7 @@ def test_the_largest_user_of_a_project_over_its_total_ends_with_a_reason_that_sa
     large, large_attempt = running()
     uses = [StorageUse(small.pk, project.pk, small_attempt.pk, 400 * MiB), StorageUse(large.pk, project.pk, large_attempt.pk, 700 * MiB)]
     assert runs.storage_measured(uses) == [large_attempt.pk]
-    runs.part_exited(large_attempt.placements.get(), exit_code=None, exit_signal=9)
+    runs.part_exited(large_attempt.placements.get(), exited(None, 9))
     large.refresh_from_db()
     assert large.status == JobStatus.FAILED
     assert large.status_reason == (

@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from failover.tests.exits import report_exit
 from harness.pages import put_in_status, shows
+from jobs.backends.facts import Ended, EndKind
 from jobs.models import JobAttempt
 from jobs.services.placement import place_waiting_jobs
 from jobs.services.runs import run_started
@@ -79,7 +80,9 @@ def test_the_details_tab_lists_each_attempt_with_its_nodes_gpus_and_exit(login, 
     place_waiting_jobs()
     first = JobAttempt.objects.get(job=job)
     run_started(first)
-    report_exit(first, exit_code=None, exit_signal=signal.SIGKILL, cause="GPU fell off the bus")
+    report_exit(
+        first, exit_code=None, exit_signal=signal.SIGKILL, fact=Ended(EndKind.HUNG_AFTER_KILL, exit_signal=signal.SIGKILL, detail="GPU fell off the bus")
+    )
     html = detail(login(owner), job)
     row = re.search(r'<tr data-attempt="1">.*?</tr>', html, re.S).group(0)
     assert "node-a" in row

@@ -18,6 +18,7 @@ from django.utils import timezone
 from failover.probes import probe_for
 from failover.services.health import record_health
 from harness.api import JOBS_URL
+from jobs.backends.facts import exited
 from jobs.models import JobAttempt, Node, TrainingJob
 from jobs.services.control import control_round
 from jobs.services.runs import claim_parts, part_exited, part_started
@@ -87,7 +88,7 @@ def test_the_control_round_the_agent_the_monitor_a_log_flood_and_an_api_burst_wr
         Node.objects.filter(name__in=names).update(last_heartbeat=timezone.now())
         for attempt_id in [a for a in started if a in lines]:
             for part in started.pop(attempt_id).placements.select_related("node"):
-                part_exited(part, exit_code=0, exit_signal=None)
+                part_exited(part, exited(0, None))
         for attempt in JobAttempt.objects.filter(state=JobAttempt.State.PLACED).select_related("job"):
             for part in claim_parts(attempt, names):
                 part_started(part, runner_pid=os.getpid(), workdir=str(tmp_path / str(part.pk)))

@@ -45,6 +45,7 @@ from failover.models import HealthEvent, NodeHealth, SimulatedFault
 from failover.nodecheck import RECORD_MAX_TEXT, evidence_paths, read_json_file
 from failover.probes import simulated_findings
 from failover.xids import bus_id, one_line, parse_kernel_line, xid_fatal
+from jobs.backends.facts import Ended, EndKind, describe
 from jobs.models import AttemptNode, Node
 from jobs.services import runs
 
@@ -293,9 +294,9 @@ class HealthMonitor:
                 self.signal(part, signal.SIGKILL)  # a process started since (or a run just launched)
                 continue
             del self.killed[pk]
-            cause = f"fatal GPU event ({why}); the run did not exit after SIGKILL"
-            logger.warning("job %s: %s", part.attempt.job_id, cause)
-            for other in runs.part_exited(part, exit_code=None, exit_signal=signal.SIGKILL, cause=cause):
+            fact = Ended(EndKind.HUNG_AFTER_KILL, exit_signal=signal.SIGKILL, detail=why)
+            logger.warning("job %s: %s", part.attempt.job_id, describe(fact))
+            for other in runs.part_exited(part, fact):
                 if other.node.name in self.checker.agent.node_names:  # others' agents end theirs (stop request)
                     self.signal(other, signal.SIGTERM)
 

@@ -33,6 +33,7 @@ from agent.local_agents import local_agents, serves_node
 from failover.classify import NodeFault, Verdict, classify_failure, node_fault
 from failover.services.health import ScopedEvidence, scoped_evidence
 from jobs import heartbeats
+from jobs.backends.facts import Ended, EndKind, describe
 from jobs.heartbeats import beat_interval
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, TrainingJob
 from jobs.services.control import earliest, postgres_transaction, timed_rounds, unix
@@ -365,14 +366,14 @@ def lose_node(pk: int, name: str, reason: str, last: float) -> None:
     for part in AttemptNode.objects.filter(
         node_id=pk, ended_at__isnull=True, attempt__state__in=[JobAttempt.State.RUNNING, JobAttempt.State.PLACED]
     ).select_related("attempt"):
-        end_lost_part(part, cause=f"node {name} lost ({reason})", last_heartbeat=last or None)
+        end_lost_part(part, Ended(EndKind.NODE_LOST, node=name, detail=reason), last_heartbeat=last or None)
 
 
 _last_outage: float | None = None  # unix time this process last saw a mass heartbeat loss
 
 
-def end_lost_part(part: AttemptNode, *, cause: str, last_heartbeat: float | None = None) -> None:
-    """Close a lost node's rank. ``last_heartbeat`` (unix time) goes into the attempt's evidence:
+def end_lost_part(part: AttemptNode, fact: Ended, *, last_heartbeat: float | None = None) -> None:
+    """Close a lost node's rank (``fact``: its node lost). ``last_heartbeat`` (unix time) goes into the attempt's evidence:
     the outage began then, and ``satrain_failover_recovery_seconds`` counts from it."""
     now = timezone.now()
     if not AttemptNode.objects.filter(pk=part.pk, ended_at__isnull=True).update(ended_at=now):
@@ -395,9 +396,9 @@ def end_lost_part(part: AttemptNode, *, cause: str, last_heartbeat: float | None
     if AttemptNode.objects.filter(attempt=attempt, ended_at__isnull=True).exists():
         JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
         wake_agents(attempts=[attempt.pk])
-        logger.warning("job %s: %s; stopping the attempt's other ranks", attempt.job_id, cause)
+        logger.warning("job %s: %s; stopping the attempt's other ranks", attempt.job_id, describe(fact))
         return
-    status = record_exit(attempt, exit_code=None, exit_signal=None, cause=cause, lost=True)
+    status = record_exit(attempt, fact)
     if status == JobStatus.FAILOVER_IN_PROGRESS and claim(attempt):
         # The attempt was being placed for a failover: the lost node is judged as a lost node.
         decide(attempt.job_id, attempt.pk, lost=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import psutil
 from django.conf import settings
 
+from jobs.backends.facts import format_memory
 from jobs.models import Node, TrainingJob
 
 MIN_CPUS = 0.01  # cgroups' smallest quota: 1 ms of CPU time per 100 ms
@@ -67,12 +68,6 @@ def limits_of(job: TrainingJob) -> Limits:
 
 def format_cpus(cpus: float) -> str:
     return f"{cpus:g}"
-
-
-def format_memory(mb: int) -> str:
-    if mb >= 1024:
-        return f"{mb / 1024:.4g} GiB"
-    return f"{mb} MiB"
 
 
 def parse_memory(text: str) -> int:
@@ -127,7 +122,7 @@ def unenforced_nodes(job: TrainingJob) -> list[Node]:
 
 
 # --- storage -------------------------------------------------------------------------------------
-# The causes of a run ended at a storage limit (``storage_verdicts``; ``runs.record_exit`` reads them).
+# The first words of the causes of a run ended at a storage limit (``storage_verdicts``).
 STORAGE_LIMIT = "storage limit reached"
 PROJECT_STORAGE_LIMIT = "project storage limit reached"
 

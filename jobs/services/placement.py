@@ -15,6 +15,7 @@ from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from jobs.backends.base import state_takes_work
+from jobs.backends.facts import EndKind
 from jobs.fairshare import Capacity, HeldOut, ProjectShare, SpotRun, WaitingJob, decayed, plan_round
 from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node, Project, TrainingJob
 from jobs.services.bulk import update_each
@@ -470,13 +471,16 @@ def release_gpus(attempt: JobAttempt) -> None:
     GPU.objects.filter(allocated_to__attempt=attempt).update(allocated_to=None)
 
 
-def abandon_open_attempts(job_id: int, *, cause: str) -> None:
-    """Give up attempts that never started (the job was stopped or its image vanished)."""
+def abandon_open_attempts(job_id: int, *, cause: str, kind: EndKind = EndKind.ABANDONED) -> None:
+    """Give up attempts that never started (the job was stopped, its image vanished, or (``kind``
+    ``LAUNCH_FAILED``) its launch failed); ``cause`` says why."""
     now = timezone.now()
     for attempt in JobAttempt.objects.filter(job_id=job_id, state=JobAttempt.State.PLACED):
         with transaction.atomic():
             release_gpus(attempt)
-            JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(state=JobAttempt.State.ABANDONED, ended_at=now, cause=cause[:500])
+            JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.PLACED).update(
+                state=JobAttempt.State.ABANDONED, ended_at=now, cause=cause[:500], end_kind=kind
+            )
 
 
 def release_part_gpus(part: AttemptNode) -> None:

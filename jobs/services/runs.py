@@ -11,7 +11,6 @@ what that means for the job and make the change (a job's status through the one 
 from __future__ import annotations
 
 import logging
-import signal as signals
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
@@ -20,10 +19,12 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from jobs.backends import outcomes
+from jobs.backends.facts import Ended, EndKind, describe, exited
 from jobs.extensions import extensions
 from jobs.models import AttemptNode, JobAttempt, Node, Project, TrainingJob
 from jobs.services.lifecycle import record_reason, transition
-from jobs.services.limits import PROJECT_STORAGE_LIMIT, STORAGE_LIMIT, StorageUse, format_memory, job_storage_limit, storage_verdicts
+from jobs.services.limits import StorageUse, job_storage_limit, storage_verdicts
 from jobs.services.messages import request_placement, wake_agents
 from jobs.services.placement import abandon_open_attempts, back_off_image_pull, move_holds, release_gpus
 from jobs.statuses import WAITING, JobStatus
@@ -31,31 +32,8 @@ from jobs.statuses import WAITING, JobStatus
 logger = logging.getLogger(__name__)
 
 AGENT = "node-agent"
-# The cause of a run the kernel killed at the job's own memory limit (see ``memory_limit_cause``).
-OUT_OF_MEMORY = "out of memory"
-PIDS_LIMIT = "PID limit reached"
 # A rank's ``runner_pid`` while an agent starts it (claimed, no supervisor yet).
 CLAIMED = 0
-
-
-def memory_limit_cause(limit_mb: int | None) -> str:
-    limit = f"its memory limit of {format_memory(limit_mb)}" if limit_mb else "its memory limit"
-    return f"{OUT_OF_MEMORY}: the run needed more than {limit} and the kernel killed it"
-
-
-def pids_limit_cause(limit: int | None) -> str:
-    limit_text = f"its limit of {limit} processes" if limit else "its process limit"
-    return f"{PIDS_LIMIT}: the run kept {limit_text} (a fork loop?) and the platform ended it"
-
-
-def describe_exit(exit_code: int | None, exit_signal: int | None) -> str:
-    if exit_signal:
-        try:
-            name = signals.Signals(exit_signal).name
-        except ValueError:
-            name = f"signal {exit_signal}"
-        return f"killed by {name}"
-    return f"exit code {exit_code}"
 
 
 def placement_text(attempt: JobAttempt) -> str:
@@ -192,9 +170,12 @@ def preempted_by_scheduler(attempt: JobAttempt, node_ids: Sequence[int]) -> None
 
 
 def launch_failed(attempt: JobAttempt, error: str) -> None:
-    """The node could not start the run (its directories, its process): the job cannot go on."""
-    abandon_open_attempts(attempt.job_id, cause=f"launch failed: {error}")
-    transition(attempt.job_id, JobStatus.FAILED, reason=f"could not start the run: {error}", actor=AGENT, attempt=attempt.number)
+    """The node could not start the run (its directories, its process): the job cannot go on
+    (whatever it was doing: a job being stopped refuses the move, and its stop ends it)."""
+    fact = Ended(EndKind.LAUNCH_FAILED, detail=error)
+    abandon_open_attempts(attempt.job_id, cause=describe(fact), kind=fact.kind)
+    decision = outcomes.outcome(fact.kind, stopping=False, reclaimed=False, exit_code=None, failover_on=attempt.job.failover_enabled)
+    transition(attempt.job_id, decision.status, reason=decision.reason.format(detail=error), actor=AGENT, attempt=attempt.number)
 
 
 def max_run_time_reached(job: TrainingJob) -> None:
@@ -205,17 +186,21 @@ def max_run_time_reached(job: TrainingJob) -> None:
 def storage_measured(uses: Sequence[StorageUse]) -> list[int]:
     """What the runs of an agent's live jobs use of its nodes' disk (``agent.storage``). Runs over
     the job limit (``JOB_STORAGE_LIMIT_GIB``) or, the largest first, over their project's total
-    (``Project.storage_limit_gib``) must end: each gets its cause on its attempt, so its end reads
-    as that limit (``record_exit``: Failed, never judged by Job Failover), and its stop begins
+    (``Project.storage_limit_gib``) must end: each gets its end (``EndKind.STORAGE_LIMIT``, the
+    console's intent written before the exit) on its attempt, so its end reads as that limit
+    (``record_exit``: Failed, never judged by Job Failover), and its stop begins
     (its ranks on other nodes are woken). Returns the attempt ids the agent must end now."""
     projects = {
         pk: (name, (gib or 0) * 2**30)
         for pk, name, gib in Project.objects.filter(pk__in={u.project_id for u in uses}, storage_limit_gib__gt=0).values_list("pk", "name", "storage_limit_gib")
     }
     ending = []
-    for attempt_id, cause in storage_verdicts(list(uses), job_limit=job_storage_limit(), project_limits=projects).items():
+    for attempt_id, verdict in storage_verdicts(list(uses), job_limit=job_storage_limit(), project_limits=projects).items():
+        cause = describe(Ended(EndKind.STORAGE_LIMIT, detail=verdict))
         # Only a run still going, and only the first cause: an exit seen meanwhile keeps its own.
-        if JobAttempt.objects.filter(pk=attempt_id, state=JobAttempt.State.RUNNING, cause="").update(cause=cause[:500], stop_requested_at=timezone.now()):
+        if JobAttempt.objects.filter(pk=attempt_id, state=JobAttempt.State.RUNNING, cause="").update(
+            cause=cause[:500], end_kind=EndKind.STORAGE_LIMIT, stop_requested_at=timezone.now()
+        ):
             job_id = JobAttempt.objects.values_list("job_id", flat=True).get(pk=attempt_id)
             logger.warning("job %s: attempt %s ends: %s", job_id, attempt_id, cause)
             wake_agents(attempts=[attempt_id])
@@ -264,30 +249,44 @@ def run_started(attempt: JobAttempt) -> bool:
     return moved
 
 
-def part_exited(part: AttemptNode, *, exit_code: int | None, exit_signal: int | None, cause: str = "") -> list[AttemptNode]:
-    """One rank of an attempt ended. Returns the ranks still running that must now be stopped
-    (a rank failed: the others cannot go on without it); the last rank to end closes the attempt.
-    """
+def part_exited(part: AttemptNode, fact: Ended) -> list[AttemptNode]:
+    """One rank of an attempt ended as ``fact`` says. Returns the ranks still running that must
+    now be stopped (a rank failed: the others cannot go on without it); the last rank to end
+    closes the attempt."""
     now = timezone.now()
+    exit_code, exit_signal = fact.exit_code, fact.exit_signal
     AttemptNode.objects.filter(pk=part.pk, ended_at__isnull=True).update(ended_at=now, exit_code=exit_code, exit_signal=exit_signal)
     attempt = part.attempt
-    failed = cause or exit_signal or (exit_code not in (0, None))
+    failed = not fact.plain or exit_signal or (exit_code not in (0, None))
     siblings = AttemptNode.objects.filter(attempt=attempt)
-    if cause:  # the first rank's cause is the attempt's (an out-of-memory kill, a lost supervisor)
-        JobAttempt.objects.filter(pk=attempt.pk, cause="").update(cause=cause[:500])
+    if not fact.plain:  # the first rank's cause is the attempt's (an out-of-memory kill, a lost supervisor)
+        JobAttempt.objects.filter(pk=attempt.pk, cause="").update(cause=describe(fact)[:500], end_kind=fact.kind)
     if siblings.filter(ended_at__isnull=True).exists():
         if failed and attempt.stop_requested_at is None:
             JobAttempt.objects.filter(pk=attempt.pk, stop_requested_at__isnull=True).update(stop_requested_at=now)
             wake_agents(attempts=[attempt.pk])
             return list(siblings.filter(ended_at__isnull=True).select_related("attempt", "node"))
         return []
-    # The attempt's outcome: the first rank that failed, else rank 0's.
+    # The attempt's outcome: its first cause, else the exit of the first rank that failed, else rank 0's.
     ended = list(siblings.order_by("ended_at", "rank"))
     first_bad = next((p for p in ended if p.exit_signal or p.exit_code not in (0,)), None)
     source = first_bad or ended[0]
-    first_cause = JobAttempt.objects.values_list("cause", flat=True).get(pk=attempt.pk)
-    record_exit(attempt, exit_code=source.exit_code, exit_signal=source.exit_signal, cause=first_cause or cause)
+    cause, kind = JobAttempt.objects.values_list("cause", "end_kind").get(pk=attempt.pk)
+    if not cause:
+        record_exit(attempt, exited(source.exit_code, source.exit_signal))
+    else:
+        close(
+            attempt, recorded_kind(kind, cause, source.exit_code, source.exit_signal), exit_code=source.exit_code, exit_signal=source.exit_signal, cause=cause
+        )
     return []
+
+
+def recorded_kind(kind: str, cause: str, exit_code: int | None, exit_signal: int | None) -> EndKind:
+    """The end kind stored with an attempt's cause. A cause stored without one (an attempt given
+    up before its run started) is taken as given up."""
+    if kind:
+        return EndKind(kind)
+    return EndKind.ABANDONED if cause else exited(exit_code, exit_signal).kind
 
 
 def finishing(job: TrainingJob, attempt: JobAttempt) -> bool:
@@ -320,30 +319,32 @@ def finish_closed_attempts(limit: int = 100) -> int:
     )
     moved = 0
     for attempt in stale:
-        # The cause given at the close is stored as the outcome: "" where it said no more than the exit.
-        stored = attempt.cause
-        cause = "" if stored == describe_exit(attempt.exit_code, attempt.exit_signal) else stored
+        # The end given at the close is stored: its kind and its words.
+        kind = recorded_kind(attempt.end_kind, attempt.cause, attempt.exit_code, attempt.exit_signal)
         logger.warning("job %s: attempt %s closed but the job did not move on; deciding again", attempt.job_id, attempt.number)
-        status = record_exit(attempt, exit_code=attempt.exit_code, exit_signal=attempt.exit_signal, cause=cause)
+        status = close(attempt, kind, exit_code=attempt.exit_code, exit_signal=attempt.exit_signal, cause=attempt.cause)
         moved += status not in (JobStatus.RUNNING, JobStatus.STOPPING)
     return moved
 
 
-def record_exit(attempt: JobAttempt, *, exit_code: int | None, exit_signal: int | None, cause: str = "", lost: bool = False) -> str:
-    """Close the attempt, free its GPUs and move the job to where the exit takes it.
+def record_exit(attempt: JobAttempt, fact: Ended) -> str:
+    """The attempt's run ended as ``fact`` says: close it and move its job (``close``)."""
+    return close(attempt, fact.kind, exit_code=fact.exit_code, exit_signal=fact.exit_signal, cause=describe(fact))
 
-    A job being stopped ends ``Stopped``; a reclaimed Spot run goes back to ``Pending``; exit 0
-    ends ``Completed``; a run ended at its own memory, PID or storage limit ends ``Failed``; any other end of a
-    run is judged by Job Failover when the job has it on (``lost``: the node itself was lost),
-    else ends ``Failed``. Returns the job's new status.
+
+def close(attempt: JobAttempt, kind: EndKind, *, exit_code: int | None, exit_signal: int | None, cause: str) -> str:
+    """Close the attempt (its end: ``kind``, in the words ``cause``), free its GPUs and move the
+    job to where the end takes it (``jobs.backends.outcomes``): a job being stopped ends
+    ``Stopped``; a reclaimed Spot run goes back to ``Pending``; exit 0 ends ``Completed``; a run
+    ended at its own memory, PID or storage limit ends ``Failed``; any other end of a run is judged
+    by Job Failover when the job has it on, else ends ``Failed``. Returns the job's new status.
     """
     now = timezone.now()
-    outcome = cause or describe_exit(exit_code, exit_signal)
     with transaction.atomic():
         updated = (
             JobAttempt.objects.filter(pk=attempt.pk)
             .exclude(state=JobAttempt.State.EXITED)
-            .update(state=JobAttempt.State.EXITED, ended_at=now, exit_code=exit_code, exit_signal=exit_signal, cause=outcome[:500])
+            .update(state=JobAttempt.State.EXITED, ended_at=now, exit_code=exit_code, exit_signal=exit_signal, cause=cause[:500], end_kind=kind)
         )
         if updated:
             release_gpus(attempt)
@@ -352,24 +353,16 @@ def record_exit(attempt: JobAttempt, *, exit_code: int | None, exit_signal: int 
     if not updated and not finishing(job, attempt):
         return job.status
     attempt.refresh_from_db()
-    if job.status == JobStatus.STOPPING:
-        to, reason = JobStatus.STOPPED, f"{job.status_reason or 'stopped'}; {outcome}"
-    elif job.status != JobStatus.RUNNING:
+    if job.status not in (JobStatus.STOPPING, JobStatus.RUNNING):
         logger.warning("job %s: attempt %s ended while the job was %s", job.pk, attempt.number, job.status)
         return job.status
-    elif attempt.reclaimed:
-        # Back in the queue; a preemption or a reclaim never counts as a failover.
-        to, reason = JobStatus.PENDING, f"{yield_text(attempt)}; {outcome}"
-    elif exit_code == 0 and not exit_signal and not cause:
-        to, reason = JobStatus.COMPLETED, "exit code 0"
-    elif outcome.startswith(OUT_OF_MEMORY):
-        # Its own limit, not the hardware: Job Failover has nothing to judge.
-        to, reason = JobStatus.FAILED, f"{outcome}; raise the job's memory limit"
-    elif outcome.startswith((PIDS_LIMIT, STORAGE_LIMIT, PROJECT_STORAGE_LIMIT)):
-        to, reason = JobStatus.FAILED, outcome
-    elif job.failover_enabled and extensions.failed_run_handler is not None:
-        return extensions.failed_run_handler(job, attempt, outcome, lost)
-    else:
-        to, reason = JobStatus.FAILED, outcome if job.failover_enabled else f"{outcome}; Job Failover is off"
+    decision = outcomes.outcome(
+        kind, stopping=job.status == JobStatus.STOPPING, reclaimed=attempt.reclaimed, exit_code=exit_code, failover_on=job.failover_enabled
+    )
+    if decision.judge and extensions.failed_run_handler is not None:
+        return extensions.failed_run_handler(job, attempt, cause, decision.lost)
+    to = JobStatus.FAILED if decision.judge else decision.status  # judged, but no judge is registered
+    words = {"cause": cause, "detail": "", "stopped": job.status_reason or "stopped"}
+    reason = decision.reason.format(**words, yielded=yield_text(attempt) if "{yielded}" in decision.reason else "")
     transition(job.pk, to, reason=reason, actor=AGENT, attempt=attempt.number, expected={job.status})
     return to

@@ -9,6 +9,7 @@ import time_machine
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from jobs.backends.facts import exited
 from jobs.models import GPU, JobAttempt, Project, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import place_waiting_jobs
@@ -37,7 +38,7 @@ def held_by_project(project: Project) -> int:
 def finish(job) -> None:
     attempt = JobAttempt.objects.get(job=job, state__in=["placed", "running"])
     transition(job.pk, JobStatus.RUNNING, expected={JobStatus.PENDING})
-    record_exit(attempt, exit_code=0, exit_signal=None)
+    record_exit(attempt, exited(0, None))
 
 
 def test_two_hundred_jobs_no_node_can_hold_do_not_block_a_placeable_one(nodes, make_job, owner):

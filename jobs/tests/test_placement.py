@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.backends.facts import exited
 from jobs.models import GPU, JobAttempt, Node, TrainingJob
 from jobs.services.lifecycle import transition
 from jobs.services.placement import place_waiting_jobs
@@ -34,7 +35,7 @@ def test_a_job_that_does_not_fit_waits_with_a_reason_and_is_placed_when_capacity
 
     finished = JobAttempt.objects.get(job=big[1])
     transition(big[1].pk, JobStatus.RUNNING)
-    record_exit(finished, exit_code=0, exit_signal=None)
+    record_exit(finished, exited(0, None))
     place_waiting_jobs()
     assert held_by(waiting) == [("node-b", 0), ("node-b", 1)]
 
