@@ -333,3 +333,58 @@ def test_the_backend_check_sees_a_read_and_not_a_write(tmp_path):
     )
     found = sorted(w.split(" ", 1)[1] for w in backend_reads(sample, root=tmp_path))
     assert found == ["django.conf.settings.BACKEND", "getattr(settings, 'BACKEND')", "settings.BACKEND"]
+
+
+# --- an end's outcome is decided by its kind, never by its words -------------------------------
+# The constants that begin the words of an end (``jobs.backends.facts``, ``jobs.services.limits``)
+# and the names an end's words go by (``JobAttempt.cause``; the failed-run handler's ``outcome``).
+CAUSE_CONSTANTS = {"OUT_OF_MEMORY", "PIDS_LIMIT", "STORAGE_LIMIT", "PROJECT_STORAGE_LIMIT"}
+CAUSE_NAMES = {"cause", "outcome"}
+
+
+def cause_word_tests(path: Path, *, root: Path = ROOT) -> list[str]:
+    """Where a module tests an end's words: a ``.startswith(``/``.endswith(`` call whose argument
+    names one of ``CAUSE_CONSTANTS`` (alone or in a tuple) or whose receiver is a name or attribute
+    in ``CAUSE_NAMES`` (``outcome.startswith(...)``, ``attempt.cause.endswith(...)``), or an
+    ``in``/``not in`` whose left side names one of ``CAUSE_CONSTANTS``. The kind decides
+    (``jobs.backends.outcomes``); the words are only shown."""
+
+    def named(node: ast.AST) -> str | None:
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+    def constants(node: ast.AST) -> bool:
+        parts = node.elts if isinstance(node, ast.Tuple) else [node]
+        return any(named(part) in CAUSE_CONSTANTS for part in parts)
+
+    found = []
+    for node in ast.walk(parsed(path)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "endswith"):
+            if named(node.func.value) in CAUSE_NAMES or any(constants(arg) for arg in node.args):
+                found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops) and constants(node.left):
+            found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_outcome_is_decided_by_the_words_of_a_cause():
+    from jobs.backends import facts
+    from jobs.services import limits
+
+    assert set(vars(facts)) | set(vars(limits)) >= CAUSE_CONSTANTS
+    found = [hit for p in production_files(".py") for hit in cause_word_tests(p)]
+    assert found == [], "decide by the end's kind (jobs.backends.outcomes), not its words:\n" + "\n".join(found)
+
+
+def test_the_cause_check_sees_a_test_of_words(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "a = outcome.startswith(OUT_OF_MEMORY)\nb = text.startswith((PIDS_LIMIT, limits.STORAGE_LIMIT))\n"
+        'c = attempt.cause.endswith("lost")\nd = OUT_OF_MEMORY in words\ne = name.startswith("due")\nf = kind in PLAIN\n'
+    )
+    found = [w.split(" ", 1)[1] for w in cause_word_tests(sample, root=tmp_path)]
+    assert found == [
+        "outcome.startswith(OUT_OF_MEMORY)",
+        "text.startswith((PIDS_LIMIT, limits.STORAGE_LIMIT))",
+        "attempt.cause.endswith('lost')",
+        "OUT_OF_MEMORY in words",
+    ]
