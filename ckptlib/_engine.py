@@ -131,6 +131,9 @@ class CheckpointEngine:
         self._installed: dict[Path, int] = {}
 
         self._jobs = InFlightBook(rank=self.place.rank, on_commit=self.on_commit)
+        # One job's commit and its after-commit callbacks (the Trainer's rotation) before the next
+        # job commits: with save_total_limit=N a kill leaves at most N + 1 committed checkpoints.
+        self._finish_lock = threading.Lock()
         self._closed = threading.Event()
         self._committer = MultiRankCommit(root=self.root, place=self.place, closed=self._closed)
         write_queue: queue.Queue[WriteItem | None] = queue.Queue()
@@ -464,14 +467,16 @@ class CheckpointEngine:
         if job.external:
             self._install_file(job)
             self._committer.settle_file(job)
-        else:
-            if job.write_files_later is not None and job.error is None:
-                try:
-                    job.write_files_later(job.directory)
-                except Exception as error:  # reported, training goes on
-                    job.fail_in_flight(f"cannot write the checkpoint's small files: {error!r}")
+            self._jobs.complete(job)
+            return
+        if job.write_files_later is not None and job.error is None:
+            try:
+                job.write_files_later(job.directory)
+            except Exception as error:  # reported, training goes on
+                job.fail_in_flight(f"cannot write the checkpoint's small files: {error!r}")
+        with self._finish_lock:
             self._committer.settle(job)
-        self._jobs.complete(job)
+            self._jobs.complete(job)
 
     def _install_file(self, job: InFlightCheckpoint) -> None:
         """Renames a ``save_file`` file onto its path, unless a newer save of it is there."""
