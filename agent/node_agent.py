@@ -43,6 +43,7 @@ from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
 from agent.processes import run_dir
 from jobs import heartbeats
+from jobs.backends.base import Backend
 from jobs.backends.facts import Ended, EndKind, EvidenceSource, LocalKernel, exited
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
@@ -73,9 +74,10 @@ def beat_now(node_names: list[str]) -> None:
             logger.warning("first heartbeat of %s failed: %s", ", ".join(node_names), exc)
 
 
-class NodeAgent:
-    """Serves a set of nodes. ``step()`` does what is due and says when to call it again;
-    ``tick()`` is a full round (a reconcile first), for tools and tests."""
+class NodeAgent(Backend):
+    """The console's own engine (``jobs.backends.base.Backend``): serves a set of nodes.
+    ``step()`` does what is due and says when to call it again; ``tick()`` is a full round (a
+    reconcile first), for tools and tests."""
 
     def __init__(self, node_names: list[str], *, name: str = "embedded", launcher: Launcher | None = None) -> None:
         self.node_names: Sequence[str] = list(node_names)
@@ -127,11 +129,6 @@ class NodeAgent:
         with self.lock:
             self.inbox[attempt_id] = None
         self._notify()
-
-    def launch_attempts(self, attempts: list[JobAttempt]) -> None:
-        """The embedded control round placed these: into the inbox, launched by the next step."""
-        for attempt in attempts:
-            self.request_launch(attempt.pk)
 
     def _notify(self) -> None:
         self.wakeup.set()
