@@ -41,6 +41,7 @@ from agent import local_agents, runfiles
 from agent.launch import Launcher
 from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
+from agent.ports import LocalRuns, RunPort
 from agent.processes import run_dir
 from jobs import heartbeats
 from jobs.backends.base import Backend
@@ -79,10 +80,11 @@ class NodeAgent(Backend):
     ``step()`` does what is due and says when to call it again; ``tick()`` is a full round (a
     reconcile first), for tools and tests."""
 
-    def __init__(self, node_names: list[str], *, name: str = "embedded", launcher: Launcher | None = None) -> None:
+    def __init__(self, node_names: list[str], *, name: str = "embedded", launcher: Launcher | None = None, port: RunPort | None = None) -> None:
         self.node_names: Sequence[str] = list(node_names)
         self.name = name
         self.launcher = launcher or Launcher(self.node_names)
+        self.port: RunPort = port or LocalRuns()  # what the engine adds to how runs are watched (agent.ports)
         self.output = OutputReader()
         self.live: dict[int, AttemptNode] = {}  # started, not seen to end: AttemptNode id → part
         self.terminated: set[int] = set()  # AttemptNode ids sent SIGTERM by this agent
@@ -404,6 +406,7 @@ class NodeAgent(Backend):
         self.output.forget(part_id)
         self.terminated.discard(part_id)
         self.killed.pop(part_id, None)
+        self.port.forget(part_id)
 
 
 def recorded_end(record: runfiles.ExitRecord) -> Ended:

@@ -241,16 +241,27 @@ class SlurmLauncher(Launcher):
             logger.warning("Slurm job %s: cancel failed: %s", handle, error)
 
 
+class SlurmRuns:
+    """Slurm's run port (``agent.ports.RunPort``): what the agent keeps of its ranks between
+    Slurm's records."""
+
+    def __init__(self) -> None:
+        self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
+
+    def forget(self, part_id: int) -> None:
+        self.ending.pop(part_id, None)
+
+
 class SlurmAgent(NodeAgent):
     """The agent of a Slurm cluster's nodes (in the embedded console: every node of the cluster)."""
 
     def __init__(self, node_names: list[str], *, name: str = "slurm", scheduler: SlurmScheduler | None = None) -> None:
         self.scheduler = scheduler or slurm_scheduler()
-        super().__init__(node_names, name=name, launcher=SlurmLauncher(node_names, self.scheduler))
-        self.slurm: SlurmLauncher = self.launcher  # type: ignore[assignment]
+        self.slurm = SlurmLauncher(node_names, self.scheduler)
+        self.slurm_runs = SlurmRuns()
+        super().__init__(node_names, name=name, launcher=self.slurm, port=self.slurm_runs)
         self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last
         self.next_poll = 0.0
-        self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
         self.down: set[str] = set()  # nodes Slurm has DOWN
 
     def evidence_source(self) -> EvidenceSource:
@@ -294,7 +305,7 @@ class SlurmAgent(NodeAgent):
 
     def delay(self) -> float:
         wait = super().delay()
-        if self.slurm.queued or self.ending:
+        if self.slurm.queued or self.slurm_runs.ending:
             wait = min(wait, max(0.0, self.next_poll - time.monotonic()), settings.OUTPUT_POLL_INTERVAL * 5)
         return wait
 
@@ -395,11 +406,11 @@ class SlurmAgent(NodeAgent):
         Spot reclaim, a cancel or a time limit by Slurm says so, and a run whose runner left no
         exit record ended as Slurm recorded it (its exit code or signal)."""
         seen = self.jobs.get(part.backend_job) if part.backend_job else None
-        first = self.ending.setdefault(part.pk, time.monotonic())
+        first = self.slurm_runs.ending.setdefault(part.pk, time.monotonic())
         if part.backend_job and (seen is None or seen.state not in FINAL) and time.monotonic() - first < FINAL_STATE_WAIT:
             self.next_poll = time.monotonic()  # Slurm's record read at the next step
             return  # reported at a later collect, once Slurm's record is final
-        self.ending.pop(part.pk, None)
+        self.slurm_runs.ending.pop(part.pk, None)
         if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:
             runs.preempted_by_scheduler(part.attempt, [part.node_id])
             # Slurm's word first: a runner killed at the end of the grace period left no exit record.
@@ -416,10 +427,6 @@ class SlurmAgent(NodeAgent):
             # record says how the batch job ended.
             fact = Ended(EndKind.SUPERVISOR_LOST, exit_code=seen.exit_code, exit_signal=seen.exit_signal, handle=part.backend_job, state=seen.state)
         super().part_ended(part, fact)
-
-    def forget(self, part_id: int) -> None:
-        super().forget(part_id)
-        self.ending.pop(part_id, None)
 
 
 def spec_resume_step(directory: Path) -> int | None:
