@@ -203,6 +203,8 @@ class NodeAgent(Backend):
             hint = getattr(plugin, "next_round_in", None)
             if hint is not None:
                 due.append(now + hint())
+        if (port_due := self.port.delay_hint()) is not None:
+            due.append(now + port_due)
         with self.lock:
             if self.reconcile_due or self.inbox:
                 return 0.0

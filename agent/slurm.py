@@ -243,13 +243,22 @@ class SlurmLauncher(Launcher):
 
 class SlurmRuns:
     """Slurm's run port (``agent.ports.RunPort``): what the agent keeps of its ranks between
-    Slurm's records."""
+    Slurm's records, and when it reads them next."""
 
-    def __init__(self) -> None:
+    def __init__(self, launcher: SlurmLauncher) -> None:
+        self.launcher = launcher
+        self.next_poll = 0.0  # monotonic: when Slurm's records are read next
         self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
 
     def forget(self, part_id: int) -> None:
         self.ending.pop(part_id, None)
+
+    def delay_hint(self) -> float | None:
+        """Ranks queued or ending wait on Slurm's next records: the loop wakes by then (and
+        reads the queued ranks' pid records at least every few output polls)."""
+        if not (self.launcher.queued or self.ending):
+            return None
+        return min(max(0.0, self.next_poll - time.monotonic()), settings.OUTPUT_POLL_INTERVAL * 5)
 
 
 class SlurmAgent(NodeAgent):
@@ -258,10 +267,9 @@ class SlurmAgent(NodeAgent):
     def __init__(self, node_names: list[str], *, name: str = "slurm", scheduler: SlurmScheduler | None = None) -> None:
         self.scheduler = scheduler or slurm_scheduler()
         self.slurm = SlurmLauncher(node_names, self.scheduler)
-        self.slurm_runs = SlurmRuns()
+        self.slurm_runs = SlurmRuns(self.slurm)
         super().__init__(node_names, name=name, launcher=self.slurm, port=self.slurm_runs)
         self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last
-        self.next_poll = 0.0
         self.down: set[str] = set()  # nodes Slurm has DOWN
 
     def evidence_source(self) -> EvidenceSource:
@@ -292,8 +300,8 @@ class SlurmAgent(NodeAgent):
     # --- Slurm's records -------------------------------------------------------------------
     def step(self) -> int:
         polled = False
-        if time.monotonic() >= self.next_poll:
-            self.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
+        if time.monotonic() >= self.slurm_runs.next_poll:
+            self.slurm_runs.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
             try:
                 self.poll_slurm()
                 polled = True
@@ -302,12 +310,6 @@ class SlurmAgent(NodeAgent):
         if not polled:
             self.settle_queued(slurm=False)  # a runner up since: its pid record (files only)
         return super().step()
-
-    def delay(self) -> float:
-        wait = super().delay()
-        if self.slurm.queued or self.slurm_runs.ending:
-            wait = min(wait, max(0.0, self.next_poll - time.monotonic()), settings.OUTPUT_POLL_INTERVAL * 5)
-        return wait
 
     def poll_slurm(self) -> None:
         self.mirror_nodes(self.scheduler.nodes())
@@ -408,7 +410,7 @@ class SlurmAgent(NodeAgent):
         seen = self.jobs.get(part.backend_job) if part.backend_job else None
         first = self.slurm_runs.ending.setdefault(part.pk, time.monotonic())
         if part.backend_job and (seen is None or seen.state not in FINAL) and time.monotonic() - first < FINAL_STATE_WAIT:
-            self.next_poll = time.monotonic()  # Slurm's record read at the next step
+            self.slurm_runs.next_poll = time.monotonic()  # Slurm's record read at the next step
             return  # reported at a later collect, once Slurm's record is final
         self.slurm_runs.ending.pop(part.pk, None)
         if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:

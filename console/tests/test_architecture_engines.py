@@ -27,7 +27,7 @@ AGENTS_CLASSES = {"NodeAgent": "agent.node_agent", "Launcher": "agent.launch"}
 # What subclasses of them override (``__init__`` not counted): only ever fewer. 11 at the start:
 # issue 44's plan counted ten, before ``evidence_source`` (its step C1) became one more.
 OVERRIDES = {
-    "agent.slurm.SlurmAgent": {"delay", "evidence_source", "heartbeat", "part_ended", "runner_alive", "start", "step"},
+    "agent.slurm.SlurmAgent": {"evidence_source", "heartbeat", "part_ended", "runner_alive", "start", "step"},
     "agent.slurm.SlurmLauncher": {"signal", "spawn", "start_runner"},
 }
 
