@@ -16,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from agent.inventory import discover_nodes, register_nodes
 from agent.node_agent import NodeAgent
+from jobs.backends.base import Backend
 
 if TYPE_CHECKING:
     from jobs.models import Node
@@ -35,15 +36,15 @@ def backend_kind() -> str:
 def register_local_nodes(*, name: str = "embedded") -> list[Node]:
     """This machine's nodes (real or simulated); on ``BACKEND=slurm`` the Slurm cluster's."""
     if backend_kind() == SLURM:
-        from agent.slurm import slurm_backend, slurm_nodes
+        from agent.slurm import slurm_nodes, slurm_scheduler
 
-        return register_nodes(slurm_nodes(slurm_backend().nodes()), agent="slurm")
+        return register_nodes(slurm_nodes(slurm_scheduler().nodes()), agent="slurm")
     return register_nodes(discover_nodes(), agent=name)
 
 
-def start_local_agent(*, name: str = "embedded") -> NodeAgent:
-    """Register the local nodes and return the agent serving them; on ``BACKEND=slurm`` the
-    cluster's nodes, served through Slurm (``agent.slurm``)."""
+def start_local_agent(*, name: str = "embedded") -> Backend:
+    """Register the local nodes and return the engine serving them (a ``jobs.backends.base.Backend``);
+    on ``BACKEND=slurm`` the cluster's nodes, served through Slurm (``agent.slurm``)."""
     nodes = register_local_nodes(name=name)
     if backend_kind() == SLURM:
         from agent.slurm import SlurmAgent

@@ -13,7 +13,7 @@ import time
 from django.conf import settings
 from django.db import close_old_connections
 
-from agent.node_agent import NodeAgent
+from jobs.backends.base import Backend
 from jobs.services import wakeups
 from jobs.services.control import control_round
 
@@ -23,14 +23,14 @@ logger = logging.getLogger(__name__)
 TIMED_MARGIN = 0.05
 
 
-def embedded_round(agent: NodeAgent) -> None:
+def embedded_round(agent: Backend) -> None:
     """One round of the control plane (sweeps, placement), then a full one of the local agent."""
     agent.launch_attempts(control_round())
     if agent.tick():
         place_and_launch(agent)
 
 
-def place_and_launch(agent: NodeAgent) -> None:
+def place_and_launch(agent: Backend) -> None:
     """Runs just ended: a control round now rather than a round later, so failed runs are judged
     (``failover.services.policy.judge_exited``: the control plane's verdict, not the agent's)
     and their freed GPUs placed and started at once."""
@@ -62,7 +62,7 @@ class EmbeddedControlLoop(threading.Thread):
     ``CONTROL_WAKEUPS=0`` brings back the fixed schedule this replaced, for comparison: a round
     every ``AGENT_POLL_INTERVAL`` and an agent reconcile after each."""
 
-    def __init__(self, agent: NodeAgent, *, interval: float | None = None, control: bool = True) -> None:
+    def __init__(self, agent: Backend, *, interval: float | None = None, control: bool = True) -> None:
         super().__init__(name="embedded-control-loop" if control else f"agent-{agent.name}", daemon=True)
         self.agent = agent
         self.control = control

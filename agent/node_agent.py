@@ -41,8 +41,10 @@ from agent import local_agents, runfiles
 from agent.launch import Launcher
 from agent.output import OutputReader
 from agent.plugins import call_optional, plugins_for
+from agent.ports import LocalRuns, RunPort
 from agent.processes import run_dir
 from jobs import heartbeats
+from jobs.backends.base import Backend
 from jobs.backends.facts import Ended, EndKind, EvidenceSource, LocalKernel, exited
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
@@ -73,14 +75,16 @@ def beat_now(node_names: list[str]) -> None:
             logger.warning("first heartbeat of %s failed: %s", ", ".join(node_names), exc)
 
 
-class NodeAgent:
-    """Serves a set of nodes. ``step()`` does what is due and says when to call it again;
-    ``tick()`` is a full round (a reconcile first), for tools and tests."""
+class NodeAgent(Backend):
+    """The console's own engine (``jobs.backends.base.Backend``): serves a set of nodes.
+    ``step()`` does what is due and says when to call it again; ``tick()`` is a full round (a
+    reconcile first), for tools and tests."""
 
-    def __init__(self, node_names: list[str], *, name: str = "embedded", launcher: Launcher | None = None) -> None:
+    def __init__(self, node_names: list[str], *, name: str = "embedded", launcher: Launcher | None = None, port: RunPort | None = None) -> None:
         self.node_names: Sequence[str] = list(node_names)
         self.name = name
         self.launcher = launcher or Launcher(self.node_names)
+        self.port: RunPort = port or LocalRuns()  # what the engine adds to how runs are watched (agent.ports)
         self.output = OutputReader()
         self.live: dict[int, AttemptNode] = {}  # started, not seen to end: AttemptNode id → part
         self.terminated: set[int] = set()  # AttemptNode ids sent SIGTERM by this agent
@@ -127,11 +131,6 @@ class NodeAgent:
         with self.lock:
             self.inbox[attempt_id] = None
         self._notify()
-
-    def launch_attempts(self, attempts: list[JobAttempt]) -> None:
-        """The embedded control round placed these: into the inbox, launched by the next step."""
-        for attempt in attempts:
-            self.request_launch(attempt.pk)
 
     def _notify(self) -> None:
         self.wakeup.set()
@@ -204,6 +203,8 @@ class NodeAgent:
             hint = getattr(plugin, "next_round_in", None)
             if hint is not None:
                 due.append(now + hint())
+        if (port_due := self.port.delay_hint()) is not None:
+            due.append(now + port_due)
         with self.lock:
             if self.reconcile_due or self.inbox:
                 return 0.0
@@ -407,6 +408,7 @@ class NodeAgent:
         self.output.forget(part_id)
         self.terminated.discard(part_id)
         self.killed.pop(part_id, None)
+        self.port.forget(part_id)
 
 
 def recorded_end(record: runfiles.ExitRecord) -> Ended:

@@ -45,10 +45,10 @@ from agent.launch import Launcher
 from agent.node_agent import NodeAgent
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
-from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView, state_takes_work
+from jobs.backends.base import state_takes_work
 from jobs.backends.facts import Ended, EndKind, EvidenceSource, NodeCheckFiles, describe
-from jobs.backends.slurm.backend import SlurmBackend
 from jobs.backends.slurm.client import SlurmClient, SlurmError
+from jobs.backends.slurm.scheduler import AttemptObservation, AttemptSpec, NodeView, SlurmScheduler
 from jobs.models import GPU, AttemptNode, JobAttempt, Node, Project, TrainingJob
 from jobs.services import runs, wakeups
 from jobs.services.limits import limits_of
@@ -66,9 +66,9 @@ SLURM_ENDS = {"CANCELLED": EndKind.CANCELLED, "TIMEOUT": EndKind.TIME_LIMIT, "NO
 FINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "UNKNOWN"})
 
 
-def slurm_backend() -> SlurmBackend:
+def slurm_scheduler() -> SlurmScheduler:
     env = {"SLURM_CONF": settings.SLURM_CONF} if settings.SLURM_CONF else {}
-    return SlurmBackend(
+    return SlurmScheduler(
         SlurmClient(env=env), spot_partition=settings.SLURM_SPOT_PARTITION or None, spot_qos=settings.SLURM_SPOT_QOS or None,
         partition=settings.SLURM_PARTITION or None,
     )  # fmt: skip
@@ -170,11 +170,11 @@ class Queued:
 class SlurmLauncher(Launcher):
     """Starts each rank as a Slurm batch job running ``agent.runner`` on its spec."""
 
-    def __init__(self, node_names, backend: SlurmBackend) -> None:
+    def __init__(self, node_names, scheduler: SlurmScheduler) -> None:
         super().__init__(node_names)
-        self.backend = backend
+        self.scheduler = scheduler
         self.queued: dict[int, Queued] = {}  # AttemptNode id → its queued batch job
-        self.accounts = project_accounts(backend.client)
+        self.accounts = project_accounts(scheduler.client)
         self.handles: dict[int, str] = {}
 
     def start_runner(self, job, attempt, part, dirs, *, image_ref, uid, resume_step=None) -> int | None:
@@ -208,7 +208,7 @@ class SlurmLauncher(Launcher):
             except SlurmError as error:  # e.g. the console's user may not create accounts
                 logger.warning("job %s: Slurm account of project %s not set (%s): submitted to the default account", job.pk, job.project.name, error)
         try:
-            handle = self.backend.submit(spec)
+            handle = self.scheduler.submit(spec)
         except SlurmError as error:
             raise OSError(f"Slurm refused the run: {error}") from error
         runs.part_submitted(part, handle)
@@ -227,7 +227,7 @@ class SlurmLauncher(Launcher):
             return False
         name = signal.Signals(sig).name.removeprefix("SIG")
         try:
-            self.backend.client.cancel(int(part.backend_job), signal="USR1" if sig == signal.SIGKILL else name, full=False)
+            self.scheduler.client.cancel(int(part.backend_job), signal="USR1" if sig == signal.SIGKILL else name, full=False)
         except (SlurmError, ValueError) as error:
             logger.warning("job %s: %s to Slurm job %s failed: %s", part.attempt.job_id, name, part.backend_job, error)
             return False
@@ -236,21 +236,40 @@ class SlurmLauncher(Launcher):
 
     def cancel(self, handle: str) -> None:
         try:
-            self.backend.client.cancel(int(handle))
+            self.scheduler.client.cancel(int(handle))
         except SlurmError as error:
             logger.warning("Slurm job %s: cancel failed: %s", handle, error)
+
+
+class SlurmRuns:
+    """Slurm's run port (``agent.ports.RunPort``): what the agent keeps of its ranks between
+    Slurm's records, and when it reads them next."""
+
+    def __init__(self, launcher: SlurmLauncher) -> None:
+        self.launcher = launcher
+        self.next_poll = 0.0  # monotonic: when Slurm's records are read next
+        self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
+
+    def forget(self, part_id: int) -> None:
+        self.ending.pop(part_id, None)
+
+    def delay_hint(self) -> float | None:
+        """Ranks queued or ending wait on Slurm's next records: the loop wakes by then (and
+        reads the queued ranks' pid records at least every few output polls)."""
+        if not (self.launcher.queued or self.ending):
+            return None
+        return min(max(0.0, self.next_poll - time.monotonic()), settings.OUTPUT_POLL_INTERVAL * 5)
 
 
 class SlurmAgent(NodeAgent):
     """The agent of a Slurm cluster's nodes (in the embedded console: every node of the cluster)."""
 
-    def __init__(self, node_names: list[str], *, name: str = "slurm", backend: SlurmBackend | None = None) -> None:
-        self.backend = backend or slurm_backend()
-        super().__init__(node_names, name=name, launcher=SlurmLauncher(node_names, self.backend))
-        self.slurm: SlurmLauncher = self.launcher  # type: ignore[assignment]
+    def __init__(self, node_names: list[str], *, name: str = "slurm", scheduler: SlurmScheduler | None = None) -> None:
+        self.scheduler = scheduler or slurm_scheduler()
+        self.slurm = SlurmLauncher(node_names, self.scheduler)
+        self.slurm_runs = SlurmRuns(self.slurm)
+        super().__init__(node_names, name=name, launcher=self.slurm, port=self.slurm_runs)
         self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last
-        self.next_poll = 0.0
-        self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
         self.down: set[str] = set()  # nodes Slurm has DOWN
 
     def evidence_source(self) -> EvidenceSource:
@@ -281,8 +300,8 @@ class SlurmAgent(NodeAgent):
     # --- Slurm's records -------------------------------------------------------------------
     def step(self) -> int:
         polled = False
-        if time.monotonic() >= self.next_poll:
-            self.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
+        if time.monotonic() >= self.slurm_runs.next_poll:
+            self.slurm_runs.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
             try:
                 self.poll_slurm()
                 polled = True
@@ -292,21 +311,15 @@ class SlurmAgent(NodeAgent):
             self.settle_queued(slurm=False)  # a runner up since: its pid record (files only)
         return super().step()
 
-    def delay(self) -> float:
-        wait = super().delay()
-        if self.slurm.queued or self.ending:
-            wait = min(wait, max(0.0, self.next_poll - time.monotonic()), settings.OUTPUT_POLL_INTERVAL * 5)
-        return wait
-
     def poll_slurm(self) -> None:
-        self.mirror_nodes(self.backend.nodes())
+        self.mirror_nodes(self.scheduler.nodes())
         if self.slurm.accounts is not None:
             try:
                 self.slurm.accounts.sync()
             except SlurmError as error:
                 logger.warning("agent %s: Slurm accounts not updated this round: %s", self.name, error)
         handles = [q.handle for q in self.slurm.queued.values()] + [p.backend_job for p in self.live.values() if p.backend_job]
-        self.jobs = self.backend.observe(handles) if handles else {}
+        self.jobs = self.scheduler.observe(handles) if handles else {}
         self.settle_queued()
 
     def mirror_nodes(self, views: list[NodeView]) -> None:
@@ -327,10 +340,10 @@ class SlurmAgent(NodeAgent):
             drained = "DRAIN" in view.state
             try:
                 if why and not drained and not node.health_reason.startswith("lost:"):
-                    self.backend.drain(node.name, f"{DRAIN_PREFIX} {why}")
+                    self.scheduler.drain(node.name, f"{DRAIN_PREFIX} {why}")
                     logger.warning("agent %s: node %s drained in Slurm: %s", self.name, node.name, why)
                 elif not why and drained and view.reason.startswith(DRAIN_PREFIX):
-                    self.backend.resume(node.name)
+                    self.scheduler.resume(node.name)
                     logger.info("agent %s: node %s returned to service in Slurm", self.name, node.name)
             except SlurmError as error:
                 # The node changed state since it was read (a slurmd registering): next round.
@@ -395,11 +408,11 @@ class SlurmAgent(NodeAgent):
         Spot reclaim, a cancel or a time limit by Slurm says so, and a run whose runner left no
         exit record ended as Slurm recorded it (its exit code or signal)."""
         seen = self.jobs.get(part.backend_job) if part.backend_job else None
-        first = self.ending.setdefault(part.pk, time.monotonic())
+        first = self.slurm_runs.ending.setdefault(part.pk, time.monotonic())
         if part.backend_job and (seen is None or seen.state not in FINAL) and time.monotonic() - first < FINAL_STATE_WAIT:
-            self.next_poll = time.monotonic()  # Slurm's record read at the next step
+            self.slurm_runs.next_poll = time.monotonic()  # Slurm's record read at the next step
             return  # reported at a later collect, once Slurm's record is final
-        self.ending.pop(part.pk, None)
+        self.slurm_runs.ending.pop(part.pk, None)
         if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:
             runs.preempted_by_scheduler(part.attempt, [part.node_id])
             # Slurm's word first: a runner killed at the end of the grace period left no exit record.
@@ -416,10 +429,6 @@ class SlurmAgent(NodeAgent):
             # record says how the batch job ended.
             fact = Ended(EndKind.SUPERVISOR_LOST, exit_code=seen.exit_code, exit_signal=seen.exit_signal, handle=part.backend_job, state=seen.state)
         super().part_ended(part, fact)
-
-    def forget(self, part_id: int) -> None:
-        super().forget(part_id)
-        self.ending.pop(part_id, None)
 
 
 def spec_resume_step(directory: Path) -> int | None:

@@ -28,10 +28,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, needs_s
 def nodes(db, slurm, settings):
     """The cluster's nodes, registered from Slurm (simulated GPUs: faults can be injected)."""
     from agent.inventory import register_nodes
-    from agent.slurm import slurm_backend, slurm_nodes
+    from agent.slurm import slurm_nodes, slurm_scheduler
 
     settings.SIMULATED_GPUS = "1"
-    return register_nodes(slurm_nodes(slurm_backend().nodes()), agent="slurm")
+    return register_nodes(slurm_nodes(slurm_scheduler().nodes()), agent="slurm")
 
 
 @pytest.fixture

@@ -1,63 +1,29 @@
-"""What the control plane asks of the place attempts run, whatever it is.
+"""What the control plane asks of the engine that runs its jobs, whatever the engine is
+(``Backend``): the console's own node agents (``agent.node_agent.NodeAgent``) today, and on a Slurm
+cluster the Slurm engine (issue 44: siblings, neither subclassing the other's classes).
 
-Today's node agents (embedded and Celery scale-out) place attempts themselves; a cluster's
-scheduler (Slurm) places them in its own queue. Both answer the same questions, so the control
-plane keeps its statuses, failover verdicts, exclusions, limits and logs the same on each:
+The methods are the ones the console calls on an engine, no more: the loop it runs in
+(``agent.loop``: ``start``, ``step``, ``tick``, ``delay``, ``wakeup``, ``shutdown``), what hands it
+work (``request_launch`` from a launch message, ``launch_attempts`` from the embedded control
+round), what wakes it (``wake``: a stop, a fault) and what failover's and the agent's plug-ins use
+(``live_parts``, ``signal``, ``evidence_source``, the subset ``agent.plugins.AgentView`` names).
+The cluster verbs only a scheduler has (submit, observe, requeue, drain) are
+``jobs.backends.slurm.scheduler.Scheduler``'s, which the Slurm engine speaks to.
 
-* ``submit(spec)``: start (or queue) one attempt; returns the backend's handle for it;
-* ``stop(handle, grace_s)``: SIGTERM, then SIGKILL after the grace period;
-* ``observe(handles)``: what became of each attempt: waiting (and why, in the backend's own
-  words), running (on which nodes), exited (code or signal), or lost with its node;
-* ``requeue_excluding(handle, nodes)``: the failover verb, the same attempt placed again never on
-  ``nodes`` (a scheduler that keeps one job across restarts counts them in ``restarts``);
-* ``drain(node, reason)`` / ``resume(node)``: take a node out of placement with the fault that
-  condemned it, or return it (an operator's Mark healthy);
-* ``nodes()``: every node with its GPUs and whether it takes work.
-
-``docs/slurm.md`` maps each onto Slurm (built) and Kubernetes (written down only).
+How a run ended is reported as a typed fact (``jobs.backends.facts.Ended``) to
+``jobs.services.runs``; the one table ``jobs.backends.outcomes`` decides what it means for the job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+import abc
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-Phase = Literal["waiting", "running", "exited", "lost"]
-
-
-@dataclass(frozen=True)
-class AttemptSpec:
-    """One attempt of a training job, as the control plane asks for it."""
-
-    key: str  # the console's name for it ("job-12-attempt-2"): the backend's job name
-    command: str  # the run's command line, run by ``bash -c`` in ``workdir``
-    workdir: str
-    output: str  # the file the run's output is appended to (kept across a requeue)
-    environment: Mapping[str, str] = field(default_factory=dict)  # all the run gets, besides the backend's own names
-    gpus_per_node: int = 0
-    nodes: int = 1
-    exclude: Sequence[str] = ()  # nodes this job must never run on (its failovers so far)
-    max_run_minutes: int | None = None
-    grace_s: int = 30
-    cpus: int | None = None
-    memory_mb: int | None = None
-    project: str | None = None  # a Slurm account
-    spot: bool = False  # preemptible capacity
-    nodelist: Sequence[str] = ()  # run exactly there (the console placed it); empty: the backend places it
-    requeue: bool = True  # the backend may run it again after a preemption or a node failure
-
-
-@dataclass(frozen=True)
-class AttemptObservation:
-    handle: str
-    phase: Phase
-    nodes: tuple[str, ...] = ()
-    reason: str = ""  # why it waits, in the backend's words (Slurm: Priority, Resources, ReqNodeNotAvail, …)
-    exit_code: int | None = None
-    exit_signal: int | None = None
-    restarts: int = 0
-    state: str = ""  # the backend's own state name (RUNNING, NODE_FAIL, PREEMPTED, …)
+if TYPE_CHECKING:
+    from jobs.backends.facts import EvidenceSource
+    from jobs.models import AttemptNode, JobAttempt
 
 
 def state_takes_work(state: str) -> bool:
@@ -66,26 +32,58 @@ def state_takes_work(state: str) -> bool:
     return not state or not any(word in state for word in ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "*"))
 
 
-@dataclass(frozen=True)
-class NodeView:
-    name: str
-    gpus: int
-    takes_work: bool
-    state: str  # the backend's own words (IDLE, MIXED+DRAIN, DOWN*, …)
-    reason: str = ""
+class Backend(abc.ABC):
+    """The engine of a set of nodes, as the control plane and its plug-ins speak to it."""
 
+    name: str  # shown in logs and thread names
+    node_names: Sequence[str]  # the nodes it serves (``agent.local_agents`` routes their messages here)
+    wakeup: threading.Event  # set by anything that has work for it; its loop sleeps on it
 
-class Backend(Protocol):
-    def submit(self, spec: AttemptSpec) -> str: ...
+    # --- its loop (agent.loop) -------------------------------------------------------------
+    @abc.abstractmethod
+    def start(self) -> None:
+        """The loop starts (its plug-ins start their threads; runs left queued are found again)."""
 
-    def stop(self, handle: str, *, grace_s: int = 30) -> None: ...
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """The loop stops: plug-ins stop their threads and release what they hold."""
 
-    def observe(self, handles: Sequence[str]) -> dict[str, AttemptObservation]: ...
+    @abc.abstractmethod
+    def step(self) -> int:
+        """Do what is due (beat, launch, stops, output, exits); returns how many runs ended."""
 
-    def requeue_excluding(self, handle: str, nodes: Sequence[str]) -> None: ...
+    @abc.abstractmethod
+    def tick(self) -> int:
+        """One full round with everything re-read first (tools and tests); as ``step``."""
 
-    def drain(self, node: str, reason: str) -> None: ...
+    @abc.abstractmethod
+    def delay(self) -> float:
+        """Seconds until ``step`` has something to do (``wakeup`` ends the wait earlier)."""
 
-    def resume(self, node: str) -> None: ...
+    # --- messages (any thread) ---------------------------------------------------------------
+    @abc.abstractmethod
+    def wake(self) -> None:
+        """Re-read the runs and the nodes now (a stop to deliver, a fault just applied)."""
 
-    def nodes(self) -> list[NodeView]: ...
+    @abc.abstractmethod
+    def request_launch(self, attempt_id: int) -> None:
+        """The one way a launch arrives: the placed attempt's ranks on these nodes are started by
+        the engine's own loop (claimed by compare-and-swap: an id delivered twice starts once)."""
+
+    def launch_attempts(self, attempts: Sequence[JobAttempt]) -> None:
+        """The embedded control round placed these."""
+        for attempt in attempts:
+            self.request_launch(attempt.pk)
+
+    # --- what plug-ins use (agent.plugins.AgentView) -----------------------------------------
+    @abc.abstractmethod
+    def live_parts(self) -> list[AttemptNode]:
+        """The started ranks not seen to end, from memory (with attempt, job and node)."""
+
+    @abc.abstractmethod
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        """Send ``sig`` to the rank's run, wherever it runs; False where nothing received it."""
+
+    @abc.abstractmethod
+    def evidence_source(self) -> EvidenceSource:
+        """Where the health evidence of the nodes comes from (this machine, or each node's check)."""

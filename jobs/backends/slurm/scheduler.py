@@ -1,4 +1,21 @@
-"""Slurm as a backend (``jobs.backends.base.Backend``): each attempt is one Slurm batch job.
+"""A cluster scheduler's verbs (``Scheduler``) and Slurm's (``SlurmScheduler``): what the Slurm
+engine asks of the cluster, never what the control plane asks of an engine (that is
+``jobs.backends.base.Backend``).
+
+* ``submit(spec)``: start (or queue) one attempt; returns the scheduler's handle for it;
+* ``stop(handle, grace_s)``: SIGTERM, then SIGKILL after the grace period;
+* ``observe(handles)``: what became of each attempt: waiting (and why, in the scheduler's own
+  words), running (on which nodes), exited (code or signal), or lost with its node;
+* ``requeue_excluding(handle, nodes)``: the failover verb, the same attempt placed again never on
+  ``nodes`` (a scheduler that keeps one job across restarts counts them in ``restarts``);
+* ``drain(node, reason)`` / ``resume(node)``: take a node out of placement with the fault that
+  condemned it, or return it (an operator's Mark healthy);
+* ``nodes()``: every node with its GPUs and whether it takes work (``state_takes_work``, the rule
+  placement reads ``Node.backend_state`` by).
+
+``docs/slurm.md`` maps each onto Slurm (built) and Kubernetes (written down only).
+
+On Slurm each attempt is one batch job:
 
 * ``submit``: ``sbatch`` with the GPUs as GRES (``--gres=gpu:N``), ``--nodes``, the job's
   exclusions as ``--exclude``, CPUs and memory, the max run time as ``--time`` with SIGTERM
@@ -24,9 +41,11 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
-from jobs.backends.base import AttemptObservation, AttemptSpec, NodeView
+from jobs.backends.base import state_takes_work
 from jobs.backends.slurm.client import SlurmClient, SlurmError, SlurmJob, Submission
 
 WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING", "SUSPENDED", "PREEMPTED"}
@@ -34,9 +53,70 @@ RUNNING = {"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"}
 LOST = {"NODE_FAIL", "BOOT_FAIL"}
 REQUEUE_WAIT_S = 10.0
 
+Phase = Literal["waiting", "running", "exited", "lost"]
 
-class SlurmBackend:
-    """The Backend of one Slurm cluster, through its commands (``client``)."""
+
+@dataclass(frozen=True)
+class AttemptSpec:
+    """One attempt of a training job, as the control plane asks for it."""
+
+    key: str  # the console's name for it ("job-12-attempt-2"): the backend's job name
+    command: str  # the run's command line, run by ``bash -c`` in ``workdir``
+    workdir: str
+    output: str  # the file the run's output is appended to (kept across a requeue)
+    environment: Mapping[str, str] = field(default_factory=dict)  # all the run gets, besides the backend's own names
+    gpus_per_node: int = 0
+    nodes: int = 1
+    exclude: Sequence[str] = ()  # nodes this job must never run on (its failovers so far)
+    max_run_minutes: int | None = None
+    grace_s: int = 30
+    cpus: int | None = None
+    memory_mb: int | None = None
+    project: str | None = None  # a Slurm account
+    spot: bool = False  # preemptible capacity
+    nodelist: Sequence[str] = ()  # run exactly there (the console placed it); empty: the backend places it
+    requeue: bool = True  # the backend may run it again after a preemption or a node failure
+
+
+@dataclass(frozen=True)
+class AttemptObservation:
+    handle: str
+    phase: Phase
+    nodes: tuple[str, ...] = ()
+    reason: str = ""  # why it waits, in the backend's words (Slurm: Priority, Resources, ReqNodeNotAvail, …)
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    restarts: int = 0
+    state: str = ""  # the backend's own state name (RUNNING, NODE_FAIL, PREEMPTED, …)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    gpus: int
+    takes_work: bool
+    state: str  # the backend's own words (IDLE, MIXED+DRAIN, DOWN*, …)
+    reason: str = ""
+
+
+class Scheduler(Protocol):
+    def submit(self, spec: AttemptSpec) -> str: ...
+
+    def stop(self, handle: str, *, grace_s: int = 30) -> None: ...
+
+    def observe(self, handles: Sequence[str]) -> dict[str, AttemptObservation]: ...
+
+    def requeue_excluding(self, handle: str, nodes: Sequence[str]) -> None: ...
+
+    def drain(self, node: str, reason: str) -> None: ...
+
+    def resume(self, node: str) -> None: ...
+
+    def nodes(self) -> list[NodeView]: ...
+
+
+class SlurmScheduler:
+    """The Scheduler of one Slurm cluster, through its commands (``client``)."""
 
     def __init__(self, client: SlurmClient, *, spot_partition: str | None = None, spot_qos: str | None = None, partition: str | None = None) -> None:
         self.client = client
@@ -107,7 +187,7 @@ class SlurmBackend:
             NodeView(
                 name=node.name,
                 gpus=node.gpus,
-                takes_work=not node.drained and not node.state.startswith(("DOWN", "FAIL")),
+                takes_work=state_takes_work(node.state),
                 state=node.state,
                 reason=node.reason,
             )
