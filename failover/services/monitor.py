@@ -199,8 +199,8 @@ class HealthMonitor:
                 self.missed(node.name, mine)
             found[node.name] = mine
             self.read_once.add(node.name)
-            if self.kernel_file and self.kernel.seq is not None:
-                self.cursors.advance(node.name, Position(self.kernel_file, self.kernel.seq))
+            if self.kernel_file:  # -1: read, and the log held nothing (every record is after it)
+                self.cursors.advance(node.name, Position(self.kernel_file, -1 if self.kernel.seq is None else self.kernel.seq))
         return found
 
     def keep_back(self, node: Node, lines: list[KernelLine]) -> None:
@@ -393,6 +393,11 @@ class NodeEvidenceMonitor(HealthMonitor):
             self.pci[name] = pci
         try:
             fd = os.open(paths["lines"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:  # no fault line yet: the file the check makes later is read from its start
+            if name not in self.offsets:
+                self.offsets[name] = Position("", 0)
+                self.cursors.advance(name, self.offsets[name])
+            return []
         except OSError:
             return []
         with os.fdopen(fd, "rb") as fh:

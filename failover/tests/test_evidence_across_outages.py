@@ -107,6 +107,19 @@ def test_an_xid_handed_over_while_the_console_was_down_is_read_once_by_the_next(
     assert slurm_agent.sent == [] and HealthEvent.objects.filter(xid=79).count() == 1
 
 
+def test_a_node_whose_check_had_handed_nothing_over_yet_was_read_all_the_same(make_job, slurm_agent):
+    attempt = running_on_gpu0(make_job)
+    (slurm_agent.directory / "node-a.jsonl").unlink()  # no fault line yet: the check makes the file with the first
+    first = console(slurm_agent)
+    first.monitor.poll()
+    first.close()
+    handed_over(slurm_agent.directory, XID, ago=30)  # the console is down
+    second = console(slurm_agent)
+    assert second.monitor.poll() == 1
+    second.close()
+    assert set(slurm_agent.sent) == {(attempt.job_id, signal.SIGKILL)}
+
+
 def test_a_missed_record_older_than_the_run_is_stored_but_does_not_stop_it(make_job, slurm_agent):
     first = console(slurm_agent)
     first.monitor.poll()
@@ -203,3 +216,16 @@ def test_an_xid_the_kernel_wrote_while_the_console_was_down_is_read_once_by_the_
     assert third.monitor.poll() == 0
     third.close()
     assert agent.sent == [] and HealthEvent.objects.count() == 2
+
+
+def test_an_empty_kernel_log_was_read_all_the_same(make_job, gpus, settings):
+    attempt = running_on_gpu0(make_job)
+    agent = Agent()
+    first = console(agent)
+    assert first.monitor.poll() == 0
+    first.close()
+    kmsg(settings.KERNEL_LOG_PATH, 1, XID, ago=30)  # the console is down
+    second = console(agent)
+    assert second.monitor.poll() == 1
+    second.close()
+    assert set(agent.sent) == {(attempt.job_id, signal.SIGKILL)}
