@@ -229,3 +229,52 @@ def test_an_empty_kernel_log_was_read_all_the_same(make_job, gpus, settings):
     assert second.monitor.poll() == 1
     second.close()
     assert set(agent.sent) == {(attempt.job_id, signal.SIGKILL)}
+
+
+# --- the whole path: a run, the console down, an Xid, the console back ------------------------
+@pytest.mark.slow
+@pytest.mark.usefixtures("no_run_outlives_its_test")
+def test_an_xid_written_while_the_console_was_down_fails_its_job_over_when_the_console_is_back(gpus, make_job, agent, drive, settings):
+    """A hung run on node-a; the console (its agent, its health monitor) stops; the kernel writes
+    an Xid 79 for the run's GPU; a new console starts: it reads the Xid it missed, kills the run,
+    marks the GPU and fails the job over, once."""
+    from agent.loop import embedded_round
+    from agent.node_agent import NodeAgent
+    from jobs.statuses import JobStatus
+
+    Node.objects.exclude(name="node-a").update(cordoned=True)
+    hung = "python -c 'import time; print(\"step 1\", flush=True); time.sleep(600)'"
+    job = drive(make_job(command=hung), JobStatus.RUNNING)
+    first = job.attempts.get()
+    gpu = AttemptNode.objects.get(attempt=first).gpu_indices[0]
+    embedded_round(agent)  # its monitor has read the kernel log: where to is stored
+    assert EvidenceCursor.objects.filter(node__name="node-a", source="kernel").exists()
+    agent.shutdown()  # the console stops; the run goes on
+    Node.objects.update(cordoned=False)
+    down = time.time()
+    time.sleep(0.5)
+    kmsg(settings.KERNEL_LOG_PATH, 1, f"NVRM: Xid (PCI:0000:{0x18 + gpu * 0x10:02x}:00): 79, pid=4242, name=python, GPU has fallen off the bus.")
+    time.sleep(max(0.0, down + 7 - time.time()))  # past the new monitor's grace: only the cursor finds it
+
+    back = NodeAgent(list(agent.node_names))
+    try:
+        deadline = time.monotonic() + 60
+        while not JobAttempt.objects.filter(job=job, number=2, state=JobAttempt.State.RUNNING).exists():
+            assert time.monotonic() < deadline, JobAttempt.objects.get(pk=first.pk).state
+            embedded_round(back)
+            time.sleep(0.1)
+        job.refresh_from_db()
+        assert job.failover_count == 1 and JobAttempt.objects.get(pk=first.pk).verdict == "hardware"
+        assert AttemptNode.objects.get(attempt__job=job, attempt__number=2).node.name != "node-a"
+        assert not GPU.objects.get(node__name="node-a", index=gpu).healthy
+        assert HealthEvent.objects.filter(node__name="node-a", xid=79, fatal=True).count() == 1
+    finally:
+        back.shutdown()
+    again = NodeAgent(list(agent.node_names))  # another restart: the Xid is not read again
+    try:
+        embedded_round(again)
+    finally:
+        again.shutdown()
+    assert HealthEvent.objects.filter(node__name="node-a", xid=79).count() == 1
+    job.refresh_from_db()
+    assert job.failover_count == 1
