@@ -85,3 +85,30 @@ class HealthEvent(models.Model):
     def __str__(self) -> str:
         where = f"{self.node.name}/gpu{self.gpu}" if self.gpu is not None else self.node.name
         return f"{self.kind} on {where} at {self.at:%H:%M:%S}"
+
+
+class EvidenceCursor(models.Model):
+    """Where the console's health monitor stopped reading a node's kernel evidence, kept across
+    restarts: a console started again reads exactly what was written while none was reading, once.
+
+    ``source`` says which evidence: this machine's kernel log (``kernel``: ``position`` is the last
+    ``/dev/kmsg`` sequence number read) or the file a cluster node's own health check writes
+    (``nodecheck``: ``position`` is the bytes of it read). ``file`` names the file the position is
+    in (device and inode, or the boot for ``/dev/kmsg``): a position in another file (rotated,
+    rebooted) means nothing, and the new one is read from its start."""
+
+    class Source(models.TextChoices):
+        KERNEL = "kernel", "this machine's kernel log"
+        NODECHECK = "nodecheck", "the node's own health check"
+
+    node = models.ForeignKey("jobs.Node", on_delete=models.CASCADE, related_name="evidence_cursors")
+    source = models.CharField(max_length=16, choices=Source.choices)
+    file = models.CharField(max_length=64, blank=True)
+    position = models.BigIntegerField(default=0)
+    read_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "source"], name="evidence_cursor_one_per_source")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}: {self.source} read to {self.position} of {self.file or '?'}"

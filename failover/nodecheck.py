@@ -13,13 +13,18 @@ One pass:
   ``<node>.cursor``; on the first pass, only lines of the last ``FIRST_PASS_WINDOW`` seconds;
 * appends each as one JSON record ``{"seq", "at", "text"}`` to ``<node>.jsonl``;
 * writes ``<node>.status.json``: when it ran, why the kernel log could not be read (if so), and
-  the node's GPU index by PCI bus id where NVML answers (so an Xid line names its GPU).
+  the node's GPU index by PCI bus id where NVML answers (so an Xid line names its GPU);
+* where the site asks for it (``SATRAIN_DRAIN_ON_FAULT=1``), drains its own node on a fatal
+  record (``KernelEvent.fatal``: a GPU that fell off the bus, an Xid whose fix is a reset or a
+  reboot, …): ``scontrol update nodename=<node> state=drain reason="nodecheck: Xid 79 …"``, so
+  Slurm stops placing work there even while the console is down. The console's Mark healthy
+  returns only its own ``console:`` drains: a ``nodecheck:`` drain is the operator's to resume.
 
-It judges nothing and drains nothing: the console's health monitor reads these files
+It judges nothing else: the console's health monitor reads these files
 (``failover.services.monitor.NodeEvidenceMonitor``, which parses each line again with the same
-``failover.xids.parse_kernel_line``), and its one verdict drains the node in Slurm
-with the fault's reason. Standard library only (``pynvml`` where installed): no Django, no
-database. The directory is the cluster's (root's), never a job's; paths are opened without
+``failover.xids.parse_kernel_line``, from where the last console stopped), and its one verdict
+drains the node in Slurm with the fault's reason. Standard library only (``pynvml`` where
+installed): no Django, no database. The directory is the cluster's (root's), never a job's; paths are opened without
 following links.
 """
 
@@ -28,17 +33,20 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from failover.kmsg import KMSG_PATH, KernelLogReader
+from failover.kmsg import KMSG_PATH, KernelLine, KernelLogReader
+from failover.xids import parse_kernel_line
 
 FIRST_PASS_WINDOW = 60.0
 RECORD_MAX_TEXT = 500
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DRAIN_PREFIX = "nodecheck:"
 
 
 def evidence_paths(directory: Path, node: str) -> dict[str, Path]:
@@ -88,8 +96,33 @@ def gpus_by_pci(node: str) -> dict[str, int]:
         probe.close()
 
 
-def check(node: str, directory: Path, *, kernel_log: str = KMSG_PATH, now: float | None = None) -> int:
-    """One pass for ``node``; returns how many lines it handed over."""
+def fault_reason(lines: list[KernelLine]) -> str | None:
+    """Slurm's drain reason for the first fatal record among ``lines`` (None: none is)."""
+    for line in lines:
+        event = parse_kernel_line(line.text)
+        if event is not None and event.fatal:
+            name = {"xid": "Xid", "sxid": "SXid"}.get(event.kind, event.kind)
+            what = f"{name} {event.code}" if event.code is not None else name
+            where = f" on {event.pci}" if event.pci else ""
+            return " ".join(f"{DRAIN_PREFIX} {what}{where}: {line.text}".split())[:250]
+    return None
+
+
+def drain(node: str, reason: str, *, scontrol: str = "scontrol") -> str:
+    """Drain the node in Slurm; returns why it could not ("" when it did)."""
+    command = [scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
+    try:
+        result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"could not drain the node: {error}"
+    if result.returncode != 0:
+        return f"could not drain the node: {(result.stderr or result.stdout).strip()[:200] or f'exit {result.returncode}'}"
+    return ""
+
+
+def check(node: str, directory: Path, *, kernel_log: str = KMSG_PATH, now: float | None = None, scontrol: str | None = None) -> int:
+    """One pass for ``node``; returns how many lines it handed over. ``scontrol``: drain the node
+    with it on a fatal record (None: drain nothing)."""
     if not NODE_NAME.match(node):
         raise ValueError(f"not a node name: {node!r}")
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -114,7 +147,14 @@ def check(node: str, directory: Path, *, kernel_log: str = KMSG_PATH, now: float
     # NVML is asked once, then again only when a pass has lines to attribute.
     known = (read_json_file(paths["status"]) or {}).get("gpus_by_pci")
     pci = gpus_by_pci(node) if lines or not isinstance(known, dict) else known
-    _write_atomic(paths["status"], {"checked_at": now, "problem": reader.problem, "gpus_by_pci": pci})
+    status: dict[str, Any] = {"checked_at": now, "problem": reader.problem, "gpus_by_pci": pci}
+    reason = fault_reason(lines) if scontrol else None
+    if scontrol and reason:  # after the lines are handed over: the console reads why
+        status["drained"] = reason
+        failed = drain(node, reason, scontrol=scontrol)
+        if failed:
+            status["problem"] = "; ".join(filter(None, [reader.problem, failed]))
+    _write_atomic(paths["status"], status)
     return len(lines)
 
 
@@ -125,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         print("nodecheck: SLURMD_NODENAME and SATRAIN_HEALTH_DIR must be set", file=sys.stderr)
         return 2
     try:
-        check(node, Path(directory), kernel_log=os.environ.get("SATRAIN_KERNEL_LOG") or KMSG_PATH)
+        scontrol = (os.environ.get("SATRAIN_SCONTROL") or "scontrol") if os.environ.get("SATRAIN_DRAIN_ON_FAULT") == "1" else None
+        check(node, Path(directory), kernel_log=os.environ.get("SATRAIN_KERNEL_LOG") or KMSG_PATH, scontrol=scontrol)
     except (OSError, ValueError) as error:
         print(f"nodecheck: {node}: {error}", file=sys.stderr)
         return 1

@@ -311,6 +311,7 @@ RELATIONS = [
     ("GPU", "allocated_to", "AttemptNode", "SET_NULL"),
     ("NodeHealth", "node", "Node", "CASCADE"),
     ("HealthEvent", "node", "Node", "CASCADE"),
+    ("EvidenceCursor", "node", "Node", "CASCADE"),
     ("SimulatedFault", "node", "Node", "CASCADE"),
     ("Subscription", "user", "User", "CASCADE"),
     ("Subscription", "job", "TrainingJob", "CASCADE"),
@@ -414,6 +415,7 @@ WRITERS = {
     "NodeHealth": ["failover.services"],
     "SimulatedFault": ["failover.services"],
     "HealthEvent": ["failover.services"],
+    "EvidenceCursor": ["failover.services"],
     "Subscription": ["notify"],
     "Delivery": ["notify.services"],
 }

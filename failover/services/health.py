@@ -106,7 +106,7 @@ class HealthChecker:
         kernel_log = probe.kernel_log()
         shown = (json.dumps([f.to_dict() for f in report.findings], sort_keys=True), kernel_log)
         if news or not on_change or self.stored.get(node.name) != shown:
-            since = datetime.fromtimestamp(self.monitor.started, tz=UTC)
+            since = datetime.fromtimestamp(self.monitor.since_of(node.name), tz=UTC)
             record_health(node, report, kernel_log, probe.gpu_by_pci(), since=since, news=news)
             self.stored[node.name] = shown
         self.last_check[node.name] = timezone.now()

@@ -26,24 +26,26 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, transaction
 from django.utils import timezone
 
 from failover.evidence import Finding, FindingKind
 from failover.kmsg import KernelLine, KernelLogReader
-from failover.models import HealthEvent, NodeHealth, SimulatedFault
+from failover.models import EvidenceCursor, HealthEvent, NodeHealth, SimulatedFault
 from failover.nodecheck import RECORD_MAX_TEXT, evidence_paths, read_json_file
 from failover.probes import simulated_findings
+from failover.services.cursors import Cursors, Position, file_identity, path_identity
 from failover.xids import bus_id, one_line, parse_kernel_line, xid_fatal
 from jobs.backends.facts import Ended, EndKind, describe
 from jobs.models import AttemptNode, Node
@@ -92,9 +94,16 @@ class HealthMonitor:
         self.notes: dict[str, str] = {}  # node → the kernel-log note last written
         self.last_prune = 0.0
         self.backlog: list[KernelLine] = []  # kernel lines read but not stored yet (the database was busy)
-        # Kernel lines written before the monitor started (the ring's backlog at an agent restart)
-        # are stored as events with their own time, but neither stop a run nor flag the node.
+        # Where each node's kernel evidence was read to, kept across restarts (``EvidenceCursor``):
+        # what a console missed while it was down is read by the next one, once. Only a node no
+        # console ever read has history: the lines its log held before the monitor started (the
+        # ring's backlog) are stored as events with their own time, but neither stop a run nor
+        # flag the node. Lines read past a stored position are news however old (``missed``).
         self.started = time.time() - KERNEL_GRACE
+        self.since: dict[str, float] = {}  # node → the time its news starts (``started`` unless it missed some)
+        self.cursors = Cursors(EvidenceCursor.Source.KERNEL)
+        self.read_once: set[str] = set()  # nodes this monitor has read
+        self.kernel_file: str | None = None  # which kernel log (the boot, for /dev/kmsg) the reader reads
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()  # one poll at a time
@@ -148,16 +157,51 @@ class HealthMonitor:
                 prune_events()
             return stored
 
+    def since_of(self, name: str) -> float:
+        """When the node's news starts: lines written earlier neither stop a run nor flag it."""
+        return self.since.get(name, self.started)
+
+    def missed(self, name: str, lines: list[KernelLine]) -> None:
+        """Lines no console had read (a stored position passed, or a node read before): news
+        however old, the ones written while no console read them (an outage) included."""
+        if lines:
+            self.since[name] = min(self.since_of(name), *(line.at for line in lines))
+
+    def load_cursors(self, nodes: list[Node]) -> bool:
+        """The stored positions of nodes read for the first time (False: the database refused;
+        nothing is read this pass, so nothing missed is taken for history)."""
+        try:
+            self.cursors.load(nodes)
+        except DatabaseError:
+            logger.warning("health monitor: database unavailable while reading where the evidence was read to; retrying")
+            return False
+        return True
+
     def kernel_lines(self, nodes: list[Node]) -> dict[str, list[KernelLine]]:
         """Each node's new kernel lines: this machine's kernel log is its real nodes' (a simulated
-        node has none)."""
-        real = [n.name for n in nodes if not n.simulated]
-        if not real:
+        node has none). Each node's lines start after its stored position in that log."""
+        real = [n for n in nodes if not n.simulated]
+        if not real or not self.load_cursors(real):
             return {}
         if self.kernel is None:
             self.kernel = KernelLogReader(settings.KERNEL_LOG_PATH)
         lines, self.backlog = self.backlog + self.kernel.read(), []
-        return dict.fromkeys(real, lines)
+        if self.kernel.source != "kmsg":  # journalctl or dmesg: their cursors are this process's alone
+            return {node.name: lines for node in real}
+        if self.kernel_file is None:
+            self.kernel_file = path_identity(self.kernel.path)
+        found = {}
+        for node in real:
+            saved = self.cursors.saved.get(node.name)
+            resumed = saved if saved is not None and saved.file == self.kernel_file and self.kernel_file else None
+            mine = lines if resumed is None else [line for line in lines if line.seq is None or line.seq > resumed.offset]
+            if node.name in self.read_once or saved is not None:
+                self.missed(node.name, mine)
+            found[node.name] = mine
+            self.read_once.add(node.name)
+            if self.kernel_file:  # -1: read, and the log held nothing (every record is after it)
+                self.cursors.advance(node.name, Position(self.kernel_file, -1 if self.kernel.seq is None else self.kernel.seq))
+        return found
 
     def keep_back(self, node: Node, lines: list[KernelLine]) -> None:
         """Lines a refused write kept from being stored: read again at the next pass."""
@@ -179,7 +223,8 @@ class HealthMonitor:
 
     def store_node_events(self, node: Node, lines: list[KernelLine], now: datetime, carried: list[HealthEvent], events: list[HealthEvent]) -> int:
         """``poll_node``'s work; ``events`` is filled as they are read, so a failure keeps them."""
-        stop_gpus: set[int | None] = {e.gpu for e in carried if e.fatal}
+        # GPU (None: the node) → the latest start of a run a fatal event there stops (inf: any).
+        stop_gpus: dict[int | None, float] = {e.gpu: math.inf for e in carried if e.fatal}
         injected = any(e.source == "simulated" for e in carried)
         if node.simulated:
             pending = self.checker.unapplied_faults(node)  # the reconcile read them; a fault injected wakes it
@@ -188,7 +233,7 @@ class HealthMonitor:
                 if not SimulatedFault.objects.filter(pk=fault.pk, applied_at__isnull=True).update(applied_at=now):
                     continue  # another monitor (or the agent's round) applied it
                 injected = True
-                stop_gpus.add(fault.gpu)  # an injected fault ends the runs on its GPU, as the real one would
+                stop_gpus[fault.gpu] = math.inf  # an injected fault ends the runs on its GPU, as the real one would
                 for finding in simulated_findings(fault.kind, fault.gpu, fault.xid):
                     events.append(self.event(node, finding, "simulated", now, fatal=True))
         elif self.local_nvml:
@@ -196,15 +241,18 @@ class HealthMonitor:
             for finding in probe.drain_events():
                 fatal = is_fatal(finding)
                 if fatal:
-                    stop_gpus.add(finding.gpu)
+                    stop_gpus[finding.gpu] = math.inf
                 events.append(self.event(node, finding, "nvml", now, fatal=fatal))
         if lines and node.name not in self.pci:
             self.pci[node.name] = self.checker.probe(node).gpu_by_pci()
         for line in lines:
             event = self.kernel_event(node, line)
-            event.fatal = event.fatal and line.at >= self.started  # fatal: the runs on it were stopped
+            event.fatal = event.fatal and line.at >= self.since_of(node.name)  # fatal: the runs on it were stopped
             if event.fatal:
-                stop_gpus.add(event.gpu)
+                # A line written before this monitor started (missed in an outage) stops only the
+                # runs that were running when it was written: a later run is not the fault's.
+                until = math.inf if line.at >= self.started else line.at + KERNEL_GRACE
+                stop_gpus[event.gpu] = max(stop_gpus.get(event.gpu, -math.inf), until)
             events.append(event)
         note = self.kernel_note(node)
         if note is not None and self.notes.get(node.name) != note:  # written when it changes, not every pass
@@ -216,8 +264,10 @@ class HealthMonitor:
         # ``new`` is asked once: an event kept back is stored at the next pass whatever it says.
         fresh = carried + [e for e in events if self.new(e)]
         events[:], carried[:] = fresh, []
-        if fresh:
-            HealthEvent.objects.bulk_create(fresh)
+        with transaction.atomic():  # the events, and where the node's evidence was read to: both or neither
+            if fresh:
+                HealthEvent.objects.bulk_create(fresh)
+            self.cursors.save(node)
         events.clear()  # stored
         if stop_gpus or injected or fresh:
             # A reading now, and health derived from the events just stored (``record_health``):
@@ -268,12 +318,14 @@ class HealthMonitor:
         """As the agent signals its runs (on a cluster, through the scheduler)."""
         return self.checker.agent.signal(part, sig)
 
-    def stop_runs(self, node: Node, gpus: Iterable[int | None], why: str) -> None:
-        """SIGKILL every process of each run on ``gpus`` (None: the whole node)."""
-        wanted = set(gpus)
+    def stop_runs(self, node: Node, gpus: Mapping[int | None, float], why: str) -> None:
+        """SIGKILL every process of each run on ``gpus`` (None: the whole node) that started
+        before the time each maps to (inf: whenever)."""
         parts = AttemptNode.objects.filter(node=node, runner_pid__gt=0, ended_at__isnull=True).select_related("attempt")
         for part in parts:
-            if None not in wanted and not wanted & set(part.gpu_indices):
+            until = max((at for gpu, at in gpus.items() if gpu is None or gpu in part.gpu_indices), default=None)
+            began = part.attempt.started_at or part.attempt.created_at
+            if until is None or began.timestamp() > until:
                 continue
             if self.signal(part, signal.SIGKILL):
                 logger.warning("job %s: fatal GPU event on %s (%s); its run was killed", part.attempt.job_id, node.name, why)
@@ -305,19 +357,23 @@ class NodeEvidenceMonitor(HealthMonitor):
     """The monitor of a cluster's nodes that are not this machine (Slurm's): each node's kernel
     lines are those the node's own health check handed over (``failover.nodecheck``, Slurm's
     ``HealthCheckProgram``: ``<node>.jsonl`` in ``directory``), never this machine's kernel log
-    or NVML. Lines written before the monitor started (a few seconds' grace aside) are not read:
-    an earlier console read them, or they are history."""
+    or NVML. Each file is read from where the last console stopped (``EvidenceCursor``), so what
+    was written while none was reading is read once; from its start where it is another file
+    (rotated) or shorter (truncated). Only a node no console ever read has history: the lines its
+    file held from before the monitor started (a few seconds' grace aside) are not read."""
 
     def __init__(self, checker, *, directory: Path, interval: float | None = None) -> None:
         super().__init__(checker, interval=interval)
         self.directory = directory
         self.local_nvml = False
-        self.offsets: dict[str, int] = {}  # node → bytes of its file already read
+        self.cursors = Cursors(EvidenceCursor.Source.NODECHECK)
+        self.offsets: dict[str, Position] = {}  # node → bytes of which file already read
         self.kept_back: dict[str, list[KernelLine]] = {}
         self.node_checks: dict[str, dict] = {}
-        self.read_before: dict[str, bool] = {}
 
     def kernel_lines(self, nodes: list[Node]) -> dict[str, list[KernelLine]]:
+        if not self.load_cursors(nodes):
+            return {}
         found: dict[str, list[KernelLine]] = {}
         for node in nodes:
             lines = self.kept_back.pop(node.name, []) + self.read_node(node.name)
@@ -337,17 +393,25 @@ class NodeEvidenceMonitor(HealthMonitor):
             self.pci[name] = pci
         try:
             fd = os.open(paths["lines"], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:  # no fault line yet: the file the check makes later is read from its start
+            if name not in self.offsets:
+                self.offsets[name] = Position("", 0)
+                self.cursors.advance(name, self.offsets[name])
+            return []
         except OSError:
             return []
         with os.fdopen(fd, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            offset = self.offsets.get(name)
-            if offset is None or offset > size:  # first sight (or the file started again)
-                offset = 0
+            status = os.fstat(fh.fileno())
+            size, file = status.st_size, file_identity(status)
+            read = self.offsets.get(name) or self.cursors.saved.get(name)
+            history = read is None  # no console has read the node: what its file holds is from before
+            # Another file (rotated) or a shorter one (truncated): read from its start.
+            offset = read.offset if read is not None and read.file == file and read.offset <= size else 0
             fh.seek(offset)
             data = fh.read(min(size - offset, EVIDENCE_READ_MAX))
         complete = data[: data.rfind(b"\n") + 1]
-        self.offsets[name] = offset + len(complete)
+        self.offsets[name] = Position(file, offset + len(complete))
+        self.cursors.advance(name, self.offsets[name])
         lines = []
         for raw in complete.splitlines():
             try:
@@ -357,10 +421,11 @@ class NodeEvidenceMonitor(HealthMonitor):
             at, text, seq = (record.get(k) for k in ("at", "text", "seq")) if isinstance(record, dict) else (None, None, None)
             if not isinstance(at, int | float) or isinstance(at, bool) or not isinstance(text, str):
                 continue
-            if not self.read_before.get(name) and at < self.started:
-                continue  # from before this console watched the node (an earlier one read it): history
+            if history and at < self.started:
+                continue  # from before any console watched the node: history
             lines.append(KernelLine(seq=seq if type(seq) is int else None, at=float(at), text=text[:RECORD_MAX_TEXT], source="kmsg"))
-        self.read_before[name] = True
+        if not history:
+            self.missed(name, lines)
         return lines
 
     def kernel_note(self, node: Node) -> str | None:

@@ -202,6 +202,46 @@ def test_an_xid_in_the_nodes_own_kernel_log_reaches_the_console_and_fails_the_ru
     wait_until(agent, lambda: "Xid 79" in slurm_node(slurm, first.node.name).reason, "the node drained in Slurm with the Xid", timeout=30)
 
 
+def test_an_xid_the_node_handed_over_while_the_console_was_down_fails_the_run_over_when_it_is_back(make_job, drive, agent, slurm):
+    """The console stops under a run; the node's kernel writes an Xid 79 and its own check hands
+    it over; the console started again reads what it missed (``EvidenceCursor``), once: the run
+    is stopped, the job runs elsewhere, the node is drained in Slurm."""
+    from agent.slurm import SlurmAgent
+    from failover.kmsg import boot_time
+    from failover.models import EvidenceCursor, HealthEvent
+    from failover.nodecheck import evidence_paths
+    from failover.probes import simulated_bus
+
+    job = drive(make_job(command=SLEEPER, gpus_per_node=1), JobStatus.RUNNING, timeout=120)
+    first = running_attempt(job, 1)
+    wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the run's first line")
+    cursor = EvidenceCursor.objects.filter(node=first.node, source="nodecheck")
+    wait_until(agent, cursor.exists, "the node's evidence read")
+    agent.shutdown()  # the console stops; Slurm and the run go on
+    down = time.time()
+    gpu = first.gpu_indices[0]
+    text = f"NVRM: Xid (PCI:{simulated_bus(gpu)}): 79, pid=4242, name=python, GPU has fallen off the bus."
+    with open(slurm.kernel_log(first.node.name), "a") as kmsg:
+        kmsg.write(f"3,1,{int((time.time() - boot_time()) * 1e6)},-;{text}\n")
+    handed = evidence_paths(slurm.health_dir, first.node.name)["lines"]
+    deadline = time.monotonic() + 30
+    while not (handed.exists() and text in handed.read_text()):
+        assert time.monotonic() < deadline, "the node's check never handed the Xid over"
+        time.sleep(0.2)
+    time.sleep(max(0.0, down + 7 - time.time()))  # past the new monitor's grace: only the cursor finds it
+
+    back = SlurmAgent(list(agent.node_names))
+    back.start()
+    try:
+        wait_until(back, lambda: JobAttempt.objects.filter(job=job, number=2, state="running").exists(), "attempt 2 running", timeout=90)
+        job.refresh_from_db()
+        assert job.failover_count == 1 and running_attempt(job, 2).node != first.node
+        assert list(HealthEvent.objects.filter(node=first.node, source="kmsg").values_list("gpu", "xid", "fatal")) == [(gpu, 79, True)]
+        wait_until(back, lambda: "Xid 79" in slurm_node(slurm, first.node.name).reason, "the node drained in Slurm with the Xid", timeout=30)
+    finally:
+        back.shutdown()
+
+
 def test_the_container_of_a_run_slurm_killed_is_removed_by_the_epilog(make_job, drive, agent, slurm):
     from agent import runfiles
     from agent.processes import run_dir

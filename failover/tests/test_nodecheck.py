@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -90,3 +91,67 @@ def test_the_console_reads_each_record_once_and_trusts_none(tmp_path):
     assert [line.seq for line in monitor.read_node("node-a")] == [3]
     assert monitor.read_node("node-a") == []
     assert monitor.read_node("node-z") == []  # no file yet
+
+
+XID13 = XID.replace("79, pid=4242, name=python, GPU has fallen off the bus.", "13, Graphics Exception")
+
+
+@pytest.fixture
+def scontrol(monkeypatch):
+    """Slurm's scontrol, as the node's check runs it: each call's arguments, answered ``rc``."""
+    calls: list[list[str]] = []
+    answer = {"rc": 0}
+
+    def run(command, **kwargs):
+        calls.append(list(command))
+        return subprocess.CompletedProcess(command, answer["rc"], "", "slurm_update error: Invalid node state" if answer["rc"] else "")
+
+    monkeypatch.setattr(nodecheck.subprocess, "run", run)
+    return calls, answer
+
+
+def test_a_fatal_record_drains_the_node_where_the_site_asks_for_it(tmp_path, monkeypatch, scontrol):
+    """``SATRAIN_DRAIN_ON_FAULT=1``: the node's check drains its own node on a fatal record (a
+    GPU that fell off the bus), with the record as the reason, after handing it over; a record that
+    is not fatal (Xid 13, a program's error) drains nothing, nor does a check the site did not ask
+    to drain."""
+    calls, _ = scontrol
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(record(1, XID, ago=600))
+    out = tmp_path / "health"
+    assert nodecheck.check("node-a", out, kernel_log=str(kmsg), scontrol="scontrol") == 0  # the ring's old lines are not news
+    with kmsg.open("a") as fh:
+        fh.write(record(2, XID13))
+    assert nodecheck.check("node-a", out, kernel_log=str(kmsg), scontrol="scontrol") == 1
+    assert calls == []  # Xid 13 is the program's
+    with kmsg.open("a") as fh:
+        fh.write(record(3, XID))
+    monkeypatch.setenv("SLURMD_NODENAME", "node-a")
+    monkeypatch.setenv("SATRAIN_HEALTH_DIR", str(out))
+    monkeypatch.setenv("SATRAIN_KERNEL_LOG", str(kmsg))
+    monkeypatch.setenv("SATRAIN_SCONTROL", "/opt/slurm/bin/scontrol")
+    monkeypatch.setenv("SATRAIN_DRAIN_ON_FAULT", "1")
+    assert nodecheck.main([]) == 0
+    reason = f"nodecheck: Xid 79 on 0000:28:00: {XID}"
+    assert calls == [["/opt/slurm/bin/scontrol", "update", "nodename=node-a", "state=drain", f"reason={reason}"]]
+    status = json.loads((out / "node-a.status.json").read_text())
+    assert status["drained"] == reason and status["problem"] == ""
+    assert [r["seq"] for r in lines_of(out)] == [2, 3]  # handed over to the console as well
+
+    monkeypatch.setenv("SATRAIN_DRAIN_ON_FAULT", "0")
+    with kmsg.open("a") as fh:
+        fh.write(record(4, XID))
+    assert nodecheck.main([]) == 0
+    assert len(calls) == 1 and "drained" not in json.loads((out / "node-a.status.json").read_text())
+
+
+def test_a_drain_slurm_refuses_is_said_in_the_nodes_status(tmp_path, scontrol):
+    _, answer = scontrol
+    answer["rc"] = 1
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    out = tmp_path / "health"
+    nodecheck.check("node-a", out, kernel_log=str(kmsg))
+    kmsg.write_text(record(1, XID))
+    assert nodecheck.check("node-a", out, kernel_log=str(kmsg), scontrol="scontrol") == 1
+    assert json.loads((out / "node-a.status.json").read_text())["problem"] == "could not drain the node: slurm_update error: Invalid node state"
