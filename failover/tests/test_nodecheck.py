@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -104,7 +104,8 @@ def scontrol(monkeypatch):
 
     def run(command, **kwargs):
         calls.append(list(command))
-        return subprocess.CompletedProcess(command, answer["rc"], "", "slurm_update error: Invalid node state" if answer["rc"] else "")
+        # What scontrol would have answered (no process is started).
+        return SimpleNamespace(returncode=answer["rc"], stdout="", stderr="slurm_update error: Invalid node state" if answer["rc"] else "")
 
     monkeypatch.setattr(nodecheck.subprocess, "run", run)
     return calls, answer
