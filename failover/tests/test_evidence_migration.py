@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
+
+from harness.database import migrated_back
 
 BEFORE = [("failover", "0003_failover_health_events")]
 AFTER = [("failover", "0004_health_events_only_store")]
@@ -16,11 +16,7 @@ AFTER = [("failover", "0004_health_events_only_store")]
 
 @pytest.mark.django_db(transaction=True)
 def test_the_json_evidence_becomes_events_with_their_first_seen_times() -> None:
-    executor = MigrationExecutor(connection)
-    latest = executor.loader.graph.leaf_nodes()
-    executor.migrate(BEFORE)
-    try:
-        old = executor.loader.project_state(BEFORE).apps
+    with migrated_back(BEFORE) as (migrations, old):
         from jobs.models import Node  # the jobs tables stay at their latest migration
 
         node = Node.objects.create(name="node-m")
@@ -35,9 +31,7 @@ def test_the_json_evidence_becomes_events_with_their_first_seen_times() -> None:
             kernel_seen={line: seen.isoformat()},
         )  # fmt: skip
 
-        executor = MigrationExecutor(connection)
-        executor.migrate(AFTER)
-        new = executor.loader.project_state(AFTER).apps
+        new = migrations.migrate(AFTER)
         events = {(e.kind, e.gpu, e.value, e.expected, e.source, e.message, e.at)
                   for e in new.get_model("failover", "HealthEvent").objects.all()}  # fmt: skip
         assert events == {
@@ -47,6 +41,3 @@ def test_the_json_evidence_becomes_events_with_their_first_seen_times() -> None:
         }
         fields = {f.name for f in new.get_model("failover", "NodeHealth")._meta.get_fields()}
         assert not fields & {"findings", "kernel_seen", "kernel_log"}
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(latest)

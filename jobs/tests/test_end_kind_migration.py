@@ -4,9 +4,8 @@ console wrote then; from there on the kind alone decides (``jobs.backends.outcom
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
+from harness.database import migrated_back
 from jobs.backends.facts import EndKind
 
 BEFORE = [("jobs", "0014_registry_credential_encrypted")]
@@ -36,11 +35,7 @@ HISTORIC = [
 
 @pytest.mark.django_db(transaction=True)
 def test_the_ends_before_the_migration_are_given_their_kinds() -> None:
-    executor = MigrationExecutor(connection)
-    latest = executor.loader.graph.leaf_nodes()
-    executor.migrate(BEFORE)
-    try:
-        old = executor.loader.project_state(BEFORE).apps
+    with migrated_back(BEFORE) as (migrations, old):
         owner = old.get_model("auth", "User").objects.create(username="owner")
         project = old.get_model("jobs", "Project").objects.create(name="p")
         job = old.get_model("jobs", "TrainingJob").objects.create(name="j", owner=owner, project=project, image="i", command="c")
@@ -48,12 +43,8 @@ def test_the_ends_before_the_migration_are_given_their_kinds() -> None:
         for number, (state, cause, _) in enumerate(HISTORIC, 1):
             Attempt.objects.create(job=job, number=number, state=state, cause=cause)
 
-        executor = MigrationExecutor(connection)
-        executor.migrate(AFTER)
+        migrations.migrate(AFTER)
         from jobs.models import JobAttempt
 
         assert {kind for _, _, kind in HISTORIC} - {""} == set(EndKind)
         assert list(JobAttempt.objects.order_by("number").values_list("end_kind", flat=True)) == [kind for _, _, kind in HISTORIC]
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(latest)

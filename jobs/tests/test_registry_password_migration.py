@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from harness.database import migrated_back
 
 BEFORE = [("jobs", "0013_project_networks_and_storage")]
 AFTER = [("jobs", "0014_registry_credential_encrypted")]
@@ -19,26 +20,17 @@ def stored_passwords() -> list[str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_clear_passwords_are_encrypted_and_read_back_the_same() -> None:
-    executor = MigrationExecutor(connection)
-    latest = executor.loader.graph.leaf_nodes()
-    executor.migrate(BEFORE)
-    try:
-        old = executor.loader.project_state(BEFORE).apps
+    with migrated_back(BEFORE) as (migrations, old):
         registry = old.get_model("jobs", "Registry").objects.create(host="registry.example.com")
         Credential = old.get_model("jobs", "RegistryCredential")
         Credential.objects.create(registry=registry, username="alice", password="correct horse")
         assert stored_passwords() == ["correct horse"]
 
-        executor = MigrationExecutor(connection)
-        executor.migrate(AFTER)
+        migrations.migrate(AFTER)
         assert "correct horse" not in stored_passwords()[0]
         from jobs.models import RegistryCredential  # the current model reads the migrated column
 
         assert [c.password for c in RegistryCredential.objects.all()] == ["correct horse"]
 
-        executor = MigrationExecutor(connection)
-        executor.migrate(BEFORE)
+        migrations.migrate(BEFORE)
         assert stored_passwords() == ["correct horse"]
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(latest)
