@@ -83,11 +83,16 @@ class Cursors:
         if position != self.saved.get(name):
             self.moved[name] = position
 
+    def to_save(self, node: Node) -> bool:
+        """Whether the node was read past its stored position (``save`` has something to write)."""
+        position = self.moved.get(node.name)
+        return position is not None and position != self.saved.get(node.name)
+
     def save(self, node: Node) -> None:
         """Store where the node was read to (after its events were stored)."""
-        position = self.moved.get(node.name)
-        if position is None or position == self.saved.get(node.name):
+        if not self.to_save(node):
             return
+        position = self.moved[node.name]
         values = {"file": position.file, "position": position.offset, "read_at": timezone.now()}
         EvidenceCursor.objects.update_or_create(node=node, source=self.source, defaults=values)
         self.saved[node.name] = position

@@ -264,10 +264,11 @@ class HealthMonitor:
         # ``new`` is asked once: an event kept back is stored at the next pass whatever it says.
         fresh = carried + [e for e in events if self.new(e)]
         events[:], carried[:] = fresh, []
-        with transaction.atomic():  # the events, and where the node's evidence was read to: both or neither
-            if fresh:
-                HealthEvent.objects.bulk_create(fresh)
-            self.cursors.save(node)
+        if fresh or self.cursors.to_save(node):  # a quiet pass makes no query, not even a savepoint
+            with transaction.atomic():  # the events, and where the node's evidence was read to: both or neither
+                if fresh:
+                    HealthEvent.objects.bulk_create(fresh)
+                self.cursors.save(node)
         events.clear()  # stored
         if stop_gpus or injected or fresh:
             # A reading now, and health derived from the events just stored (``record_health``):
