@@ -16,6 +16,7 @@ import abc
 import ast
 import contextlib
 import io
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -126,10 +127,16 @@ def test_only_the_one_writer_sets_a_jobs_status_reason_or_failover_count():
     assert writes == [], "write these through jobs.services.lifecycle (transition / record_reason):\n" + "\n".join(writes)
 
 
-def test_the_writer_check_sees_a_write(tmp_path):
+def sample_hits(tmp_path: Path, check: Callable[..., list[str]], source: str) -> list[str]:
+    """What a house check (``check(path, root=…)``: ``"<place> <hit>"`` lines) finds in a sample
+    module of ``source``, each hit without its place."""
     sample = tmp_path / "sample.py"
-    sample.write_text("Job.objects.filter(pk=1).update(status_reason='x')\njob.failover_count = 2\n")
-    found = sorted(w.split(" ", 1)[1] for w in guarded_writes(sample, root=tmp_path))
+    sample.write_text(source)
+    return [hit.split(" ", 1)[1] for hit in check(sample, root=tmp_path)]
+
+
+def test_the_writer_check_sees_a_write(tmp_path):
+    found = sorted(sample_hits(tmp_path, guarded_writes, "Job.objects.filter(pk=1).update(status_reason='x')\njob.failover_count = 2\n"))
     assert found == [".failover_count = …", "update(status_reason=…)"]
 
 
@@ -280,12 +287,12 @@ def test_failover_and_the_agent_reach_an_agent_only_through_its_typed_view():
 
 
 def test_the_reach_check_sees_a_reach(tmp_path):
-    sample = tmp_path / "sample.py"
-    sample.write_text(
+    found = sample_hits(
+        tmp_path,
+        agent_reaches,
         'a = getattr(self.checker.agent, "wake", None)\nb = getattr(view, "launcher")\nc = hasattr(agent, "x")\n'
-        'd = getattr(plugin, "next_round_in", None)\ne = getattr(plugin, hook, None)\n'
+        'd = getattr(plugin, "next_round_in", None)\ne = getattr(plugin, hook, None)\n',
     )
-    found = [w.split(" ", 1)[1] for w in agent_reaches(sample, root=tmp_path)]
     assert found == ["getattr(self.checker.agent, 'wake')", "getattr(view, 'launcher')", "hasattr(agent, 'x')"]
 
 
@@ -326,12 +333,14 @@ def test_settings_backend_is_read_only_by_the_backend_module():
 
 
 def test_the_backend_check_sees_a_read_and_not_a_write(tmp_path):
-    sample = tmp_path / "sample.py"
-    sample.write_text(
-        'if settings.BACKEND == "slurm": pass\nkind = django.conf.settings.BACKEND\nk = getattr(settings, "BACKEND")\n'
-        'settings.BACKEND = "slurm"\nBACKEND = "agents"\nenv["BACKEND"] = "slurm"\n'
+    found = sorted(
+        sample_hits(
+            tmp_path,
+            backend_reads,
+            'if settings.BACKEND == "slurm": pass\nkind = django.conf.settings.BACKEND\nk = getattr(settings, "BACKEND")\n'
+            'settings.BACKEND = "slurm"\nBACKEND = "agents"\nenv["BACKEND"] = "slurm"\n',
+        )
     )
-    found = sorted(w.split(" ", 1)[1] for w in backend_reads(sample, root=tmp_path))
     assert found == ["django.conf.settings.BACKEND", "getattr(settings, 'BACKEND')", "settings.BACKEND"]
 
 
@@ -376,12 +385,12 @@ def test_no_outcome_is_decided_by_the_words_of_a_cause():
 
 
 def test_the_cause_check_sees_a_test_of_words(tmp_path):
-    sample = tmp_path / "sample.py"
-    sample.write_text(
+    found = sample_hits(
+        tmp_path,
+        cause_word_tests,
         "a = outcome.startswith(OUT_OF_MEMORY)\nb = text.startswith((PIDS_LIMIT, limits.STORAGE_LIMIT))\n"
-        'c = attempt.cause.endswith("lost")\nd = OUT_OF_MEMORY in words\ne = name.startswith("due")\nf = kind in PLAIN\n'
+        'c = attempt.cause.endswith("lost")\nd = OUT_OF_MEMORY in words\ne = name.startswith("due")\nf = kind in PLAIN\n',
     )
-    found = [w.split(" ", 1)[1] for w in cause_word_tests(sample, root=tmp_path)]
     assert found == [
         "outcome.startswith(OUT_OF_MEMORY)",
         "text.startswith((PIDS_LIMIT, limits.STORAGE_LIMIT))",
