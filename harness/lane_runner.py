@@ -81,7 +81,8 @@ class Lane:
 
 
 def lanes(pytest_args: list[str], torch_pin: bool) -> tuple[list[Lane], list[Lane]]:
-    pytest = [PY, "-m", "pytest", *pytest_args]
+    # Each pytest lane's log ends with its slowest tests (where the time goes, trial after trial).
+    pytest = [PY, "-m", "pytest", "--durations=30", *pytest_args]
     system = [
         Lane("default-image", [[PY, "-c", DEFAULT_IMAGE]]),
         Lane("sqlite-system", [[*pytest, "-m", "slow", *APPS]], after=""),

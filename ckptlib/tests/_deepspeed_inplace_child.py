@@ -1,9 +1,11 @@
-"""Child of the DeepSpeed in-place test: ZeRO stage argv[2], scenario argv[3], ``use_ckptlib``,
-``TAGS`` tags; after each ``save_checkpoint`` the state is changed in place (before the next
-``step()``): a parameter (``no_grad`` ``add_``), the optimizer's state, the EMA swap through
-``load_state_dict`` and back, or all of them. Prints one JSON line: which tags got ``latest`` at
-their commit, and which of them load (module and optimizer) other than they were at their save;
-``latest`` after ``destroy()`` (the last save, committed there)."""
+"""Child of the DeepSpeed in-place test: for each ``STAGE:SCENARIO`` case of argv[2:] (ZeRO stage,
+scenario), one engine with ``use_ckptlib`` saves ``TAGS`` tags, and after each ``save_checkpoint``
+the state is changed in place (before the next ``step()``): a parameter (``no_grad`` ``add_``), the
+optimizer's state, the EMA swap through ``load_state_dict`` and back, or all of them. The cases run
+one after the other in this one process (DeepSpeed's import and its process group once), each in
+its own directory ``argv[1]/<stage>-<scenario>``. Prints one JSON line per case: the case, which
+tags got ``latest`` at their commit, and which of them load (module and optimizer) other than they
+were at their save; ``latest`` after ``destroy()`` (the last save, committed there)."""
 
 from __future__ import annotations
 
@@ -74,8 +76,7 @@ def same(left: dict[str, list[torch.Tensor]], right: dict[str, list[torch.Tensor
     return all(len(left[key]) == len(right[key]) and all(torch.equal(a, b) for a, b in zip(left[key], right[key], strict=True)) for key in left)
 
 
-def main() -> None:
-    out, stage, scenario = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def run_case(out: str, stage: int, scenario: str) -> dict[str, Any]:
     change = SCENARIOS[scenario]
     config = {"train_batch_size": 4, "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
     engine = build(0, config)
@@ -108,7 +109,14 @@ def main() -> None:
         if not same(expected[tag], snapshot(fresh)):
             wrong.append(tag)
     fresh.destroy()
-    print(json.dumps({"committed": committed, "wrong": wrong, "latest": last_latest}))
+    return {"case": f"{stage}-{scenario}", "committed": committed, "wrong": wrong, "latest": last_latest}
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    for case in sys.argv[2:]:
+        stage, scenario = case.split(":")
+        print(json.dumps(run_case(str(root / f"{stage}-{scenario}"), int(stage), scenario)), flush=True)
 
 
 if __name__ == "__main__":

@@ -90,20 +90,43 @@ def test_the_documentations_trainer_under_deepspeed_saves_through_ckptlib_and_re
     assert deepspeed_committed_steps(out, verify=False) == [3, 6, 9]
 
 
-@pytest.mark.parametrize("scenario", ["parameters", "optimizer_state", "ema_swap", "all"])
-@pytest.mark.parametrize("stage", [0, 1, 2])
-def test_a_change_after_save_checkpoint_never_reaches_a_committed_tag(tmp_path: Path, stage: int, scenario: str) -> None:
-    """Issue 29's experiment on the DeepSpeed adapter: 100 tags, each changed in place right after
-    ``save_checkpoint`` returned; every committed tag loads (module and optimizer state) as it was
-    at its save."""
-    port = 29550 + 4 * stage + ["parameters", "optimizer_state", "ema_swap", "all"].index(scenario)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": str(port), "THP_MEM_ALLOC_ENABLE": "1"}
+SCENARIOS = ["parameters", "optimizer_state", "ema_swap", "all"]
+IN_PLACE = "test_a_change_after_save_checkpoint_never_reaches_a_committed_tag"
+
+
+@pytest.fixture(scope="module")
+def in_place_reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every selected case of the in-place test, run one after the other in one child (DeepSpeed's
+    import and process group once, not once per case): each case's report, by ``stage-scenario``;
+    under ``"failed"`` the child's output where it did not end well."""
+    cases = [
+        f"{item.callspec.params['stage']}:{item.callspec.params['scenario']}"
+        for item in request.session.items
+        if getattr(item, "originalname", "") == IN_PLACE and hasattr(item, "callspec")
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": "29550", "THP_MEM_ALLOC_ENABLE": "1"}
     completed = subprocess.run(
-        [sys.executable, "-m", "ckptlib.tests._deepspeed_inplace_child", str(tmp_path / "ds"), str(stage), scenario],
+        [sys.executable, "-m", "ckptlib.tests._deepspeed_inplace_child", str(tmp_path_factory.mktemp("ds-in-place")), *cases],
         capture_output=True, text=True, env=env, timeout=900, check=False, cwd=Path(ckptlib.__file__).parents[1],
     )  # fmt: skip
-    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-6000:]
-    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    reports: dict[str, Any] = {}
+    for line in completed.stdout.splitlines():
+        if line.startswith('{"case"'):
+            report = json.loads(line)
+            reports[report["case"]] = report
+    if completed.returncode:
+        reports["failed"] = completed.stdout[-2000:] + completed.stderr[-6000:]
+    return reports
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_change_after_save_checkpoint_never_reaches_a_committed_tag(in_place_reports: dict[str, Any], stage: int, scenario: str) -> None:
+    """Issue 29's experiment on the DeepSpeed adapter: 100 tags, each changed in place right after
+    ``save_checkpoint`` returned; every committed tag loads (module and optimizer state) as it was
+    at its save. (Each case is a fresh engine; all cases share one child process.)"""
+    report = in_place_reports.get(f"{stage}-{scenario}")
+    assert report is not None, in_place_reports.get("failed", in_place_reports)
     # The first changed tag is not committed; later saves copy before returning and commit,
     # the last one at destroy().
     assert report["wrong"] == [] and len(report["committed"]) >= 98, report
