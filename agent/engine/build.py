@@ -101,6 +101,11 @@ def build_default_image(
     build_root = root / "build"
     build_root.mkdir(mode=0o700, parents=True, exist_ok=True)
     with _locked(build_root / ".lock"):
+        # A build killed midway (its process, the console starting it, the machine) left its
+        # directory, a rootfs of gigabytes: no build runs beside this one (the lock), so it goes.
+        for stale in build_root.glob("default-image-*"):
+            log(f"[image] removing {stale.name}, left by a build that did not finish")
+            shutil.rmtree(stale, ignore_errors=True)
         if not force:
             found = resolve_digest(root, reference)
             if found.ok:
