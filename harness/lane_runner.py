@@ -1,13 +1,17 @@
-"""``make test``: every lane of the suite, in two streams so that both cores stay busy.
+"""``make test``: every lane of the suite, in three streams so that both cores stay busy.
 
-* The **system** stream runs what starts containers, consoles, browsers and clusters: the default
-  image (built once, before any test pulls it), then the apps' slow tests on SQLite. Most of its
-  time is spent waiting on those processes.
-* The **cpu** stream runs beside it at a lower priority (``nice``), so the system stream's
-  processes get the CPU first: the gate, the fast tests on every core, the libraries' slow tests
-  (ckptlib's training processes, the client, the benchmarks), the apps' database tests again on
-  PostgreSQL, the browser tests on a one-host Slurm cluster (after the default image) and, with
-  ``--torch-pin``, ckptlib on the guide's torch 2.12.1 (after ``.ci/run`` installed it).
+What waits on processes (containers, consoles, browsers, clusters) uses well under a core: on this
+2-core kind of machine the apps' slow tests alone kept 0.66 of a core busy. So two streams of such
+lanes run side by side, and a third of CPU-bound lanes soaks up what they leave, at a lower
+priority (``nice``), so the waiting lanes' processes get the CPU first:
+
+* **system**: the default image (built once, before any test pulls it), then the apps' slow tests
+  on SQLite but the browser tests;
+* **browser**: the browser tests on SQLite (after the default image), then again on a one-host
+  Slurm cluster, then (niced, with ``--torch-pin``) ckptlib on the guide's torch 2.12.1, after
+  ``.ci/run`` installed it;
+* **cpu** (niced): the gate, the fast tests on every core, the libraries' slow tests (ckptlib's
+  training processes, the client, the benchmarks), the apps' database tests again on PostgreSQL.
 
 Every test runs in exactly one SQLite lane (``-m "not slow"`` on every path, ``-m slow`` split by
 path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each lane's start and end,
@@ -74,44 +78,45 @@ class Lane:
     name: str
     commands: list[list[str]]
     env: dict[str, str] = field(default_factory=dict)
-    after: str = ""  # a lane of the other stream that must have ended first
+    after: str = ""  # a lane of another stream that must have ended first
+    nice: bool = False  # CPU-bound: at a lower priority than the lanes that wait on processes
     seconds: int = 0
     rc: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def lanes(pytest_args: list[str], torch_pin: bool) -> tuple[list[Lane], list[Lane]]:
+def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
+    """The streams, each a list of lanes run one after the other."""
     # Each pytest lane's log ends with its slowest tests (where the time goes, trial after trial).
     pytest = [PY, "-m", "pytest", "--durations=30", *pytest_args]
+    browser_tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))
     system = [
         Lane("default-image", [[PY, "-c", DEFAULT_IMAGE]]),
-        Lane("sqlite-system", [[*pytest, "-m", "slow", *APPS]], after=""),
+        Lane("sqlite-system", [[*pytest, "-m", "slow", *APPS, *(f"--ignore={path}" for path in browser_tests)]]),
+    ]
+    browser = [
+        Lane("sqlite-browser", [[*pytest, "-m", "slow", *browser_tests]], after="default-image"),
+        Lane("browser-on-slurm", [[*pytest, *browser_tests]], env={"BROWSER_BACKEND": "slurm"}),
     ]
     cpu = [
-        Lane("gate", [["make", "--no-print-directory", "lint"]]),
-        Lane("sqlite-fast", [[*pytest, "-m", "not slow", "-n", "auto"]]),
-        Lane("sqlite-libraries", [[*pytest, "-m", "slow", *LIBRARIES]]),
-        Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]]),
-        Lane(
-            "browser-on-slurm",
-            [[*pytest, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))]],
-            env={"BROWSER_BACKEND": "slurm"},
-            after="default-image",
-        ),
+        Lane("gate", [["make", "--no-print-directory", "lint"]], nice=True),
+        Lane("sqlite-fast", [[*pytest, "-m", "not slow", "-n", "auto"]], nice=True),
+        Lane("sqlite-libraries", [[*pytest, "-m", "slow", *LIBRARIES]], nice=True),
+        Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True),
     ]
     if torch_pin:
         # ckptlib on the guide's torch; the SIGTERM/SIGKILL stress tests run on 2.13.0 only.
         skip = "--ignore=ckptlib/tests/test_sigterm_exactness.py --ignore=ckptlib/tests/test_sigkill_during_persist.py"
         make = ["make", "--no-print-directory", "-f", "ckptlib/tests/torch_pin.mk", "test-ckptlib-torch212", f"TORCH_PIN_PYTEST_ARGS={skip}"]
-        cpu.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make]))
-    return system, cpu
+        browser.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
+    return [system, browser, cpu]
 
 
 def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
-def run_stream(stream: list[Lane], prefix: tuple[str, ...], by_name: dict[str, Lane]) -> None:
+def run_stream(stream: list[Lane], by_name: dict[str, Lane]) -> None:
     for lane in stream:
         if lane.after:
             by_name[lane.after].done.wait()
@@ -122,7 +127,9 @@ def run_stream(stream: list[Lane], prefix: tuple[str, ...], by_name: dict[str, L
         with open(log_path, "wb") as log:
             for command in lane.commands:
                 try:
-                    rc = subprocess.call([*prefix, *command], cwd=ROOT, env={**os.environ, **lane.env}, stdout=log, stderr=subprocess.STDOUT)
+                    rc = subprocess.call(
+                        [*(NICE if lane.nice else ()), *command], cwd=ROOT, env={**os.environ, **lane.env}, stdout=log, stderr=subprocess.STDOUT
+                    )
                 except OSError as exc:  # a command that is not there: the lane fails, the others go on
                     log.write(f"{' '.join(command[:3])}: {exc}\n".encode())
                     rc = 127
@@ -137,23 +144,21 @@ def main(argv: list[str]) -> int:
     torch_pin = "--torch-pin" in argv
     pytest_args = [arg for arg in argv if arg != "--torch-pin"]
     LOGS.mkdir(parents=True, exist_ok=True)
-    system, cpu = lanes(pytest_args, torch_pin)
-    by_name = {lane.name: lane for lane in system + cpu}
-    threads = [
-        threading.Thread(target=run_stream, args=(system, (), by_name)),
-        threading.Thread(target=run_stream, args=(cpu, NICE, by_name)),
-    ]
+    streams = lanes(pytest_args, torch_pin)
+    every = [lane for stream in streams for lane in stream]
+    by_name = {lane.name: lane for lane in every}
+    threads = [threading.Thread(target=run_stream, args=(stream, by_name)) for stream in streams]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    failed = [lane for lane in system + cpu if lane.rc]
+    failed = [lane for lane in every if lane.rc]
     for lane in failed:
         print(f"\n===== lane {lane.name} FAILED (exit {lane.rc}): var/lanes/{lane.name}.log =====")
         print((LOGS / f"{lane.name}.log").read_text(errors="replace"), flush=True)
     print("\n--- lanes (seconds, exit) ---")
     times = os.environ.get("LANE_TIMES")
-    for lane in system + cpu:
+    for lane in every:
         tail = (LOGS / f"{lane.name}.log").read_text(errors="replace").strip().splitlines()[-1:] or [""]
         print(f"{lane.name:18} {lane.seconds:5d} s  exit {lane.rc}  {tail[0][:100]}")
         if times:
