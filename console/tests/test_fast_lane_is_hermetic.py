@@ -379,6 +379,21 @@ def test_no_test_of_the_fast_lane_starts_a_process_thread_or_socket_sleeps_or_ke
     )
 
 
+def test_the_modules_the_fast_lane_does_not_import_hold_slow_tests_only():
+    """``harness.lanes.SLOW_ONLY_MODULES`` are left out of the fast lane's collection: every test
+    in them must be marked ``slow``, or the fast lane would silently lose it."""
+    from harness.lanes import SLOW_ONLY_MODULES
+
+    for name in sorted(SLOW_ONLY_MODULES):
+        module = load(ROOT / name)
+        module_marks = [module.aliases["pytestmark"]] if "pytestmark" in module.aliases else []
+        tests = list(functions_under_test(module))
+        assert tests, name
+        for test, test_class in tests:
+            marks = [*module_marks, *class_marks(test_class), *test.decorator_list]
+            assert any(names_slow_mark(m, module) for m in marks), f"{name}:{test.lineno} {test.name} is not marked slow"
+
+
 SAMPLE = """
 import asyncio, socket, threading, time
 import pytest
