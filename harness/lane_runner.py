@@ -8,10 +8,10 @@ priority (``nice``), so the waiting lanes' processes get the CPU first:
 * **system**: the default image (built once, before any test pulls it), then the apps' slow tests
   on SQLite but the browser tests;
 * **browser**: the browser tests on SQLite (after the default image), then again on a one-host
-  Slurm cluster, then (niced, with ``--torch-pin``) ckptlib on the guide's torch 2.12.1, after
-  ``.ci/run`` installed it;
+  Slurm cluster, then (niced) the apps' database tests again on PostgreSQL;
 * **cpu** (niced): the gate, the fast tests on every core, the libraries' slow tests (ckptlib's
-  training processes, the client, the benchmarks), the apps' database tests again on PostgreSQL.
+  training processes, the client, the benchmarks), then (with ``--torch-pin``) ckptlib on the
+  guide's torch 2.12.1, after ``.ci/run`` installed it.
 
 Every test runs in exactly one SQLite lane (``-m "not slow"`` on every path, ``-m slow`` split by
 path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each lane's start and end,
@@ -97,18 +97,18 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
     browser = [
         Lane("sqlite-browser", [[*pytest, "-m", "slow", *browser_tests]], after="default-image"),
         Lane("browser-on-slurm", [[*pytest, *browser_tests]], env={"BROWSER_BACKEND": "slurm"}),
+        Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True),
     ]
     cpu = [
         Lane("gate", [["make", "--no-print-directory", "lint"]], nice=True),
         Lane("sqlite-fast", [[*pytest, "-m", "not slow", "-n", "auto"]], nice=True),
         Lane("sqlite-libraries", [[*pytest, "-m", "slow", *LIBRARIES]], nice=True),
-        Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True),
     ]
     if torch_pin:
         # ckptlib on the guide's torch; the SIGTERM/SIGKILL stress tests run on 2.13.0 only.
         skip = "--ignore=ckptlib/tests/test_sigterm_exactness.py --ignore=ckptlib/tests/test_sigkill_during_persist.py"
         make = ["make", "--no-print-directory", "-f", "ckptlib/tests/torch_pin.mk", "test-ckptlib-torch212", f"TORCH_PIN_PYTEST_ARGS={skip}"]
-        browser.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
+        cpu.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
     return [system, browser, cpu]
 
 
