@@ -2,9 +2,9 @@
 ``jobs.backends.base.Backend``, and the two kinds, the console's own agents and Slurm, end as
 siblings, neither subclassing the other's classes.
 
-Until then a ratchet: the Slurm agent still subclasses the agents' ``NodeAgent`` and ``Launcher``,
-and the methods it overrides of them are listed here; the list may only shrink (each override
-becomes a call on a port the agent composes), never grow.
+Until then a ratchet: the Slurm agent still subclasses the agents' ``NodeAgent``, and the methods
+it overrides of them are listed here; the list may only shrink (each override became a call on a
+port the agent composes, ``agent.ports``), never grow. It is empty.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ GOAL = {"agent.node_agent.NodeAgent", "agent.slurm.SlurmEngine"}
 
 # The agents' classes the Slurm engine must stop subclassing, by the module that defines each.
 AGENTS_CLASSES = {"NodeAgent": "agent.node_agent", "Launcher": "agent.launch"}
-# What subclasses of them override (``__init__`` not counted): only ever fewer. 11 at the start:
-# issue 44's plan counted ten, before ``evidence_source`` (its step C1) became one more.
-OVERRIDES = {
-    "agent.slurm.SlurmAgent": {"evidence_source", "heartbeat", "part_ended", "runner_alive", "start", "step"},
-    "agent.slurm.SlurmLauncher": {"signal", "spawn", "start_runner"},
-}
+# What subclasses of them override (``__init__`` not counted): only ever fewer. 11 at the start
+# (issue 44's plan counted ten, before ``evidence_source``, its step C1, became one more); none
+# since its step C6.
+# None left: each became a call on a port the agent composes (``agent.ports``).
+OVERRIDES: dict[str, set[str]] = {}
 
 
 def production_files(root: Path = ROOT) -> list[Path]:
