@@ -1,4 +1,4 @@
-"""The node agent on a Slurm cluster (``BACKEND=slurm``; docs/slurm.md).
+"""The engine of a Slurm cluster (``BACKEND=slurm``; docs/slurm.md): ``SlurmEngine``.
 
 The console still decides which job goes where (its fair share across projects, the job's
 exclusions, the nodes' health) and the agent still prepares each rank as on its own nodes: the
@@ -47,7 +47,7 @@ from agent.node_agent import NodeAgent
 from agent.ports import LoopView
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
-from jobs.backends.base import state_takes_work
+from jobs.backends.base import Backend, state_takes_work
 from jobs.backends.facts import Ended, EndKind, EvidenceSource, NodeCheckFiles, describe
 from jobs.backends.slurm.client import SlurmClient, SlurmError
 from jobs.backends.slurm.scheduler import AttemptObservation, AttemptSpec, NodeView, SlurmScheduler
@@ -416,15 +416,57 @@ class SlurmRuns:
         return fact
 
 
-class SlurmAgent(NodeAgent):
-    """The agent of a Slurm cluster's nodes (in the embedded console: every node of the cluster):
-    the agents' loop with Slurm's ports."""
+class SlurmEngine(Backend):
+    """The engine of a Slurm cluster's nodes (in the embedded console: every node of the cluster),
+    the agents' sibling (issue 44): it subclasses none of their classes but composes their loop
+    (``agent.node_agent.NodeAgent``: launches, stops, output and exits) with Slurm's ports, its
+    launcher (``agent.launch.Launcher``) handing each rank's runner to Slurm."""
 
     def __init__(self, node_names: list[str], *, name: str = "slurm", scheduler: SlurmScheduler | None = None) -> None:
         self.scheduler = scheduler or slurm_scheduler()
         self.slurm = SlurmLaunch(self.scheduler)
         self.slurm_runs = SlurmRuns(self.slurm)
-        super().__init__(node_names, name=name, launcher=Launcher(node_names, port=self.slurm), port=self.slurm_runs)
+        # The loop registers itself as the nodes' local agent (messages, plug-ins reach it).
+        self.loop = NodeAgent(node_names, name=name, launcher=Launcher(node_names, port=self.slurm), port=self.slurm_runs)
+        self.name = name
+        self.node_names = self.loop.node_names
+        self.wakeup = self.loop.wakeup
+
+    # --- its loop (agent.loop) -------------------------------------------------------------
+    def start(self) -> None:
+        self.loop.start()
+
+    def shutdown(self) -> None:
+        self.loop.shutdown()
+
+    def step(self) -> int:
+        return self.loop.step()
+
+    def tick(self) -> int:
+        return self.loop.tick()
+
+    def delay(self) -> float:
+        return self.loop.delay()
+
+    # --- messages (any thread) ---------------------------------------------------------------
+    def wake(self) -> None:
+        self.loop.wake()
+
+    def request_launch(self, attempt_id: int) -> None:
+        self.loop.request_launch(attempt_id)
+
+    def launch_attempts(self, attempts: Sequence[JobAttempt]) -> None:
+        self.loop.launch_attempts(attempts)
+
+    # --- what plug-ins use (agent.plugins.AgentView) -----------------------------------------
+    def live_parts(self) -> list[AttemptNode]:
+        return self.loop.live_parts()
+
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        return self.loop.signal(part, sig)
+
+    def evidence_source(self) -> EvidenceSource:
+        return self.loop.evidence_source()
 
 
 def spec_resume_step(directory: Path) -> int | None:
