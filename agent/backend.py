@@ -47,9 +47,9 @@ def start_local_agent(*, name: str = "embedded") -> Backend:
     on ``BACKEND=slurm`` the cluster's nodes, served through Slurm (``agent.slurm``)."""
     nodes = register_local_nodes(name=name)
     if backend_kind() == SLURM:
-        from agent.slurm import SlurmAgent
+        from agent.slurm import SlurmEngine
 
-        return SlurmAgent([n.name for n in nodes])
+        return SlurmEngine([n.name for n in nodes])
     agent = NodeAgent([n.name for n in nodes], name=name)
     agent.sweep_strays()  # what runs killed with the last console left in the container engine
     return agent

@@ -24,6 +24,7 @@ from typing import NotRequired, TypedDict
 from django.conf import settings
 
 from agent import engine, networks, resume, runfiles, sandbox, uids, workdirs
+from agent.ports import LaunchPort
 from agent.processes import RUNNER_MODULE, is_runner, signal_run
 from agent.runfiles import RunSpec
 from agent.sandbox import ContainerPolicy, RunLimits
@@ -311,10 +312,12 @@ def preamble(job: TrainingJob, part: AttemptNode, image_ref: str, pull_lines: Se
 
 class Launcher:
     """Per agent: starts ranks on its nodes and keeps their supervisors as children, reaped so no
-    zombie lingers."""
+    zombie lingers. With a ``port`` (``agent.ports.LaunchPort``: a cluster's scheduler, e.g.
+    ``agent.slurm.SlurmLaunch``), the port starts and signals the ranks' runners instead."""
 
-    def __init__(self, node_names: Sequence[str]) -> None:
+    def __init__(self, node_names: Sequence[str], *, port: LaunchPort | None = None) -> None:
         self.node_names = node_names
+        self.port = port
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.pull_lines: dict[int, list[str]] = {}  # the last pull's progress, by attempt
 
@@ -443,6 +446,8 @@ class Launcher:
             preamble=preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
         )
         spec_path = runfiles.write_spec(directory, spec)
+        if self.port is not None:
+            return self.port.spawn(job, attempt, part, directory, spec_path, workdir=str(dirs["work"]), resume_step=resume_step)
         return self.spawn(job, attempt, part, directory, spec_path)
 
     def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int | None:
@@ -480,7 +485,10 @@ class Launcher:
         return is_runner(pid)
 
     def signal(self, part: AttemptNode, sig: int) -> bool:
-        """Signal every process of a run; False if it has not recorded its processes yet."""
+        """Signal every process of a run; False if it has not recorded its processes yet (with a
+        port: as the port sends it)."""
+        if self.port is not None:
+            return self.port.signal(part, sig)
         return signal_run(part, sig)
 
     def reap(self) -> None:

@@ -45,7 +45,7 @@ from agent.ports import LocalRuns, RunPort
 from agent.processes import run_dir
 from jobs import heartbeats
 from jobs.backends.base import Backend
-from jobs.backends.facts import Ended, EndKind, EvidenceSource, LocalKernel, exited
+from jobs.backends.facts import Ended, EndKind, EvidenceSource, exited
 from jobs.heartbeats import beat_interval
 from jobs.models import AttemptNode, JobAttempt, Node
 from jobs.services import runs, wakeups
@@ -103,8 +103,10 @@ class NodeAgent(Backend):
         local_agents.add(self)
 
     def start(self) -> None:
-        """The agent's loop starts: plug-ins start their own threads (failover's health monitor)."""
+        """The agent's loop starts: plug-ins start their own threads (failover's health monitor),
+        and the port re-adopts what it watches (Slurm: ranks an earlier console queued)."""
         call_optional(self.plugins, "on_start")
+        self.port.start(self)
 
     def shutdown(self) -> None:
         """The agent stops: plug-ins stop their threads and release what they hold (NVML)."""
@@ -122,8 +124,9 @@ class NodeAgent(Backend):
         return self.launcher.signal(part, sig)
 
     def evidence_source(self) -> EvidenceSource:
-        """The nodes are this machine: its kernel log and NVML."""
-        return LocalKernel()
+        """Where the nodes' kernel evidence comes from, as the port says (the agents': this
+        machine's kernel log and NVML)."""
+        return self.port.evidence_source()
 
     def request_launch(self, attempt_id: int) -> None:
         """The one way a launch arrives: the attempt is launched by the agent's own loop at once
@@ -137,14 +140,18 @@ class NodeAgent(Backend):
         if self.notify is not None:
             self.notify()
 
-    def stop_strays(self) -> None:
+    def stop_strays(self, node_names: Sequence[str] | None = None) -> None:
         """At start: end processes of parts the control plane closed while this agent was away
         (its node was taken as lost), so a job never runs twice; and deliver the output they
-        wrote meanwhile, so no line is lost."""
+        wrote meanwhile, so no line is lost. ``node_names``: of those nodes only (default: all)."""
         recent = timezone.now() - timedelta(days=7)
         # Closed without an exit seen by an agent: the sweeper ended them when the node was lost.
         parts = AttemptNode.objects.filter(
-            node__name__in=self.node_names, ended_at__gte=recent, runner_pid__gt=0, exit_code__isnull=True, exit_signal__isnull=True
+            node__name__in=self.node_names if node_names is None else node_names,
+            ended_at__gte=recent,
+            runner_pid__gt=0,
+            exit_code__isnull=True,
+            exit_signal__isnull=True,
         ).select_related("attempt")
         for part in parts:
             directory = run_dir(part)
@@ -176,6 +183,7 @@ class NodeAgent(Backend):
     def step(self) -> int:
         """Do what is due: beat, reconcile when asked or due, launch what the inbox holds,
         plug-ins, stops, output and exits. Returns how many runs were seen to end."""
+        self.port.before_step(self)
         self.wakeup.clear()
         self.heartbeat()
         with self.lock:
@@ -213,18 +221,20 @@ class NodeAgent(Backend):
         return max(0.0, min(due) - now)
 
     def heartbeat(self) -> None:
-        """Beat when due. Scale-out: one Redis write, the database every ``db_beat_interval()``;
-        embedded: one UPDATE for all served nodes."""
+        """Beat when due, for the nodes the port says (Slurm: those it has up). Scale-out: one
+        Redis write, the database every ``db_beat_interval()``; embedded: one UPDATE for all
+        served nodes."""
         now_m = time.monotonic()
         if now_m < self.next_beat:
             return
+        names = self.port.beating(self.node_names)
         self.next_beat = now_m + beat_interval() * random.uniform(0.85, 1.0)  # jitter: never later than the interval
         now = timezone.now()
         lost_here = False
         to_db = not settings.SCALE_OUT or now_m >= self.next_db_beat
         if settings.SCALE_OUT:
             try:
-                lost_here = bool(heartbeats.beat(self.node_names, now.timestamp()))
+                lost_here = bool(heartbeats.beat(names, now.timestamp()))
             except Exception as exc:
                 logger.warning("agent %s: heartbeat to Redis failed (%s); writing it to the database", self.name, exc)
                 to_db = True
@@ -232,17 +242,17 @@ class NodeAgent(Backend):
         if to_db:
             self.next_db_beat = now_m + db_beat_interval() * random.uniform(0.8, 1.0)
             with postgres_transaction():
-                Node.objects.filter(name__in=self.node_names).update(last_heartbeat=now)
-                revived = Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY)
+                Node.objects.filter(name__in=names).update(last_heartbeat=now)
+                revived = Node.objects.filter(name__in=names, state=Node.State.NOT_READY).update(state=Node.State.READY)
         elif lost_here:
-            revived = Node.objects.filter(name__in=self.node_names, state=Node.State.NOT_READY).update(state=Node.State.READY, last_heartbeat=now)
+            revived = Node.objects.filter(name__in=names, state=Node.State.NOT_READY).update(state=Node.State.READY, last_heartbeat=now)
         self.last_heartbeat = now
         # Beating again after the control plane took a node as lost: it is Ready again, and the
         # runs it closed meanwhile must not go on here.
         if revived:
-            Node.objects.filter(name__in=self.node_names, health_reason__startswith="lost:").update(health_reason="")
+            Node.objects.filter(name__in=names, health_reason__startswith="lost:").update(health_reason="")
             logger.warning("agent %s: heartbeat resumed; nodes Ready again", self.name)
-            self.stop_strays()
+            self.stop_strays(names)
             wakeups.round_wanted()  # the nodes can take waiting jobs again
 
     def reconcile(self) -> None:
@@ -375,6 +385,10 @@ class NodeAgent(Backend):
         return self.output.drain(part, directory, complete=complete)
 
     def runner_alive(self, part: AttemptNode, directory: Path) -> bool:
+        """Whether the rank's runner is still on: the port's word where it has one (Slurm's
+        records), else its process on this machine."""
+        if (known := self.port.runner_alive(part, directory)) is not None:
+            return known
         pid = part.runner_pid
         if pid is None:
             return False
@@ -387,6 +401,12 @@ class NodeAgent(Backend):
         return not runfiles.pid_written(directory) and timezone.now() - started < LAUNCH_TIMEOUT and pid in self.launcher.children
 
     def part_ended(self, part: AttemptNode, fact: Ended) -> None:
+        """Report the rank's end as the port judges it (``None``: not yet; reported at a later
+        collect, e.g. once Slurm has recorded how its batch job ended)."""
+        judged = self.port.judge_end(part, fact)
+        if judged is None:
+            return
+        fact = judged
         # Forgotten only once reported: a report the database refused (a lock, a restart) is made
         # again at the next collect. (Forgotten first, the rank's end was never reported again:
         # its row was marked ended, so no reconcile would bring it back, and the job stayed Running.)

@@ -1,29 +1,106 @@
 """What differs between engines in how their runs are started, watched and ended, as the agent's
-loop asks it (issue 44): the agent composes a ``RunPort`` instead of an engine overriding the
-agent's methods. ``LocalRuns`` is the console's own agents' (runs are this machine's processes:
-nothing to add); ``agent.slurm.SlurmRuns`` is Slurm's.
+loop asks it (issue 44): the agent composes a ``RunPort`` and its launcher a ``LaunchPort``
+instead of an engine overriding the agent's methods. ``LocalRuns`` is the console's own agents'
+(runs are this machine's processes: nothing to add; their launcher has no ``LaunchPort``: it
+starts and signals them itself); ``agent.slurm.SlurmRuns`` and ``agent.slurm.SlurmLaunch`` are
+Slurm's.
 
-Its methods, called by ``agent.node_agent.NodeAgent``:
+A ``RunPort``'s methods, called by ``agent.node_agent.NodeAgent``:
 
+The agent is passed as a ``LoopView`` (its name, nodes and live ranks).
+
+* ``start(agent)``: the agent's loop starts: what the port re-adopts (Slurm: the ranks an earlier
+  console queued);
+* ``before_step(agent)``: what a loop step does first (Slurm: read its records when due);
+* ``beating(node_names)``: which of the agent's nodes it beats for (Slurm: those it has up);
+* ``evidence_source()``: where the health monitor reads the nodes' kernel evidence;
+* ``runner_alive(part, directory)``: whether a rank's runner is still on, where the port knows
+  (``None``: the agent's own check of its process);
+* ``judge_end(part, fact)``: how a rank ended as the agent reports it (``None``: not yet, asked
+  again at a later collect);
 * ``forget(part_id)``: the rank's end was reported (or it is no longer the agent's): drop what
   the port keeps of it;
 * ``delay_hint()``: seconds until the port has something due (``None``: nothing), so the agent's
   idle loop wakes for it.
+
+A ``LaunchPort``'s, called by ``agent.launch.Launcher``: ``spawn`` starts a rank's runner on its
+spec (its pid, or ``None`` where a scheduler starts it later) and ``signal`` sends a signal to a
+rank's run (False where it could not).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from jobs.backends.facts import Ended, EvidenceSource, LocalKernel
+
+if TYPE_CHECKING:
+    from jobs.models import AttemptNode, JobAttempt, TrainingJob
+
+
+class LoopView(Protocol):
+    """What a port sees of the agent whose loop calls it (``agent.node_agent.NodeAgent``): its
+    name, its nodes, and its live ranks (a port that starts one adds it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def node_names(self) -> Sequence[str]: ...
+
+    @property
+    def live(self) -> dict[int, AttemptNode]: ...
 
 
 class RunPort(Protocol):
+    def start(self, agent: LoopView) -> None: ...
+
+    def before_step(self, agent: LoopView) -> None: ...
+
+    def beating(self, node_names: Sequence[str]) -> Sequence[str]: ...
+
+    def evidence_source(self) -> EvidenceSource: ...
+
+    def runner_alive(self, part: AttemptNode, directory: Path) -> bool | None: ...
+
+    def judge_end(self, part: AttemptNode, fact: Ended) -> Ended | None: ...
+
     def forget(self, part_id: int) -> None: ...
 
     def delay_hint(self) -> float | None: ...
 
 
+class LaunchPort(Protocol):
+    def spawn(
+        self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path, *, workdir: str, resume_step: int | None
+    ) -> int | None: ...
+
+    def signal(self, part: AttemptNode, sig: int) -> bool: ...
+
+
 class LocalRuns:
     """The agents' own runs: what the agent keeps of them is all there is."""
+
+    def start(self, agent: LoopView) -> None:
+        pass
+
+    def before_step(self, agent: LoopView) -> None:
+        pass
+
+    def beating(self, node_names: Sequence[str]) -> Sequence[str]:
+        return node_names
+
+    def evidence_source(self) -> EvidenceSource:
+        """The nodes are this machine: its kernel log and NVML."""
+        return LocalKernel()
+
+    def runner_alive(self, part: AttemptNode, directory: Path) -> bool | None:
+        return None
+
+    def judge_end(self, part: AttemptNode, fact: Ended) -> Ended | None:
+        return fact
 
     def forget(self, part_id: int) -> None:
         pass

@@ -1,4 +1,4 @@
-"""The node agent on a Slurm cluster (``BACKEND=slurm``; docs/slurm.md).
+"""The engine of a Slurm cluster (``BACKEND=slurm``; docs/slurm.md): ``SlurmEngine``.
 
 The console still decides which job goes where (its fair share across projects, the job's
 exclusions, the nodes' health) and the agent still prepares each rank as on its own nodes: the
@@ -34,6 +34,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -43,9 +44,10 @@ from agent import runfiles
 from agent.inventory import GpuSpec, NodeSpec, nvml_nodes
 from agent.launch import Launcher
 from agent.node_agent import NodeAgent
+from agent.ports import LoopView
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
-from jobs.backends.base import state_takes_work
+from jobs.backends.base import Backend, state_takes_work
 from jobs.backends.facts import Ended, EndKind, EvidenceSource, NodeCheckFiles, describe
 from jobs.backends.slurm.client import SlurmClient, SlurmError
 from jobs.backends.slurm.scheduler import AttemptObservation, AttemptSpec, NodeView, SlurmScheduler
@@ -167,22 +169,20 @@ class Queued:
     reason: str = ""
 
 
-class SlurmLauncher(Launcher):
-    """Starts each rank as a Slurm batch job running ``agent.runner`` on its spec."""
+class SlurmLaunch:
+    """Slurm's launch port (``agent.ports.LaunchPort``): each rank's runner (``agent.runner`` on
+    its spec) is a Slurm batch job, signalled through Slurm."""
 
-    def __init__(self, node_names, scheduler: SlurmScheduler) -> None:
-        super().__init__(node_names)
+    def __init__(self, scheduler: SlurmScheduler) -> None:
         self.scheduler = scheduler
         self.queued: dict[int, Queued] = {}  # AttemptNode id → its queued batch job
         self.accounts = project_accounts(scheduler.client)
-        self.handles: dict[int, str] = {}
 
-    def start_runner(self, job, attempt, part, dirs, *, image_ref, uid, resume_step=None) -> int | None:
-        super().start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
-        self.queued[part.pk] = Queued(part=part, handle=self.handles.pop(part.pk), workdir=str(dirs["work"]), resume_step=resume_step)
-        return None
-
-    def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int | None:
+    def spawn(
+        self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path, *, workdir: str, resume_step: int | None
+    ) -> int | None:
+        """Submitted, not started: the rank is watched as queued (``SlurmRuns.settle_queued``)
+        until its runner writes its pid record; no pid here."""
         limits = limits_of(job)
         excluded = sorted(set(job.exclusions.filter(gpu__isnull=True).values_list("node__name", flat=True)) - {part.node.name})
         spec = AttemptSpec(
@@ -212,7 +212,7 @@ class SlurmLauncher(Launcher):
         except SlurmError as error:
             raise OSError(f"Slurm refused the run: {error}") from error
         runs.part_submitted(part, handle)
-        self.handles[part.pk] = handle
+        self.queued[part.pk] = Queued(part=part, handle=handle, workdir=workdir, resume_step=resume_step)
         logger.info("job %s: attempt %s rank %s queued in Slurm as job %s on %s", job.pk, attempt.number, part.rank, handle, part.node.name)
         return None
 
@@ -243,12 +243,15 @@ class SlurmLauncher(Launcher):
 
 class SlurmRuns:
     """Slurm's run port (``agent.ports.RunPort``): what the agent keeps of its ranks between
-    Slurm's records, and when it reads them next."""
+    Slurm's records, when it reads them next, and what those records say of its nodes and ranks."""
 
-    def __init__(self, launcher: SlurmLauncher) -> None:
-        self.launcher = launcher
+    def __init__(self, launch: SlurmLaunch) -> None:
+        self.launch = launch
+        self.scheduler = launch.scheduler
         self.next_poll = 0.0  # monotonic: when Slurm's records are read next
         self.ending: dict[int, float] = {}  # AttemptNode id → when its exit record was first seen
+        self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last
+        self.down: set[str] = set()  # nodes Slurm has DOWN
 
     def forget(self, part_id: int) -> None:
         self.ending.pop(part_id, None)
@@ -256,21 +259,9 @@ class SlurmRuns:
     def delay_hint(self) -> float | None:
         """Ranks queued or ending wait on Slurm's next records: the loop wakes by then (and
         reads the queued ranks' pid records at least every few output polls)."""
-        if not (self.launcher.queued or self.ending):
+        if not (self.launch.queued or self.ending):
             return None
         return min(max(0.0, self.next_poll - time.monotonic()), settings.OUTPUT_POLL_INTERVAL * 5)
-
-
-class SlurmAgent(NodeAgent):
-    """The agent of a Slurm cluster's nodes (in the embedded console: every node of the cluster)."""
-
-    def __init__(self, node_names: list[str], *, name: str = "slurm", scheduler: SlurmScheduler | None = None) -> None:
-        self.scheduler = scheduler or slurm_scheduler()
-        self.slurm = SlurmLauncher(node_names, self.scheduler)
-        self.slurm_runs = SlurmRuns(self.slurm)
-        super().__init__(node_names, name=name, launcher=self.slurm, port=self.slurm_runs)
-        self.jobs: dict[str, AttemptObservation] = {}  # Slurm job id → what Slurm said last
-        self.down: set[str] = set()  # nodes Slurm has DOWN
 
     def evidence_source(self) -> EvidenceSource:
         """Each node's kernel log reaches the health monitor through the files its own check
@@ -278,57 +269,50 @@ class SlurmAgent(NodeAgent):
         machine's kernel log (``SLURM_HEALTH_DIR``; empty: ``VAR_DIR/slurm-health``)."""
         return NodeCheckFiles(Path(settings.SLURM_HEALTH_DIR) if settings.SLURM_HEALTH_DIR else settings.VAR_DIR / "slurm-health")
 
-    def start(self) -> None:
+    def start(self, agent: LoopView) -> None:
         """Ranks queued in Slurm by an earlier run of the console are watched again."""
-        super().start()
-        for part in queued_parts(self.node_names):
-            self.slurm.queued.setdefault(
+        for part in queued_parts(agent.node_names):
+            self.launch.queued.setdefault(
                 part.pk,
                 Queued(part=part, handle=part.backend_job, workdir=str(job_dir(part.attempt.job_id) / "work"), resume_step=spec_resume_step(run_dir(part))),
             )
 
-    def heartbeat(self) -> None:
+    def beating(self, node_names: Sequence[str]) -> Sequence[str]:
         """Beats only for the nodes Slurm has up: one Slurm took as down is lost to the console too
         (``sweep_lost_nodes``), and Ready again once Slurm has it back."""
-        every = self.node_names
-        self.node_names = [name for name in every if name not in self.down]
-        try:
-            super().heartbeat()
-        finally:
-            self.node_names = every
+        return [name for name in node_names if name not in self.down]
 
     # --- Slurm's records -------------------------------------------------------------------
-    def step(self) -> int:
+    def before_step(self, agent: LoopView) -> None:
         polled = False
-        if time.monotonic() >= self.slurm_runs.next_poll:
-            self.slurm_runs.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
+        if time.monotonic() >= self.next_poll:
+            self.next_poll = time.monotonic() + settings.SLURM_POLL_INTERVAL
             try:
-                self.poll_slurm()
+                self.poll_slurm(agent)
                 polled = True
             except SlurmError as error:
-                logger.warning("agent %s: Slurm unavailable this round: %s", self.name, error)
+                logger.warning("agent %s: Slurm unavailable this round: %s", agent.name, error)
         if not polled:
-            self.settle_queued(slurm=False)  # a runner up since: its pid record (files only)
-        return super().step()
+            self.settle_queued(agent, slurm=False)  # a runner up since: its pid record (files only)
 
-    def poll_slurm(self) -> None:
-        self.mirror_nodes(self.scheduler.nodes())
-        if self.slurm.accounts is not None:
+    def poll_slurm(self, agent: LoopView) -> None:
+        self.mirror_nodes(agent, self.scheduler.nodes())
+        if self.launch.accounts is not None:
             try:
-                self.slurm.accounts.sync()
+                self.launch.accounts.sync()
             except SlurmError as error:
-                logger.warning("agent %s: Slurm accounts not updated this round: %s", self.name, error)
-        handles = [q.handle for q in self.slurm.queued.values()] + [p.backend_job for p in self.live.values() if p.backend_job]
+                logger.warning("agent %s: Slurm accounts not updated this round: %s", agent.name, error)
+        handles = [q.handle for q in self.launch.queued.values()] + [p.backend_job for p in agent.live.values() if p.backend_job]
         self.jobs = self.scheduler.observe(handles) if handles else {}
-        self.settle_queued()
+        self.settle_queued(agent)
 
-    def mirror_nodes(self, views: list[NodeView]) -> None:
+    def mirror_nodes(self, agent: LoopView, views: list[NodeView]) -> None:
         """Slurm's node states into ``Node.backend_state``; the console's health and cordons into
         Slurm's drains (with the fault's reason), and back once healthy."""
         by_name = {view.name: view for view in views}
         self.down = {view.name for view in views if "DOWN" in view.state}
-        bad_gpus = dict(GPU.objects.filter(node__name__in=self.node_names, healthy=False).exclude(health_reason="").values_list("node_id", "health_reason"))
-        for node in Node.objects.filter(name__in=self.node_names):
+        bad_gpus = dict(GPU.objects.filter(node__name__in=agent.node_names, healthy=False).exclude(health_reason="").values_list("node_id", "health_reason"))
+        for node in Node.objects.filter(name__in=agent.node_names):
             view = by_name.get(node.name)
             if view is None:
                 continue
@@ -341,43 +325,43 @@ class SlurmAgent(NodeAgent):
             try:
                 if why and not drained and not node.health_reason.startswith("lost:"):
                     self.scheduler.drain(node.name, f"{DRAIN_PREFIX} {why}")
-                    logger.warning("agent %s: node %s drained in Slurm: %s", self.name, node.name, why)
+                    logger.warning("agent %s: node %s drained in Slurm: %s", agent.name, node.name, why)
                 elif not why and drained and view.reason.startswith(DRAIN_PREFIX):
                     self.scheduler.resume(node.name)
-                    logger.info("agent %s: node %s returned to service in Slurm", self.name, node.name)
+                    logger.info("agent %s: node %s returned to service in Slurm", agent.name, node.name)
             except SlurmError as error:
                 # The node changed state since it was read (a slurmd registering): next round.
-                logger.warning("agent %s: node %s: %s (tried again next round)", self.name, node.name, error)
+                logger.warning("agent %s: node %s: %s (tried again next round)", agent.name, node.name, error)
 
-    def settle_queued(self, *, slurm: bool = True) -> None:
+    def settle_queued(self, agent: LoopView, *, slurm: bool = True) -> None:
         """Ranks Slurm has started are reported started (their runner wrote its pid record); with
         Slurm's records just read (``slurm``), the others show Slurm's reason, or end as Slurm
         ended them, or are cancelled if the console closed them meanwhile."""
-        if not self.slurm.queued:
+        if not self.launch.queued:
             return
         closed: set[int] = set()
         if slurm:
-            closed = set(AttemptNode.objects.filter(pk__in=list(self.slurm.queued), ended_at__isnull=False).values_list("pk", flat=True))
-        for pk, queued in list(self.slurm.queued.items()):
+            closed = set(AttemptNode.objects.filter(pk__in=list(self.launch.queued), ended_at__isnull=False).values_list("pk", flat=True))
+        for pk, queued in list(self.launch.queued.items()):
             part = queued.part
             if pk in closed:  # stopped or deleted while queued
-                del self.slurm.queued[pk]
-                self.slurm.cancel(queued.handle)
+                del self.launch.queued[pk]
+                self.launch.cancel(queued.handle)
                 continue
             record = runfiles.read_pid(run_dir(part))
             if record is not None and record.runner_pid:
-                del self.slurm.queued[pk]
+                del self.launch.queued[pk]
                 if record.gpus is not None and list(record.gpus) != list(part.gpu_indices):
                     logger.warning(
                         "job %s: Slurm runs rank %s on GPUs %s of %s, not %s", part.attempt.job_id, part.rank, record.gpus, part.node.name, part.gpu_indices
                     )
                     runs.part_gpus_moved(part, list(record.gpus))
                 if runs.part_started(part, runner_pid=record.runner_pid, workdir=queued.workdir, resume_step=queued.resume_step):
-                    self.live[part.pk] = part
+                    agent.live[part.pk] = part
                     part.attempt = JobAttempt.objects.select_related("job").get(pk=part.attempt_id)
                 else:
-                    self.slurm.signal(part, signal.SIGKILL)
-                    self.slurm.cancel(queued.handle)
+                    self.launch.signal(part, signal.SIGKILL)
+                    self.launch.cancel(queued.handle)
                 continue
             seen = self.jobs.get(queued.handle) if slurm else None
             if seen is None:
@@ -387,32 +371,33 @@ class SlurmAgent(NodeAgent):
                 why = f"{seen.reason}: {REASONS[seen.reason]}" if seen.reason in REASONS else seen.reason or seen.state
                 runs.queued_by_scheduler(part.attempt, f"queued in Slurm (job {queued.handle}) on {part.node.name}: {why}")
             elif seen.phase in ("exited", "lost"):
-                del self.slurm.queued[pk]
+                del self.launch.queued[pk]
                 runs.launch_failed(part.attempt, f"Slurm ended job {queued.handle} before its run started: {seen.state} {seen.reason}".strip())
 
     # --- exits -----------------------------------------------------------------------------
-    def runner_alive(self, part: AttemptNode, directory: Path) -> bool:
+    def runner_alive(self, part: AttemptNode, directory: Path) -> bool | None:
         """Whether the rank's batch job is still on, in Slurm's words: its runner's pid is the
         node's, not this machine's. Alive until Slurm's records say otherwise; a job lost with
         its node while Slurm has the node DOWN is the lost-node sweep's to end (it names the
         node's loss as the cause)."""
         if not part.backend_job:
-            return super().runner_alive(part, directory)
+            return None  # the agent's own check of its process
         seen = self.jobs.get(part.backend_job)
         if seen is None or seen.phase in ("waiting", "running") or runfiles.exit_written(directory):
             return True
         return seen.phase == "lost" and part.node.name in self.down
 
-    def part_ended(self, part: AttemptNode, fact: Ended) -> None:
+    def judge_end(self, part: AttemptNode, fact: Ended) -> Ended | None:
         """As on the agents, once Slurm has recorded how the batch job ended: a preemption is a
         Spot reclaim, a cancel or a time limit by Slurm says so, and a run whose runner left no
-        exit record ended as Slurm recorded it (its exit code or signal)."""
+        exit record ended as Slurm recorded it (its exit code or signal). ``None``: not yet
+        (Slurm's record is not final; asked again at a later collect)."""
         seen = self.jobs.get(part.backend_job) if part.backend_job else None
-        first = self.slurm_runs.ending.setdefault(part.pk, time.monotonic())
+        first = self.ending.setdefault(part.pk, time.monotonic())
         if part.backend_job and (seen is None or seen.state not in FINAL) and time.monotonic() - first < FINAL_STATE_WAIT:
-            self.slurm_runs.next_poll = time.monotonic()  # Slurm's record read at the next step
-            return  # reported at a later collect, once Slurm's record is final
-        self.slurm_runs.ending.pop(part.pk, None)
+            self.next_poll = time.monotonic()  # Slurm's record read at the next step
+            return None  # reported at a later collect, once Slurm's record is final
+        self.ending.pop(part.pk, None)
         if seen is not None and seen.state == "PREEMPTED" and part.attempt.stop_requested_at is None:
             runs.preempted_by_scheduler(part.attempt, [part.node_id])
             # Slurm's word first: a runner killed at the end of the grace period left no exit record.
@@ -428,7 +413,60 @@ class SlurmAgent(NodeAgent):
             # kill, a stop's grace spent, anyone's scancel) and wrote no exit record: Slurm's
             # record says how the batch job ended.
             fact = Ended(EndKind.SUPERVISOR_LOST, exit_code=seen.exit_code, exit_signal=seen.exit_signal, handle=part.backend_job, state=seen.state)
-        super().part_ended(part, fact)
+        return fact
+
+
+class SlurmEngine(Backend):
+    """The engine of a Slurm cluster's nodes (in the embedded console: every node of the cluster),
+    the agents' sibling (issue 44): it subclasses none of their classes but composes their loop
+    (``agent.node_agent.NodeAgent``: launches, stops, output and exits) with Slurm's ports, its
+    launcher (``agent.launch.Launcher``) handing each rank's runner to Slurm."""
+
+    def __init__(self, node_names: list[str], *, name: str = "slurm", scheduler: SlurmScheduler | None = None) -> None:
+        self.scheduler = scheduler or slurm_scheduler()
+        self.slurm = SlurmLaunch(self.scheduler)
+        self.slurm_runs = SlurmRuns(self.slurm)
+        # The loop registers itself as the nodes' local agent (messages, plug-ins reach it).
+        self.loop = NodeAgent(node_names, name=name, launcher=Launcher(node_names, port=self.slurm), port=self.slurm_runs)
+        self.name = name
+        self.node_names = self.loop.node_names
+        self.wakeup = self.loop.wakeup
+
+    # --- its loop (agent.loop) -------------------------------------------------------------
+    def start(self) -> None:
+        self.loop.start()
+
+    def shutdown(self) -> None:
+        self.loop.shutdown()
+
+    def step(self) -> int:
+        return self.loop.step()
+
+    def tick(self) -> int:
+        return self.loop.tick()
+
+    def delay(self) -> float:
+        return self.loop.delay()
+
+    # --- messages (any thread) ---------------------------------------------------------------
+    def wake(self) -> None:
+        self.loop.wake()
+
+    def request_launch(self, attempt_id: int) -> None:
+        self.loop.request_launch(attempt_id)
+
+    def launch_attempts(self, attempts: Sequence[JobAttempt]) -> None:
+        self.loop.launch_attempts(attempts)
+
+    # --- what plug-ins use (agent.plugins.AgentView) -----------------------------------------
+    def live_parts(self) -> list[AttemptNode]:
+        return self.loop.live_parts()
+
+    def signal(self, part: AttemptNode, sig: int) -> bool:
+        return self.loop.signal(part, sig)
+
+    def evidence_source(self) -> EvidenceSource:
+        return self.loop.evidence_source()
 
 
 def spec_resume_step(directory: Path) -> int | None:

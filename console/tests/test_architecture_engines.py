@@ -2,9 +2,9 @@
 ``jobs.backends.base.Backend``, and the two kinds, the console's own agents and Slurm, end as
 siblings, neither subclassing the other's classes.
 
-Until then a ratchet: the Slurm agent still subclasses the agents' ``NodeAgent`` and ``Launcher``,
-and the methods it overrides of them are listed here; the list may only shrink (each override
-becomes a call on a port the agent composes), never grow.
+Issue 44's step C6 got there: ``agent.slurm.SlurmEngine`` composes the agents' loop with Slurm's
+ports (``agent.ports``) instead of subclassing ``NodeAgent`` and ``Launcher``, whose overrides it
+had listed here in a ratchet that only shrank, to none.
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ APPS = ["jobs", "logs", "agent", "failover", "notify", "console"]
 
 # The classes that implement Backend, by module and name. Issue 44's end (its step C6):
 # {"agent.node_agent.NodeAgent", "agent.slurm.SlurmEngine"}, neither a subclass of the other's.
-BACKENDS = {"agent.node_agent.NodeAgent"}
 GOAL = {"agent.node_agent.NodeAgent", "agent.slurm.SlurmEngine"}
+BACKENDS = GOAL
 
 # The agents' classes the Slurm engine must stop subclassing, by the module that defines each.
 AGENTS_CLASSES = {"NodeAgent": "agent.node_agent", "Launcher": "agent.launch"}
-# What subclasses of them override (``__init__`` not counted): only ever fewer. 11 at the start:
-# issue 44's plan counted ten, before ``evidence_source`` (its step C1) became one more.
-OVERRIDES = {
-    "agent.slurm.SlurmAgent": {"evidence_source", "heartbeat", "part_ended", "runner_alive", "start", "step"},
-    "agent.slurm.SlurmLauncher": {"signal", "spawn", "start_runner"},
-}
+# What subclasses of them override (``__init__`` not counted): 11 at the start (issue 44's plan
+# counted ten, before ``evidence_source``, its step C1, became one more); none since its step C6,
+# and no production class subclasses them.
+# None left: each became a call on a port the agent composes (``agent.ports``).
+OVERRIDES: dict[str, set[str]] = {}
 
 
 def production_files(root: Path = ROOT) -> list[Path]:
@@ -73,17 +72,19 @@ def overrides(files: list[Path], bases: dict[str, set[str]], root: Path = ROOT) 
 
 def test_the_engines_the_control_plane_speaks_to_implement_backend():
     from agent.node_agent import NodeAgent
-    from agent.slurm import SlurmAgent
+    from agent.slurm import SlurmEngine
     from jobs.backends.base import Backend
 
     assert set(subclasses_of({"Backend"}, production_files())) == BACKENDS
     assert BACKENDS <= GOAL
     # What agent.backend may return is a complete Backend (no abstract method left).
-    for engine in (NodeAgent, SlurmAgent):
+    for engine in (NodeAgent, SlurmEngine):
         assert issubclass(engine, Backend) and not inspect.isabstract(engine), engine
+    # Siblings: neither is the other's subclass.
+    assert not issubclass(SlurmEngine, NodeAgent) and not issubclass(NodeAgent, SlurmEngine)
 
 
-def test_the_slurm_agent_overrides_only_fewer_of_the_agents_classes():
+def test_no_engine_overrides_or_subclasses_the_agents_classes():
     import importlib
 
     bases = {
@@ -94,6 +95,9 @@ def test_the_slurm_agent_overrides_only_fewer_of_the_agents_classes():
     grown = {name: sorted(methods - OVERRIDES.get(name, set())) for name, methods in found.items() if methods - OVERRIDES.get(name, set())}
     assert grown == {}, "new overrides of the agents' classes (issue 44: call a port the engine composes instead):\n" + repr(grown)
     assert found == OVERRIDES, "fewer overrides than listed: take them off OVERRIDES (the ratchet only goes down)"
+    # The goal reached: the engines compose the agents' classes, no production class subclasses them.
+    assert BACKENDS == GOAL
+    assert sorted(subclasses_of(set(AGENTS_CLASSES), production_files())) == []
 
 
 def test_the_override_check_sees_an_override(tmp_path):

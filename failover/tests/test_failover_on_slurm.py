@@ -36,10 +36,10 @@ def nodes(db, slurm, settings):
 
 @pytest.fixture
 def agent(nodes, settings):
-    from agent.slurm import SlurmAgent
+    from agent.slurm import SlurmEngine
 
     settings.STOP_GRACE_PERIOD = 5.0
-    return SlurmAgent([n.name for n in nodes])
+    return SlurmEngine([n.name for n in nodes])
 
 
 def slurm_node(slurm, name: str):
@@ -206,7 +206,7 @@ def test_an_xid_the_node_handed_over_while_the_console_was_down_fails_the_run_ov
     """The console stops under a run; the node's kernel writes an Xid 79 and its own check hands
     it over; the console started again reads what it missed (``EvidenceCursor``), once: the run
     is stopped, the job runs elsewhere, the node is drained in Slurm."""
-    from agent.slurm import SlurmAgent
+    from agent.slurm import SlurmEngine
     from failover.kmsg import boot_time
     from failover.models import EvidenceCursor, HealthEvent
     from failover.nodecheck import evidence_paths
@@ -230,7 +230,7 @@ def test_an_xid_the_node_handed_over_while_the_console_was_down_fails_the_run_ov
         time.sleep(0.2)
     time.sleep(max(0.0, down + 7 - time.time()))  # past the new monitor's grace: only the cursor finds it
 
-    back = SlurmAgent(list(agent.node_names))
+    back = SlurmEngine(list(agent.node_names))
     back.start()
     try:
         wait_until(back, lambda: JobAttempt.objects.filter(job=job, number=2, state="running").exists(), "attempt 2 running", timeout=90)
@@ -281,9 +281,9 @@ def test_a_run_slurm_holds_shows_slurms_reason_until_it_starts(make_job, drive, 
     assert job.status == JobStatus.PENDING and "queued in Slurm" in job.status_reason and "node-a" in job.status_reason, job.status_reason
     assert slurm.client.job(other).state == "RUNNING"
     # The console restarts meanwhile: its new agent finds the rank Slurm still holds.
-    from agent.slurm import SlurmAgent
+    from agent.slurm import SlurmEngine
 
-    restarted = SlurmAgent(list(agent.node_names))
+    restarted = SlurmEngine(list(agent.node_names))
     restarted.start()
     assert [q.handle for q in restarted.slurm.queued.values()] == [AttemptNode.objects.get(attempt__job=job).backend_job]
     wait_until(restarted, lambda: type(job).objects.get(pk=job.pk).status == JobStatus.COMPLETED, "completed", timeout=120)
