@@ -233,10 +233,8 @@ def test_the_registry_answers_on_loopback_and_is_reused(root, registry):
     assert registry.startswith("127.0.0.1:") and engine.registry_answers(registry)
     pid = (root / "registry" / "registry.pid").read_text().strip()
     assert f"addr: {registry}\n" in (root / "registry" / "config.yml").read_text()
-    started = time.monotonic()
     assert engine.ensure_registry(root, int(registry.rsplit(":", 1)[1])) == registry
-    assert time.monotonic() - started < 1
-    assert (root / "registry" / "registry.pid").read_text().strip() == pid
+    assert (root / "registry" / "registry.pid").read_text().strip() == pid  # the same process: reused
     # Its storage is ours.
     assert (root / "registry" / "data").is_dir()
 
