@@ -17,7 +17,8 @@ priority (``nice``), so the waiting lanes' processes get the CPU first:
 Every test runs in exactly one SQLite lane (``-m "not slow"`` on every path, ``-m slow`` split by
 path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each lane's start and end,
 the whole log of a lane that failed, and each lane's time; ``$LANE_TIMES`` (``.ci/run``) gets
-``<lane> <seconds> <exit>`` lines. It exits non-zero when any lane failed; every lane runs anyway.
+``<lane> <seconds> <exit> <CPU seconds>`` lines (CPU: user and system time of the lane's
+processes, those it waited for; a container's processes are Podman's, not counted). It exits non-zero when any lane failed; every lane runs anyway.
 
 Run from the repository root: ``python harness/lane_runner.py [--torch-pin] [pytest args]``.
 """
@@ -82,6 +83,7 @@ class Lane:
     after: str = ""  # a lane of another stream that must have ended first
     nice: bool = False  # CPU-bound: at a lower priority than the lanes that wait on processes
     seconds: int = 0
+    cpu_seconds: int = 0  # user + system time of its commands and every process they waited for
     rc: int | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -132,9 +134,13 @@ def run_stream(stream: list[Lane], by_name: dict[str, Lane]) -> None:
         with open(log_path, "wb") as log:
             for command in lane.commands:
                 try:
-                    rc = subprocess.call(
+                    process = subprocess.Popen(
                         [*(NICE if lane.nice else ()), *command], cwd=ROOT, env={**os.environ, **lane.env}, stdout=log, stderr=subprocess.STDOUT
                     )
+                    # wait4: this lane's own CPU time, although other lanes' processes run beside it.
+                    _, status, usage = os.wait4(process.pid, 0)
+                    process.returncode = rc = os.waitstatus_to_exitcode(status)
+                    lane.cpu_seconds += round(usage.ru_utime + usage.ru_stime)
                 except OSError as exc:  # a command that is not there: the lane fails, the others go on
                     log.write(f"{' '.join(command[:3])}: {exc}\n".encode())
                     rc = 127
@@ -142,7 +148,7 @@ def run_stream(stream: list[Lane], by_name: dict[str, Lane]) -> None:
                     break
         lane.seconds, lane.rc = round(time.monotonic() - start), rc
         lane.done.set()
-        say(f"lane {lane.name}: {lane.seconds} s (exit {rc})")
+        say(f"lane {lane.name}: {lane.seconds} s, {lane.cpu_seconds} CPU-s (exit {rc})")
 
 
 def main(argv: list[str]) -> int:
@@ -161,14 +167,14 @@ def main(argv: list[str]) -> int:
     for lane in failed:
         print(f"\n===== lane {lane.name} FAILED (exit {lane.rc}): var/lanes/{lane.name}.log =====")
         print((LOGS / f"{lane.name}.log").read_text(errors="replace"), flush=True)
-    print("\n--- lanes (seconds, exit) ---")
+    print("\n--- lanes (seconds, CPU seconds, exit) ---")
     times = os.environ.get("LANE_TIMES")
     for lane in every:
         tail = (LOGS / f"{lane.name}.log").read_text(errors="replace").strip().splitlines()[-1:] or [""]
-        print(f"{lane.name:18} {lane.seconds:5d} s  exit {lane.rc}  {tail[0][:100]}")
+        print(f"{lane.name:18} {lane.seconds:5d} s {lane.cpu_seconds:5d} CPU-s  exit {lane.rc}  {tail[0][:100]}")
         if times:
             with open(times, "a") as out:
-                out.write(f"{lane.name} {lane.seconds} {lane.rc}\n")
+                out.write(f"{lane.name} {lane.seconds} {lane.rc} {lane.cpu_seconds}\n")
     return 1 if failed else 0
 
 
