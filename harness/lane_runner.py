@@ -1,18 +1,18 @@
-"""``make test``: every lane of the suite, in three streams so that both cores stay busy.
+"""``make test``: every lane of the suite, in two streams so that both cores stay busy.
 
-What waits on processes (containers, consoles, browsers, clusters) uses well under a core: on this
-2-core kind of machine the apps' slow tests alone kept 0.66 of a core busy. So two streams of such
-lanes run side by side, and a third of CPU-bound lanes soaks up what they leave, at a lower
-priority (``nice``), so the waiting lanes' processes get the CPU first:
+* The **system** stream runs what starts containers, consoles, browsers and clusters: the default
+  image (built once, before any test pulls it), then the apps' slow tests on SQLite. Alone, it
+  keeps about two thirds of a core busy (1,075 CPU-s in 1,638 s on a 2-core machine).
+* The **cpu** stream runs beside it at a lower priority (``nice``), so the system stream's
+  processes get the CPU first: the gate, the fast tests on every core, the libraries' slow tests
+  (ckptlib's training processes, the client, the benchmarks), the browser tests on a one-host
+  Slurm cluster (after the default image), with ``--torch-pin`` ckptlib on the guide's torch
+  2.12.1 (after ``.ci/run`` installed it), and last the apps' database tests again on PostgreSQL,
+  on every core (a one-core lane at the end would leave the other core idle).
 
-* **system**: the default image (built once, before any test pulls it), then the apps' slow tests
-  on SQLite but the browser tests;
-* **browser**: the browser tests on SQLite (after the default image), then again on a one-host
-  Slurm cluster, then (niced, with ``--torch-pin``) ckptlib on the guide's torch 2.12.1, after
-  ``.ci/run`` installed it;
-* **cpu** (niced): the gate, the fast tests on every core, the libraries' slow tests (ckptlib's
-  training processes, the client, the benchmarks), then the apps' database tests again on
-  PostgreSQL, on every core (a lane on one core at the end would leave the other idle).
+A third stream of waiting lanes (the browser tests split off) was tried: the machine's cores were
+busy from the first lane to the last either way (``vmstat``: 0-1 % idle), and with two streams at
+full priority the niced lanes got so little CPU that two tests waiting on real runs timed out.
 
 Every test runs in exactly one SQLite lane (``-m "not slow"`` on every path, ``-m slow`` split by
 path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each lane's start and end,
@@ -92,21 +92,16 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
     """The streams, each a list of lanes run one after the other."""
     # Each pytest lane's log ends with its slowest tests (where the time goes, trial after trial).
     pytest = [PY, "-m", "pytest", "--durations=30", *pytest_args]
-    browser_tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))
     system = [
         Lane("default-image", [[PY, "-c", DEFAULT_IMAGE]]),
-        Lane("sqlite-system", [[*pytest, "-m", "slow", *APPS, *(f"--ignore={path}" for path in browser_tests)]]),
+        Lane("sqlite-system", [[*pytest, "-m", "slow", *APPS]]),
     ]
-    browser = [
-        Lane("sqlite-browser", [[*pytest, "-m", "slow", *browser_tests]], after="default-image"),
-        Lane("browser-on-slurm", [[*pytest, *browser_tests]], env={"BROWSER_BACKEND": "slurm"}),
-    ]
+    browser_tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))
     cpu = [
         Lane("gate", [["make", "--no-print-directory", "lint"]], nice=True),
         Lane("sqlite-fast", [[*pytest, "-m", "not slow", "-n", "auto"]], nice=True),
         Lane("sqlite-libraries", [[*pytest, "-m", "slow", *LIBRARIES]], nice=True),
-        # Last: on every core, so the run's tail keeps both cores busy.
-        Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True),
+        Lane("browser-on-slurm", [[*pytest, *browser_tests]], env={"BROWSER_BACKEND": "slurm"}, after="default-image", nice=True),
     ]
     if torch_pin:
         # ckptlib on the guide's torch; the SIGTERM/SIGKILL stress tests (the exactness suite's
@@ -115,8 +110,10 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
         stress = ("test_sigterm_exactness.py", "test_sigkill_during_persist.py", "test_exactness_suite.py")
         skip = " ".join(f"--ignore=ckptlib/tests/{name}" for name in stress)
         make = ["make", "--no-print-directory", "-f", "ckptlib/tests/torch_pin.mk", "test-ckptlib-torch212", f"TORCH_PIN_PYTEST_ARGS={skip}"]
-        browser.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
-    return [system, browser, cpu]
+        cpu.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
+    # Last: on every core, so the run's tail keeps both cores busy.
+    cpu.append(Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True))
+    return [system, cpu]
 
 
 def say(text: str) -> None:
