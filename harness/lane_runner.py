@@ -18,7 +18,8 @@ Every test runs in exactly one SQLite lane (``-m "not slow"`` on every path, ``-
 path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each lane's start and end,
 the whole log of a lane that failed, and each lane's time; ``$LANE_TIMES`` (``.ci/run``) gets
 ``<lane> <seconds> <exit> <CPU seconds>`` lines (CPU: user and system time of the lane's
-processes, those it waited for; a container's processes are Podman's, not counted). It exits non-zero when any lane failed; every lane runs anyway.
+processes, those it waited for; a container's processes are Podman's, not counted). It exits
+non-zero when any lane failed; every lane runs anyway.
 
 Run from the repository root: ``python harness/lane_runner.py [--torch-pin] [pytest args]``.
 """
