@@ -2,11 +2,11 @@
 
 Runs the apps' database tests again with ``DATABASE_URL`` pointing at ``TEST_POSTGRES_URL``
 (default the local server's ``postgres`` database; pytest-django creates a test database per
-worker beside it), on every core: every test of the apps that is not marked ``slow`` (queries,
-filters, ordering, transactions, locks, migrations: the ORM in this process) and the slow ones
-marked ``database`` (what they check is the database's own behaviour under real processes, e.g.
-concurrent writers). The other slow tests start runs, consoles, browsers or clusters; what they
-check does not depend on the database, so they run on SQLite only. ckptlib, the client and the
+worker beside it), on every core: the apps' tests marked ``database``, those whose outcome the
+database decides (``harness.lanes``: migrations, query counts, committed transactions and locks,
+filters, search and ordering, text it must store or refuse; and the slow ones that say so, e.g.
+concurrent writers from real processes). The others check what the code does with rows any
+database returns alike; they run on SQLite only. ckptlib, the client and the
 benchmarks have no database. Where no PostgreSQL answers it says so and skips, unless
 ``REQUIRE_SCALEOUT=1`` (CI), where that is a failure.
 """
@@ -22,7 +22,7 @@ from harness.scaleout import reachable
 
 ROOT = Path(__file__).resolve().parents[2]
 DATABASE_APPS = ("jobs", "logs", "agent", "failover", "notify", "console")
-SELECTION = "not slow or database"
+SELECTION = "database"
 
 
 def pytest_command(argv: list[str]) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from harness.browser import login
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_neutral]
 
 OWNER = ("form-cmd-owner", "owner-pass-1")
 

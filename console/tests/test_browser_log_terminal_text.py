@@ -7,7 +7,7 @@ import pytest
 
 from harness.browser import login
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_neutral]
 
 OWNER = ("log-terminal-owner", "owner-pass-1")
 PRINTS = """python -c "print(chr(27) + '[A' + 'eval bar moved up'); print(chr(27) + '[31m' + 'red words' + chr(27) + '[0m')" """

@@ -8,7 +8,7 @@ import pytest
 from harness.browser import login, save_screenshot
 from harness.processes import wait
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_neutral]
 
 OWNER = ("loss-chart-owner", "owner-pass-1")
 # 40 steps over two epochs, as a Trainer-like loop logs them.

@@ -9,7 +9,7 @@ import pytest
 
 from harness.browser import login, save_screenshot
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_neutral]
 
 OWNER = ("narrow-owner", "owner-pass-1")
 OPERATOR = ("narrow-operator", "operator-pass-1")
