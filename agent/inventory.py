@@ -32,6 +32,10 @@ class NodeSpec:
     gpu_model: str
     gpus: tuple[GpuSpec, ...]
     simulated: bool
+    # A cluster's node as its scheduler reports it (None: this machine's, ``machine_size``).
+    cpu_count: int | None = None
+    memory_mb: int | None = None
+    address: str | None = None
 
 
 def nvml_nodes() -> list[NodeSpec] | None:
@@ -110,10 +114,11 @@ def register_nodes(specs: list[NodeSpec], *, agent: str) -> list[Node]:
                     "agent": agent,
                     "state": Node.State.READY,
                     "last_heartbeat": now,
-                    "cpu_count": cpu_count,
-                    "memory_mb": memory_mb,
+                    "cpu_count": spec.cpu_count or cpu_count,
+                    "memory_mb": spec.memory_mb or memory_mb,
                     "limits_enforced": enforced,
                     "limits_note": note[:300],
+                    **({"address": spec.address} if spec.address else {}),
                 },
             )
             for gpu in spec.gpus:

@@ -366,11 +366,17 @@ class Launcher:
         resume_step = point.step if point is not None else None
         started = True
         try:
+            if self.port is not None:
+                # The whole attempt to the cluster's scheduler at once (one Slurm job, its ranks
+                # started together): each rank's start is reported when seen (agent.slurm).
+                for part in claimed:
+                    part.attempt = attempt
+                ranks = [(part, *self.prepare_run(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)) for part in claimed]
+                self.port.submit(job, attempt, ranks, workdir=str(dirs["work"]), resume_step=resume_step)
+                return claimed
             for part in claimed:
                 part.attempt = attempt
                 pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
-                if pid is None:
-                    continue  # queued by the cluster's scheduler: its start is reported when seen (agent.slurm)
                 logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, pid)
                 started = runs.part_started(part, runner_pid=pid, workdir=str(dirs["work"]), resume_step=resume_step) and started
         except (PathRefused, SecretUnreadable) as exc:
@@ -413,9 +419,23 @@ class Launcher:
         image_ref: str,
         uid: int | None,
         resume_step: int | None = None,
-    ) -> int | None:
-        """Start the rank's detached supervisor on its spec (``agent.runfiles``); returns its pid
-        (None: the supervisor was handed to a cluster's scheduler, which starts it later)."""
+    ) -> int:
+        """Start the rank's detached supervisor on its spec (``agent.runfiles``); returns its pid."""
+        directory, spec_path = self.prepare_run(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
+        return self.spawn(job, attempt, part, directory, spec_path)
+
+    def prepare_run(
+        self,
+        job: TrainingJob,
+        attempt: JobAttempt,
+        part: AttemptNode,
+        dirs: RunDirectories,
+        *,
+        image_ref: str,
+        uid: int | None,
+        resume_step: int | None = None,
+    ) -> tuple[Path, Path]:
+        """The rank's run directory and the spec its supervisor runs (``agent.runfiles``)."""
         work_root = Path(settings.JOB_WORK_ROOT)
         directory = workdirs.make_private(work_root, runfiles.run_dir_parts(job.pk, attempt.number, part.rank))
         runfiles.clear_stale(directory)
@@ -445,12 +465,9 @@ class Launcher:
             limits=run_limits(job),
             preamble=preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
         )
-        spec_path = runfiles.write_spec(directory, spec)
-        if self.port is not None:
-            return self.port.spawn(job, attempt, part, directory, spec_path, workdir=str(dirs["work"]), resume_step=resume_step)
-        return self.spawn(job, attempt, part, directory, spec_path)
+        return directory, runfiles.write_spec(directory, spec)
 
-    def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int | None:
+    def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int:
         """Start ``agent.runner`` on the spec, detached; its pid."""
         with runfiles.open_runner_log(directory) as err:
             child = subprocess.Popen(

@@ -23,9 +23,10 @@ The agent is passed as a ``LoopView`` (its name, nodes and live ranks).
 * ``delay_hint()``: seconds until the port has something due (``None``: nothing), so the agent's
   idle loop wakes for it.
 
-A ``LaunchPort``'s, called by ``agent.launch.Launcher``: ``spawn`` starts a rank's runner on its
-spec (its pid, or ``None`` where a scheduler starts it later) and ``signal`` sends a signal to a
-rank's run (False where it could not).
+A ``LaunchPort``'s, called by ``agent.launch.Launcher``: ``submit`` hands a whole attempt's ranks
+(each with its run directory and spec) to the cluster's scheduler, which starts their runners
+later (reported when seen: ``RunPort.before_step``), and ``signal`` sends a signal to a rank's run
+(False where it could not).
 """
 
 from __future__ import annotations
@@ -72,10 +73,12 @@ class RunPort(Protocol):
     def delay_hint(self) -> float | None: ...
 
 
+# A rank handed to a scheduler: its part, its run directory and its spec's path.
+PreparedRank = tuple["AttemptNode", Path, Path]
+
+
 class LaunchPort(Protocol):
-    def spawn(
-        self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path, *, workdir: str, resume_step: int | None
-    ) -> int | None: ...
+    def submit(self, job: TrainingJob, attempt: JobAttempt, ranks: Sequence[PreparedRank], *, workdir: str, resume_step: int | None) -> None: ...
 
     def signal(self, part: AttemptNode, sig: int) -> bool: ...
 

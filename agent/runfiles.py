@@ -54,6 +54,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -271,7 +272,8 @@ class PidRecord:
     cgroup: tuple[str, ...] = ()
     container: str | None = None
     container_pid: int | None = None
-    gpus: tuple[int, ...] | None = None  # the GPUs Slurm gave it, not placement's (agent.runner.follow_scheduler_gpus)
+    gpus: tuple[int, ...] | None = None  # the GPUs Slurm gave it, not placement's (agent.allocation.follow_scheduler_gpus)
+    node: str | None = None  # the node Slurm ran it on (``SLURMD_NODENAME``), not placement's
 
 
 def write_pid(directory: Path, record: PidRecord) -> None:
@@ -299,6 +301,7 @@ def read_pid(directory: Path) -> PidRecord | None:
         container=text_or_none(raw.get("container")),
         container_pid=int_in(raw.get("container_pid"), 2, MAX_PID),  # never 1: the node's own init
         gpus=gpu_list(raw.get("gpus")),
+        node=node_name(raw.get("node")),
     )
 
 
@@ -306,6 +309,14 @@ def gpu_list(value: object) -> tuple[int, ...] | None:
     """GPU indices from a run's record (at most 64, each below 1024), or None."""
     ok = isinstance(value, list) and 0 < len(value) <= 64 and all(int_in(v, 0, 1024) is not None for v in value)
     return tuple(value) if ok and isinstance(value, list) else None
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def node_name(value: object) -> str | None:
+    """A node's name from a run's record (a DNS label or host name, at most 63 characters), or None."""
+    return value if isinstance(value, str) and _NODE_NAME.fullmatch(value) else None
 
 
 def read_container_pid(directory: Path) -> int | None:

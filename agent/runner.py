@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agent import cgroups, networks, runfiles, sandbox
+from agent import allocation, cgroups, networks, runfiles, sandbox
 from agent.runfiles import ExitRecord, OutputWriter, PidRecord
 from agent.sandbox import ContainerPolicy, RunLimits, container_argv, env_file_text, root_tool_env
 from logs.progress_parser import may_tell
@@ -223,17 +223,9 @@ def run(spec_path: Path) -> int:
     parent = None
     popen: dict[str, Any] = {}
     scheduler_job = os.environ.get("SLURM_JOB_ID", "")
-    moved = follow_scheduler_gpus(spec.env, policy, os.environ.get("SLURM_JOB_GPUS", "")) if scheduler_job else None
-    if moved is not None:
-        spec, policy = dataclasses.replace(spec, env=moved[0]), moved[1]
-    if scheduler_job:
-        # Slurm's own names about the job (its id, node, node list, GPUs, restarts), as a batch
-        # script there would see them; never over the run's own.
-        slurm = {k: v for k, v in os.environ.items() if k.startswith(("SLURM_", "SLURMD_")) and k not in spec.env and k != "SLURM_CONF"}
-        spec = dataclasses.replace(spec, env={**spec.env, **slurm})
-    if policy and scheduler_job.isdigit():
-        # The cluster's epilog finds the container of a job Slurm ended by this label.
-        policy = {**policy, "labels": {**(policy.get("labels") or {}), SLURM_JOB_LABEL: int(scheduler_job)}}
+    placed = allocation.follow(spec.env, policy, os.environ) if scheduler_job else None
+    if placed is not None:
+        spec, policy = dataclasses.replace(spec, env=placed.env), placed.policy
     network: networks.JobNetwork | None = None
     engine_env: dict[str, str] = {}
     if policy:
@@ -284,7 +276,8 @@ def run(spec_path: Path) -> int:
         started_at=time.time(),
         cgroup=tuple(cgroup),
         container=policy["name"] if policy else None,
-        gpus=moved[2] if moved is not None else None,
+        gpus=placed.gpus if placed is not None else None,
+        node=placed.node if placed is not None else None,
     )
     runfiles.write_pid(run_dir, record)
     watch = Watch(run_dir, record, bool(policy), cgroup, proc)
@@ -363,49 +356,6 @@ def run(spec_path: Path) -> int:
     return 0
 
 
-SLURM_JOB_LABEL = "io.satrain.slurm-job"
-_GPU_NAME = re.compile(r"(nvidia(?:\.com/gpu=)?)(\d+)$")
-
-
-def index_list(text: str) -> list[int]:
-    """GPU indices as Slurm lists them: "0,1", "0-2,5"."""
-    indices: list[int] = []
-    for piece in text.split(","):
-        low, _, high = piece.strip().partition("-")
-        if low.isdigit() and (not high or high.isdigit()):
-            indices += range(int(low), int(high or low) + 1)
-    return indices
-
-
-def follow_scheduler_gpus(
-    env: dict[str, str], policy: ContainerPolicy | None, slurm_gpus: str
-) -> tuple[dict[str, str], ContainerPolicy | None, tuple[int, ...]] | None:
-    """The run uses the GPUs Slurm allocated (``SLURM_JOB_GPUS``), which may not be the ones the
-    console placed it on (the cluster's other work holds those): its ``CUDA_VISIBLE_DEVICES`` and
-    its container's GPU devices are moved index for index. Returns (env, policy, the indices), or
-    None where nothing moves."""
-    given = index_list(slurm_gpus)
-    placed = index_list(env.get("CUDA_VISIBLE_DEVICES", ""))
-    if not given or not placed or given == placed or len(given) != len(placed):
-        return None
-    moves = dict(zip(placed, given, strict=True))
-
-    def moved(path: str) -> str:
-        found = _GPU_NAME.search(path)
-        if found is None or int(found.group(2)) not in moves:
-            return path
-        return path[: found.start(2)] + str(moves[int(found.group(2))])
-
-    if policy:
-        policy = policy.copy()
-        policy["devices"] = [(moved(host), moved(inside)) for host, inside in policy.get("devices") or []]
-        policy["mounts"] = [
-            [moved(host), moved(inside), mode] if inside.startswith("/dev/nvidia") else [host, inside, mode]
-            for host, inside, mode in policy.get("mounts") or []
-        ]
-    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, given))}, policy, tuple(given)
-
-
 def forward_kill(record: PidRecord) -> None:
     """SIGKILL to the run as ``agent.processes.signal_run`` sends it: the container's init (its
     death ends the whole container) and the run's process group (Podman's client)."""
@@ -478,7 +428,10 @@ def slurm_epilog() -> int:
         return 0
     found = re.search(r"\bStdOut=(\S+)", shown)
     if found and found.group(1).endswith("/" + runfiles.RUNNER_LOG_FILE):
-        remove_container(Path(found.group(1)).parent)
+        # Rank 0's run directory; every rank of the attempt is its sibling (a container not on
+        # this node is not found, and nothing happens).
+        for directory in sorted(Path(found.group(1)).parent.parent.glob("rank-*")):
+            remove_container(directory)
     return 0
 
 
@@ -488,7 +441,16 @@ def main() -> int:
     # The run outlives whoever started us: a console restart's SIGHUP/SIGINT must not stop it.
     for sig in (signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    return run(Path(sys.argv[1]))
+    specs = sys.argv[1:]
+    if len(specs) > 1:
+        # One spec per rank, the ranks started together by ``srun`` (one task per node): this
+        # task's rank is its place in the allocation.
+        rank = os.environ.get("SLURM_PROCID", "")
+        if not rank.isdigit() or int(rank) >= len(specs):
+            print(f"agent.runner: {len(specs)} specs and no task rank among them (SLURM_PROCID={rank!r})", file=sys.stderr)
+            return 2
+        return run(Path(specs[int(rank)]))
+    return run(Path(specs[0]))
 
 
 def kill_unfinished_runs(work_root: Path) -> int:

@@ -1,14 +1,16 @@
 """The engine of a Slurm cluster (``BACKEND=slurm``; docs/slurm.md): ``SlurmEngine``.
 
-The console still decides which job goes where (its fair share across projects, the job's
+The console still decides whether a job may go (its fair share across projects, the job's
 exclusions, the nodes' health) and the agent still prepares each rank as on its own nodes: the
 image pulled, the run's directories, the fence, the checkpoint it resumes from, its container
-and environment (``agent.launch``). What changes is who starts and ends the run: **Slurm**. Each
-rank is one batch job (``jobs.backends.slurm``): ``sbatch`` on the placed node (``--nodelist``)
-with its GPUs as GRES, the job's exclusions, its CPUs and memory, the max run time as ``--time``
-with SIGTERM the grace period before it, Spot work in the preemptible partition; the batch job
-runs ``agent.runner`` on the spec, which starts the run's container as on the agents, so the
-output, banners, resource samples and exit record are the same files (``agent.runfiles``).
+and environment (``agent.launch``). What changes is who places, starts and ends the run:
+**Slurm**. Each attempt is one batch job of its whole shape (``jobs.backends.slurm``): ``sbatch``
+with ``-N`` its ranks and each node's GPUs as GRES, never on the job's excluded nodes, its CPUs
+and memory, the max run time as ``--time`` with SIGTERM the grace period before it, Spot work in
+the preemptible partition, wherever Slurm places it; its ranks' runners (``agent.runner`` on
+their specs) start together (``srun``) and start their containers as on the agents, so the
+output, banners, resource samples and exit record are the same files (``agent.runfiles``); each
+pid record names the node and GPUs Slurm gave the rank, and the console follows.
 
 What only Slurm knows comes from Slurm's own records, read once per ``SLURM_POLL_INTERVAL`` for
 every run (one ``scontrol show job`` and one ``scontrol show node``):
@@ -39,12 +41,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.conf import settings
+from django.db.models import Count
 
 from agent import runfiles
 from agent.inventory import GpuSpec, NodeSpec, nvml_nodes
-from agent.launch import Launcher
+from agent.launch import Launcher, simulated_devices
 from agent.node_agent import NodeAgent
-from agent.ports import LoopView
+from agent.ports import LoopView, PreparedRank
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
 from jobs.backends.base import Backend, state_takes_work
@@ -88,6 +91,9 @@ def slurm_nodes(views: list[NodeView]) -> list[NodeSpec]:
             gpu_model=model,
             simulated=real is None,
             gpus=tuple(GpuSpec(index=i, uuid=f"GPU-slurm-{view.name}-{i}", model=model, memory_mb=81559) for i in range(view.gpus)),
+            cpu_count=view.cpus,
+            memory_mb=view.memory_mb,
+            address=view.address or None,
         )
         for view in views
     ]
@@ -170,37 +176,51 @@ class Queued:
 
 
 class SlurmLaunch:
-    """Slurm's launch port (``agent.ports.LaunchPort``): each rank's runner (``agent.runner`` on
-    its spec) is a Slurm batch job, signalled through Slurm."""
+    """Slurm's launch port (``agent.ports.LaunchPort``): each attempt is one Slurm batch job, its
+    ranks' runners (``agent.runner`` on their specs) started together by ``srun`` in its
+    allocation, and signalled through Slurm."""
 
     def __init__(self, scheduler: SlurmScheduler) -> None:
         self.scheduler = scheduler
         self.queued: dict[int, Queued] = {}  # AttemptNode id → its queued batch job
         self.accounts = project_accounts(scheduler.client)
+        self.sent: dict[str, set[int]] = {}  # a several-rank batch job → the signals sent to all its ranks
 
-    def spawn(
-        self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path, *, workdir: str, resume_step: int | None
-    ) -> int | None:
-        """Submitted, not started: the rank is watched as queued (``SlurmRuns.settle_queued``)
-        until its runner writes its pid record; no pid here."""
+    def submit(self, job: TrainingJob, attempt: JobAttempt, ranks: Sequence[PreparedRank], *, workdir: str, resume_step: int | None) -> None:
+        """The attempt as one batch job of its whole shape: ``-N`` its ranks, each node's GPUs as
+        GRES, never on the job's excluded nodes, its CPUs, memory, max run time, the project's
+        account and Spot's partition, wherever Slurm places it (no ``--nodelist``: Slurm knows
+        what other work holds). Its ranks start together (``srun``, one task per node, each
+        runner on its rank's spec); each start is reported when seen (``SlurmRuns.settle_queued``),
+        on the node and GPUs Slurm chose."""
+        ranks = sorted(ranks, key=lambda rank: rank[0].rank)
+        first, first_directory, _ = ranks[0]
+        if first.node.simulated:
+            # Slurm may run a rank on any of the cluster's nodes: each has its stand-in GPUs.
+            for node in Node.objects.filter(agent=first.node.agent, simulated=True).annotate(gpu_count=Count("gpus")):
+                simulated_devices(node.name, node.gpu_count)
         limits = limits_of(job)
-        excluded = sorted(set(job.exclusions.filter(gpu__isnull=True).values_list("node__name", flat=True)) - {part.node.name})
+        excluded = sorted(set(job.exclusions.filter(gpu__isnull=True).values_list("node__name", flat=True)))
         spec = AttemptSpec(
-            key=f"satrain-{job.pk}-{attempt.number}-{part.rank}",
-            command=shlex.join([sys.executable, "-m", RUNNER_MODULE, str(spec_path)]),
+            key=f"satrain-{job.pk}-{attempt.number}",
+            command=shlex.join([sys.executable, "-m", RUNNER_MODULE, *(str(spec_path) for _, _, spec_path in ranks)]),
             workdir=str(settings.BASE_DIR),
-            output=str(directory / runfiles.RUNNER_LOG_FILE),
+            output=str(first_directory / runfiles.RUNNER_LOG_FILE),
             environment=root_tool_env({"PYTHONPATH": str(settings.BASE_DIR)}),
-            gpus_per_node=len(part.gpu_indices),
-            nodes=1,
-            nodelist=(part.node.name,),
+            gpus_per_node=job.gpus_per_node,
+            nodes=len(ranks),
             exclude=tuple(excluded),
-            max_run_minutes=job.max_run_minutes or None,
+            # Slurm's time limit backs up the console's own max run time (its stop, with the grace
+            # period, comes first and says so): the same limit, with room for that stop.
+            max_run_minutes=job.max_run_minutes + 1 + math.ceil(2 * settings.STOP_GRACE_PERIOD / 60) if job.max_run_minutes else None,
             grace_s=int(settings.STOP_GRACE_PERIOD),
             cpus=math.ceil(limits.cpus) if limits.cpus and not limits.cpus_default else None,
             memory_mb=limits.memory_mb if limits.memory_mb and not limits.memory_default else None,
             spot=job.job_type == TrainingJob.JobType.SPOT,
             requeue=False,  # a new attempt is the console's to place
+            # sacct links the batch job to the console's job and user (DisableRootJobs aside, the
+            # submitting Unix user is the console's service account).
+            comment=f"satrain:job={job.pk}:attempt={attempt.number}:user={job.owner.get_username()}",
         )
         if self.accounts is not None:
             try:
@@ -211,10 +231,10 @@ class SlurmLaunch:
             handle = self.scheduler.submit(spec)
         except SlurmError as error:
             raise OSError(f"Slurm refused the run: {error}") from error
-        runs.part_submitted(part, handle)
-        self.queued[part.pk] = Queued(part=part, handle=handle, workdir=workdir, resume_step=resume_step)
-        logger.info("job %s: attempt %s rank %s queued in Slurm as job %s on %s", job.pk, attempt.number, part.rank, handle, part.node.name)
-        return None
+        for part, _, _ in ranks:
+            runs.part_submitted(part, handle)
+            self.queued[part.pk] = Queued(part=part, handle=handle, workdir=workdir, resume_step=resume_step)
+        logger.info("job %s: attempt %s (%s rank%s) queued in Slurm as job %s", job.pk, attempt.number, len(ranks), "s"[: len(ranks) > 1], handle)
 
     def signal(self, part: AttemptNode, sig: int) -> bool:
         """Through Slurm, on the run's node (its pid record's numbers are that node's, not this
@@ -226,6 +246,15 @@ class SlurmLaunch:
         if not part.backend_job:
             return False
         name = signal.Signals(sig).name.removeprefix("SIG")
+        if part.attempt.job.node_count > 1:
+            # The batch shell is ``srun``, which passes the signal on to every rank's runner: a
+            # signal for each rank of the attempt (a stop's, a failover's) is sent once.
+            sent = self.sent.setdefault(part.backend_job, set())
+            if sig in sent:
+                return True
+            sent.add(sig)
+            while len(self.sent) > 1000:
+                del self.sent[next(iter(self.sent))]
         try:
             self.scheduler.client.cancel(int(part.backend_job), signal="USR1" if sig == signal.SIGKILL else name, full=False)
         except (SlurmError, ValueError) as error:
@@ -316,8 +345,16 @@ class SlurmRuns:
             view = by_name.get(node.name)
             if view is None:
                 continue
-            if (node.backend_state, node.backend_reason) != (view.state, view.reason[:300]):
-                Node.objects.filter(pk=node.pk).update(backend_state=view.state[:64], backend_reason=view.reason[:300])
+            facts = {
+                "backend_state": view.state[:64],
+                "backend_reason": view.reason[:300],
+                "backend_gpus_in_use": view.gpus_in_use,
+                "cpu_count": view.cpus or node.cpu_count,
+                "memory_mb": view.memory_mb or node.memory_mb,
+                "address": view.address[:255] or node.address,
+            }
+            if any(getattr(node, name) != value for name, value in facts.items()):
+                Node.objects.filter(pk=node.pk).update(**facts)
                 if state_takes_work(node.backend_state) != state_takes_work(view.state) or "DOWN" in view.state:
                     wakeups.round_wanted()  # placement (or the lost-node sweep) has a new answer
             why = node.health_reason if not node.healthy else (bad_gpus.get(node.pk) or ("cordoned in the console" if node.cordoned else ""))
@@ -351,11 +388,15 @@ class SlurmRuns:
             record = runfiles.read_pid(run_dir(part))
             if record is not None and record.runner_pid:
                 del self.launch.queued[pk]
-                if record.gpus is not None and list(record.gpus) != list(part.gpu_indices):
-                    logger.warning(
-                        "job %s: Slurm runs rank %s on GPUs %s of %s, not %s", part.attempt.job_id, part.rank, record.gpus, part.node.name, part.gpu_indices
+                node = record.node if record.node and record.node in agent.node_names else part.node.name
+                gpus = list(record.gpus) if record.gpus is not None else list(part.gpu_indices)
+                if (node, gpus) != (part.node.name, list(part.gpu_indices)):
+                    logger.info(
+                        "job %s: Slurm runs rank %s on %s GPUs %s, not %s GPUs %s", part.attempt.job_id, part.rank, node, gpus, part.node, part.gpu_indices
                     )
-                    runs.part_gpus_moved(part, list(record.gpus))
+                # Slurm placed it: the console's holds follow, taken again even where they match
+                # (another rank Slurm moved may have taken them meanwhile).
+                runs.part_moved(part, node, gpus)
                 if runs.part_started(part, runner_pid=record.runner_pid, workdir=queued.workdir, resume_step=queued.resume_step):
                     agent.live[part.pk] = part
                     part.attempt = JobAttempt.objects.select_related("job").get(pk=part.attempt_id)
@@ -369,7 +410,7 @@ class SlurmRuns:
             if seen.phase == "waiting" and seen.reason not in (queued.reason, "None", ""):
                 queued.reason = seen.reason
                 why = f"{seen.reason}: {REASONS[seen.reason]}" if seen.reason in REASONS else seen.reason or seen.state
-                runs.queued_by_scheduler(part.attempt, f"queued in Slurm (job {queued.handle}) on {part.node.name}: {why}")
+                runs.queued_by_scheduler(part.attempt, f"queued in Slurm (job {queued.handle}): {why}")
             elif seen.phase in ("exited", "lost"):
                 del self.launch.queued[pk]
                 runs.launch_failed(part.attempt, f"Slurm ended job {queued.handle} before its run started: {seen.state} {seen.reason}".strip())

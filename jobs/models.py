@@ -214,6 +214,8 @@ class Node(models.Model):
     # reason; empty on the console's own agents. Placement skips a node its backend drained or lost.
     backend_state = models.CharField(max_length=64, blank=True)
     backend_reason = models.CharField(max_length=300, blank=True)
+    # GPUs the cluster's scheduler has allocated on the node, to anyone's work (None: no scheduler).
+    backend_gpus_in_use = models.PositiveSmallIntegerField(null=True, blank=True)
     simulated = models.BooleanField(default=False)
     agent = models.CharField(max_length=100, blank=True, help_text="The node agent that serves this node")
     address = models.CharField(max_length=255, default="127.0.0.1", help_text="Where ranks reach this node (MASTER_ADDR)")

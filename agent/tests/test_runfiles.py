@@ -54,6 +54,11 @@ def test_a_pid_record_without_a_process_group_says_there_is_nothing_to_signal(tm
             PidRecord(runner_pid=None, pgid=None, started_at=0.0, cgroup=("/ok",)),
         ),
         ({"runner_pid": "12", "pgid": -5, "cgroup": "/not-a-list", "container": ["x"]}, PidRecord(runner_pid=None, pgid=None)),
+        # The node Slurm ran it on: a node's name, nothing else (a path, a newline, a list).
+        ({"runner_pid": 12, "node": "node-b"}, PidRecord(runner_pid=12, pgid=None, node="node-b")),
+        ({"runner_pid": 12, "node": "../../etc"}, PidRecord(runner_pid=12, pgid=None)),
+        ({"runner_pid": 12, "node": "a\nb"}, PidRecord(runner_pid=12, pgid=None)),
+        ({"runner_pid": 12, "node": ["node-b"]}, PidRecord(runner_pid=12, pgid=None)),
     ],
 )
 def test_a_forged_pid_record_yields_no_field_out_of_range(tmp_path, payload, expected):
@@ -183,3 +188,32 @@ def test_the_writer_holds_records_until_flushed_and_writes_them_whole(tmp_path):
         assert [line.text for line in runfiles.read_output(tmp_path, 0).lines] == ["one", "two"]
         out.emit("three", 3.0)
     assert [line.text for line in runfiles.read_output(tmp_path, 0).lines] == ["one", "two", "three"]
+
+
+def test_a_run_slurm_started_on_another_node_takes_that_nodes_name_and_stand_in_devices():
+    from agent.allocation import follow_scheduler_node
+
+    policy = {
+        "hostname": "node-a",
+        "mounts": [["/var/sim/node-a/nvidia1", "/dev/nvidia0", "ro"], ["/work/1/node-a/x", "/job/work", "rw"]],
+    }
+    moved = follow_scheduler_node(policy, "node-c")
+    assert moved["hostname"] == "node-c"
+    # The stand-in GPU device follows the node; a directory that merely names it does not.
+    assert moved["mounts"] == [["/var/sim/node-c/nvidia1", "/dev/nvidia0", "ro"], ["/work/1/node-a/x", "/job/work", "rw"]]
+    assert policy["hostname"] == "node-a"  # the spec's own policy is left as it was
+    assert follow_scheduler_node(policy, "node-a") is policy
+
+
+def test_a_runner_given_several_ranks_specs_runs_none_without_slurms_task_rank(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from agent import runner
+
+    monkeypatch.setattr(runner.signal, "signal", lambda *_: None)  # this test process keeps its SIGINT
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    monkeypatch.setattr(sys, "argv", ["agent.runner", str(tmp_path / "rank-0" / runfiles.SPEC_FILE), str(tmp_path / "rank-1" / runfiles.SPEC_FILE)])
+    assert runner.main() == 2
+    assert "no task rank" in capsys.readouterr().err
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    assert runner.main() == 2

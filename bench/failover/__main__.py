@@ -289,6 +289,22 @@ def main(argv: list[str] | None = None) -> int:
             report += [*lines, ""]
             print("\n".join(lines), flush=True)
             print()
+        if "slurm" in by_backend:
+            from bench.failover.bare import bare_sbatch
+
+            bare = bare_sbatch(cluster, args.runs, var_dir / "bare-sbatch")
+            launch = [s.phases()["launch (placed → Running)"] for s in by_backend["slurm"] if s.phases()["launch (placed → Running)"] is not None]
+            over = median(launch) - median(bare) if launch else float("nan")
+            lines = [
+                f"Slurm's own launch, this run: bare sbatch (1 GPU, no container) → first line, {len(bare)} jobs: "
+                f"median {median(bare):.3f} s, p95 {p95(bare):.3f} s, min {min(bare):.3f}, max {max(bare):.3f}",
+                f"  the console's placed → Running on Slurm: median {median(launch) if launch else float('nan'):.3f} s, "
+                f"{over:+.3f} s over the bare sbatch (target ≤ +1 s: {'met' if over <= 1 else 'NOT met'})",
+            ]
+            out.setdefault("slurm_bare", {"seconds": bare, "launch_over_bare_median_s": over})
+            report += [*lines, ""]
+            print("\n".join(lines), flush=True)
+            print()
         if len(by_backend) == 2:
             lines = side_by_side(by_backend)
             report += [*lines, ""]

@@ -49,7 +49,12 @@ class NodeView:
 
     @property
     def gpus_free(self) -> int:
-        return sum(1 for gpu in self.gpus if gpu.allocated_to_id is None and gpu.healthy)
+        """Healthy GPUs no console job holds and, on a cluster's scheduler, that it has not
+        allocated to other work either."""
+        free = sum(1 for gpu in self.gpus if gpu.allocated_to_id is None and gpu.healthy)
+        if self.node.backend_gpus_in_use is not None:
+            free = min(free, max(0, len(self.gpus) - self.node.backend_gpus_in_use))
+        return free
 
     @property
     def gpus_unhealthy(self) -> int:

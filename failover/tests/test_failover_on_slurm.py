@@ -278,7 +278,7 @@ def test_a_run_slurm_holds_shows_slurms_reason_until_it_starts(make_job, drive, 
     job = make_job(command="echo ran", gpus_per_node=1)
     wait_until(agent, lambda: "Resources" in type(job).objects.get(pk=job.pk).status_reason, "Slurm's reason on the job", timeout=60)
     job.refresh_from_db()
-    assert job.status == JobStatus.PENDING and "queued in Slurm" in job.status_reason and "node-a" in job.status_reason, job.status_reason
+    assert job.status == JobStatus.PENDING and "queued in Slurm" in job.status_reason, job.status_reason
     assert slurm.client.job(other).state == "RUNNING"
     # The console restarts meanwhile: its new agent finds the rank Slurm still holds.
     from agent.slurm import SlurmEngine
@@ -288,6 +288,90 @@ def test_a_run_slurm_holds_shows_slurms_reason_until_it_starts(make_job, drive, 
     assert [q.handle for q in restarted.slurm.queued.values()] == [AttemptNode.objects.get(attempt__job=job).backend_job]
     wait_until(restarted, lambda: type(job).objects.get(pk=job.pk).status == JobStatus.COMPLETED, "completed", timeout=120)
     assert job_output(job) == ["ran"]
+
+
+def slurm_seconds(stamp: str) -> float:
+    """A time as ``scontrol`` prints it (``2026-12-06T18:40:01``, the cluster's local time)."""
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+def test_another_users_job_holding_a_nodes_gpus_never_delays_a_console_job_while_another_node_is_free(make_job, drive, agent, slurm):
+    """Slurm places: a console job is never sent to the node another user's batch job holds (it
+    would wait there on ``Resources`` while other nodes sit idle); the Nodes page says what Slurm
+    has allocated there."""
+    from console.pages.nodes import node_overview
+    from jobs.backends.slurm.client import Submission
+
+    other = slurm.client.submit(Submission(
+        name="someone-else", script="#!/bin/bash\nsleep 120\n", output="/dev/null", workdir="/tmp", gpus_per_node=4, nodelist=("node-a",),
+    ))  # fmt: skip
+    wait_until(
+        agent, lambda: Node.objects.get(name="node-a").backend_gpus_in_use == 4, "node-a's four GPUs allocated in Slurm, as the console reads it", timeout=60
+    )
+    node_a = next(view for view in node_overview() if view.node.name == "node-a")
+    assert node_a.gpus_free == 0 and node_a.node.cpu_count and node_a.node.memory_mb == 2000, (node_a.gpus_free, node_a.node.cpu_count, node_a.node.memory_mb)
+    job = make_job(command="echo ran on $SLURMD_NODENAME", gpus_per_node=1)
+    job = drive(job, JobStatus.COMPLETED, timeout=120)
+    part = AttemptNode.objects.select_related("node").get(attempt__job=job)
+    record = slurm.client.job(int(part.backend_job))
+    assert record is not None and part.node.name != "node-a" and record.nodes == [part.node.name], (part.node.name, record)
+    waited = slurm_seconds(record.record["StartTime"]) - slurm_seconds(record.record["SubmitTime"])
+    assert waited <= 5, f"Slurm started the console's job {waited:.0f} s after its submission"
+    assert job_output(job) == [f"ran on {part.node.name}"], job_output(job)
+    # sacct's link back: the console's job, attempt and user.
+    assert record.record.get("Comment") == f"satrain:job={job.pk}:attempt=1:user={job.owner.username}", record.record.get("Comment")
+    assert slurm.client.job(other).state == "RUNNING"
+
+
+TWO_RANKS = (
+    'python -c "import datetime, os, torch, torch.distributed as dist; '
+    "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'master', os.environ['MASTER_ADDR'], "
+    "'launch', os.environ.get('SLURM_LAUNCH_NODE_IPADDR'), 'on', os.environ['SLURMD_NODENAME'], flush=True); "
+    "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=60)); "
+    "t = torch.tensor([float(os.environ['RANK']) + 1]); dist.all_reduce(t); print('sum', t.item(), flush=True)\""
+)
+
+
+def test_a_two_node_jobs_ranks_start_together_in_one_allocation_and_meet_at_its_master_addr(make_job, drive, agent, slurm, project):
+    """One Slurm job per attempt, of its whole shape (``-N 2``, a GPU per node): ``srun`` starts
+    both ranks at once on the nodes Slurm chose, and they meet at ``MASTER_ADDR``, the address of
+    the allocation's first node (rank 0's), through torch's process group."""
+    from agent import runfiles
+    from agent.processes import run_dir
+
+    project.multi_node_host_network = True  # Slurm's nodes are hosts of their own
+    project.save()
+    job = make_job(command=TWO_RANKS, node_count=2, gpus_per_node=1, env={"GLOO_SOCKET_IFNAME": "lo"})
+    job = drive(job, JobStatus.COMPLETED, timeout=180)
+    parts = list(AttemptNode.objects.select_related("node").filter(attempt__job=job).order_by("rank"))
+    assert len({part.backend_job for part in parts}) == 1, [part.backend_job for part in parts]  # one Slurm job
+    record = slurm.client.job(int(parts[0].backend_job))
+    assert record is not None and sorted(record.nodes) == sorted(part.node.name for part in parts) and len(record.nodes) == 2, record
+    assert record.record.get("NumNodes") == "2", record.record.get("NumNodes")
+    starts = [runfiles.read_pid(run_dir(part)).started_at for part in parts]
+    assert max(starts) - min(starts) <= 2, f"the ranks started {max(starts) - min(starts):.1f} s apart"
+    output = job_output(job, stream="master") + job_output(job, stream="worker-1")
+    address = Node.objects.get(name=record.nodes[0]).address
+    for part in parts:
+        assert f"rank {part.rank} of 2 master {address} launch {address} on {part.node.name}" in output, output
+    assert output.count("sum 3.0") == 2, output
+
+
+def test_a_max_run_time_ends_as_max_run_time_exceeded_before_slurms_own_limit(make_job, drive, agent, slurm):
+    """The console stops a job past its max run time and says so, as on the agents; Slurm's time
+    limit is its backstop, later by the stop's room (SIGTERM, the grace period, SIGKILL)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import TrainingJob
+
+    job = drive(make_job(command="echo started; sleep 300", max_run_minutes=1), JobStatus.RUNNING, timeout=120)
+    part = AttemptNode.objects.get(attempt__job=job)
+    assert slurm.client.job(int(part.backend_job)).record.get("TimeLimit") == "00:03:00"  # 1 min + 1 + the grace's room
+    TrainingJob.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(minutes=2))
+    job = drive(job, JobStatus.STOPPED, timeout=60)
+    assert job.status_reason.startswith("max run time of 1 min exceeded"), job.status_reason
 
 
 def test_a_restarted_console_reads_a_queued_ranks_resume_step_from_its_spec(tmp_path):

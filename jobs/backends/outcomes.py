@@ -45,7 +45,9 @@ WHILE_RUNNING: Mapping[EndKind, Outcome] = {
     EndKind.OUT_OF_MEMORY: Outcome(JobStatus.FAILED, "{cause}; raise the job's memory limit"),
     EndKind.PID_LIMIT: Outcome(JobStatus.FAILED, "{cause}"),
     EndKind.STORAGE_LIMIT: Outcome(JobStatus.FAILED, "{cause}"),
-    EndKind.TIME_LIMIT: JUDGED,  # the scheduler's own limit (the console's max run time stops the job first)
+    # The scheduler's backstop of the job's max run time (the console's own stop comes first,
+    # ``runs.max_run_time_reached``; this one where the console was not there to stop it).
+    EndKind.TIME_LIMIT: Outcome(JobStatus.FAILED, "max run time exceeded: {cause}"),
     EndKind.PREEMPTED: YIELDED,  # its producer marks the attempt reclaimed first (``runs.preempted_by_scheduler``)
     EndKind.NODE_LOST: Outcome(JobStatus.FAILOVER_IN_PROGRESS, "{cause}", judge=True, lost=True),
     EndKind.SUPERVISOR_LOST: JUDGED,

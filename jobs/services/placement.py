@@ -96,14 +96,20 @@ def read_capacity(now) -> tuple[Capacity, dict[tuple[int, int], int]]:
     return capacity, gpu_ids
 
 
-def move_holds(part: AttemptNode, indices: list[int]) -> None:
-    """A cluster's scheduler runs the rank on other GPUs of its node than placement held (its
-    other work holds those): the holds follow the scheduler, which is the authority there."""
+def move_holds(part: AttemptNode, indices: list[int], node: Node | None = None) -> None:
+    """A cluster's scheduler runs the rank elsewhere than placement held: on other GPUs of its
+    node, or on another ``node`` (it places, knowing the cluster's other work). The holds and the
+    rank follow the scheduler, which is the authority there; rank 0's node is the attempt's
+    ``MASTER_ADDR``."""
+    node = node or part.node
     with transaction.atomic():
         GPU.objects.filter(allocated_to=part).update(allocated_to=None)
-        GPU.objects.filter(node_id=part.node_id, index__in=indices).update(allocated_to=part)
-        AttemptNode.objects.filter(pk=part.pk).update(gpu_indices=list(indices))
+        GPU.objects.filter(node_id=node.pk, index__in=indices).update(allocated_to=part)
+        AttemptNode.objects.filter(pk=part.pk).update(gpu_indices=list(indices), node=node)
+        if part.rank == 0 and node.pk != part.node_id:
+            JobAttempt.objects.filter(pk=part.attempt_id).update(master_addr=node.address)
     part.gpu_indices = list(indices)
+    part.node = node
 
 
 _CAUSE = re.compile(r"\b(S?Xid \d+)")

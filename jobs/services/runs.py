@@ -148,9 +148,10 @@ def part_submitted(part: AttemptNode, handle: str) -> None:
     part.backend_job = handle
 
 
-def part_gpus_moved(part: AttemptNode, indices: list[int]) -> None:
-    """The cluster's scheduler gave the rank other GPUs of its node (the run follows them)."""
-    move_holds(part, indices)
+def part_moved(part: AttemptNode, node_name: str, indices: list[int]) -> None:
+    """The cluster's scheduler started the rank on ``node_name``'s GPUs ``indices``, not where
+    placement held (the run followed them)."""
+    move_holds(part, indices, Node.objects.get(name=node_name))
 
 
 def queued_by_scheduler(attempt: JobAttempt, reason: str) -> bool:

@@ -22,7 +22,7 @@ RUNNING = {
     EndKind.OUT_OF_MEMORY: (S.FAILED, "{cause}; raise the job's memory limit"),
     EndKind.PID_LIMIT: (S.FAILED, "{cause}"),
     EndKind.STORAGE_LIMIT: (S.FAILED, "{cause}"),
-    EndKind.TIME_LIMIT: JUDGED,
+    EndKind.TIME_LIMIT: (S.FAILED, "max run time exceeded: {cause}"),
     EndKind.PREEMPTED: (S.PENDING, "{yielded}; {cause}"),
     EndKind.NODE_LOST: JUDGED,
     EndKind.SUPERVISOR_LOST: JUDGED,

@@ -34,6 +34,18 @@ def test_scontrol_records_are_read_with_spaces_in_values() -> None:
     assert expand_nodes("") == []
 
 
+def test_a_nodes_record_gives_its_real_size_address_and_the_gpus_slurm_allocated() -> None:
+    from jobs.backends.slurm.client import SlurmNode
+
+    node = SlurmNode.from_record(parse_record(
+        "NodeName=gpu07 Arch=x86_64 CoresPerSocket=1 CPUAlloc=2 CPUTot=64 Gres=gpu:a100:8(S:0-1) NodeAddr=10.0.3.7 "
+        "NodeHostName=gpu07 RealMemory=515000 State=MIXED GresUsed=gpu:a100:3(IDX:0-2) AllocTRES=cpu=2 Reason=(null)"
+    ))  # fmt: skip
+    assert (node.gpus, node.cpus, node.memory_mb, node.address, node.gpus_in_use) == (8, 64, 515000, "10.0.3.7", 3)
+    idle = SlurmNode.from_record(parse_record("NodeName=gpu08 CPUTot=64 Gres=gpu:8 State=IDLE GresUsed=gpu:0 RealMemory=1"))
+    assert (idle.gpus_in_use, idle.address) == (0, "")
+
+
 def test_a_jobs_environment_never_names_what_sbatch_itself_reads() -> None:
     """Its values reach sbatch's own environment: SBATCH_* and SLURM_* there are options (another
     partition, account, config file), LD_* the loader's. Refused before anything runs."""

@@ -79,6 +79,10 @@ class SlurmNode:
     reason: str
     gpus: int
     record: dict[str, str] = field(repr=False, default_factory=dict)
+    cpus: int | None = None  # CPUTot
+    memory_mb: int | None = None  # RealMemory
+    address: str = ""  # NodeAddr: where its ranks are reached
+    gpus_in_use: int = 0  # GPUs Slurm has allocated to jobs, anyone's (GresUsed)
 
     @property
     def drained(self) -> bool:
@@ -94,6 +98,12 @@ class SlurmNode:
             reason=re.sub(r"\s*\[[^\]\s]+@[^\]\s]+\]$", "", record.get("Reason", "")),
             gpus=int(gres.group(1)) if gres else 0,
             record=dict(record),
+            cpus=int(record["CPUTot"]) if record.get("CPUTot", "").isdigit() else None,
+            memory_mb=int(record["RealMemory"]) if record.get("RealMemory", "").isdigit() else None,
+            address=record.get("NodeAddr", ""),
+            # ``scontrol show node -d``: "gpu:4", "gpu:a100:3(IDX:0-2)"; AllocTRES names it only
+            # where accounting tracks GPUs (AccountingStorageTRES=gres/gpu).
+            gpus_in_use=int(used.group(1)) if (used := re.search(r"gpu(?::[^:,(]+)?:(\d+)", record.get("GresUsed", ""))) else 0,
         )
 
 
@@ -137,6 +147,7 @@ class Submission:
     # Requeued by Slurm when preempted or its node fails (False: it ends PREEMPTED or NODE_FAIL,
     # and the console places a new attempt itself).
     requeue: bool = True
+    comment: str = ""  # ``--comment``: kept in the job's records (``scontrol``, ``sacct``)
 
 
 @dataclass
@@ -181,6 +192,8 @@ class SlurmClient:
         ]  # fmt: skip
         if submission.nodelist:
             args.append(f"--nodelist={','.join(submission.nodelist)}")
+        if submission.comment:
+            args.append(f"--comment={_one_line(submission.comment)}")
         if submission.gpus_per_node:
             args.append(f"--gres=gpu:{submission.gpus_per_node}")
         if submission.exclude:
@@ -277,7 +290,7 @@ class SlurmClient:
 
     # --- nodes ---------------------------------------------------------------------------------
     def nodes(self) -> list[SlurmNode]:
-        out = self.run("scontrol", "show", "node", "-o")
+        out = self.run("scontrol", "show", "node", "-o", "-d")  # -d: GresUsed
         return [SlurmNode.from_record(parse_record(line)) for line in out.splitlines() if line.startswith("NodeName=")]
 
     def drain(self, node: str, reason: str) -> None:

@@ -21,9 +21,10 @@ On Slurm each attempt is one batch job:
   exclusions as ``--exclude``, CPUs and memory, the max run time as ``--time`` with SIGTERM
   ``grace_s`` before it (``--signal=B:TERM@N``), the project as the Slurm account, Spot as the
   preemptible partition or QOS the operator named (``SLURM_SPOT_PARTITION`` / ``SLURM_SPOT_QOS``),
-  the output appended to one file (a requeue keeps what was printed), ``--requeue``, and only the
-  run's own environment (``--export``). The batch script ``exec``s the command on one node; on
-  several, ``srun --label`` starts one rank per node (each line prefixed with its rank).
+  the output appended to one file (a requeue keeps what was printed), ``--requeue``, the comment
+  ``sacct`` shows, and only the run's own environment (``--export``). The batch script ``exec``s
+  the command on one node; on several, ``srun --label`` starts one task per node, all at once
+  (each line prefixed with its rank); a task that ends leaves the others to the console.
 * ``stop``: SIGTERM to every process of the job (``scancel --signal=TERM --full``); an attempt
   still running ``grace_s`` later is cancelled at the next ``observe`` (SIGKILL after Slurm's
   ``KillWait``).
@@ -76,6 +77,7 @@ class AttemptSpec:
     spot: bool = False  # preemptible capacity
     nodelist: Sequence[str] = ()  # run exactly there (the console placed it); empty: the backend places it
     requeue: bool = True  # the backend may run it again after a preemption or a node failure
+    comment: str = ""  # what the cluster's records keep of who asked for it (Slurm: ``--comment``, in ``sacct``)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,10 @@ class NodeView:
     takes_work: bool
     state: str  # the backend's own words (IDLE, MIXED+DRAIN, DOWN*, …)
     reason: str = ""
+    cpus: int | None = None
+    memory_mb: int | None = None
+    address: str = ""
+    gpus_in_use: int = 0  # allocated to jobs by the backend, whoever's
 
 
 class Scheduler(Protocol):
@@ -128,7 +134,8 @@ class SlurmScheduler:
     def submit(self, spec: AttemptSpec) -> str:
         command = shlex.quote(spec.command)
         if spec.nodes > 1:
-            run = f"exec srun --nodes={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --label bash -c {command}"
+            # A rank that ends does not end the others: the console judges the attempt.
+            run = f"exec srun --nodes={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --label bash -c {command}"
         else:
             run = f"exec bash -c {command}"
         script = f"#!/bin/bash\n{run}\n"
@@ -137,7 +144,7 @@ class SlurmScheduler:
             nodes=spec.nodes, exclude=tuple(spec.exclude), time_limit_minutes=spec.max_run_minutes, grace_s=spec.grace_s,
             cpus_per_task=spec.cpus, memory_mb=spec.memory_mb, account=spec.project,
             partition=self.spot_partition if spec.spot else self.partition, qos=self.spot_qos if spec.spot else None,
-            environment=dict(spec.environment), nodelist=tuple(spec.nodelist), requeue=spec.requeue,
+            environment=dict(spec.environment), nodelist=tuple(spec.nodelist), requeue=spec.requeue, comment=spec.comment,
         )  # fmt: skip
         return str(self.client.submit(submission))
 
@@ -190,6 +197,10 @@ class SlurmScheduler:
                 takes_work=state_takes_work(node.state),
                 state=node.state,
                 reason=node.reason,
+                cpus=node.cpus,
+                memory_mb=node.memory_mb,
+                address=node.address,
+                gpus_in_use=node.gpus_in_use,
             )
             for node in self.client.nodes()
         ]
