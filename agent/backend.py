@@ -68,8 +68,8 @@ def node_agent_refusal() -> str:
     around Slurm."""
     if backend_kind() == SLURM:
         return (
-            "BACKEND=slurm: Slurm runs the jobs on its nodes, driven by the console's Slurm agent in "
-            "`manage.py runconsole` (its embedded loop, EMBEDDED_AGENT=1, one console per cluster); a node agent "
-            "would run them on this machine around Slurm. Run no nodeagent on a Slurm cluster (docs/slurm.md)."
+            "BACKEND=slurm: Slurm runs the jobs on its nodes, driven by the console's Slurm engine: "
+            "`manage.py runconsole`'s embedded loop, or in a scale-out deployment one `manage.py slurmengine` per cluster; "
+            "a node agent would run them on this machine around Slurm. Run no nodeagent on a Slurm cluster (docs/slurm.md)."
         )
     return ""

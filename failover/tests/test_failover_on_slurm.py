@@ -328,7 +328,9 @@ TWO_RANKS = (
     "print('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'master', os.environ['MASTER_ADDR'], "
     "'launch', os.environ.get('SLURM_LAUNCH_NODE_IPADDR'), 'on', os.environ['SLURMD_NODENAME'], flush=True); "
     "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=60)); "
-    "t = torch.tensor([float(os.environ['RANK']) + 1]); dist.all_reduce(t); print('sum', t.item(), flush=True)\""
+    "t = torch.tensor([float(os.environ['RANK']) + 1]); dist.all_reduce(t); print('sum', t.item(), flush=True); "
+    # Without it, a rank that leaves while the other still talks to it may abort (SIGABRT).
+    'dist.barrier(); dist.destroy_process_group()"'
 )
 
 
@@ -342,7 +344,11 @@ def test_a_two_node_jobs_ranks_start_together_in_one_allocation_and_meet_at_its_
     project.multi_node_host_network = True  # Slurm's nodes are hosts of their own
     project.save()
     job = make_job(command=TWO_RANKS, node_count=2, gpus_per_node=1, env={"GLOO_SOCKET_IFNAME": "lo"})
-    job = drive(job, JobStatus.COMPLETED, timeout=180)
+    try:
+        job = drive(job, JobStatus.COMPLETED, timeout=180)
+    except AssertionError as error:  # what each rank printed, and where Slurm had them
+        parts = AttemptNode.objects.select_related("node").filter(attempt__job=job)
+        raise AssertionError(f"{error}; output {job_output(job)}; ranks {[(p.rank, p.node.name, p.backend_job, p.runner_pid) for p in parts]}") from error
     parts = list(AttemptNode.objects.select_related("node").filter(attempt__job=job).order_by("rank"))
     assert len({part.backend_job for part in parts}) == 1, [part.backend_job for part in parts]  # one Slurm job
     record = slurm.client.job(int(parts[0].backend_job))
