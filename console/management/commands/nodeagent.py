@@ -49,36 +49,9 @@ class Command(BaseCommand):
         agent.stop_strays()
         loop = EmbeddedControlLoop(agent, control=False)
         serve_process_metrics("nodeagent")  # its own log-line counts on METRICS_PORT, if set
-        stop = loop.stopped
         loop.start()
         self.stdout.write(f"node agent for {node.name} ({len(spec.gpus)} GPUs{', simulated' if spec.simulated else ''}) started")
-        try:
-            if settings.SCALE_OUT:
-                app.worker_main(
-                    [
-                        "worker",
-                        "-Q",
-                        node_queue(node.name),
-                        "-n",
-                        f"{node.name}@{socket.gethostname()}",
-                        "-P",
-                        "solo",
-                        "--without-gossip",
-                        "--without-mingle",
-                        "--without-heartbeat",
-                        "-l",
-                        "WARNING",
-                    ]
-                )
-            else:
-                signal.signal(signal.SIGTERM, lambda *_: stop.set())
-                while not stop.wait(1.0):
-                    pass
-        except KeyboardInterrupt:
-            pass
-        finally:
-            stop.set()
-            loop.join(15)  # the agent's shutdown: plug-ins stop their threads, NVML is shut down
+        serve(loop, [node_queue(node.name)], worker=f"{node.name}@{socket.gethostname()}")
 
     @staticmethod
     def node_spec(name: str, simulated: bool) -> NodeSpec:
@@ -92,3 +65,24 @@ class Command(BaseCommand):
             gpus=tuple(type(g)(index=g.index, uuid=g.uuid.replace(first.name, name), model=g.model, memory_mb=g.memory_mb) for g in first.gpus),
             simulated=first.simulated,
         )
+
+
+def serve(loop: EmbeddedControlLoop, queues: list[str], *, worker: str) -> None:
+    """Serve a started agent loop until SIGTERM: with a broker (``SCALE_OUT``) as the Celery worker
+    of ``queues`` (launches and stops reach the agent there), else until the loop stops. The loop
+    is stopped and joined on the way out (its agent's shutdown: plug-ins stop, NVML is shut down)."""
+    try:
+        if settings.SCALE_OUT:
+            app.worker_main(
+                ["worker", "-Q", ",".join(queues), "-n", worker, "-P", "solo",
+                 "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"]
+            )  # fmt: skip
+        else:
+            signal.signal(signal.SIGTERM, lambda *_: loop.stopped.set())
+            while not loop.stopped.wait(1.0):
+                pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        loop.stopped.set()
+        loop.join(15)

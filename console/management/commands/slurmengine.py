@@ -11,15 +11,13 @@ queues (``node.NAME``): placement's launches and stops reach it there. Run exact
 
 from __future__ import annotations
 
-import signal
 import socket
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from agent.backend import SLURM, backend_kind, start_local_agent
 from agent.loop import EmbeddedControlLoop
-from console.celery import app
+from console.management.commands.nodeagent import serve
 from jobs.services.messages import node_queue
 
 
@@ -31,23 +29,7 @@ class Command(BaseCommand):
             raise CommandError("BACKEND is not slurm: run `manage.py nodeagent --name NODE` on each GPU node instead (docs/deployment.md)")
         engine = start_local_agent(name="slurm")
         loop = EmbeddedControlLoop(engine, control=False)
-        stop = loop.stopped
         loop.start()
         names = list(engine.node_names)
         self.stdout.write(f"Slurm engine for {len(names)} node{'s' * (len(names) != 1)} ({', '.join(names)}) started")
-        try:
-            if settings.SCALE_OUT:
-                queues = ",".join(node_queue(name) for name in names)
-                app.worker_main(
-                    ["worker", "-Q", queues, "-n", f"slurmengine@{socket.gethostname()}", "-P", "solo",
-                     "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"]
-                )  # fmt: skip
-            else:
-                signal.signal(signal.SIGTERM, lambda *_: stop.set())
-                while not stop.wait(1.0):
-                    pass
-        except KeyboardInterrupt:
-            pass
-        finally:
-            stop.set()
-            loop.join(15)
+        serve(loop, [node_queue(name) for name in names], worker=f"slurmengine@{socket.gethostname()}")
