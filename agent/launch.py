@@ -365,17 +365,16 @@ class Launcher:
         point = resume_point(job, location, contained=contained) if attempt.number > 1 else None
         resume_step = point.step if point is not None else None
         started = True
+        for part in claimed:
+            part.attempt = attempt
         try:
             if self.port is not None:
                 # The whole attempt to the cluster's scheduler at once (one Slurm job, its ranks
                 # started together): each rank's start is reported when seen (agent.slurm).
-                for part in claimed:
-                    part.attempt = attempt
                 ranks = [(part, *self.prepare_run(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)) for part in claimed]
                 self.port.submit(job, attempt, ranks, workdir=str(dirs["work"]), resume_step=resume_step)
                 return claimed
             for part in claimed:
-                part.attempt = attempt
                 pid = self.start_runner(job, attempt, part, dirs, image_ref=image_ref, uid=uid, resume_step=resume_step)
                 logger.info("job %s: attempt %s rank %s started on %s (runner %s)", job.pk, attempt.number, part.rank, part.node.name, pid)
                 started = runs.part_started(part, runner_pid=pid, workdir=str(dirs["work"]), resume_step=resume_step) and started
