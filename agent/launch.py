@@ -24,7 +24,7 @@ from typing import NotRequired, TypedDict
 from django.conf import settings
 
 from agent import engine, networks, resume, runfiles, sandbox, uids, workdirs
-from agent.ports import LaunchPort
+from agent.ports import LaunchPort, RunAccount
 from agent.processes import RUNNER_MODULE, is_runner, signal_run
 from agent.runfiles import RunSpec
 from agent.sandbox import ContainerPolicy, RunLimits
@@ -106,9 +106,12 @@ class RunDirectories(TypedDict):
     fence: NotRequired[Path]  # the attempt's fence file's directory, once written
 
 
-def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, image_ref: str, dirs: RunDirectories, uid: int | None) -> ContainerPolicy:
+def container_policy(
+    job: TrainingJob, attempt: JobAttempt, part: AttemptNode, image_ref: str, dirs: RunDirectories, uid: int | None, *, account: RunAccount | None = None
+) -> ContainerPolicy:
     """What the run's container is: its image by digest, its mounts (an allow-list), devices,
-    user, network and limits (``agent.sandbox.container_argv``)."""
+    user, network and limits (``agent.sandbox.container_argv``); ``account``: started rootless
+    by a scheduler's unprivileged account (``agent.rootless``)."""
     node = part.node
     agents = set(AttemptNode.objects.filter(attempt=attempt).values_list("node__agent", flat=True))
     network, refusal = job_network(job.project, agents, job.node_count)
@@ -130,7 +133,7 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
         devices = []
     else:
         devices = sandbox.gpu_devices(part.gpu_indices, device_dir=None)
-    return {
+    policy: ContainerPolicy = {
         "podman": sandbox.podman_path(),
         "engine_env": engine_env(),
         "image": image_ref,
@@ -153,6 +156,20 @@ def container_policy(job: TrainingJob, attempt: JobAttempt, part: AttemptNode, i
         "hostname": node.name,
         "labels": {"io.satrain.job": job.pk, "io.satrain.attempt": attempt.number, "io.satrain.rank": part.rank},
     }
+    if account is not None:
+        registry, _ = engine.split_reference(image_ref)
+        policy["rootless"] = {"storage": account.storage, "tls_verify": registry not in engine.EngineConfig(engine_root()).local_registries(), "ranks": job.node_count}
+    return policy
+
+
+def pull_auth(job: TrainingJob, image_ref: str) -> dict:
+    """The credentials a rank pulling ``image_ref`` on its node gets: the platform's for its own
+    local registry, else the project's (``images.auth_for``), else none."""
+    registry, _ = engine.split_reference(image_ref)
+    platform = engine.EngineConfig(engine_root()).platform_auths()
+    if registry in platform:
+        return {"auths": {registry: platform[registry]}}
+    return images.auth_for(job) or {"auths": {}}
 
 
 def egress_deny() -> list[str]:
@@ -347,9 +364,12 @@ class Launcher:
                 runs.image_unavailable(attempt, claimed, f"image {job.image} could not be pulled: {pulled.message}")
                 return []
             runs.image_pulled(attempt, claimed[0], image_ref)
+        account = self.port.account() if self.port is not None else None
         try:
             location = output_location(job)
-            uid = run_uid(job) if contained else None
+            # A scheduler's account runs the ranks: the directories are its (its containers map
+            # their user to it); else the project's own uid on this node.
+            uid = account.uid if account is not None else (run_uid(job) if contained else None)
             dirs = self.make_directories(job, location, uid, contained=contained)
         except (PathRefused, workdirs.DirectoryRefused, uids.NoFreeUid, ValueError) as exc:
             runs.launch_failed(attempt, f"output directory refused: {exc}")
@@ -436,7 +456,9 @@ class Launcher:
     ) -> tuple[Path, Path]:
         """The rank's run directory and the spec its supervisor runs (``agent.runfiles``)."""
         work_root = Path(settings.JOB_WORK_ROOT)
-        directory = workdirs.make_private(work_root, runfiles.run_dir_parts(job.pk, attempt.number, part.rank))
+        account = self.port.account() if self.port is not None else None
+        owner = account.uid if account is not None else None
+        directory = workdirs.make_private(work_root, runfiles.run_dir_parts(job.pk, attempt.number, part.rank), owner=owner)
         runfiles.clear_stale(directory)
         contained = bool(image_ref)
         command = job.command
@@ -460,11 +482,15 @@ class Launcher:
             max_line_chars=settings.LOG_MAX_LINE_CHARS,
             max_lines=settings.LOG_MAX_LINES_PER_JOB,
             max_bytes=settings.LOG_MAX_BYTES_PER_JOB,
-            container=container_policy(job, attempt, part, image_ref, dirs, uid) if contained else None,
-            limits=run_limits(job),
+            container=container_policy(job, attempt, part, image_ref, dirs, uid, account=account) if contained else None,
+            # A scheduler's account: the scheduler enforces the job's limits (its cgroups).
+            limits=run_limits(job) if account is None else None,
             preamble=preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],
         )
-        return directory, runfiles.write_spec(directory, spec)
+        if account is not None and contained:
+            # The rank pulls its image on its node, as the account (agent.rootless.pull).
+            runfiles.write_private_json(directory / runfiles.PULL_AUTH_FILE, pull_auth(job, image_ref), owner=owner)
+        return directory, runfiles.write_spec(directory, spec, owner=owner)
 
     def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int:
         """Start ``agent.runner`` on the spec, detached; its pid."""

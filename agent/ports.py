@@ -25,13 +25,15 @@ The agent is passed as a ``LoopView`` (its name, nodes and live ranks).
 
 A ``LaunchPort``'s, called by ``agent.launch.Launcher``: ``submit`` hands a whole attempt's ranks
 (each with its run directory and spec) to the cluster's scheduler, which starts their runners
-later (reported when seen: ``RunPort.before_step``), and ``signal`` sends a signal to a rank's run
-(False where it could not).
+later (reported when seen: ``RunPort.before_step``), ``signal`` sends a signal to a rank's run
+(False where it could not), and ``account`` names the unprivileged account the scheduler runs
+them as (``None``: the agent's own user).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -77,7 +79,21 @@ class RunPort(Protocol):
 PreparedRank = tuple["AttemptNode", Path, Path]
 
 
+@dataclass(frozen=True)
+class RunAccount:
+    """The unprivileged Unix account a scheduler runs every rank as (a Slurm site's service
+    account, ``SLURM_USER``): the runs' directories are its, their containers rootless
+    (``agent.rootless``), their images in ``storage`` on each node."""
+
+    name: str
+    uid: int
+    gid: int
+    storage: str
+
+
 class LaunchPort(Protocol):
+    def account(self) -> RunAccount | None: ...
+
     def submit(self, job: TrainingJob, attempt: JobAttempt, ranks: Sequence[PreparedRank], *, workdir: str, resume_step: int | None) -> None: ...
 
     def signal(self, part: AttemptNode, sig: int) -> bool: ...

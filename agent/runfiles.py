@@ -65,6 +65,7 @@ from typing import Any, BinaryIO, NamedTuple
 from agent.sandbox import ContainerPolicy, RunLimits
 
 # --- the files -----------------------------------------------------------------------------------
+PULL_AUTH_FILE = "pull-auth.json"  # a rank a scheduler runs rootless: its image pull's credentials (agent.rootless)
 SPEC_FILE = "spec.json"
 PID_FILE = "pid.json"
 OUTPUT_FILE = "output.jsonl"
@@ -199,14 +200,21 @@ class SpecRefused(ValueError):
     """The spec file is missing, unreadable, or not a spec."""
 
 
-def write_spec(directory: Path, spec: RunSpec) -> Path:
-    """The agent writes the run's spec (0600, the agent's eyes only); returns its path, the
-    runner's argument."""
+def write_spec(directory: Path, spec: RunSpec, *, owner: int | None = None) -> Path:
+    """The agent writes the run's spec (0600, the agent's eyes only; ``owner``: the account a
+    scheduler runs the rank as, whose runner reads it); returns its path, the runner's argument."""
     path = directory / SPEC_FILE
+    write_private_json(path, asdict(spec), owner=owner)
+    return path
+
+
+def write_private_json(path: Path, payload: Mapping[str, Any], *, owner: int | None = None) -> None:
+    """``payload`` as a file only its owner reads (0600): the agent's user, or ``owner``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(asdict(spec)))
-    return path
+        if owner is not None and os.geteuid() == 0:
+            os.fchown(fh.fileno(), owner, -1)
+        fh.write(json.dumps(payload))
 
 
 def rewrite_spec(path: Path, spec: RunSpec) -> None:

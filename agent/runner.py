@@ -36,11 +36,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from agent import allocation, cgroups, networks, runfiles, sandbox
+from agent import allocation, cgroups, networks, rootless, runfiles, sandbox
 from agent.runfiles import ExitRecord, OutputWriter, PidRecord
 from agent.sandbox import ContainerPolicy, RunLimits, container_argv, env_file_text, root_tool_env
 from logs.progress_parser import may_tell
@@ -218,7 +218,9 @@ def run(spec_path: Path) -> int:
         spec = dataclasses.replace(spec, secret_env={})
         runfiles.rewrite_spec(spec_path, spec)
     limit, policy, limits = spec.max_line_chars, spec.container, spec.limits
-    cgroup, unlimited = make_cgroup(limits) if limits is not None else ([], "")
+    # Started rootless by a scheduler's account: the scheduler's cgroups hold the run.
+    unprivileged = (policy or {}).get("rootless")
+    cgroup, unlimited = make_cgroup(limits) if limits is not None and not unprivileged else ([], "")
     notes: list[str] = []
     parent = None
     popen: dict[str, Any] = {}
@@ -229,12 +231,21 @@ def run(spec_path: Path) -> int:
     network: networks.JobNetwork | None = None
     engine_env: dict[str, str] = {}
     if policy:
-        engine_env = root_tool_env(policy.get("engine_env"))
+        node = placed.node if placed is not None and placed.node else str(policy.get("hostname") or "")
+        engine_env = rootless.engine_env(unprivileged["storage"], node) if unprivileged else root_tool_env(policy.get("engine_env"))
         # A container of this name left by a runner killed outright would refuse the name.
         sandbox.remove_container(str(policy["podman"]), policy["name"], engine_env)
+        if unprivileged:
+            pulled, said = rootless.pull(
+                str(policy["podman"]), policy["image"], env=engine_env, auth_file=run_dir / runfiles.PULL_AUTH_FILE, tls_verify=unprivileged["tls_verify"]
+            )
+            if not pulled:
+                return refuse_start(run_dir, spec, cgroup, f"[console] the image could not be pulled on {node}: {said}")
+            if said:
+                notes.append(f"[console] {said} on {node}")
         try:
-            network = join_network(policy, engine_env)
-            seccomp = sandbox.seccomp_profile()
+            network = join_network(policy, engine_env) if not unprivileged else None
+            seccomp = sandbox.seccomp_profile(run_dir=secrets_dir(policy, engine_env))
         except (networks.NetworkUnavailable, OSError, ValueError) as exc:
             return refuse_start(run_dir, spec, cgroup, f"[console] the run could not start: {exc}")
         if network is not None:
@@ -243,7 +254,7 @@ def run(spec_path: Path) -> int:
         if left_out:
             notes.append(f"[console] not passed to the run (a newline in the value): {', '.join(sorted(left_out))}")
         env_file = runfiles.write_env(run_dir, env_text)
-        secret_file = sandbox.write_secret_env(policy["name"], secrets, int(policy["user"])) if secrets else None
+        secret_file = sandbox.write_secret_env(policy["name"], secrets, int(policy["user"]), run_dir=secrets_dir(policy, engine_env)) if secrets else None
         pidfile = runfiles.container_pidfile(run_dir)
         parent = cgroups.relative(Path(cgroup[0])) if cgroup else None
         argv = container_argv(
@@ -422,6 +433,10 @@ def slurm_epilog() -> int:
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id.isdigit():
         return 0
+    node, uid = os.environ.get("SLURMD_NODENAME", ""), os.environ.get("SLURM_JOB_UID", "")
+    if uid.isdigit() and uid != "0":
+        # A rootless run's container nests below the job's step: what Slurm did not kill.
+        rootless.reap_job_cgroups(node, uid, job_id)
     try:
         shown = subprocess.run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
@@ -431,6 +446,10 @@ def slurm_epilog() -> int:
         # Rank 0's run directory; every rank of the attempt is its sibling (a container not on
         # this node is not found, and nothing happens).
         for directory in sorted(Path(found.group(1)).parent.parent.glob("rank-*")):
+            policy = runfiles.spec_container(directory) or {}
+            if policy.get("rootless") and uid.isdigit():
+                rootless.remove_slurm_containers(str(policy.get("podman")), job_id, node=node, uid=int(uid), storage=policy["rootless"]["storage"])
+                break  # all of the job's on this node, by its label
             remove_container(directory)
     return 0
 
@@ -515,7 +534,13 @@ def remove_run_container(policy: ContainerPolicy, engine_env: dict[str, str], ne
             networks.remove_unused(str(wanted["name"]), podman=podman, env=engine_env)
     except (OSError, subprocess.SubprocessError):
         pass
-    sandbox.remove_secret_env(name)
+    sandbox.remove_secret_env(name, run_dir=secrets_dir(policy, engine_env))
+
+
+def secrets_dir(policy: ContainerPolicy, engine_env: Mapping[str, str]) -> Path:
+    """Where the run's secrets file and seccomp profile go: the node's ``/run/satrain``, or a
+    rootless account's runtime directory (memory too)."""
+    return Path(engine_env["XDG_RUNTIME_DIR"]) if policy.get("rootless") else sandbox.NODE_RUN_DIR
 
 
 def refuse_start(run_dir: Path, spec: runfiles.RunSpec, cgroup: list[str], line: str) -> int:
@@ -534,9 +559,10 @@ def refuse_start(run_dir: Path, spec: runfiles.RunSpec, cgroup: list[str], line:
 
 def remove_container(run_dir: Path) -> None:
     """Remove a killed run's container (its runner could not: Podman keeps a container whose
-    monitor was killed), its secrets and its job network."""
+    monitor was killed), its secrets and its job network. A rootless run's are its account's:
+    the cluster's Epilog removes them (``slurm_epilog``)."""
     policy = runfiles.spec_container(run_dir) or {}
-    if policy.get("podman") and policy.get("name"):
+    if policy.get("podman") and policy.get("name") and not policy.get("rootless"):
         remove_run_container(policy, root_tool_env(policy.get("engine_env")))
 
 

@@ -78,6 +78,14 @@ class JobNetworkPolicy(TypedDict):
     deny: list[str]
 
 
+class RootlessPolicy(TypedDict):
+    """A run a scheduler starts as an unprivileged account (``agent.rootless``)."""
+
+    storage: str  # the node-local directory of the account's images
+    tls_verify: bool  # False: the platform's plain-HTTP local registry
+    ranks: int  # the attempt's ranks: several meet on the hosts' network
+
+
 class ContainerPolicy(TypedDict, total=False):
     """The run's container (``agent.sandbox.container_argv``)."""
 
@@ -95,6 +103,7 @@ class ContainerPolicy(TypedDict, total=False):
     hostname: str
     labels: dict[str, int | str]
     shm_size: str
+    rootless: RootlessPolicy  # started by an unprivileged account (a Slurm site): rootless Podman
 
 
 def podman_path() -> str | None:
@@ -159,6 +168,7 @@ def container_argv(
     job network's name and this rank's address there (``agent.networks.join``); ``secret_file``:
     the run's secret variables on the node (``write_secret_env``); ``seccomp``: the profile."""
     uid = int(policy["user"])
+    rootless = policy.get("rootless")
     podman = policy["podman"]
     if podman is None:  # Popen would fail on the None anyway; say what is missing
         raise ValueError("the run's container policy names no Podman")
@@ -176,8 +186,6 @@ def container_argv(
         "all",
         "--security-opt",
         "no-new-privileges",
-        "--pids-limit",
-        str(int(policy.get("pids_limit") or 4096)),
         "--env-file",
         env_file,
         "--env",
@@ -195,10 +203,28 @@ def container_argv(
         "--stop-signal",
         "TERM",
     ]
+    if rootless:
+        # The run's user is the account itself, whose directories it writes; the PID limit is
+        # the scheduler's (rootless Podman on cgroup v1 cannot set one, and says so).
+        argv += ["--userns", "keep-id"]
+    else:
+        argv += ["--pids-limit", str(int(policy.get("pids_limit") or 4096))]
     if seccomp:
         argv += ["--security-opt", f"seccomp={seccomp}"]
     mode = policy.get("network")
-    if mode == "job" and network is not None:
+    if rootless and mode == "job":
+        # Job bridges and egress rules need root: ranks on several nodes meet on the hosts'
+        # network (as a site's Pyxis or Apptainer jobs do); one rank with egress goes out through
+        # slirp4netns, never to the host's loopback.
+        if int(rootless.get("ranks") or 1) > 1:
+            mode = "host"
+        elif (policy.get("job_network") or {}).get("egress") == "outbound":
+            mode = "slirp4netns"
+        else:
+            mode = "loopback"
+    if mode == "slirp4netns":
+        argv += ["--network", "slirp4netns:allow_host_loopback=false", "--hostname", str(policy.get("hostname") or "job")]
+    elif mode == "job" and network is not None:
         argv += ["--network", network[0], "--ip", network[1], "--sysctl", "net.ipv6.conf.all.disable_ipv6=1"]
         argv += ["--hostname", str(policy.get("hostname") or "job")]
     elif mode == "host":
@@ -235,11 +261,12 @@ def remove_container(podman: str, name: str, env: Mapping[str, str], *, timeout:
     return False
 
 
-def write_secret_env(name: str, secrets: Mapping[str, str], uid: int) -> str:
+def write_secret_env(name: str, secrets: Mapping[str, str], uid: int, *, run_dir: Path = NODE_RUN_DIR) -> str:
     """The run's secret variables as a file the container's shell sources (``NAME='value'``, one a
-    line), on the node's ``/run`` (memory), readable by the run's uid alone; its path."""
-    NODE_RUN_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
-    directory = NODE_RUN_DIR / "secrets"
+    line), on the node's ``/run`` (memory; ``run_dir``: a rootless account's own), readable by the
+    run's uid alone; its path."""
+    run_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+    directory = run_dir / "secrets"
     directory.mkdir(mode=0o711, exist_ok=True)
     path = directory / f"{name}.env"
     text = "".join(f"{key}={shlex.quote(value)}\n" for key, value in secrets.items() if key.isidentifier() and key.isascii())
@@ -253,8 +280,8 @@ def write_secret_env(name: str, secrets: Mapping[str, str], uid: int) -> str:
     return str(path)
 
 
-def remove_secret_env(name: str) -> None:
-    (NODE_RUN_DIR / "secrets" / f"{name}.env").unlink(missing_ok=True)
+def remove_secret_env(name: str, *, run_dir: Path = NODE_RUN_DIR) -> None:
+    (run_dir / "secrets" / f"{name}.env").unlink(missing_ok=True)
 
 
 # Docker's default profile refuses these to a container without CAP_SYS_ADMIN; Podman's allows
@@ -280,9 +307,9 @@ CLONE_NEW_MASK = 0x7E020000
 EPERM, ENOSYS = 1, 38
 
 
-def seccomp_profile(base: Path = PODMAN_SECCOMP) -> str:
+def seccomp_profile(base: Path = PODMAN_SECCOMP, *, run_dir: Path = NODE_RUN_DIR) -> str:
     """Podman's default profile without new namespaces, mounts or keyrings, written once to the
-    node's run directory; its path. ``clone3`` answers ENOSYS, so the C library falls back to
+    node's run directory (``run_dir``: a rootless account's own); its path. ``clone3`` answers ENOSYS, so the C library falls back to
     ``clone``, whose namespace flags are refused."""
     profile = json.loads(base.read_text())
     refused = {*REFUSED_SYSCALLS, "clone", "clone3"}
@@ -300,8 +327,8 @@ def seccomp_profile(base: Path = PODMAN_SECCOMP) -> str:
         {"names": sorted(REFUSED_SYSCALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
     ]
     text = json.dumps({**profile, "syscalls": syscalls}, sort_keys=True)
-    NODE_RUN_DIR.mkdir(mode=0o711, parents=True, exist_ok=True)
-    path = NODE_RUN_DIR / f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    run_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+    path = run_dir / f"seccomp-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     if not path.exists():
         scratch = path.with_suffix(f".{os.getpid()}.tmp")
         scratch.write_text(text)

@@ -32,6 +32,8 @@ from __future__ import annotations
 import getpass
 import logging
 import math
+import os
+import pwd
 import shlex
 import signal
 import sys
@@ -41,13 +43,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Count
 
 from agent import runfiles
 from agent.inventory import GpuSpec, NodeSpec, nvml_nodes
 from agent.launch import Launcher, simulated_devices
 from agent.node_agent import NodeAgent
-from agent.ports import LoopView, PreparedRank
+from agent.ports import LoopView, PreparedRank, RunAccount
 from agent.processes import RUNNER_MODULE, run_dir
 from agent.sandbox import root_tool_env
 from jobs.backends.base import Backend, state_takes_work
@@ -104,9 +107,9 @@ class ProjectAccounts:
     ``GrpTRES=gres/gpu=N`` is the project's ceiling, its quota plus its borrow limit (none where it
     may borrow without limit): Slurm then holds the project's work beyond it, whoever submits."""
 
-    def __init__(self, client: SlurmClient) -> None:
+    def __init__(self, client: SlurmClient, user: str | None = None) -> None:
         self.client = client
-        self.user = getpass.getuser()  # sbatch's user: it must be a user of each account
+        self.user = user or getpass.getuser()  # the jobs' user: it must be a user of each account
         self.applied: dict[str, int | None] = {}  # account → the GPU limit set on it
         self.refused: dict[str, int | None] = {}  # account → the GPU limit sacctmgr refused (not retried by ``sync``)
 
@@ -141,7 +144,7 @@ class ProjectAccounts:
                 self.ensure(project)
 
 
-def project_accounts(client: SlurmClient) -> ProjectAccounts | None:
+def project_accounts(client: SlurmClient, user: str | None = None) -> ProjectAccounts | None:
     """``SLURM_ACCOUNTS``: on, off, or (auto) on where the cluster keeps accounts."""
     mode = str(settings.SLURM_ACCOUNTS).lower()
     if mode in {"off", "0", "false", "no"}:
@@ -153,7 +156,31 @@ def project_accounts(client: SlurmClient) -> ProjectAccounts | None:
         except SlurmError as error:
             logger.warning("Slurm: could not tell whether the cluster keeps accounts (%s): jobs go to the default account", error)
             return None
-    return ProjectAccounts(client)
+    return ProjectAccounts(client, user)
+
+
+def runner_python() -> str:
+    """The interpreter of the ranks' supervisors: the console's own where they run as root, else
+    the nodes' (``SLURM_RUNNER_PYTHON``): a service account may not reach the console's (under
+    ``/root`` …), and a node need not have it."""
+    return settings.SLURM_RUNNER_PYTHON if run_account() is not None else sys.executable
+
+
+def run_account() -> RunAccount | None:
+    """The account Slurm runs every rank as (docs/slurm-site.md): ``SLURM_USER``, else the
+    console's own user where it is not root; None for a console run as root without one (the
+    ranks run as root, their containers rootful: only where the cluster allows root jobs and
+    does not constrain devices)."""
+    name = settings.SLURM_USER or ("" if os.geteuid() == 0 else getpass.getuser())
+    if not name:
+        return None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ImproperlyConfigured(f"SLURM_USER={name!r}: no such Unix user on this machine (it must exist on every node)") from None
+    if entry.pw_uid == 0:
+        return None
+    return RunAccount(name=name, uid=entry.pw_uid, gid=entry.pw_gid, storage=settings.SLURM_NODE_STORAGE)
 
 
 # Slurm's waiting reasons that need words for a console user.
@@ -183,8 +210,12 @@ class SlurmLaunch:
     def __init__(self, scheduler: SlurmScheduler) -> None:
         self.scheduler = scheduler
         self.queued: dict[int, Queued] = {}  # AttemptNode id → its queued batch job
-        self.accounts = project_accounts(scheduler.client)
+        self.run_as = run_account()
+        self.accounts = project_accounts(scheduler.client, self.run_as.name if self.run_as else None)
         self.sent: dict[str, set[int]] = {}  # a several-rank batch job → the signals sent to all its ranks
+
+    def account(self) -> RunAccount | None:
+        return self.run_as
 
     def submit(self, job: TrainingJob, attempt: JobAttempt, ranks: Sequence[PreparedRank], *, workdir: str, resume_step: int | None) -> None:
         """The attempt as one batch job of its whole shape: ``-N`` its ranks, each node's GPUs as
@@ -203,7 +234,7 @@ class SlurmLaunch:
         excluded = sorted(set(job.exclusions.filter(gpu__isnull=True).values_list("node__name", flat=True)))
         spec = AttemptSpec(
             key=f"satrain-{job.pk}-{attempt.number}",
-            command=shlex.join([sys.executable, "-m", RUNNER_MODULE, *(str(spec_path) for _, _, spec_path in ranks)]),
+            command=shlex.join([runner_python(), "-m", RUNNER_MODULE, *(str(spec_path) for _, _, spec_path in ranks)]),
             workdir=str(settings.BASE_DIR),
             output=str(first_directory / runfiles.RUNNER_LOG_FILE),
             environment=root_tool_env({"PYTHONPATH": str(settings.BASE_DIR)}),
@@ -221,6 +252,9 @@ class SlurmLaunch:
             # sacct links the batch job to the console's job and user (DisableRootJobs aside, the
             # submitting Unix user is the console's service account).
             comment=f"satrain:job={job.pk}:attempt={attempt.number}:user={job.owner.get_username()}",
+            # Root submits for the service account (``sbatch --uid``); a console run as that
+            # account submits as itself.
+            user=self.run_as.name if self.run_as is not None and os.geteuid() == 0 else None,
         )
         if self.accounts is not None:
             try:

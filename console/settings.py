@@ -275,6 +275,15 @@ SLURM_ACCOUNT_PREFIX = env_str("SLURM_ACCOUNT_PREFIX", "satrain-")
 SLURM_HEALTH_DIR = env_str("SLURM_HEALTH_DIR", "")
 # How often the Slurm agent reads the cluster's nodes and jobs (seconds): one scontrol call each.
 SLURM_POLL_INTERVAL = env_float("SLURM_POLL_INTERVAL", 1.0)
+# The Unix account every Slurm job runs as (a site with DisableRootJobs=YES; docs/slurm-site.md):
+# a console run as root submits for it (sbatch --uid); empty: the console's own user. Its ranks'
+# containers are rootless, their images pulled on each node into SLURM_NODE_STORAGE (node-local).
+SLURM_USER = env_str("SLURM_USER", "")
+SLURM_NODE_STORAGE = env_str("SLURM_NODE_STORAGE", "/var/tmp/satrain")
+# The Python (3.11 or later, standard library only) each node runs a rank's supervisor with
+# (agent.runner, from the console's checkout on a shared filesystem): the node's own, found on
+# /usr/bin:/bin where it is a bare name.
+SLURM_RUNNER_PYTHON = env_str("SLURM_RUNNER_PYTHON", "/usr/bin/python3")
 # How often the embedded control loop places jobs and polls runs (seconds).
 AGENT_POLL_INTERVAL = env_float("AGENT_POLL_INTERVAL", 0.5)
 # How often the node agent samples each run's GPU and host usage (seconds; 0 turns sampling off).

@@ -107,7 +107,7 @@ class LiveConsole:
         if BACKEND == "slurm":
             # The same pages on the Slurm backend: a one-host cluster whose three nodes have
             # four (fake) GPUs each, as the simulated ones.
-            from harness.slurm import slurm_missing
+            from harness.slurm import site_env, slurm_missing
             from jobs.backends.slurm.cluster import LocalSlurmCluster
 
             reason = slurm_missing()
@@ -115,8 +115,8 @@ class LiveConsole:
                 if os.environ.get("REQUIRE_SLURM") == "1":
                     pytest.fail(reason)
                 pytest.skip(reason)
-            self.slurm = LocalSlurmCluster(workdir / "slurm")
-            env.update({"BACKEND": "slurm", "SLURM_CONF": str(self.slurm.conf), "SLURM_HEALTH_DIR": str(self.slurm.health_dir), "SLURM_POLL_INTERVAL": "0.5"})
+            self.slurm = LocalSlurmCluster(workdir / "slurm", site=True)
+            env.update({**site_env(self.slurm, workdir), "SLURM_POLL_INTERVAL": "0.5"})
         self.env = env
         self.log_path = workdir / "console.log"
         self.proc: subprocess.Popen | None = None

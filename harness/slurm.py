@@ -1,6 +1,8 @@
 """A real Slurm cluster for the tests: ``slurm_cluster``, one ``LocalSlurmCluster`` per test
-session (munged, slurmctld, three slurmd on this host, fake GPUs); ``slurm_accounting_cluster``,
-one that keeps accounts, per module; and ``slurm``, the console on a cluster (``BACKEND=slurm``).
+session (munged, slurmctld, three slurmd on this host, fake GPUs), configured as a GPU site runs
+Slurm (cgroups with ``ConstrainDevices=yes``, ``DisableRootJobs=YES``: jobs run as the service
+account, their containers rootless); ``slurm_accounting_cluster``, one that keeps accounts, per
+module; and ``slurm``, the console on a cluster (``BACKEND=slurm``).
 Needs root and Debian's ``slurm-wlm`` and ``munge``; CI installs them and sets
 ``REQUIRE_SLURM=1``, so there a missing piece fails instead of skipping."""
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -34,7 +37,7 @@ def running_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, *, acco
         if os.environ.get("REQUIRE_SLURM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    cluster = LocalSlurmCluster(tmp_path_factory.mktemp(name), accounting=accounting)
+    cluster = LocalSlurmCluster(tmp_path_factory.mktemp(name), accounting=accounting, site=True)
     try:
         cluster.start()
         yield cluster
@@ -66,8 +69,30 @@ def slurm(request: pytest.FixtureRequest, settings) -> Iterator[LocalSlurmCluste
     settings.SLURM_HEALTH_DIR = str(cluster.health_dir)
     settings.SLURM_SPOT_PARTITION = "spot"
     settings.SLURM_POLL_INTERVAL = 0.3
+    settings.SLURM_USER = cluster.user
+    # A run's GPUs are the cluster's GRES devices (character devices the job's cgroup allows or
+    # denies), not stand-in files.
+    settings.SIMULATED_DEVICE_DIR = cluster.device_dir
+    open_to_jobs(cluster, [Path(settings.JOB_WORK_ROOT), cluster.device_dir])
     yield cluster
     reset(cluster)
+
+
+def open_to_jobs(cluster: LocalSlurmCluster, directories: list[Path]) -> None:
+    """The console's directories the cluster's jobs reach (as its service account): made, and
+    every directory above them traversable."""
+    for directory in directories:
+        directory.mkdir(parents=True, exist_ok=True)
+        cluster.open_to(directory)
+
+
+def site_env(cluster: LocalSlurmCluster, workdir: Path) -> dict[str, str]:
+    """A live console's environment on ``cluster`` (its state under ``workdir``)."""
+    open_to_jobs(cluster, [workdir / "jobs", cluster.device_dir])
+    return {
+        "BACKEND": "slurm", "SLURM_CONF": str(cluster.conf), "SLURM_HEALTH_DIR": str(cluster.health_dir), "SLURM_USER": cluster.user,
+        "JOB_WORK_ROOT": str(workdir / "jobs"), "SIMULATED_DEVICE_DIR": str(cluster.device_dir),
+    }  # fmt: skip
 
 
 def reset(cluster: LocalSlurmCluster) -> None:

@@ -74,7 +74,11 @@ class EngineConfig:
 
     def platform_registries(self) -> set[str]:
         """The registries (``127.0.0.1:<port>``) the platform's auth file has credentials for."""
-        return set(read_auths(self.platform_auth_file))
+        return set(self.platform_auths())
+
+    def platform_auths(self) -> dict[str, dict]:
+        """The platform's auth file's ``auths`` ({registry: {"auth": base64}})."""
+        return read_auths(self.platform_auth_file)
 
     def local_registries(self) -> list[str]:
         """The loopback registries marked insecure (plain HTTP) in registries.conf."""

@@ -15,6 +15,7 @@ import pytest
 from harness.processes import PY, ROOT
 from harness.sandbox import needs_sandbox
 from harness.scaleout import Cluster, running_cluster
+from harness.slurm import site_env
 from jobs.backends.slurm.cluster import LocalSlurmCluster
 
 pytestmark = [pytest.mark.scaleout, pytest.mark.slow, needs_sandbox]
@@ -28,10 +29,7 @@ class SlurmScaleOut(Cluster):
     def __init__(self, tmp: Path, pg_url: str, redis_url: str, slurm: LocalSlurmCluster) -> None:
         super().__init__(tmp, pg_url, redis_url)
         self.slurm = slurm
-        self.env.update(
-            BACKEND="slurm", SLURM_CONF=str(slurm.conf), SLURM_HEALTH_DIR=str(slurm.health_dir), SLURM_POLL_INTERVAL="0.5",
-            SLURM_SPOT_PARTITION="spot", SIMULATED_GPUS="1",
-        )  # fmt: skip
+        self.env.update(site_env(slurm, tmp), SLURM_POLL_INTERVAL="0.5", SLURM_SPOT_PARTITION="spot", SIMULATED_GPUS="1")
 
     def start(self) -> None:
         super().start()

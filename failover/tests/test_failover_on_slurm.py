@@ -7,6 +7,8 @@ GPU limit."""
 
 from __future__ import annotations
 
+import pwd
+import shlex
 import signal
 import subprocess
 import time
@@ -60,6 +62,28 @@ def test_a_job_runs_as_a_slurm_batch_job_to_its_end(make_job, drive, slurm):
     assert record.record.get("TresPerNode", "").endswith("gpu:2"), record.record
     # Slurm's own names reach the run, as a batch script there sees them.
     assert job_output(job) == [f"hello from {part.node.name} gpus={','.join(map(str, part.gpu_indices))}"], job_output(job)
+
+
+def test_on_a_site_cluster_a_run_is_the_service_accounts_inside_its_slurm_jobs_cgroup_with_only_its_gpus(make_job, drive, slurm):
+    """The cluster is configured as GPU sites run Slurm, and the run lives inside what Slurm gave
+    it: its container rootless, its user the service account, nested in the Slurm job's cgroup
+    whose device list allows only the GPU allocated."""
+    conf = slurm.conf.read_text()
+    for line in ("ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup", "DisableRootJobs=YES"):
+        assert line in conf.splitlines(), line
+    assert "ConstrainDevices=yes" in (slurm.conf.parent / "cgroup.conf").read_text().splitlines()
+    opens = "import glob, os\nfor p in sorted(glob.glob('/dev/nvidia[0-9]*')):\n try: os.open(p, os.O_RDWR)\n except OSError as e: print(p, e.strerror)"
+    job = make_job(command=f"id -u; grep -m1 ':devices:' /proc/self/cgroup; python3 -c {shlex.quote(opens)}", gpus_per_node=1)
+    job = drive(job, JobStatus.COMPLETED, timeout=120)
+    part = AttemptNode.objects.get(attempt__job=job)
+    account = pwd.getpwnam(slurm.user)
+    record = slurm.client.job(int(part.backend_job))
+    assert record is not None and record.record.get("UserId", "").startswith(f"{slurm.user}("), record.record
+    uid, cgroup, *devices = job_output(job)
+    assert uid == str(account.pw_uid), job_output(job)
+    assert f"/slurm_{part.node.name}/uid_{account.pw_uid}/job_{part.backend_job}/" in cgroup, cgroup
+    # Its one GPU is the node's GRES device, which the cgroup lets it open (no driver: ENXIO).
+    assert devices == [f"/dev/nvidia{part.gpu_indices[0]} No such device or address"], job_output(job)
 
 
 def test_the_spot_script_fails_over_on_xid_79_with_its_node_drained_in_slurm(make_job, drive, agent, slurm):
@@ -133,6 +157,7 @@ def test_the_spot_script_preempted_by_on_demand_work_waits_and_resumes_from_its_
     wait_until(agent, lambda: commits(job, 1), "attempt 1's first checkpoint", timeout=300)
     assert slurm.client.job(int(first.backend_job)).record.get("Partition") == "spot"
     slurm.client.submit(Submission(
+        user=slurm.other_user,
         name="on-demand", script="#!/bin/bash\nsleep 20\n", output="/dev/null", workdir="/tmp", gpus_per_node=4,
         nodelist=(first.node.name,), partition="gpu",
     ))  # fmt: skip
@@ -243,17 +268,21 @@ def test_an_xid_the_node_handed_over_while_the_console_was_down_fails_the_run_ov
 
 
 def test_the_container_of_a_run_slurm_killed_is_removed_by_the_epilog(make_job, drive, agent, slurm):
-    from agent import runfiles
+    from agent import rootless, runfiles
     from agent.processes import run_dir
-    from agent.sandbox import root_tool_env
 
     job = drive(make_job(command=SLEEPER, gpus_per_node=1, failover_enabled=False), JobStatus.RUNNING, timeout=120)
     part = running_attempt(job, 1)
     wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the run's first line")
     policy = runfiles.spec_container(run_dir(part)) or {}
 
+    part.refresh_from_db()
+    account = pwd.getpwnam(slurm.user)
+    # The run's container is the service account's, in its rootless storage on the run's node.
+    env = rootless.engine_env(policy["rootless"]["storage"], part.node.name, uid=account.pw_uid, create=False)
+
     def container_exists() -> bool:
-        found = subprocess.run([policy["podman"], "container", "exists", policy["name"]], env=root_tool_env(policy["engine_env"]), check=False)
+        found = subprocess.run([policy["podman"], "container", "exists", policy["name"]], env=env, user=account.pw_uid, group=account.pw_gid, cwd="/", check=False)
         return found.returncode == 0
 
     assert container_exists()
@@ -273,6 +302,7 @@ def test_a_run_slurm_holds_shows_slurms_reason_until_it_starts(make_job, drive, 
 
     only_node_a_takes_work()
     other = slurm.client.submit(Submission(
+        user=slurm.other_user,
         name="someone-else", script="#!/bin/bash\nsleep 8\n", output="/dev/null", workdir="/tmp", gpus_per_node=4, nodelist=("node-a",),
     ))  # fmt: skip
     job = make_job(command="echo ran", gpus_per_node=1)
@@ -303,6 +333,7 @@ def test_another_users_job_holding_a_nodes_gpus_never_delays_a_console_job_while
     from jobs.backends.slurm.client import Submission
 
     other = slurm.client.submit(Submission(
+        user=slurm.other_user,
         name="someone-else", script="#!/bin/bash\nsleep 120\n", output="/dev/null", workdir="/tmp", gpus_per_node=4, nodelist=("node-a",),
     ))  # fmt: skip
     wait_until(
@@ -397,6 +428,7 @@ def test_a_run_uses_the_gpus_slurm_gave_it_and_the_console_follows(make_job, dri
 
     only_node_a_takes_work()
     slurm.client.submit(Submission(
+        user=slurm.other_user,
         name="someone-else", script="#!/bin/bash\nsleep 30\n", output="/dev/null", workdir="/tmp", gpus_per_node=1, nodelist=("node-a",),
     ))  # fmt: skip
     wait_until(agent, lambda: "ALLOCATED" in slurm_node(slurm, "node-a").state or "MIXED" in slurm_node(slurm, "node-a").state, "GPU 0 taken")
@@ -423,8 +455,9 @@ def test_a_projects_job_runs_under_its_account_whose_gpu_limit_slurm_enforces(ma
     client = slurm.client
     # The project's account exists already (an operator made it, with a looser limit), and
     # someone outside the console runs on it with 2 GPUs.
-    client.set_account("satrain-team", gpu_limit=3, user="root")
+    client.set_account("satrain-team", gpu_limit=3, user=slurm.other_user)
     other = client.submit(Submission(
+        user=slurm.other_user,
         name="outside", script="#!/bin/bash\nsleep 6\n", output="/dev/null", workdir="/tmp", gpus_per_node=2, account="satrain-team",
     ))  # fmt: skip
     job = make_job(command="echo on $SLURM_JOB_ACCOUNT; exit 0", gpus_per_node=1, project=team)
@@ -433,7 +466,7 @@ def test_a_projects_job_runs_under_its_account_whose_gpu_limit_slurm_enforces(ma
     wait_until(agent, lambda: "AssocGrpGRES" in (job.refresh_from_db() or job.status_reason), "Slurm's limit shown on the job", timeout=60)
     assert job.status == JobStatus.PENDING and "GPU limit" in job.status_reason, job.status_reason
     account = client.accounts()["satrain-team"]
-    assert account.gpu_limit == 2 and "root" in account.users, account
+    assert account.gpu_limit == 2 and slurm.user in account.users, account
     part = running_attempt(job, 1)
     record = client.job(int(part.backend_job))
     assert record is not None and record.record.get("Account") == "satrain-team" and record.reason == "AssocGrpGRES", record.record

@@ -8,6 +8,8 @@ elsewhere the tests are skipped with what is missing."""
 from __future__ import annotations
 
 import os
+import pwd
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,14 +18,26 @@ import pytest
 
 from harness.slurm import reset
 from jobs.backends.slurm.client import SlurmClient, SlurmError, Submission, expand_nodes, parse_record
-from jobs.backends.slurm.cluster import LocalSlurmCluster
+from jobs.backends.slurm.cluster import SERVICE_ACCOUNT, LocalSlurmCluster
 
 
 @pytest.fixture
-def cluster(slurm_cluster: LocalSlurmCluster) -> Iterator[LocalSlurmCluster]:
-    """The session's cluster alone (the Slurm client's tests, no console on it), left as it was found."""
+def cluster(slurm_cluster: LocalSlurmCluster, tmp_path: Path) -> Iterator[LocalSlurmCluster]:
+    """The session's cluster alone (the Slurm client's tests, no console on it), left as it was
+    found. Its jobs run as its service account (``DisableRootJobs``): the test's directory is that
+    account's."""
+    owned(slurm_cluster, tmp_path)
     yield slurm_cluster
     reset(slurm_cluster)
+
+
+def owned(cluster: LocalSlurmCluster, directory: Path) -> Path:
+    """``directory`` (made where missing) the cluster's service account's, and reachable by it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    account = pwd.getpwnam(cluster.user)
+    os.chown(directory, account.pw_uid, account.pw_gid)
+    cluster.open_to(directory)
+    return directory
 
 
 def test_scontrol_records_are_read_with_spaces_in_values() -> None:
@@ -107,7 +121,7 @@ def test_a_gpu_job_runs_with_its_gpus_and_only_its_own_environment(cluster: Loca
     output = tmp_path / "job.log"
     os.environ["CONSOLE_SECRET"] = "never in a job"
     try:
-        job_id = client.submit(Submission(name="gpus", script=SCRIPT, output=str(output), workdir=str(tmp_path),
+        job_id = client.submit(Submission(name="gpus", user=cluster.user, script=SCRIPT, output=str(output), workdir=str(tmp_path),
                                           gpus_per_node=2, environment={"TOKEN": "t-1"}))  # fmt: skip
     finally:
         del os.environ["CONSOLE_SECRET"]
@@ -121,7 +135,7 @@ def test_a_gpu_job_runs_with_its_gpus_and_only_its_own_environment(cluster: Loca
     fake = tmp_path / "bin" / "sbatch"
     fake.write_text(f"#!/bin/sh\ntouch {tmp_path / 'fake-ran'}\necho 999999\n")
     fake.chmod(0o755)
-    job_id = client.submit(Submission(name="path", script=SCRIPT, output=str(output), workdir=str(tmp_path),
+    job_id = client.submit(Submission(name="path", user=cluster.user, script=SCRIPT, output=str(output), workdir=str(tmp_path),
                                       environment={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}))  # fmt: skip
     assert job_id != 999999 and not (tmp_path / "fake-ran").exists()
     client.cancel(job_id)
@@ -129,10 +143,31 @@ def test_a_gpu_job_runs_with_its_gpus_and_only_its_own_environment(cluster: Loca
 
 
 @pytest.mark.slow
+def test_a_job_opens_only_the_gpus_slurm_gave_it_and_root_may_not_submit(cluster: LocalSlurmCluster, tmp_path: Path) -> None:
+    """``ConstrainDevices=yes``: the allocated GPU opens (no driver: ENXIO), the node's others are
+    denied by the job's devices cgroup (EPERM) though their mode lets anyone open them;
+    ``DisableRootJobs=YES``: root's own job is refused."""
+    client = cluster.client
+    output = tmp_path / "devices.log"
+    opens = (
+        "import os, sys\nfor i in range(4):\n try: os.open(f'{sys.argv[1]}/nvidia{i}', os.O_RDWR)\n"
+        " except OSError as e: print(i, e.errno == 6 and 'opens' or e.strerror)"
+    )
+    script = f"#!/bin/bash\necho gpus=$SLURM_JOB_GPUS\n/usr/bin/python3 -c {shlex.quote(opens)} {cluster.device_dir}/$SLURMD_NODENAME\n"
+    job_id = client.submit(Submission(name="devices", user=cluster.user, script=script, output=str(output), workdir=str(tmp_path), gpus_per_node=1))
+    wait_for(client, job_id, {"COMPLETED"})
+    first, *lines = output.read_text().splitlines()
+    given = int(first.removeprefix("gpus="))
+    assert lines == [f"{i} {'opens' if i == given else 'Operation not permitted'}" for i in range(4)], lines
+    with pytest.raises(SlurmError, match="Invalid user id"):
+        client.submit(Submission(name="as-root", script="#!/bin/bash\ntrue\n", output="/dev/null", workdir="/tmp"))
+
+
+@pytest.mark.slow
 def test_failover_drains_the_node_requeues_and_runs_elsewhere_with_the_log_kept(cluster: LocalSlurmCluster, tmp_path: Path) -> None:
     client = cluster.client
     output = tmp_path / "job.log"
-    job_id = client.submit(Submission(name="failover", script=SCRIPT, output=str(output), workdir=str(tmp_path), gpus_per_node=1))
+    job_id = client.submit(Submission(name="failover", user=cluster.user, script=SCRIPT, output=str(output), workdir=str(tmp_path), gpus_per_node=1))
     first = wait_for(client, job_id, {"RUNNING"}).nodes[0]
     wait_for_line(output, "start restart=0")
     began = time.monotonic()
@@ -181,7 +216,7 @@ def spec(tmp_path: Path, command: str, **fields):
     from jobs.backends.slurm.scheduler import AttemptSpec
 
     return AttemptSpec(key=f"job-1-attempt-{len(list(tmp_path.iterdir()))}", command=command, workdir=str(tmp_path),
-                       output=str(tmp_path / "out.log"), **fields)  # fmt: skip
+                       output=str(tmp_path / "out.log"), user=SERVICE_ACCOUNT, **fields)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -249,7 +284,7 @@ def test_a_spot_job_is_preempted_by_on_demand_work_gets_sigterm_and_waits_again(
     script = "trap 'echo SIGTERM: saving; sleep 1; exit 143' TERM; echo spot start $SLURM_RESTART_COUNT; while true; do sleep 0.1; done"
     spots = []
     for index, _ in enumerate(cluster.nodes):
-        (tmp_path / f"spot{index}").mkdir()
+        owned(cluster, tmp_path / f"spot{index}")
         spots.append(backend.submit(spec(tmp_path / f"spot{index}", script, gpus_per_node=4, spot=True)))
     for index, handle in enumerate(spots):
         observe_until(backend, handle, {"running"})

@@ -10,6 +10,7 @@ a path); :func:`parse_record` reads them. ``squeue --json`` ignores ``-j`` in 22
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -148,6 +149,7 @@ class Submission:
     # and the console places a new attempt itself).
     requeue: bool = True
     comment: str = ""  # ``--comment``: kept in the job's records (``scontrol``, ``sacct``)
+    user: str | None = None  # ``--uid``: the Unix user it runs as, where root submits for another
 
 
 @dataclass
@@ -194,6 +196,14 @@ class SlurmClient:
             args.append(f"--nodelist={','.join(submission.nodelist)}")
         if submission.comment:
             args.append(f"--comment={_one_line(submission.comment)}")
+        if submission.user:
+            # Its primary group too: without --gid the job runs with root's group, and Slurm
+            # cannot even write its output file.
+            try:
+                group = pwd.getpwnam(submission.user).pw_gid
+            except KeyError:
+                raise SlurmError(f"sbatch: not submitted: no Unix user {submission.user!r} on this machine") from None
+            args += [f"--uid={submission.user}", f"--gid={group}"]
         if submission.gpus_per_node:
             args.append(f"--gres=gpu:{submission.gpus_per_node}")
         if submission.exclude:

@@ -9,6 +9,16 @@ host's cgroup layout). A requeued job would wait ``cred_expire`` + 1 s and the s
 intervals: they are set short (``cred_expire=10``, ``sched_interval=2``, ``bf_interval=1``).
 Needs root (``mknod``; slurmd runs jobs as their submitting user).
 
+With ``site=True`` (the tests' cluster) it is configured as GPU sites run Slurm
+(docs/slurm-site.md): ``proctrack/cgroup`` and ``task/cgroup`` with ``ConstrainDevices=yes`` (a job
+opens only the GPUs Slurm gave it) and ``ConstrainRAMSpace=yes``, ``DisableRootJobs=YES`` (jobs run
+as ``user``, a service account made here where missing), an Epilog as root that reaps what a job's
+containers left in its cgroups (``agent.runner --slurm-epilog``). Each ``slurmd`` makes host-wide
+cgroups named by node and job id: the cluster's job ids start at a random ``FirstJobId``, so two
+test clusters on one host never share a job's cgroup. Its files are reachable by ``user``
+(``open_to``): the munge socket's directory and every directory above the cluster's are
+traversable (the key stays 0400 in a 0700 directory).
+
 With ``accounting=True`` it also keeps accounts: a private MariaDB (its own data directory,
 loopback port and password) and ``slurmdbd``, limits enforced
 (``AccountingStorageEnforce=associations,limits,safe``, ``gres/gpu`` a TRES). Clients reach
@@ -20,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import secrets
 import shutil
 import socket
@@ -35,6 +46,10 @@ from jobs.backends.slurm.client import SlurmClient, SlurmError
 SPOT_PARTITION = "spot"
 HEALTH_CHECK_INTERVAL_S = 3
 SPOT_GRACE_S = 15  # a contained run's SIGTERM, its checkpoint and Podman's clean-up fit in it
+# The Unix account a site's console submits every job as (docs/slurm-site.md).
+SERVICE_ACCOUNT = "satrain-svc"
+# Another user of the cluster, outside the console (the tests' "someone else's sbatch").
+OTHER_USER = "satrain-other"
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sinfo", "scancel")
 # Accounting's (Debian: ``apt-get install slurmdbd mariadb-server``).
 ACCOUNTING = ("slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")
@@ -67,11 +82,26 @@ class LocalSlurmCluster:
         gpus: Fake GPUs per node.
         cpus: CPUs each node declares.
         accounting: Keep accounts (MariaDB and slurmdbd), enforcing their limits.
+        site: Configured as GPU sites run Slurm (cgroups, ``ConstrainDevices``, ``DisableRootJobs``).
+        user: The Unix account jobs run as on a ``site`` cluster (made where missing).
     """
 
-    def __init__(self, root: Path, *, nodes: Sequence[str] = ("node-a", "node-b", "node-c"), gpus: int = 4, cpus: int = 4, accounting: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        nodes: Sequence[str] = ("node-a", "node-b", "node-c"),
+        gpus: int = 4,
+        cpus: int = 4,
+        accounting: bool = False,
+        site: bool = False,
+        user: str = SERVICE_ACCOUNT,
+    ) -> None:
         self.root = root
         self.accounting = accounting
+        self.site = site
+        self.user = user if site else "root"
+        self.other_user = OTHER_USER if site else "root"
         self.nodes = list(nodes)
         self.gpus = gpus
         self.cpus = cpus
@@ -83,10 +113,13 @@ class LocalSlurmCluster:
     # --- set-up ----------------------------------------------------------------------------
     def write_config(self) -> None:
         root = self.root
-        for sub in ("etc", "state", "run", "log", "munge", "spool", "jobs", "db"):
+        for sub in ("etc", "state", "run", "log", "munge", "munge-key", "spool", "jobs", "db"):
             (root / sub).mkdir(parents=True, exist_ok=True)
-        os.chmod(root / "munge", 0o700)
-        key = root / "munge" / "munge.key"
+        # The socket's directory is every job user's way to munged (sbatch and srun in a job); the
+        # key is munged's alone.
+        os.chmod(root / "munge", 0o755)
+        os.chmod(root / "munge-key", 0o700)
+        key = root / "munge-key" / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
@@ -106,8 +139,7 @@ class LocalSlurmCluster:
             f"SlurmdPidFile={root}/run/slurmd-%n.pid",
             f"SlurmctldLogFile={root}/log/slurmctld.log",
             f"SlurmdLogFile={root}/log/slurmd-%n.log",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            *(self._site_lines() if self.site else ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]),
             "MpiDefault=none",
             "SwitchType=switch/none",
             "SelectType=select/cons_tres",
@@ -119,7 +151,7 @@ class LocalSlurmCluster:
             "PreemptMode=REQUEUE",
             "SchedulerParameters=nohold_on_prolog_fail,sched_interval=2,bf_interval=1",
             *(self._accounting_lines(dbd_port) if self.accounting else ["AccountingStorageType=accounting_storage/none"]),
-            "JobAcctGatherType=jobacct_gather/none",
+            f"JobAcctGatherType=jobacct_gather/{'cgroup' if self.site else 'none'}",
             "ReturnToService=2",
             "SlurmdTimeout=10",
             "InactiveLimit=0",
@@ -135,12 +167,13 @@ class LocalSlurmCluster:
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} RealMemory=2000 Gres=gpu:{self.gpus} State=UNKNOWN"
             )
-            devices = root / "dev" / name
+            devices = self.device_dir / name
             devices.mkdir(parents=True, exist_ok=True)
             for index in range(self.gpus):
                 device = devices / f"nvidia{index}"
                 if not device.exists():
                     os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(195, index))
+                device.chmod(0o666)  # as NVIDIA's: the devices cgroup, not the mode, decides
             gres.append(f"NodeName={name} Name=gpu File={devices}/nvidia[0-{self.gpus - 1}]")
         # Spot: a preemptible partition on the same nodes. On-Demand work (the higher tier)
         # requeues a Spot job it needs the GPUs of, SIGTERM first and GraceTime to save.
@@ -152,6 +185,10 @@ class LocalSlurmCluster:
         epilog = root / "etc" / "epilog.sh"
         base = Path(__file__).resolve().parents[3]
         epilog.write_text(f"#!/bin/sh\nexport SLURM_CONF={self.conf} PYTHONPATH={base}\nexec {sys.executable} -m agent.runner --slurm-epilog\n")
+        if self.site:
+            (root / "etc" / "cgroup.conf").write_text(
+                "CgroupPlugin=autodetect\nConstrainCores=no\nConstrainRAMSpace=yes\nConstrainDevices=yes\n"
+            )
         epilog.chmod(0o755)
         # The nodes' kernel logs are as fake as their GPUs: one file per node (``kernel_log``).
         (root / "kmsg").mkdir(exist_ok=True)
@@ -164,6 +201,42 @@ class LocalSlurmCluster:
         )
         check.chmod(0o755)
         (root / "etc" / "gres.conf").write_text("\n".join(gres) + "\n")
+
+    def _site_lines(self) -> list[str]:
+        """What a GPU site's ``slurm.conf`` adds: cgroups (``cgroup.conf``: devices and memory
+        constrained), no job as root, job ids of their own (cgroups are host-wide)."""
+        return [
+            "ProctrackType=proctrack/cgroup",
+            "TaskPlugin=task/cgroup",
+            "DisableRootJobs=YES",
+            f"FirstJobId={1000 + secrets.randbelow(60_000) * 1000}",
+        ]
+
+    def open_to(self, path: Path) -> None:
+        """Every directory above ``path`` (and ``path``) traversable by the job user (o+x), as a
+        site's shared directories are: pytest's and ``mkdtemp``'s are 0700."""
+        for directory in [path, *path.parents]:
+            try:
+                info = directory.stat()
+            except FileNotFoundError:
+                continue
+            if info.st_uid == os.geteuid() and not info.st_mode & stat.S_IXOTH:
+                directory.chmod(stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
+
+    def ensure_users(self) -> None:
+        """The service account jobs run as (``useradd -m -U``: Debian gives it a subordinate id
+        range, which its rootless containers map their users into) and another user of the
+        cluster's."""
+        for name in (self.user, self.other_user):
+            try:
+                pwd.getpwnam(name)
+            except KeyError:
+                # Another test cluster on this host may be making it at the same moment.
+                made = subprocess.run(["useradd", "-m", "-U", "-s", "/bin/sh", name], check=False, capture_output=True, text=True, timeout=60)
+                try:
+                    pwd.getpwnam(name)
+                except KeyError:
+                    raise RuntimeError(f"could not make the Unix user {name}: {made.stderr.strip()}") from None
 
     def _accounting_lines(self, dbd_port: int) -> list[str]:
         root = self.root
@@ -226,8 +299,11 @@ class LocalSlurmCluster:
     def start(self, timeout: float = 60.0) -> None:
         self.write_config()
         root = self.root
+        if self.site:
+            self.ensure_users()
+            self.open_to(root)
         subprocess.run(
-            ["munged", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={root}/munge/munge.key",
+            ["munged", "--force", f"--socket={root}/munge/munge.socket", f"--key-file={root}/munge-key/munge.key",
              f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log", f"--seed-file={root}/munge/munged.seed"],
             check=True, capture_output=True, timeout=30,
         )  # fmt: skip
@@ -251,6 +327,11 @@ class LocalSlurmCluster:
     def health_dir(self) -> Path:
         """Where the nodes' health checks hand over their kernel lines (``SLURM_HEALTH_DIR``)."""
         return self.root / "health"
+
+    @property
+    def device_dir(self) -> Path:
+        """The nodes' fake GPUs, ``<device_dir>/<node>/nvidia<N>`` (character devices 195:N)."""
+        return self.root / "dev"
 
     def kernel_log(self, name: str) -> Path:
         """The node's (fake) kernel log, in ``/dev/kmsg``'s record format."""

@@ -78,6 +78,7 @@ class AttemptSpec:
     nodelist: Sequence[str] = ()  # run exactly there (the console placed it); empty: the backend places it
     requeue: bool = True  # the backend may run it again after a preemption or a node failure
     comment: str = ""  # what the cluster's records keep of who asked for it (Slurm: ``--comment``, in ``sacct``)
+    user: str | None = None  # the Unix account it runs as, where the console (root) submits for it
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ class SlurmScheduler:
             nodes=spec.nodes, exclude=tuple(spec.exclude), time_limit_minutes=spec.max_run_minutes, grace_s=spec.grace_s,
             cpus_per_task=spec.cpus, memory_mb=spec.memory_mb, account=spec.project,
             partition=self.spot_partition if spec.spot else self.partition, qos=self.spot_qos if spec.spot else None,
-            environment=dict(spec.environment), nodelist=tuple(spec.nodelist), requeue=spec.requeue, comment=spec.comment,
+            environment=dict(spec.environment), nodelist=tuple(spec.nodelist), requeue=spec.requeue, comment=spec.comment, user=spec.user,
         )  # fmt: skip
         return str(self.client.submit(submission))
 
