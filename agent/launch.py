@@ -19,7 +19,7 @@ import tempfile
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from django.conf import settings
 
@@ -158,11 +158,15 @@ def container_policy(
     }
     if account is not None:
         registry, _ = engine.split_reference(image_ref)
-        policy["rootless"] = {"storage": account.storage, "tls_verify": registry not in engine.EngineConfig(engine_root()).local_registries(), "ranks": job.node_count}
+        policy["rootless"] = {
+            "storage": account.storage,
+            "tls_verify": registry not in engine.EngineConfig(engine_root()).local_registries(),
+            "ranks": job.node_count,
+        }
     return policy
 
 
-def pull_auth(job: TrainingJob, image_ref: str) -> dict:
+def pull_auth(job: TrainingJob, image_ref: str) -> dict[str, Any]:
     """The credentials a rank pulling ``image_ref`` on its node gets: the platform's for its own
     local registry, else the project's (``images.auth_for``), else none."""
     registry, _ = engine.split_reference(image_ref)
@@ -489,7 +493,7 @@ class Launcher:
         )
         if account is not None and contained:
             # The rank pulls its image on its node, as the account (agent.rootless.pull).
-            runfiles.write_private_json(directory / runfiles.PULL_AUTH_FILE, pull_auth(job, image_ref), owner=owner)
+            runfiles.write_private(directory / runfiles.PULL_AUTH_FILE, json.dumps(pull_auth(job, image_ref)), owner=owner)
         return directory, runfiles.write_spec(directory, spec, owner=owner)
 
     def spawn(self, job: TrainingJob, attempt: JobAttempt, part: AttemptNode, directory: Path, spec_path: Path) -> int:

@@ -18,6 +18,7 @@ Standard library only: the runner (``agent.runner``) and the cluster's Epilog im
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import subprocess
@@ -61,10 +62,7 @@ def engine_env(storage: str, node: str, *, uid: int | None = None, home: str = "
     for directory in (base, base / "config", base / "tmp", runtime):
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     storage_conf = base / "storage.conf"
-    storage_text = (
-        f'[storage]\ndriver = "overlay"\nrunroot = "{runtime}/storage"\ngraphroot = "{base}/storage"\n'
-        f'rootless_storage_path = "{base}/storage"\n'
-    )
+    storage_text = f'[storage]\ndriver = "overlay"\nrunroot = "{runtime}/storage"\ngraphroot = "{base}/storage"\nrootless_storage_path = "{base}/storage"\n'
     containers_conf = base / "containers.conf"
     # No systemd session in a batch job: cgroupfs (on cgroup v1 a rootless container makes no
     # cgroup of its own and stays in the step's), events to a file, runc as on the agents.
@@ -113,13 +111,18 @@ def remove_slurm_containers(podman: str, job_id: str, *, node: str, uid: int, st
     env = engine_env(storage, node, uid=uid, home=account.pw_dir, create=False)
     if not Path(env["CONTAINERS_STORAGE_CONF"]).exists():
         return  # the account never ran a container on this node
-    run: dict = dict(check=False, env=env, capture_output=True, text=True, timeout=60, user=uid, group=account.pw_gid, extra_groups=[], cwd="/")
-    if subprocess.run([podman, "ps", "-q"], **run).returncode != 0:
-        subprocess.run([podman, "system", "migrate"], **run)
-    listed = subprocess.run([podman, "ps", "-aq", "--filter", f"label={SLURM_JOB_LABEL}={job_id}"], **run)
+
+    def podman_run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [podman, *args], check=False, env=env, capture_output=True, text=True, timeout=60, user=uid, group=account.pw_gid, extra_groups=[], cwd="/"
+        )
+
+    if podman_run("ps", "-q").returncode != 0:
+        podman_run("system", "migrate")
+    listed = podman_run("ps", "-aq", "--filter", f"label={SLURM_JOB_LABEL}={job_id}")
     names = listed.stdout.split() if listed.returncode == 0 else []
     if names:
-        subprocess.run([podman, "rm", "--force", "--time", "0", *names], **run)
+        podman_run("rm", "--force", "--time", "0", *names)
 
 
 def reap_job_cgroups(node: str, uid: str, job_id: str, *, base: Path = Path("/sys/fs/cgroup")) -> int:
@@ -127,12 +130,7 @@ def reap_job_cgroups(node: str, uid: str, job_id: str, *, base: Path = Path("/sy
     cgroup v1 ``proctrack/cgroup`` signals only a step's own processes, so a container nested
     below a step outlives ``scancel`` or a time limit. Frozen, every process below killed, thawed,
     the directories removed depth-first. Returns how many processes were killed."""
-    found = [
-        path
-        for prefix in (f"slurm_{node}", "slurm")
-        for path in base.glob(f"*/{prefix}/uid_{uid}/job_{job_id}")
-        if path.is_dir()
-    ]
+    found = [path for prefix in (f"slurm_{node}", "slurm") for path in base.glob(f"*/{prefix}/uid_{uid}/job_{job_id}") if path.is_dir()]
     freezers = [path for path in found if path.parts[-4] == "freezer"]
     for path in freezers:
         _write(path / "freezer.state", "FROZEN")
@@ -153,7 +151,7 @@ def reap_job_cgroups(node: str, uid: str, job_id: str, *, base: Path = Path("/sy
         _write(path / "freezer.state", "THAWED")
     deadline = time.monotonic() + 5
     for path in found:
-        for directory in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True) + [path]:
+        for directory in [*sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True), path]:
             while True:
                 try:
                     directory.rmdir()
@@ -168,7 +166,5 @@ def reap_job_cgroups(node: str, uid: str, job_id: str, *, base: Path = Path("/sy
 
 
 def _write(path: Path, text: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         path.write_text(text)
-    except OSError:
-        pass

@@ -22,6 +22,7 @@ file (constant)        written by, when                            read by
                        ``--env-file`` (``write_env``)              ends
 ``CONTAINER_PID_FILE`` Podman (``--pidfile``)                      the runner (``read_container_pid``)
 ``RUNNER_LOG_FILE``    the runner's own stderr (``open_runner_log``)  people
+``PULL_AUTH_FILE``     the agent, for a scheduler's account        that rank's image pull (0600)
 =====================  ==========================================  ===============================
 
 The call order, for one rank:
@@ -167,12 +168,14 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any], *, mode: int = 0o6
     os.replace(tmp, path)
 
 
-def write_private(path: Path, text: str) -> None:
-    """A file only the agent's user can read (the job's environment holds its secrets), made
-    anew (never through a link left in its place)."""
+def write_private(path: Path, text: str, *, owner: int | None = None) -> None:
+    """A file only the agent's user (or ``owner``: a scheduler's account) reads, made anew (never
+    through a link left in its place): the job's environment, its spec, its pull's credentials."""
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+        if owner is not None and os.geteuid() == 0:
+            os.fchown(fh.fileno(), owner, -1)
         fh.write(text)
 
 
@@ -203,18 +206,8 @@ class SpecRefused(ValueError):
 def write_spec(directory: Path, spec: RunSpec, *, owner: int | None = None) -> Path:
     """The agent writes the run's spec (0600, the agent's eyes only; ``owner``: the account a
     scheduler runs the rank as, whose runner reads it); returns its path, the runner's argument."""
-    path = directory / SPEC_FILE
-    write_private_json(path, asdict(spec), owner=owner)
-    return path
-
-
-def write_private_json(path: Path, payload: Mapping[str, Any], *, owner: int | None = None) -> None:
-    """``payload`` as a file only its owner reads (0600): the agent's user, or ``owner``."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        if owner is not None and os.geteuid() == 0:
-            os.fchown(fh.fileno(), owner, -1)
-        fh.write(json.dumps(payload))
+    write_private(directory / SPEC_FILE, json.dumps(asdict(spec)), owner=owner)
+    return directory / SPEC_FILE
 
 
 def rewrite_spec(path: Path, spec: RunSpec) -> None:

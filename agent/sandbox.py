@@ -218,7 +218,7 @@ def container_argv(
         # slirp4netns, never to the host's loopback.
         if int(rootless.get("ranks") or 1) > 1:
             mode = "host"
-        elif (policy.get("job_network") or {}).get("egress") == "outbound":
+        elif "job_network" in policy and policy["job_network"]["egress"] == "outbound":
             mode = "slirp4netns"
         else:
             mode = "loopback"

@@ -99,6 +99,7 @@ def reset(cluster: LocalSlurmCluster) -> None:
     """Every job cancelled, every node returned to service, every kernel log quiet: the next
     test finds the cluster idle."""
     cluster.clear_health()
+    cluster.drain_on_fault(False)
     client = cluster.client
     for job in client.jobs():
         if job.state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):

@@ -229,14 +229,15 @@ def test_an_xid_in_the_nodes_own_kernel_log_reaches_the_console_and_fails_the_ru
 
 def test_an_xid_the_node_handed_over_while_the_console_was_down_fails_the_run_over_when_it_is_back(make_job, drive, agent, slurm):
     """The console stops under a run; the node's kernel writes an Xid 79 and its own check hands
-    it over; the console started again reads what it missed (``EvidenceCursor``), once: the run
-    is stopped, the job runs elsewhere, the node is drained in Slurm."""
+    it over and drains the node (the site's choice, as NHC does); the console started again reads
+    what it missed (``EvidenceCursor``), once: the run is stopped, the job runs elsewhere."""
     from agent.slurm import SlurmEngine
     from failover.kmsg import boot_time
     from failover.models import EvidenceCursor, HealthEvent
     from failover.nodecheck import evidence_paths
     from failover.probes import simulated_bus
 
+    slurm.drain_on_fault(True)
     job = drive(make_job(command=SLEEPER, gpus_per_node=1), JobStatus.RUNNING, timeout=120)
     first = running_attempt(job, 1)
     wait_until(agent, lambda: any("started attempt 1" in line for line in job_output(job)), "the run's first line")
@@ -250,9 +251,10 @@ def test_an_xid_the_node_handed_over_while_the_console_was_down_fails_the_run_ov
         kmsg.write(f"3,1,{int((time.time() - boot_time()) * 1e6)},-;{text}\n")
     handed = evidence_paths(slurm.health_dir, first.node.name)["lines"]
     deadline = time.monotonic() + 30
-    while not (handed.exists() and text in handed.read_text()):
-        assert time.monotonic() < deadline, "the node's check never handed the Xid over"
+    while not (handed.exists() and text in handed.read_text() and slurm_node(slurm, first.node.name).drained):
+        assert time.monotonic() < deadline, "the node's check never handed the Xid over or never drained its node"
         time.sleep(0.2)
+    assert slurm_node(slurm, first.node.name).reason.startswith("nodecheck: Xid 79"), slurm_node(slurm, first.node.name).reason
     time.sleep(max(0.0, down + 7 - time.time()))  # past the new monitor's grace: only the cursor finds it
 
     back = SlurmEngine(list(agent.node_names))
@@ -282,7 +284,9 @@ def test_the_container_of_a_run_slurm_killed_is_removed_by_the_epilog(make_job, 
     env = rootless.engine_env(policy["rootless"]["storage"], part.node.name, uid=account.pw_uid, create=False)
 
     def container_exists() -> bool:
-        found = subprocess.run([policy["podman"], "container", "exists", policy["name"]], env=env, user=account.pw_uid, group=account.pw_gid, cwd="/", check=False)
+        found = subprocess.run(
+            [policy["podman"], "container", "exists", policy["name"]], env=env, user=account.pw_uid, group=account.pw_gid, cwd="/", check=False
+        )
         return found.returncode == 0
 
     assert container_exists()

@@ -186,17 +186,18 @@ class LocalSlurmCluster:
         base = Path(__file__).resolve().parents[3]
         epilog.write_text(f"#!/bin/sh\nexport SLURM_CONF={self.conf} PYTHONPATH={base}\nexec {sys.executable} -m agent.runner --slurm-epilog\n")
         if self.site:
-            (root / "etc" / "cgroup.conf").write_text(
-                "CgroupPlugin=autodetect\nConstrainCores=no\nConstrainRAMSpace=yes\nConstrainDevices=yes\n"
-            )
+            (root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nConstrainCores=no\nConstrainRAMSpace=yes\nConstrainDevices=yes\n")
         epilog.chmod(0o755)
         # The nodes' kernel logs are as fake as their GPUs: one file per node (``kernel_log``).
         (root / "kmsg").mkdir(exist_ok=True)
         for name in self.nodes:
             self.kernel_log(name).touch()
         check = root / "etc" / "healthcheck.sh"
+        # An operator's choice whether the check drains its own node on a fatal record, as sites'
+        # NHC checks do (``drain_on_fault``): read at each check.
         check.write_text(
             f"#!/bin/sh\nexport SATRAIN_HEALTH_DIR={self.health_dir} SATRAIN_KERNEL_LOG={root}/kmsg/$SLURMD_NODENAME PYTHONPATH={base}\n"
+            f"export SLURM_CONF={self.conf} SATRAIN_DRAIN_ON_FAULT=$(cat {self._drain_flag} 2>/dev/null)\n"
             f"exec {sys.executable} -m failover.nodecheck\n"
         )
         check.chmod(0o755)
@@ -336,6 +337,15 @@ class LocalSlurmCluster:
     def kernel_log(self, name: str) -> Path:
         """The node's (fake) kernel log, in ``/dev/kmsg``'s record format."""
         return self.root / "kmsg" / name
+
+    @property
+    def _drain_flag(self) -> Path:
+        return self.root / "etc" / "drain-on-fault"
+
+    def drain_on_fault(self, on: bool) -> None:
+        """Whether each node's health check drains its own node on a fatal kernel record
+        (``SATRAIN_DRAIN_ON_FAULT``), from its next check on."""
+        self._drain_flag.write_text("1" if on else "0")
 
     def clear_health(self) -> None:
         """Every node's kernel log emptied and its health check's files removed (its cursor with
