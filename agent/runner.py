@@ -364,7 +364,9 @@ def run(spec_path: Path) -> int:
             pids_limit_hit=watch.pids_limit_hit,
         ),
     )
-    return 0
+    # Run by a cluster's scheduler, the runner's status is the run's, so the cluster's own records
+    # (``sacct``) say how it ended: COMPLETED, or FAILED with its code (128 + N: killed by N).
+    return (code if code >= 0 else 128 - code) & 0xFF if scheduler_job else 0
 
 
 def forward_kill(record: PidRecord) -> None:

@@ -20,9 +20,9 @@ from jobs.backends.slurm.cluster import LocalSlurmCluster, missing_tools
 
 
 def slurm_missing(*, accounting: bool = False) -> str:
-    missing = missing_tools(accounting=accounting)
+    missing = missing_tools(accounting=accounting, site=True)
     if missing:
-        packages = "slurm-wlm munge" + (" slurmdbd mariadb-server" if accounting else "")
+        packages = "slurm-wlm munge uidmap slirp4netns" + (" slurmdbd mariadb-server" if accounting else "")
         return f"Slurm is not installed ({', '.join(missing)} missing: apt-get install {packages})"
     if os.geteuid() != 0:
         return "a local Slurm cluster needs root (mknod, slurmd)"

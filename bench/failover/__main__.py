@@ -264,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend != "agents":
             from jobs.backends.slurm.cluster import LocalSlurmCluster
 
+            # Configured as GPU sites run Slurm (docs/slurm-site.md): jobs run as its service account.
             cluster = LocalSlurmCluster(var_dir / "slurm", nodes=[f"node-{chr(ord('a') + n)}" for n in range(settings.SIMULATED_NODES)],
-                                        gpus=settings.SIMULATED_GPUS_PER_NODE)  # fmt: skip
+                                        gpus=settings.SIMULATED_GPUS_PER_NODE, site=True)  # fmt: skip
             cluster.start()
         by_backend: dict[str, list] = {}
         for backend in ["agents", "slurm"] if args.backend == "both" else [args.backend]:

@@ -4,6 +4,8 @@ file. The console's ``placed → Running`` is then read against it (issue 44: at
 
 from __future__ import annotations
 
+import os
+import pwd
 import time
 from pathlib import Path
 
@@ -16,11 +18,16 @@ TIMEOUT_S = 60.0
 def bare_sbatch(cluster: LocalSlurmCluster, runs: int, workdir: Path) -> list[float]:
     """Seconds from each ``sbatch`` call to its job's first line, one job after the other."""
     workdir.mkdir(parents=True, exist_ok=True)
+    account = pwd.getpwnam(cluster.user)
+    os.chown(workdir, account.pw_uid, account.pw_gid)  # its jobs run as the cluster's service account
+    cluster.open_to(workdir)
     seconds = []
     for n in range(runs):
         output = workdir / f"bare-{n}.out"
         start = time.monotonic()
-        submission = Submission(name=f"bare-{n}", script="#!/bin/bash\necho first\n", output=str(output), workdir=str(workdir), gpus_per_node=1)
+        submission = Submission(
+            name=f"bare-{n}", user=cluster.user, script="#!/bin/bash\necho first\n", output=str(output), workdir=str(workdir), gpus_per_node=1
+        )
         cluster.client.submit(submission)
         while not (output.exists() and b"first" in output.read_bytes()):
             if time.monotonic() - start > TIMEOUT_S:

@@ -113,8 +113,10 @@ class EmbeddedConsole:
             self.loop.join(timeout=10)
         settings.BACKEND = backend
         if cluster is not None:
-            settings.SLURM_CONF = str(cluster.conf)
-            settings.SLURM_HEALTH_DIR = str(cluster.health_dir)
+            from harness.slurm import site_env
+
+            for name, value in site_env(cluster, self.var_dir).items():
+                setattr(settings, name, Path(value) if name in ("JOB_WORK_ROOT", "SIMULATED_DEVICE_DIR") else value)
         self.loop = EmbeddedControlLoop(start_local_agent())
         self.loop.start()
 

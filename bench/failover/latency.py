@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import sys
 import time
@@ -19,7 +20,8 @@ TICKER = REPO / "bench" / "failover" / "ticker.py"
 def workload_command(workload: str, every: float) -> str:
     if workload == "train":
         return f"OMP_NUM_THREADS=1 python -m jobs.examples.train_ckpt --steps 100000000 --save-every 20 --sleep {every}"
-    return f"python {TICKER} --every {every}"
+    # The run's container sees only its own directories: the ticker goes in as the command's text.
+    return f"python -u -c {shlex.quote(TICKER.read_text())} --every {every}"
 
 
 def one_run(

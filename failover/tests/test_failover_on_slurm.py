@@ -494,3 +494,22 @@ def test_the_console_creates_the_account_and_it_follows_the_projects_quota(make_
     wait_until(agent, lambda: slurm.client.accounts()["satrain-lab"].gpu_limit is None, "no GPU limit", timeout=30)
     # Accounts without the prefix are the cluster's own: never touched.
     assert slurm.client.accounts()["root"].gpu_limit is None
+
+
+@pytest.mark.slurm_accounting
+def test_sacct_names_the_service_account_links_the_consoles_job_and_says_how_its_run_ended(make_job, drive, agent, slurm):
+    fine = drive(make_job(command="echo fine", gpus_per_node=1), JobStatus.COMPLETED, timeout=120)
+    broken = drive(make_job(command="python -c 'import no_such_module'", gpus_per_node=1), JobStatus.INTERNAL_ERROR, timeout=120)
+
+    def accounted(job) -> list[str]:
+        handle = AttemptNode.objects.get(attempt__job=job).backend_job
+        deadline = time.monotonic() + 30
+        while True:  # slurmdbd records the end a moment after the job ends
+            rows = slurm.client.run("sacct", "-X", "-n", "-P", "-j", handle, "--format=User,State,ExitCode,Comment").split()
+            if rows and not rows[0].split("|")[1].startswith(("RUNNING", "COMPLETING", "PENDING")):
+                return rows[0].split("|")
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.5)
+
+    assert accounted(fine) == [slurm.user, "COMPLETED", "0:0", f"satrain:job={fine.pk}:attempt=1:user={fine.owner.get_username()}"]
+    assert accounted(broken)[:3] == [slurm.user, "FAILED", "1:0"], accounted(broken)

@@ -55,9 +55,14 @@ DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sin
 ACCOUNTING = ("slurmdbd", "sacctmgr", "mariadbd", "mariadb-install-db", "mariadb")
 
 
-def missing_tools(*, accounting: bool = False) -> list[str]:
+# A site's (rootless containers for its service account: ``apt-get install uidmap slirp4netns``).
+SITE = ("useradd", "newuidmap", "newgidmap", "slirp4netns")
+
+
+def missing_tools(*, accounting: bool = False, site: bool = False) -> list[str]:
     """The Slurm and munge commands this machine lacks (Debian: ``apt-get install slurm-wlm munge``)."""
-    return [tool for tool in DAEMONS + (ACCOUNTING if accounting else ()) if shutil.which(tool) is None]
+    wanted = DAEMONS + (ACCOUNTING if accounting else ()) + (SITE if site else ())
+    return [tool for tool in wanted if shutil.which(tool, path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin") is None]
 
 
 def _free_ports(count: int) -> list[int]:
@@ -255,7 +260,8 @@ class LocalSlurmCluster:
         return [
             "AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1", f"AccountingStoragePort={dbd_port}",
             f"AccountingStoragePass={root}/munge/munge.socket", "AccountingStorageEnforce=associations,limits,safe",
-            "AccountingStorageTRES=gres/gpu",
+            # sacct keeps the job's --comment, which names the console's job and user.
+            "AccountingStorageTRES=gres/gpu", "AccountingStoreFlags=job_comment",
         ]  # fmt: skip
 
     def _start_accounting(self, deadline: float) -> None:
