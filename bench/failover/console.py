@@ -21,6 +21,9 @@ def configure_environment(*, var_dir: Path, poll_interval: float | None, health_
     os.environ["CONSOLE_VAR_DIR"] = str(var_dir)
     os.environ["SQLITE_PATH"] = str(var_dir / "console.sqlite3")
     os.environ["JOB_WORK_ROOT"] = str(var_dir / "jobs")
+    # The images and the local registry (its credentials) are the checkout's, as `make run`'s: a
+    # registry another engine root started refuses this one's pulls.
+    os.environ.setdefault("CONTAINER_ENGINE_ROOT", str(REPO / "var" / "podman"))
     # Faults can only be injected into simulated GPUs: force them even on a machine with a driver.
     os.environ["SIMULATED_GPUS"] = "1"
     os.environ.setdefault("CONSOLE_ADMIN_PASSWORD", "bench-not-secret")
