@@ -84,22 +84,39 @@ def slurm_scheduler() -> SlurmScheduler:
 
 def slurm_nodes(views: list[NodeView]) -> list[NodeSpec]:
     """The cluster's nodes as the console registers them: their GPUs are Slurm's GRES count, real
-    where this machine's NVML sees GPUs, simulated (faults injectable) where it has none."""
-    mode = str(settings.SIMULATED_GPUS).lower()
-    real = None if mode in {"1", "true", "yes"} else nvml_nodes()
-    model = real[0].gpu_model if real else settings.SIMULATED_GPU_MODEL
-    return [
-        NodeSpec(
-            name=view.name,
-            gpu_model=model,
-            simulated=real is None,
-            gpus=tuple(GpuSpec(index=i, uuid=f"GPU-slurm-{view.name}-{i}", model=model, memory_mb=81559) for i in range(view.gpus)),
-            cpu_count=view.cpus,
-            memory_mb=view.memory_mb,
-            address=view.address or None,
+    where the node's own check saw GPUs through NVML (``NodeCheckFiles.gpus_seen``), simulated
+    (faults injectable) where it saw none; a node not checked yet is taken as this machine is
+    (its NVML) until its check says (``SlurmRuns.mirror_nodes``)."""
+    forced = forced_simulation()
+    host = None if forced else nvml_nodes()
+    files = node_check_files()
+    specs = []
+    for view in views:
+        seen = None if forced else files.gpus_seen(view.name)
+        real = not forced and (seen if seen is not None else host is not None)
+        model = host[0].gpu_model if real and host else settings.SIMULATED_GPU_MODEL
+        specs.append(
+            NodeSpec(
+                name=view.name,
+                gpu_model=model,
+                simulated=not real,
+                gpus=tuple(GpuSpec(index=i, uuid=f"GPU-slurm-{view.name}-{i}", model=model, memory_mb=81559) for i in range(view.gpus)),
+                cpu_count=view.cpus,
+                memory_mb=view.memory_mb,
+                address=view.address or None,
+            )
         )
-        for view in views
-    ]
+    return specs
+
+
+def forced_simulation() -> bool:
+    return str(settings.SIMULATED_GPUS).lower() in {"1", "true", "yes"}
+
+
+def node_check_files() -> NodeCheckFiles:
+    """Where the nodes' own checks hand their evidence over (``SLURM_HEALTH_DIR``; empty:
+    ``VAR_DIR/slurm-health``)."""
+    return NodeCheckFiles(Path(settings.SLURM_HEALTH_DIR) if settings.SLURM_HEALTH_DIR else settings.VAR_DIR / "slurm-health")
 
 
 class ProjectAccounts:
@@ -329,8 +346,8 @@ class SlurmRuns:
     def evidence_source(self) -> EvidenceSource:
         """Each node's kernel log reaches the health monitor through the files its own check
         writes (Slurm's ``HealthCheckProgram`` on the node: ``failover.nodecheck``), never this
-        machine's kernel log (``SLURM_HEALTH_DIR``; empty: ``VAR_DIR/slurm-health``)."""
-        return NodeCheckFiles(Path(settings.SLURM_HEALTH_DIR) if settings.SLURM_HEALTH_DIR else settings.VAR_DIR / "slurm-health")
+        machine's kernel log."""
+        return node_check_files()
 
     def start(self, agent: LoopView) -> None:
         """Ranks queued in Slurm by an earlier run of the console are watched again."""
@@ -375,11 +392,15 @@ class SlurmRuns:
         by_name = {view.name: view for view in views}
         self.down = {view.name for view in views if "DOWN" in view.state}
         bad_gpus = dict(GPU.objects.filter(node__name__in=agent.node_names, healthy=False).exclude(health_reason="").values_list("node_id", "health_reason"))
+        files = node_check_files()
         for node in Node.objects.filter(name__in=agent.node_names):
             view = by_name.get(node.name)
             if view is None:
                 continue
+            seen = None if forced_simulation() else files.gpus_seen(node.name)
             facts = {
+                # Whether its GPUs are real is the node's own check's word, once it has spoken.
+                "simulated": node.simulated if seen is None else not seen,
                 "backend_state": view.state[:64],
                 "backend_reason": view.reason[:300],
                 "backend_gpus_in_use": view.gpus_in_use,

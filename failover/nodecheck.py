@@ -42,6 +42,7 @@ from typing import Any
 
 from failover.kmsg import KMSG_PATH, KernelLine, KernelLogReader
 from failover.xids import parse_kernel_line
+from jobs.backends.facts import NodeCheckFiles
 
 FIRST_PASS_WINDOW = 60.0
 RECORD_MAX_TEXT = 500
@@ -51,11 +52,7 @@ DRAIN_PREFIX = "nodecheck:"
 
 def evidence_paths(directory: Path, node: str) -> dict[str, Path]:
     """The node's files in the evidence directory (shared by the console and the nodes)."""
-    return {
-        "lines": directory / f"{node}.jsonl",
-        "cursor": directory / f"{node}.cursor",
-        "status": directory / f"{node}.status.json",
-    }
+    return NodeCheckFiles(directory).paths(node)
 
 
 def _write_atomic(path: Path, payload: Mapping[str, Any]) -> None:

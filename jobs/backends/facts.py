@@ -5,6 +5,7 @@ attempt's run ended (``Ended``, its kind decides the job's outcome in ``jobs.bac
 
 from __future__ import annotations
 
+import json
 import signal as signals
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,23 @@ class NodeCheckFiles:
     machine."""
 
     directory: Path
+
+    def paths(self, node: str) -> dict[str, Path]:
+        """The node's files: its kernel lines, its check's cursor and its status."""
+        return {
+            "lines": self.directory / f"{node}.jsonl",
+            "cursor": self.directory / f"{node}.cursor",
+            "status": self.directory / f"{node}.status.json",
+        }
+
+    def gpus_seen(self, node: str) -> bool | None:
+        """Whether the node's own NVML sees GPUs (its status's ``gpus_by_pci``); None until its
+        check has written a status."""
+        try:
+            found = json.loads(self.paths(node)["status"].read_bytes()[:1_000_000]).get("gpus_by_pci")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return bool(found) if isinstance(found, dict) else None
 
 
 EvidenceSource = LocalKernel | NodeCheckFiles
