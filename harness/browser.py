@@ -107,7 +107,7 @@ class LiveConsole:
         if BACKEND == "slurm":
             # The same pages on the Slurm backend: a one-host cluster whose three nodes have
             # four (fake) GPUs each, as the simulated ones.
-            from harness.slurm import site_env, slurm_missing
+            from harness.slurm import site_dir, site_env, slurm_missing
             from jobs.backends.slurm.cluster import LocalSlurmCluster
 
             reason = slurm_missing()
@@ -115,8 +115,8 @@ class LiveConsole:
                 if os.environ.get("REQUIRE_SLURM") == "1":
                     pytest.fail(reason)
                 pytest.skip(reason)
-            self.slurm = LocalSlurmCluster(workdir / "slurm", site=True)
-            env.update({**site_env(self.slurm, workdir), "SLURM_POLL_INTERVAL": "0.5"})
+            self.slurm = LocalSlurmCluster(site_dir("browser-slurm"), site=True)
+            env.update({**site_env(self.slurm), "SLURM_POLL_INTERVAL": "0.5"})
         self.env = env
         self.log_path = workdir / "console.log"
         self.proc: subprocess.Popen | None = None
@@ -160,10 +160,11 @@ class LiveConsole:
         self.kill_runs()
         if self.slurm is not None:
             self.slurm.stop()
+            shutil.rmtree(self.slurm.root, ignore_errors=True)
 
     def kill_runs(self) -> None:
         """Runs live in their own sessions (they outlive a console restart): kill what is left."""
-        kill_unfinished_runs(self.workdir / "jobs")
+        kill_unfinished_runs(Path(self.env["JOB_WORK_ROOT"]))
 
     def server_log(self, chars: int = 6000) -> str:
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,12 +39,31 @@ def running_cluster(tmp_path_factory: pytest.TempPathFactory, name: str, *, acco
         if os.environ.get("REQUIRE_SLURM") == "1":
             pytest.fail(reason)
         pytest.skip(reason)
-    cluster = LocalSlurmCluster(tmp_path_factory.mktemp(name), accounting=accounting, site=True)
+    cluster = LocalSlurmCluster(site_dir(name), accounting=accounting, site=True)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+def site_dir(name: str) -> Path:
+    """A directory outside pytest's own (``/tmp/satrain-<name>-…``, 0711): the cluster's service
+    account must reach what is in it, and every pytest that starts (CI runs lanes side by side)
+    makes ``/tmp/pytest-of-<user>`` 0700 again."""
+    directory = Path(tempfile.mkdtemp(prefix=f"satrain-{name}-"))
+    directory.chmod(0o711)
+    return directory
+
+
+def work_root(cluster: LocalSlurmCluster) -> Path:
+    """A fresh ``JOB_WORK_ROOT`` for one console on ``cluster``, beside the cluster's files."""
+    parent = cluster.root / "work"
+    parent.mkdir(mode=0o711, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(dir=parent))
+    directory.chmod(0o711)
+    return directory
 
 
 @pytest.fixture(scope="session")
@@ -71,27 +92,18 @@ def slurm(request: pytest.FixtureRequest, settings) -> Iterator[LocalSlurmCluste
     settings.SLURM_POLL_INTERVAL = 0.3
     settings.SLURM_USER = cluster.user
     # A run's GPUs are the cluster's GRES devices (character devices the job's cgroup allows or
-    # denies), not stand-in files.
+    # denies), not stand-in files; its directories are where the service account reaches them.
     settings.SIMULATED_DEVICE_DIR = cluster.device_dir
-    open_to_jobs(cluster, [Path(settings.JOB_WORK_ROOT), cluster.device_dir])
+    settings.JOB_WORK_ROOT = work_root(cluster)
     yield cluster
     reset(cluster)
 
 
-def open_to_jobs(cluster: LocalSlurmCluster, directories: list[Path]) -> None:
-    """The console's directories the cluster's jobs reach (as its service account): made, and
-    every directory above them traversable."""
-    for directory in directories:
-        directory.mkdir(parents=True, exist_ok=True)
-        cluster.open_to(directory)
-
-
-def site_env(cluster: LocalSlurmCluster, workdir: Path) -> dict[str, str]:
-    """A live console's environment on ``cluster`` (its state under ``workdir``)."""
-    open_to_jobs(cluster, [workdir / "jobs", cluster.device_dir])
+def site_env(cluster: LocalSlurmCluster) -> dict[str, str]:
+    """A live console's environment on ``cluster``: its jobs' directories beside the cluster's."""
     return {
         "BACKEND": "slurm", "SLURM_CONF": str(cluster.conf), "SLURM_HEALTH_DIR": str(cluster.health_dir), "SLURM_USER": cluster.user,
-        "JOB_WORK_ROOT": str(workdir / "jobs"), "SIMULATED_DEVICE_DIR": str(cluster.device_dir),
+        "JOB_WORK_ROOT": str(work_root(cluster)), "SIMULATED_DEVICE_DIR": str(cluster.device_dir),
     }  # fmt: skip
 
 

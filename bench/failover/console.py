@@ -118,7 +118,7 @@ class EmbeddedConsole:
         if cluster is not None:
             from harness.slurm import site_env
 
-            for name, value in site_env(cluster, self.var_dir).items():
+            for name, value in site_env(cluster).items():
                 setattr(settings, name, Path(value) if name in ("JOB_WORK_ROOT", "SIMULATED_DEVICE_DIR") else value)
         self.loop = EmbeddedControlLoop(start_local_agent())
         self.loop.start()
@@ -136,7 +136,9 @@ class EmbeddedConsole:
         if self.loop is not None:
             self.loop.stop()
             self.loop.join(timeout=10)
-        kill_unfinished_runs(self.var_dir / "jobs")
+        from django.conf import settings
+
+        kill_unfinished_runs(Path(settings.JOB_WORK_ROOT))
 
 
 def make_var_dir(keep: bool) -> Path:

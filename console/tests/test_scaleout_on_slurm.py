@@ -29,7 +29,7 @@ class SlurmScaleOut(Cluster):
     def __init__(self, tmp: Path, pg_url: str, redis_url: str, slurm: LocalSlurmCluster) -> None:
         super().__init__(tmp, pg_url, redis_url)
         self.slurm = slurm
-        self.env.update(site_env(slurm, tmp), SLURM_POLL_INTERVAL="0.5", SLURM_SPOT_PARTITION="spot", SIMULATED_GPUS="1")
+        self.env.update(site_env(slurm), SLURM_POLL_INTERVAL="0.5", SLURM_SPOT_PARTITION="spot", SIMULATED_GPUS="1")
 
     def start(self) -> None:
         super().start()

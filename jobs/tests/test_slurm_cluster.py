@@ -16,9 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.slurm import reset
+from harness.slurm import reset, work_root
 from jobs.backends.slurm.client import SlurmClient, SlurmError, Submission, expand_nodes, parse_record
 from jobs.backends.slurm.cluster import SERVICE_ACCOUNT, LocalSlurmCluster
+
+
+@pytest.fixture
+def tmp_path(slurm_cluster: LocalSlurmCluster) -> Path:
+    """This module's tests' directory is beside the cluster's files, not in pytest's own: every
+    pytest that starts makes ``/tmp/pytest-of-<user>`` 0700 again, and the cluster's jobs (its
+    service account) must reach it."""
+    return work_root(slurm_cluster)
 
 
 @pytest.fixture
