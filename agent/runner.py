@@ -447,11 +447,16 @@ def slurm_epilog() -> int:
     if found and found.group(1).endswith("/" + runfiles.RUNNER_LOG_FILE):
         # Rank 0's run directory; every rank of the attempt is its sibling (a container not on
         # this node is not found, and nothing happens).
+        removed = False
         for directory in sorted(Path(found.group(1)).parent.parent.glob("rank-*")):
             policy = runfiles.spec_container(directory) or {}
             if policy.get("rootless") and uid.isdigit():
-                rootless.remove_slurm_containers(str(policy.get("podman")), job_id, node=node, uid=int(uid), storage=policy["rootless"]["storage"])
-                break  # all of the job's on this node, by its label
+                if not removed:  # all of the job's on this node, by its label
+                    rootless.remove_slurm_containers(str(policy.get("podman")), job_id, node=node, uid=int(uid), storage=policy["rootless"]["storage"])
+                    removed = True
+                if policy.get("name"):
+                    sandbox.remove_secret_env(str(policy["name"]), run_dir=rootless.runtime_dir(int(uid), node))
+                continue
             remove_container(directory)
     return 0
 

@@ -17,14 +17,17 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import psutil
 from django.conf import settings
 from django.utils import timezone
 
+from agent import cgroups, runfiles
 from agent.plugins import AgentView
-from jobs.models import GPU
+from agent.processes import run_dir
+from jobs.models import GPU, AttemptNode
 from jobs.services.samples import Reading, record_readings
 
 logger = logging.getLogger(__name__)
@@ -112,7 +115,7 @@ class ResourceSampler:
                         totals[key]["power"].append(reading.power_w)
                 except Exception:
                     logger.exception("could not read the GPUs of %s for job %s", part.node.name, key[0])
-            cpu, rss = self.host_usage(part.runner_pid, seen_pids)
+            cpu, rss = self.host_usage(part.runner_pid, seen_pids, run_processes(part))
             if cpu is not None:
                 totals[key]["cpu"].append(cpu)
                 totals[key]["rss"].append(rss)
@@ -136,9 +139,10 @@ class ResourceSampler:
             )
         record_readings(readings)
 
-    def host_usage(self, runner_pid: int | None, seen: set[int]) -> tuple[float | None, float]:
-        """CPU percent (since the last sample) and resident MiB of a run's process tree (none
-        for a part without a runner: psutil would read the agent's own)."""
+    def host_usage(self, runner_pid: int | None, seen: set[int], extra: set[int] | None = None) -> tuple[float | None, float]:
+        """CPU percent (since the last sample) and resident MiB of a run's processes: its runner's
+        tree and ``extra`` (its container's, which Podman's monitor parents, not the runner);
+        none for a part without a runner (psutil would read the agent's own)."""
         if runner_pid is None:
             return None, 0.0
         try:
@@ -146,6 +150,11 @@ class ResourceSampler:
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
             return None, 0.0
+        for pid in (extra or set()) - {p.pid for p in tree}:
+            try:
+                tree.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
         cpu = 0.0
         rss = 0.0
         for process in tree:
@@ -157,3 +166,19 @@ class ResourceSampler:
             except psutil.Error:
                 continue
         return cpu, rss
+
+
+def run_processes(part: AttemptNode) -> set[int]:
+    """The processes of a run's container: every process of its cgroup (the container nests in
+    it) and its container's init with its descendants (a run without a cgroup of its own)."""
+    record = runfiles.read_pid(run_dir(part))
+    if record is None:
+        return set()
+    found = cgroups.pids([Path(d) for d in record.cgroup]) if record.cgroup else set()
+    if record.container_pid:
+        try:
+            init = psutil.Process(record.container_pid)
+            found |= {init.pid, *(child.pid for child in init.children(recursive=True))}
+        except psutil.Error:
+            pass
+    return found

@@ -176,13 +176,6 @@ def project_accounts(client: SlurmClient, user: str | None = None) -> ProjectAcc
     return ProjectAccounts(client, user)
 
 
-def runner_python() -> str:
-    """The interpreter of the ranks' supervisors: the console's own where they run as root, else
-    the nodes' (``SLURM_RUNNER_PYTHON``): a service account may not reach the console's (under
-    ``/root`` …), and a node need not have it."""
-    return settings.SLURM_RUNNER_PYTHON if run_account() is not None else sys.executable
-
-
 def run_account() -> RunAccount | None:
     """The account Slurm runs every rank as (docs/slurm-site.md): ``SLURM_USER``, else the
     console's own user where it is not root; None for a console run as root without one (the
@@ -228,6 +221,7 @@ class SlurmLaunch:
         self.scheduler = scheduler
         self.queued: dict[int, Queued] = {}  # AttemptNode id → its queued batch job
         self.run_as = run_account()
+        self.python = settings.SLURM_RUNNER_PYTHON if self.run_as is not None else sys.executable
         self.accounts = project_accounts(scheduler.client, self.run_as.name if self.run_as else None)
         self.sent: dict[str, set[int]] = {}  # a several-rank batch job → the signals sent to all its ranks
 
@@ -251,7 +245,9 @@ class SlurmLaunch:
         excluded = sorted(set(job.exclusions.filter(gpu__isnull=True).values_list("node__name", flat=True)))
         spec = AttemptSpec(
             key=f"satrain-{job.pk}-{attempt.number}",
-            command=shlex.join([runner_python(), "-m", RUNNER_MODULE, *(str(spec_path) for _, _, spec_path in ranks)]),
+            # The ranks' supervisors run on the nodes' Python where an account runs them (it may not
+            # reach the console's, under /root …), else on the console's own.
+            command=shlex.join([self.python, "-m", RUNNER_MODULE, *(str(spec_path) for _, _, spec_path in ranks)]),
             workdir=str(settings.BASE_DIR),
             output=str(first_directory / runfiles.RUNNER_LOG_FILE),
             environment=root_tool_env({"PYTHONPATH": str(settings.BASE_DIR)}),

@@ -64,3 +64,33 @@ def test_the_sampler_records_a_running_jobs_gpus_and_processes(make_job, drive, 
     assert 0 <= last.gpu_util <= 100 and last.gpu_mem_mb > 0 and last.power_w > 0
     assert last.host_mem_mb > 0 and last.cpu_percent is not None
     drive(job, "Completed")
+
+
+@pytest.mark.slow
+def test_a_busy_containers_cpu_and_memory_are_its_own_not_its_supervisors(make_job, drive, agent, settings):
+    """The container's processes are parented by Podman's monitor, not the run's supervisor: the
+    sample counts them (its cgroup's processes and its init's tree), so a loop burning a core
+    reads near 100 %, not the supervisor's 0.4 %."""
+    import time
+
+    from agent.sampling import ResourceSampler
+    from jobs.models import JobAttempt
+    from logs.models import LogLine
+
+    settings.RESOURCE_SAMPLE_INTERVAL = 0.01
+    burn = "python -c \"import time\nblock = bytearray(64 << 20)\nprint('burning', flush=True)\nwhile True: pass\""
+    job = make_job(command=burn, gpus_per_node=1)
+    drive(job, "Running")
+    deadline = time.monotonic() + 60
+    while not LogLine.objects.filter(job=job, text="burning").exists():
+        assert time.monotonic() < deadline, "the job never started burning"
+        drive(job, "Running")
+        time.sleep(0.2)
+    sampler = ResourceSampler(agent)
+    sampler.on_round()  # each process's CPU counts from here
+    time.sleep(1.0)
+    sampler.on_round()
+    last = ResourceSample.objects.filter(job=job).order_by("-ts").first()
+    assert last is not None and last.cpu_percent >= 50, last.cpu_percent if last else None
+    assert last.host_mem_mb >= 64, last.host_mem_mb
+    assert JobAttempt.objects.get(job=job).state == "running"
