@@ -14,5 +14,6 @@ class FailoverConfig(AppConfig):
         from jobs import extensions
 
         extensions.handle_failed_runs_with(policy.handle_failed_run)
+        extensions.name_faults_with(policy.fault_of)
         extensions.on_control_round(policy.control_round)
         plugins.register(health.HealthChecker)

@@ -25,6 +25,12 @@ class FailedRunHandler(Protocol):
         """Judge a Running job's failed run (Job Failover on); return the job's new status."""
 
 
+class FaultNamer(Protocol):
+    def __call__(self, attempt: JobAttempt) -> str | None:
+        """The hardware fault on the attempt's GPUs or nodes, in words, where their own evidence
+        shows one (a run ended with Job Failover off says it instead of its signal)."""
+
+
 class ControlRoundHook(Protocol):
     def __call__(self) -> float | None:
         """One control round's share of work (sweeps, judgements left undone, purges). Returns
@@ -59,6 +65,7 @@ class AgentWaker(Protocol):
 @dataclass
 class Extensions:
     failed_run_handler: FailedRunHandler | None = None
+    fault_namer: FaultNamer | None = None
     control_round_hooks: list[ControlRoundHook] = field(default_factory=list)
     status_change_hooks: list[StatusChangeHook] = field(default_factory=list)
     agent_wakers: list[AgentWaker] = field(default_factory=list)
@@ -70,6 +77,11 @@ extensions = Extensions()
 def handle_failed_runs_with(handler: FailedRunHandler) -> None:
     """Set the one judge of failed runs (a second registration replaces the first)."""
     extensions.failed_run_handler = handler
+
+
+def name_faults_with(namer: FaultNamer) -> None:
+    """Set the one namer of a failed run's hardware fault (a second registration replaces it)."""
+    extensions.fault_namer = namer
 
 
 def on_control_round(hook: ControlRoundHook) -> None:

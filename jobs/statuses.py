@@ -49,13 +49,13 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.INTERNAL_ERROR: frozenset({S.PENDING}),
     S.MAX_RETRIES_EXCEEDED: frozenset(),
     S.COMPLETED: frozenset(),
-    S.FAILED: frozenset(),
+    S.FAILED: frozenset({S.PENDING}),  # the user's Resume, as below
     S.STOPPED: frozenset({S.PENDING}),
 }
 
 # Finished: nothing moves these on by itself (a user may Resume a RESUMABLE one).
 TERMINAL = frozenset({S.INTERNAL_ERROR, S.MAX_RETRIES_EXCEEDED, S.COMPLETED, S.FAILED, S.STOPPED})
-RESUMABLE = frozenset({S.STOPPED, S.INTERNAL_ERROR})
+RESUMABLE = frozenset({S.STOPPED, S.INTERNAL_ERROR, S.FAILED})
 ACTIVE = frozenset(JobStatus.values) - TERMINAL
 # Waiting for a placement: the placement loop looks at these.
 WAITING = frozenset({S.PENDING, S.IMAGE_PULL_BACKOFF, S.FAILOVER_IN_PROGRESS})

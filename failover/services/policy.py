@@ -107,6 +107,18 @@ def gather(attempt: JobAttempt, parts: list[AttemptNode]) -> tuple[dict[int, Sco
     return per_node, lines
 
 
+def fault_of(attempt: JobAttempt) -> str | None:
+    """The hardware fault its nodes' own evidence shows on the attempt's GPUs (or node-wide) since
+    it was placed, in the health writer's words, or None: what a run ended with Job Failover off
+    was killed for."""
+    per_node, _ = gather(attempt, list(attempt.placements.select_related("node")))
+    for evidence in per_node.values():
+        fault = node_fault(evidence.findings, evidence.kernel_findings, evidence.kernel_log)
+        if fault is not None:
+            return fault.reason
+    return None
+
+
 def lost_parts(parts: list[AttemptNode]) -> list[AttemptNode]:
     """Ranks ended by the lost-node sweep: no exit seen, on a node that is NotReady."""
     return [p for p in parts if p.node.state == Node.State.NOT_READY and p.exit_code is None and p.exit_signal is None]

@@ -122,13 +122,24 @@ def test_the_fourth_hardware_fault_exceeds_the_limit(make_job, drive, round_, se
     assert "failover limit (3) spent" in job.status_reason
 
 
-def test_with_failover_off_a_hardware_fault_ends_failed(make_job, drive, round_):
-    job = drive(make_job(command=SLEEPER, failover_enabled=False), JobStatus.RUNNING)
-    started(job, round_)
+def test_with_failover_off_a_hardware_fault_ends_failed_saying_the_fault_and_resumes_from_its_checkpoint(make_job, drive, round_):
+    """The reason names the fault, not the kill it caused; the user may Resume the Failed job
+    from its last committed checkpoint (on another GPU: the faulty one is out of placement)."""
+    from agent.resume import resumable_step
+    from jobs.services.actions import resume_job
+
+    job = drive(make_job(command=CKPT_TRAINING, failover_enabled=False), JobStatus.RUNNING)
+    run_until(round_, lambda: any(COMMIT.search(t) for t in texts(job)), timeout=90, what="a committed checkpoint")
     inject_fault(node_of(job), gpu=0, xid=79)
     job = drive(job, JobStatus.FAILED)
     assert flow(job) == ["Pending", "Running", "Failed"]
-    assert job.status_reason == "killed by SIGKILL; Job Failover is off"
+    assert job.status_reason == "Xid 79 on GPU 0: GPU has fallen off the bus; Job Failover is off"
+    step = resumable_step(job)
+    assert step is not None and step >= 10
+    resume_job(job, actor="owner", checkpoint_step=step)
+    job = drive(job, JobStatus.COMPLETED, timeout=180)
+    assert flow(job) == ["Pending", "Running", "Failed", "Pending", "Running", "Completed"]
+    assert JobAttempt.objects.get(job=job, number=2).resume_step == step
 
 
 def test_a_stop_during_failover_ends_stopped_and_never_fails_over(make_job, drive, round_, owner):

@@ -51,7 +51,7 @@ RESUME_CHECKED = ("project", "gpus_per_node", "node_count", "output_dir", "cpu_l
 
 
 def resume_job(job: TrainingJob, *, actor: str, checkpoint_step: int | None) -> None:
-    """Resume a Stopped or ``Pending - internalerror`` job from its last committed checkpoint.
+    """Resume a Stopped, Failed or ``Pending - internalerror`` job from its last committed checkpoint.
 
     The job goes back to Pending; its next attempt (number n+1) starts with ``CKPT_LAST_STEP``
     set from the checkpoint the node finds in the job's work or output directory, as after a failover. The
@@ -74,7 +74,7 @@ def resume_job(job: TrainingJob, *, actor: str, checkpoint_step: int | None) -> 
         reason=f"resumed by {actor} from checkpoint step {checkpoint_step}",
     ):
         job.refresh_from_db(fields=["status"])
-        raise JobActionRefused(f"A job that is {job.status} cannot be resumed; only a Stopped or Pending - internalerror one.")
+        raise JobActionRefused(f"A job that is {job.status} cannot be resumed; only a Stopped, Failed or Pending - internalerror one.")
     request_placement()
 
 

@@ -363,6 +363,9 @@ def close(attempt: JobAttempt, kind: EndKind, *, exit_code: int | None, exit_sig
     if decision.judge and extensions.failed_run_handler is not None:
         return extensions.failed_run_handler(job, attempt, cause, decision.lost)
     to = JobStatus.FAILED if decision.judge else decision.status  # judged, but no judge is registered
+    if decision is outcomes.FAILOVER_OFF and extensions.fault_namer is not None:
+        # Killed for a hardware fault: the fault is the cause, not the kill's signal.
+        cause = extensions.fault_namer(attempt) or cause
     words = {"cause": cause, "detail": "", "stopped": job.status_reason or "stopped"}
     reason = decision.reason.format(**words, yielded=yield_text(attempt) if "{yielded}" in decision.reason else "")
     transition(job.pk, to, reason=reason, actor=AGENT, attempt=attempt.number, expected={job.status})

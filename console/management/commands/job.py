@@ -45,7 +45,7 @@ class Command(BaseCommand):
         stop = actions.add_parser("stop", help="stop the job (a running one gets SIGTERM, then SIGKILL after the grace period)")
         stop.add_argument("id", type=job_id)
         stop.add_argument("--reason", default="stopped by an operator", help="the reason recorded in the job's history")
-        resume = actions.add_parser("resume", help="resume a Stopped or Pending - internalerror job from its last checkpoint")
+        resume = actions.add_parser("resume", help="resume a Stopped, Failed or Pending - internalerror job from its last checkpoint")
         resume.add_argument("id", type=job_id)
 
     def handle(self, *args, action: str, id: int, **options):
