@@ -64,8 +64,8 @@ def engine_env(storage: str, node: str, *, uid: int | None = None, home: str = "
     storage_conf = base / "storage.conf"
     storage_text = f'[storage]\ndriver = "overlay"\nrunroot = "{runtime}/storage"\ngraphroot = "{base}/storage"\nrootless_storage_path = "{base}/storage"\n'
     containers_conf = base / "containers.conf"
-    # No systemd session in a batch job: cgroupfs (on cgroup v1 a rootless container makes no
-    # cgroup of its own and stays in the step's), events to a file, runc as on the agents.
+    # No systemd session in a batch job: cgroupfs (runc nests the container below the step's
+    # cgroup, which Slurm hands to the job's user), events to a file, runc as on the agents.
     containers_text = (
         '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n'
         f'events_logfile_path = "{base}/events.log"\nruntime = "runc"\n[containers]\nlog_driver = "k8s-file"\n'
