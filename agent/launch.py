@@ -342,6 +342,11 @@ class Launcher:
         self.children: dict[int, subprocess.Popen[bytes]] = {}
         self.pull_lines: dict[int, list[str]] = {}  # the last pull's progress, by attempt
 
+    @property
+    def account(self) -> RunAccount | None:
+        """The unprivileged account the port's scheduler runs the ranks as (None: this agent's user)."""
+        return self.port.account() if self.port is not None else None
+
     def launch(self, attempt: JobAttempt) -> list[AttemptNode]:
         """Start this agent's parts of a placed attempt; the control plane makes it Running when
         its last part has started (``runs.part_started``). Returns the parts started here.
@@ -368,7 +373,7 @@ class Launcher:
                 runs.image_unavailable(attempt, claimed, f"image {job.image} could not be pulled: {pulled.message}")
                 return []
             runs.image_pulled(attempt, claimed[0], image_ref)
-        account = self.port.account() if self.port is not None else None
+        account = self.account
         try:
             location = output_location(job)
             # A scheduler's account runs the ranks: the directories are its (its containers map
@@ -460,7 +465,7 @@ class Launcher:
     ) -> tuple[Path, Path]:
         """The rank's run directory and the spec its supervisor runs (``agent.runfiles``)."""
         work_root = Path(settings.JOB_WORK_ROOT)
-        account = self.port.account() if self.port is not None else None
+        account = self.account
         owner = account.uid if account is not None else None
         directory = workdirs.make_private(work_root, runfiles.run_dir_parts(job.pk, attempt.number, part.rank), owner=owner)
         runfiles.clear_stale(directory)

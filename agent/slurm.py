@@ -388,12 +388,12 @@ class SlurmRuns:
         by_name = {view.name: view for view in views}
         self.down = {view.name for view in views if "DOWN" in view.state}
         bad_gpus = dict(GPU.objects.filter(node__name__in=agent.node_names, healthy=False).exclude(health_reason="").values_list("node_id", "health_reason"))
-        files = node_check_files()
+        files = None if forced_simulation() else node_check_files()
         for node in Node.objects.filter(name__in=agent.node_names):
             view = by_name.get(node.name)
             if view is None:
                 continue
-            seen = None if forced_simulation() else files.gpus_seen(node.name)
+            seen = files.gpus_seen(node.name) if files is not None else None
             facts = {
                 # Whether its GPUs are real is the node's own check's word, once it has spoken.
                 "simulated": node.simulated if seen is None else not seen,

@@ -107,11 +107,10 @@ def make_private(root: Path, parts: Sequence[str], *, owner: int | None = None) 
     ``owner``: the unprivileged account a scheduler runs the rank as (a Slurm site's service
     account) owns the leaf, the directories above it only traversable by others (0711)."""
     with opened_chain(root, parts, mode=0o700 if owner is None else 0o711) as fd:
-        info = os.fstat(fd)
-        if owner is None or info.st_uid != owner:
+        if owner is None or os.fstat(fd).st_uid != owner:
             _check_agent_owned(fd, "/".join(parts))
-        if owner is not None and info.st_uid != owner:
-            os.fchown(fd, owner, -1)
+            if owner is not None:
+                os.fchown(fd, owner, -1)
         os.fchmod(fd, 0o700)
     return Path(root).joinpath(*parts)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -85,16 +86,11 @@ def slurm(request: pytest.FixtureRequest, settings) -> Iterator[LocalSlurmCluste
     test. A test marked ``slurm_accounting`` gets the cluster that keeps accounts."""
     accounting = request.node.get_closest_marker("slurm_accounting") is not None
     cluster: LocalSlurmCluster = request.getfixturevalue("slurm_accounting_cluster" if accounting else "slurm_cluster")
-    settings.BACKEND = "slurm"
-    settings.SLURM_CONF = str(cluster.conf)
-    settings.SLURM_HEALTH_DIR = str(cluster.health_dir)
-    settings.SLURM_SPOT_PARTITION = "spot"
-    settings.SLURM_POLL_INTERVAL = 0.3
-    settings.SLURM_USER = cluster.user
     # A run's GPUs are the cluster's GRES devices (character devices the job's cgroup allows or
     # denies), not stand-in files; its directories are where the service account reaches them.
-    settings.SIMULATED_DEVICE_DIR = cluster.device_dir
-    settings.JOB_WORK_ROOT = work_root(cluster)
+    use_cluster(settings, cluster)
+    settings.SLURM_SPOT_PARTITION = "spot"
+    settings.SLURM_POLL_INTERVAL = 0.3
     yield cluster
     reset(cluster)
 
@@ -105,6 +101,22 @@ def site_env(cluster: LocalSlurmCluster) -> dict[str, str]:
         "BACKEND": "slurm", "SLURM_CONF": str(cluster.conf), "SLURM_HEALTH_DIR": str(cluster.health_dir), "SLURM_USER": cluster.user,
         "JOB_WORK_ROOT": str(work_root(cluster)), "SIMULATED_DEVICE_DIR": str(cluster.device_dir),
     }  # fmt: skip
+
+
+def use_cluster(settings, cluster: LocalSlurmCluster) -> None:
+    """An in-process console's settings on ``cluster`` (``site_env``, paths as paths)."""
+    for name, value in site_env(cluster).items():
+        setattr(settings, name, Path(value) if name in ("JOB_WORK_ROOT", "SIMULATED_DEVICE_DIR") else value)
+
+
+def account_dir(cluster: LocalSlurmCluster, directory: Path) -> Path:
+    """``directory`` (made where missing) the cluster's service account's, and reachable by it:
+    where a batch job submitted as that account writes its output."""
+    directory.mkdir(parents=True, exist_ok=True)
+    account = pwd.getpwnam(cluster.user)
+    os.chown(directory, account.pw_uid, account.pw_gid)
+    cluster.open_to(directory)
+    return directory
 
 
 def reset(cluster: LocalSlurmCluster) -> None:

@@ -4,11 +4,10 @@ file. The console's ``placed → Running`` is then read against it (issue 44: at
 
 from __future__ import annotations
 
-import os
-import pwd
 import time
 from pathlib import Path
 
+from harness.slurm import account_dir
 from jobs.backends.slurm.client import Submission
 from jobs.backends.slurm.cluster import LocalSlurmCluster
 
@@ -17,10 +16,7 @@ TIMEOUT_S = 60.0
 
 def bare_sbatch(cluster: LocalSlurmCluster, runs: int, workdir: Path) -> list[float]:
     """Seconds from each ``sbatch`` call to its job's first line, one job after the other."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    account = pwd.getpwnam(cluster.user)
-    os.chown(workdir, account.pw_uid, account.pw_gid)  # its jobs run as the cluster's service account
-    cluster.open_to(workdir)
+    account_dir(cluster, workdir)  # its jobs run as the cluster's service account
     seconds = []
     for n in range(runs):
         output = workdir / f"bare-{n}.out"

@@ -116,10 +116,9 @@ class EmbeddedConsole:
             self.loop.join(timeout=10)
         settings.BACKEND = backend
         if cluster is not None:
-            from harness.slurm import site_env
+            from harness.slurm import use_cluster
 
-            for name, value in site_env(cluster).items():
-                setattr(settings, name, Path(value) if name in ("JOB_WORK_ROOT", "SIMULATED_DEVICE_DIR") else value)
+            use_cluster(settings, cluster)
         self.loop = EmbeddedControlLoop(start_local_agent())
         self.loop.start()
 

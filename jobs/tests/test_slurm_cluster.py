@@ -8,7 +8,6 @@ elsewhere the tests are skipped with what is missing."""
 from __future__ import annotations
 
 import os
-import pwd
 import shlex
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.slurm import reset, work_root
+from harness.slurm import account_dir, reset, work_root
 from jobs.backends.slurm.client import SlurmClient, SlurmError, Submission, expand_nodes, parse_record
 from jobs.backends.slurm.cluster import SERVICE_ACCOUNT, LocalSlurmCluster
 
@@ -34,18 +33,9 @@ def cluster(slurm_cluster: LocalSlurmCluster, tmp_path: Path) -> Iterator[LocalS
     """The session's cluster alone (the Slurm client's tests, no console on it), left as it was
     found. Its jobs run as its service account (``DisableRootJobs``): the test's directory is that
     account's."""
-    owned(slurm_cluster, tmp_path)
+    account_dir(slurm_cluster, tmp_path)
     yield slurm_cluster
     reset(slurm_cluster)
-
-
-def owned(cluster: LocalSlurmCluster, directory: Path) -> Path:
-    """``directory`` (made where missing) the cluster's service account's, and reachable by it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    account = pwd.getpwnam(cluster.user)
-    os.chown(directory, account.pw_uid, account.pw_gid)
-    cluster.open_to(directory)
-    return directory
 
 
 def test_scontrol_records_are_read_with_spaces_in_values() -> None:
@@ -292,7 +282,7 @@ def test_a_spot_job_is_preempted_by_on_demand_work_gets_sigterm_and_waits_again(
     script = "trap 'echo SIGTERM: saving; sleep 1; exit 143' TERM; echo spot start $SLURM_RESTART_COUNT; while true; do sleep 0.1; done"
     spots = []
     for index, _ in enumerate(cluster.nodes):
-        owned(cluster, tmp_path / f"spot{index}")
+        account_dir(cluster, tmp_path / f"spot{index}")
         spots.append(backend.submit(spec(tmp_path / f"spot{index}", script, gpus_per_node=4, spot=True)))
     for index, handle in enumerate(spots):
         observe_until(backend, handle, {"running"})
