@@ -9,6 +9,7 @@ class AgentConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at the top: the app registry is ready only now (Django's rule for ready()).
         from agent import local_agents
+        from agent.checkpointless import Replicator
         from agent.plugins import register
         from agent.sampling import ResourceSampler
         from agent.storage import StorageWatch
@@ -16,4 +17,5 @@ class AgentConfig(AppConfig):
 
         register(ResourceSampler)
         register(StorageWatch)
+        register(Replicator)
         wake_agents_with(local_agents.wake)

@@ -33,6 +33,12 @@ def backend_kind() -> str:
     return kind
 
 
+def replicates() -> bool:
+    """Whether runs replicate their snapshots (checkpointless failover): the agents do, a Slurm
+    site's ranks run beside no agent (docs/failover.md)."""
+    return bool(settings.CHECKPOINTLESS) and backend_kind() == AGENTS
+
+
 def register_local_nodes(*, name: str = "embedded") -> list[Node]:
     """This machine's nodes (real or simulated); on ``BACKEND=slurm`` the Slurm cluster's."""
     if backend_kind() == SLURM:

@@ -23,7 +23,7 @@ from typing import Any, NotRequired, TypedDict
 
 from django.conf import settings
 
-from agent import engine, networks, resume, runfiles, sandbox, uids, workdirs
+from agent import checkpointless, engine, inputs, networks, resume, runfiles, sandbox, uids, workdirs
 from agent.ports import LaunchPort, RunAccount
 from agent.processes import RUNNER_MODULE, is_runner, signal_run
 from agent.runfiles import RunSpec
@@ -104,6 +104,9 @@ class RunDirectories(TypedDict):
     output_mount: bool  # the output directory is mounted on its own
     output_in_run: str  # its path as the run sees it
     fence: NotRequired[Path]  # the attempt's fence file's directory, once written
+    inputs: NotRequired[Path]  # the job's staged code and warm-start checkpoint (agent.inputs)
+    setup: NotRequired[list[str]]  # the shell lines that put them in place in the run
+    resume_env: NotRequired[dict[str, str]]  # where a replica it resumes from is (agent.checkpointless)
 
 
 def container_policy(
@@ -121,6 +124,8 @@ def container_policy(
     if dirs["output_mount"]:
         mounts.append([mountable(str(dirs["output"])), sandbox.OUTPUT_DIR, "rw"])
     mounts.append([mountable(str(dirs["fence"])), sandbox.FENCE_DIR, "ro"])
+    if "inputs" in dirs:
+        mounts.append([mountable(str(dirs["inputs"])), inputs.IN_RUN, "ro"])
     mounts.append([mountable(str(Path(settings.BASE_DIR) / "ckptlib")), f"{sandbox.CKPTLIB_ROOT}/ckptlib", "ro"])
     for volume in volumes_of(job.project):
         if volume.path in RESERVED_TARGETS or volume.path.startswith(tuple(t + "/" for t in PLATFORM_TREES)):
@@ -264,7 +269,6 @@ def run_env(
             "CHECKPOINT_VENDOR": sandbox.VENDOR_DIR if contained else vendor_dir(),
             "RANK": str(part.rank),
             "NODE_RANK": str(part.rank),
-            "LOCAL_RANK": "0",
             "WORLD_SIZE": str(job.node_count),
             "MASTER_ADDR": attempt.master_addr,
             "MASTER_PORT": str(attempt.master_port),
@@ -274,6 +278,11 @@ def run_env(
             "OUTPUT_DIR": output_dir,
         }
     )
+    if job.node_count > 1:
+        # One rank per node. A one-rank job gets none, as `python train.py` on a workstation:
+        # with LOCAL_RANK set, accelerate and the Trainer start a process group of one (c10d
+        # warnings about the master's name, "parallel_mode != DISTRIBUTED") for nothing.
+        env["LOCAL_RANK"] = "0"
     if fence:
         env["JOB_FENCE"] = fence  # ckptlib commits only while it names this attempt (docs/failover.md)
     if resume_step is not None:
@@ -392,7 +401,19 @@ class Launcher:
             runs.launch_failed(attempt, f"the job's fence could not be written: {exc}")
             return []
         point = resume_point(job, location, contained=contained) if attempt.number > 1 else None
-        resume_step = point.step if point is not None else None
+        try:
+            # The newest of the disk checkpoint and the in-memory replicas; then the code bundle,
+            # and a warm start's checkpoint while the job has none of its own.
+            chosen = checkpointless.choose(job, attempt, claimed, point.step if point else None, contained=contained, use_replicas=self.port is None)
+            warm = chosen.step is None
+            staged = inputs.stage(job, location, sandbox.WORK_DIR if contained else str(dirs["work"]), contained=contained, warm=warm)
+        except (inputs.InputRefused, checkpointless.ReplicaRefused) as exc:
+            runs.launch_failed(attempt, f"the run's inputs could not be prepared: {exc}")
+            return []
+        dirs["setup"] = chosen.setup + staged.setup
+        if staged.directory is not None or chosen.env:
+            dirs["inputs"], dirs["resume_env"] = inputs.inputs_path(job), chosen.env
+        resume_step = chosen.step if not warm else staged.resume_step
         started = True
         for part in claimed:
             part.attempt = attempt
@@ -474,6 +495,8 @@ class Launcher:
         if contained and not dirs["output_mount"]:
             # An output directory in a writable volume: made by the run itself, as its own user.
             command = 'mkdir -p -- "$OUTPUT_DIR" 2>/dev/null\n' + command
+        if dirs.get("setup"):
+            command = "\n".join(dirs["setup"]) + "\n" + command
         env = run_env(
             job,
             attempt,
@@ -483,6 +506,11 @@ class Launcher:
             resume_step=resume_step,
             fence=f"{sandbox.FENCE_DIR}/{workdirs.FENCE_FILE}" if contained else str(dirs["fence"] / workdirs.FENCE_FILE),
         )
+        snapshot_env, snapshot_mount = checkpointless.run_snapshot(job, part, uid, contained=contained) if self.port is None else ({}, None)
+        env.update({**snapshot_env, **dirs.get("resume_env", {})})
+        policy = container_policy(job, attempt, part, image_ref, dirs, uid, account=account) if contained else None
+        if policy is not None and snapshot_mount is not None:
+            policy["mounts"].append(snapshot_mount)
         spec = RunSpec(
             command=command,
             cwd=str(dirs["work"]),
@@ -491,7 +519,8 @@ class Launcher:
             max_line_chars=settings.LOG_MAX_LINE_CHARS,
             max_lines=settings.LOG_MAX_LINES_PER_JOB,
             max_bytes=settings.LOG_MAX_BYTES_PER_JOB,
-            container=container_policy(job, attempt, part, image_ref, dirs, uid, account=account) if contained else None,
+            tail_lines=settings.LOG_TAIL_LINES,
+            container=policy,
             # A scheduler's account: the scheduler enforces the job's limits (its cgroups).
             limits=run_limits(job) if account is None else None,
             preamble=preamble(job, part, image_ref, self.pull_lines.get(attempt.pk, ())) if contained else [],

@@ -189,3 +189,23 @@ def resumable_step(job: TrainingJob) -> int | None:
     rows = Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id").values_list("step", "path")[:REPORTED_ROWS]
     # A row without a path (none comes from a commit line) cannot be judged: the node's check decides.
     return next((step for step, path in rows if not path or survives(path, known)), None)
+
+
+def warm_start_step(source: TrainingJob, step: int | None = None) -> int:
+    """The step of ``source``'s committed checkpoint a warm start uses: ``step`` (None: the newest)
+    among those it reported where a run of another job can be given it (its work or output
+    directory); raises ValueError with why not. The node checks it on disk when the run starts."""
+    try:
+        known = places(source, output_location(source))
+    except PathRefused as exc:
+        raise ValueError(f"Job {source.pk}'s output directory cannot be read: {exc}") from None
+    rows = Checkpoint.objects.filter(job=source).order_by("-committed_at", "-id").values_list("step", "path")[:REPORTED_ROWS]
+    usable = [found for found, path in rows if path and survives(path, known)]
+    if step is None:
+        if not usable:
+            raise ValueError(f"Job {source.pk} ({source.name}) has no committed checkpoint in its work or output directory to start from.")
+        return max(usable)
+    if step not in usable:
+        listed = ", ".join(str(s) for s in sorted(set(usable))[-8:]) or "none"
+        raise ValueError(f"Job {source.pk} ({source.name}) has no committed checkpoint at step {step} to start from (its steps: {listed}).")
+    return step

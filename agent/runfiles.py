@@ -32,7 +32,7 @@ The call order, for one rank:
    ``open_runner_log`` and reports the runner's pid to the control plane.
 2. The runner: ``read_spec``; ``write_env`` (in a container); starts the command; ``write_pid``
    (before the first output record); ``OutputWriter.emit`` for each line, numbered from 1 in
-   order (a line skipped at the log cap still takes its number); ``write_pid`` again when Podman
+   order (past the log cap a line left out still takes its number); ``write_pid`` again when Podman
    has written ``CONTAINER_PID_FILE``; when the command has exited and its output is closed,
    ``remove_env`` and ``write_exit``: nothing is written after it.
 3. The agent, each round and after any restart: ``read_exit`` first, then ``read_output`` from
@@ -182,9 +182,8 @@ def write_private(path: Path, text: str, *, owner: int | None = None) -> None:
 # --- the spec: what to run (its container and limits: agent.sandbox) -----------------------------
 @dataclass(frozen=True)
 class RunSpec:
-    """What the runner runs: the command (``bash -c``), where, with which environment, its log's
-    limits, its container (None: on the host) and cgroup limits (None: none asked for), and the
-    lines its log starts with."""
+    """What the runner runs: the command (``bash -c``), where, its environment, its log's limits,
+    its container (None: on the host), cgroup limits (None: none asked for) and its log's first lines."""
 
     command: str
     cwd: str
@@ -192,6 +191,7 @@ class RunSpec:
     max_line_chars: int = DEFAULT_MAX_LINE_CHARS
     max_lines: int = 0  # 0: no cap
     max_bytes: int = 0  # the output file's cap in bytes (LOG_MAX_BYTES_PER_JOB); 0: no cap
+    tail_lines: int = 10_000  # past a cap, the last lines kept and written when the run ends (LOG_TAIL_LINES)
     container: ContainerPolicy | None = None
     limits: RunLimits | None = None
     preamble: list[str] = field(default_factory=list)
@@ -245,6 +245,7 @@ def read_spec(path: Path) -> RunSpec:
         max_line_chars=int_in(raw.get("max_line_chars"), 1, 2**31) or DEFAULT_MAX_LINE_CHARS,
         max_lines=int_in(raw.get("max_lines"), 0, 2**53) or 0,
         max_bytes=int_in(raw.get("max_bytes"), 0, 2**62) or 0,
+        tail_lines=int_in(raw.get("tail_lines", RunSpec.tail_lines), 0, 2**31) or 0,
         container=container,  # type: ignore[arg-type]  # its fields are read by agent.sandbox
         limits=limits,  # type: ignore[arg-type]
         preamble=preamble,
@@ -373,12 +374,11 @@ def checked_record(record: object) -> OutputLine | None:
 
 
 class OutputWriter:
-    """The runner's output file, appended in whole records: the records of what one read of the
-    command's output brought are written together by ``flush`` (the runner calls it before it
-    waits for more), so the file only ever ends with a whole record. ``count`` is the number of
-    the last line read from the command, kept or not; ``bytes`` what this writer has written or
-    holds (the runner's caps are on it: a run on the host could append to the file itself, but
-    never makes the runner write more)."""
+    """The runner's output file, appended in whole records: what one read of the command's output
+    brought is written together by ``flush`` (the runner calls it before it waits for more), so
+    the file only ever ends with a whole record. ``count`` is the number of the last line read,
+    written or not; ``bytes`` what this writer has written or holds (the runner's caps are on it:
+    a run on the host could append to the file itself, but never makes the runner write more)."""
 
     def __init__(self, directory: Path) -> None:
         fd = os.open(directory / OUTPUT_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
@@ -416,7 +416,7 @@ class OutputWriter:
         self.append(self.next_record(text, now))
 
     def skip(self) -> None:
-        """A line read and not kept (past the log cap): its number is skipped."""
+        """A line read and not written now (past the log cap): its number is taken."""
         self.count += 1
 
     def note(self, text: str, now: float) -> None:

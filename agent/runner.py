@@ -11,7 +11,8 @@ restart of the console or the agent does not touch the training run. It
    number, time, text): invalid UTF-8 is replaced, carriage-return progress bars collapse to
    their last state, a line longer than the limit is cut with a visible marker *while it is
    read* (the runner's memory stays bounded whatever a job prints), and the output stops growing
-   at the job's log cap, in lines and in bytes (``OutputCap``);
+   at the job's log cap, in lines and in bytes, keeping the run's last lines for its end
+   (``agent.output_cap``);
 3. writes its exit record (exit code or signal, and whether the kernel killed a process of the
    run for exceeding its memory limit, or the run was ended at its PID limit) once the output is
    complete.
@@ -31,6 +32,7 @@ import contextlib
 import dataclasses
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -41,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from agent import allocation, cgroups, networks, rootless, runfiles, sandbox
+from agent.output_cap import OutputCap
 from agent.runfiles import ExitRecord, OutputWriter, PidRecord
 from agent.sandbox import ContainerPolicy, RunLimits, container_argv, env_file_text, root_tool_env
-from logs.progress_parser import may_tell
 
 CUT_MARKER = " …[line cut at {limit} characters]"
 CHUNK = 65536
@@ -52,10 +54,6 @@ CHUNK = 65536
 # write and a wake-up per few lines, not per line.
 GATHER_SECONDS = 0.005
 PIDS_LIMIT_GRACE = 2.0  # seconds a run may sit at its PID limit before it is ended
-# Past the log cap only lines up to this long are read for progress and checkpoints (a commit
-# line with its path fits): longer ones are left out unread, so a flood past the cap costs the
-# runner little.
-PROGRESS_LINE_MAX_CHARS = 4096
 
 
 def clean_line(raw: bytes, limit: int, *, cut: bool = False) -> str:
@@ -71,21 +69,25 @@ def clean_line(raw: bytes, limit: int, *, cut: bool = False) -> str:
     return text
 
 
-def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, gather: float = 0.0) -> Iterator[tuple[bytes, bool]]:
+def read_lines(fd: int, limit: int, *, flush: Callable[[], float | None] | None = None, gather: float = 0.0) -> Iterator[tuple[bytes, bool]]:
     """The lines read from ``fd`` as (bytes, cut), never holding more than about 4 × ``limit``
     bytes of one line (a UTF-8 character is at most 4 bytes): the rest of a longer line is
     dropped as it arrives, and the line is marked cut.
 
     ``flush`` is called before each read that may wait, so what the lines already read made is
-    written first. With ``gather``, after a read that emptied the pipe the next one waits that
-    many seconds: a command printing a line at a time (``print(…, flush=True)``) is read a few
-    lines at a time, not with a read, a write and a wake-up for every line."""
+    written first; where it returns a number of seconds, it is called again after that long
+    without output (the log cap's held lines are written on time). With ``gather``, after a read
+    that emptied the pipe the next one waits that many seconds: a command printing a line at a
+    time (``print(…, flush=True)``) is read a few lines at a time, not with a read, a write and a
+    wake-up for every line."""
     cap = 4 * limit + 4
     line = bytearray()
     cut = False
     while True:
         if flush is not None:
-            flush()
+            wait = flush()
+            while wait is not None and not select.select([fd], [], [], wait)[0]:
+                wait = flush()
         chunk = os.read(fd, CHUNK)
         if not chunk:
             break
@@ -114,64 +116,6 @@ def read_lines(fd: int, limit: int, *, flush: Callable[[], None] | None = None, 
             time.sleep(gather)
     if line:
         yield bytes(line), cut
-
-
-def size_text(count: int) -> str:
-    """A byte count as the marker lines say it: whole MiB or KiB where it is one, else bytes."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if count >= 1 << shift and count % (1 << shift) == 0:
-            return f"{count >> shift:,} {unit}"
-    return f"{count:,} bytes"
-
-
-class OutputCap:
-    """Where a run's output file stops growing: at ``max_lines`` lines of the command's output
-    (LOG_MAX_LINES_PER_JOB; the platform's own lines are not counted) or ``max_bytes`` bytes of
-    the file (LOG_MAX_BYTES_PER_JOB: records whole, so a line that would cross the cap is the
-    first one left out), whichever comes first; 0: no such cap. Past it, lines are counted
-    (their numbers skipped: the database counts them as dropped), except lines progress and
-    checkpoints are read from (up to ``PROGRESS_LINE_MAX_CHARS`` long), kept up to twice each
-    cap. Once past, ordinary lines stay out whatever their size."""
-
-    def __init__(self, max_lines: int, max_bytes: int) -> None:
-        self.max_lines, self.max_bytes = max_lines, max_bytes
-        self.kept = 0
-        self.reached = ""  # which cap was reached, as the marker lines say it; "" not yet
-        self.setting = ""
-
-    def left_out(self, text: str) -> bool:
-        """Past the cap, whether ``text`` stays out whatever its size (known before its record
-        is made): not a line progress or checkpoints are read from, or past twice the line cap."""
-        if not self.reached:
-            return False
-        if self.max_lines and self.kept >= 2 * self.max_lines:
-            return True
-        return len(text) > PROGRESS_LINE_MAX_CHARS or not may_tell(text)
-
-    def keeps(self, text: str, size: int, written: int) -> bool:
-        """Whether the line ``text`` (a record of ``size`` bytes, after ``written``) goes in."""
-        if not self.reached:
-            if self.max_lines and self.kept >= self.max_lines:
-                self.reached, self.setting = f"the log cap of {self.max_lines:,}", "lines (LOG_MAX_LINES_PER_JOB)"
-            elif self.max_bytes and written + size > self.max_bytes:
-                self.reached, self.setting = f"the output cap of {size_text(self.max_bytes)}", "(LOG_MAX_BYTES_PER_JOB)"
-            else:
-                self.kept += 1
-                return True
-        if self.left_out(text) or (self.max_bytes and written + size > 2 * self.max_bytes):
-            return False
-        self.kept += 1
-        return True
-
-    def marker(self) -> str:
-        """The line that takes the place of the first line left out."""
-        return (
-            f"[console] this run's output reached {self.reached} {self.setting}: later lines are counted by their line "
-            "numbers, not kept (progress and checkpoint lines still are, up to twice the cap); the run goes on"
-        )
-
-    def summary(self, skipped: int) -> str:
-        return f"[console] {skipped:,} lines of this run past {self.reached} were counted, not kept"
 
 
 class Watch(threading.Thread):
@@ -300,34 +244,18 @@ def run(spec_path: Path) -> int:
         # Its SIGUSR1 is the console's SIGKILL for the run (a fatal GPU event): the run dies, the
         # runner lives to pass on the run's last lines and record its exit.
         signal.signal(signal.SIGUSR1, lambda *_: forward_kill(watch.record))
-    skipped = 0
-    last_skipped = False
-    cap = OutputCap(spec.max_lines, spec.max_bytes)
     assert proc.stdout is not None
     with OutputWriter(run_dir) as out:
         if unlimited and limits and (limits.get("cpus") or limits.get("memory_mb")):
             out.emit(f"[console] the job's CPU and memory limits are not enforced on this node: {unlimited}", time.time())
         for note in [*spec.preamble, *notes]:
             out.emit(note, time.time())
-        for raw, cut in read_lines(proc.stdout.fileno(), limit, flush=out.flush, gather=GATHER_SECONDS):
-            text = clean_line(raw, limit, cut=cut)
-            now = time.time()
-            entry = b"" if cap.left_out(text) else out.next_record(text, now)
-            last_skipped = not entry or not cap.keeps(text, len(entry), out.bytes)
-            if not last_skipped:
-                out.append(entry)
-            elif skipped == 0:
-                # The first line left out: the marker takes its place (and its number), so the
-                # file says where and why it stops, and every line number still counts one line.
-                out.emit(cap.marker(), now)
-                skipped += 1
-            else:
-                out.skip()
-                skipped += 1
-        if skipped > 1:
-            # Numbered as the last line read when that one was left out, so a reader counts them.
-            summary = cap.summary(skipped)
-            out.note(summary, time.time()) if last_skipped else out.emit(summary, time.time())
+        # The platform's lines above are not counted against the cap; past it, the run's last
+        # lines are held and written once its output is closed (its end is always in the file).
+        cap = OutputCap(out, spec.max_lines, spec.max_bytes, spec.tail_lines)
+        for raw, cut in read_lines(proc.stdout.fileno(), limit, flush=cap.flush, gather=GATHER_SECONDS):
+            cap.take(clean_line(raw, limit, cut=cut), time.time())
+        cap.finish(time.time())
         count = out.count
     code = proc.wait()
     watch.done.set()

@@ -115,6 +115,15 @@ def make_private(root: Path, parts: Sequence[str], *, owner: int | None = None) 
     return Path(root).joinpath(*parts)
 
 
+def make_readable(root: Path, parts: Sequence[str]) -> Path:
+    """The agent's own directory below ``root`` that runs read (0755, mounted read-only), every
+    directory down to it the agent's."""
+    with opened_chain(root, parts) as fd:
+        _check_chain(root, parts)
+        os.fchmod(fd, 0o755)
+    return Path(root).joinpath(*parts)
+
+
 FENCE_DIR = "fence"
 FENCE_FILE = "attempt"
 

@@ -15,7 +15,7 @@ import torch
 
 def is_device(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is on an accelerator (copied on a side stream, never written live)."""
-    return tensor.device.type != "cpu"
+    return not tensor.is_cpu  # a property: no device object made (called per piece staged)
 
 
 def _record_stream(tensor: torch.Tensor, stream: Any) -> None:

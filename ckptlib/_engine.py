@@ -53,6 +53,7 @@ from ckptlib._hooks import StagingPoints
 from ckptlib._inflight import InFlightBook, InFlightCheckpoint
 from ckptlib._plan import StatePlan, plan_object, plan_state, protected_storages, restore_rng_state
 from ckptlib._reader import check_fits, read_checkpoint
+from ckptlib._snapshot import Snapshots, resume_directory, snapshot_settings
 from ckptlib._stage import Stager
 from ckptlib._types import CheckpointError, CheckpointResult, LoadedCheckpoint
 from ckptlib._writer import WriteItem, memory_alignment
@@ -85,6 +86,13 @@ class CheckpointEngine:
             committed (a warning names it; later saves copy before returning); ``"eager"``:
             everything is copied before ``save`` returns; ``"lazy"``: upstream DataStates'
             unchecked lazy copy (``ckptlib._guard``).
+        snapshot_dir: In-memory snapshots (``snapshot``) go to
+            ``<snapshot_dir>/rank-<rank>/concurrent_checkpoint/``; default: ``CKPT_SNAPSHOT_DIR``
+            (unset or ``""``: ``snapshot`` does nothing). ``snapshot_every``: default
+            ``CKPT_SNAPSHOT_EVERY``, else 1 (``ckptlib._snapshot``).
+        place: The rank and world size its commits see; default: the launcher's (a snapshot
+            engine is a group of one).
+        announce_commits: Log the commit line (a snapshot engine does not).
     """
 
     def __init__(
@@ -99,6 +107,10 @@ class CheckpointEngine:
         final_state: Callable[[], tuple[Mapping[str, Any], int]] | None = None,
         handle_signals: bool = True,
         copy_mode: str = "checked",
+        snapshot_dir: str | os.PathLike[str] | None = None,
+        snapshot_every: int | None = None,
+        place: ProcessPlace | None = None,
+        announce_commits: bool = True,
     ) -> None:
         install_console_handler()
         self.copy_mode = check_copy_mode(copy_mode)
@@ -114,7 +126,7 @@ class CheckpointEngine:
             output_dir = os.environ.get("CKPT_OUTPUT_DIR") or os.getcwd()
         self.output_dir = Path(output_dir).absolute()
         self.root = _format.checkpoint_root(self.output_dir)
-        self.place: ProcessPlace = current_place(local_rank=rank)
+        self.place: ProcessPlace = place or current_place(local_rank=rank)
         self.cache = HostCache(limit_bytes=self.options.host_cache_bytes, pin=pin_host_cache)
         self.final_state = final_state
         # Set by an integration that takes the final checkpoint at a step boundary itself.
@@ -130,7 +142,9 @@ class CheckpointEngine:
         self._file_lock = threading.Lock()
         self._installed: dict[Path, int] = {}
 
-        self._jobs = InFlightBook(rank=self.place.rank, on_commit=self.on_commit)
+        self._jobs = InFlightBook(rank=self.place.rank, on_commit=self.on_commit, announce=announce_commits)
+        settings = snapshot_settings(rank=self.place.rank, directory=snapshot_dir, every=snapshot_every)
+        self._snapshots = None if settings is None else Snapshots(settings, open_engine=self._open_snapshot_engine)
         # One job's commit and its after-commit callbacks (the Trainer's rotation) before the next
         # job commits: with save_total_limit=N a kill leaves at most N + 1 committed checkpoints.
         self._finish_lock = threading.Lock()
@@ -263,6 +277,38 @@ class CheckpointEngine:
         job.blocking_s += time.perf_counter() - began
         return True
 
+    def snapshot(self, state: Mapping[str, Any], *, step: int, **options: Any) -> bool:
+        """Starts an in-memory snapshot of ``state`` at ``step`` (``ckptlib._snapshot``); a no-op
+        without a snapshot directory. ``state`` and ``options`` (``capture_rng``,
+        ``write_extra_files``, ``write_files_later``) are ``save``'s.
+
+        Returns:
+            True if a snapshot was started; False if snapshots are off, or this one is skipped:
+            not a multiple of ``CKPT_SNAPSHOT_EVERY``, the previous one still in flight, a
+            SIGTERM pending.
+        """
+        if self._snapshots is None or self.stop_requested.is_set() or self._closed.is_set():
+            return False
+        return self._snapshots.take(state, step=step, **options)
+
+    def in_flight(self) -> int:
+        """The checkpoints (and files) started and not yet ended."""
+        return len(self._jobs.in_flight())
+
+    def _open_snapshot_engine(self, output_dir: Path) -> CheckpointEngine:
+        options = self.options
+        return CheckpointEngine(
+            output_dir=output_dir,
+            host_cache_size=options.host_cache_size,
+            parser_threads=options.parser_threads,
+            pin_host_cache=options.pin_host_cache,
+            handle_signals=False,
+            copy_mode=self.copy_mode,
+            snapshot_dir="",
+            place=ProcessPlace(rank=0, world_size=1, local_rank=self.place.local_rank),
+            announce_commits=False,
+        )
+
     def save_file(self, obj: Any, path: str | os.PathLike[str]) -> InFlightCheckpoint:
         """Writes ``obj`` as a ``torch.save`` file at ``path``, in the background.
 
@@ -371,6 +417,10 @@ class CheckpointEngine:
     ) -> LoadedCheckpoint:
         """Reads a committed checkpoint.
 
+        A failover attempt (``CKPT_RESUME_ROOT`` set) asking for a ``step`` not committed here
+        reads this rank's in-memory replica of it when that is whole; else (the reason is
+        logged) the latest committed checkpoint here: the result's ``step`` says which.
+
         Args:
             step: The step; None or -1 for the latest committed one.
             into: Live objects to ``load_state_dict`` into, by key (as given to ``save``).
@@ -389,7 +439,8 @@ class CheckpointEngine:
             step = self.latest_step()
             if step is None:
                 raise CheckpointError(f"no committed checkpoint under {self.root}")
-        loaded = read_checkpoint(_format.committed_dir(self.root, step), place=self.place, map_location=map_location)
+        directory = resume_directory(self.root, step, rank=self.place.rank)
+        loaded = read_checkpoint(directory, place=self.place, map_location=map_location)
         if into:
             check_fits(loaded.state, into, loaded.path)  # before anything changes
             for key, target in into.items():
@@ -404,6 +455,8 @@ class CheckpointEngine:
         if self._closed.is_set():
             return
         self.wait(persist=True, timeout=timeout)
+        if self._snapshots is not None:
+            self._snapshots.close(timeout=timeout)
         self._closed.set()
         self._points.remove()
         # Joined, not left to die with the interpreter: a daemon thread still inside a torch call

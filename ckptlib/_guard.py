@@ -85,6 +85,24 @@ class VersionGuard:
 
 def guard_object(guard: VersionGuard, file_name: str, obj: Any, live: set[int] | None) -> None:
     """Records the tensors of ``obj`` (a ``.pt`` file's object) whose storage stays live."""
-    for name, tensor in tensors_in(obj, ""):
-        if live is None or tensor.untyped_storage().data_ptr() in live:
-            guard.add(f"{file_name}: {name}", tensor)
+    # One walk of plain dicts, lists and tuples without a generator per level: it runs in every
+    # save (and every per-step snapshot) over an optimizer's state.
+    pending: list[tuple[str, Any]] = [("", obj)]
+    while pending:
+        prefix, value = pending.pop()
+        kind = type(value)
+        if kind is dict or kind is list or kind is tuple:
+            items = value.items() if kind is dict else enumerate(value)
+            children = [(f"{prefix}.{key}" if prefix else str(key), child) for key, child in items if type(child) not in _LEAVES]
+            pending.extend(reversed(children))  # depth first, in order: the first change is named
+        elif isinstance(value, torch.Tensor):
+            if live is None or value.untyped_storage().data_ptr() in live:
+                guard.add(f"{file_name}: {prefix}", value)
+        elif isinstance(value, (Mapping, list, tuple)):
+            for name, tensor in tensors_in(value, prefix):
+                if live is None or tensor.untyped_storage().data_ptr() in live:
+                    guard.add(f"{file_name}: {name}", tensor)
+
+
+# Values with no tensor inside, skipped without a look.
+_LEAVES = frozenset({int, float, bool, str, bytes, type(None)})

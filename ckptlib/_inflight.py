@@ -72,10 +72,13 @@ class InFlightBook:
             temporary directories).
         on_commit: Called with the result of each committed checkpoint (the engine's list:
             callers append to it).
+        announce: Log the commit line (a snapshot's engine does not: the console counts each
+            commit line as a checkpoint).
     """
 
-    def __init__(self, *, rank: int, on_commit: list[Callable[[CheckpointResult], None]]) -> None:
+    def __init__(self, *, rank: int, on_commit: list[Callable[[CheckpointResult], None]], announce: bool = True) -> None:
         self._rank = rank
+        self._announce = announce
         self._on_commit = on_commit
         self._jobs: list[InFlightCheckpoint] = []
         self._lock = threading.Lock()
@@ -135,7 +138,7 @@ class InFlightBook:
             if not result.committed:
                 logger.error("%s writing %s failed: %s", LOG_PREFIX, job.target, job.error)
         elif result.committed:
-            if self._rank == 0:
+            if self._rank == 0 and self._announce:
                 logger.info(result.log_line())
             for callback in self._on_commit:
                 try:

@@ -38,7 +38,7 @@ SAMPLE_BYTES = 64 << 10
 CHECKSUM_NAME = "sampled-crc32"
 MAX_LISTING_ENTRIES = 100_000  # rotation keeps a handful; a job that makes more only hides its own
 
-_COMMITTED_RE = re.compile(r"^checkpoint-(\d+)$")
+COMMITTED_RE = re.compile(r"^checkpoint-(\d+)$")
 _NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -119,7 +119,7 @@ def superseded_message(what: str) -> str | None:
     return f"attempt {owner} of this job has started elsewhere and owns its output now: this run (attempt {os.environ.get(ATTEMPT_ENV)}) {what}"
 
 
-def _open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int:
+def open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int:
     """A descriptor of a real directory: the last component is never followed."""
     return os.open(path, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=dir_fd)
 
@@ -127,7 +127,7 @@ def _open_dir(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> int
 def _is_committed(root_fd: int, name: str) -> bool:
     """``name`` under the root is a real directory holding a regular-file manifest."""
     try:
-        directory = _open_dir(name, dir_fd=root_fd)
+        directory = open_dir(name, dir_fd=root_fd)
     except OSError:
         return False
     try:
@@ -161,7 +161,7 @@ def checkpoint_problem(root_fd: int, name: str) -> str | None:
     """Why the checkpoint directory ``name`` must not be resumed, naming the file; None if its
     files have the sizes (and the checksums) its manifest records."""
     try:
-        directory = _open_dir(name, dir_fd=root_fd)
+        directory = open_dir(name, dir_fd=root_fd)
     except OSError as error:
         return f"{name}: {error.strerror or error}"
     try:
@@ -256,7 +256,7 @@ def tag_problem(tag_dir: Path) -> str | None:
     """``checkpoint_problem`` for a DeepSpeed tag directory: every rank's manifest in it is
     checked (a tag no ckptlib rank wrote has none, and nothing to check)."""
     try:
-        directory = _open_dir(tag_dir)
+        directory = open_dir(tag_dir)
     except OSError as error:
         return f"{tag_dir}: {error.strerror or error}"
     try:
@@ -275,7 +275,7 @@ def file_problem(path: Path) -> str | None:
     """What is wrong with one file of a DeepSpeed tag, by the rank manifest that lists it; None
     if it matches or no manifest lists it (a file DeepSpeed wrote itself)."""
     try:
-        directory = _open_dir(path.parent)
+        directory = open_dir(path.parent)
     except OSError as error:
         return f"{path.parent}: {error.strerror or error}"
     try:
@@ -296,7 +296,7 @@ def file_problem(path: Path) -> str | None:
 def damage_of(directory: Path) -> str | None:
     """``checkpoint_problem`` for a checkpoint directory given by its path."""
     try:
-        parent = _open_dir(directory.parent)
+        parent = open_dir(directory.parent)
     except OSError as error:
         return f"{directory.parent}: {error.strerror or error}"
     try:
@@ -313,7 +313,7 @@ def _committed_steps_at(root_fd: int) -> list[int]:
             if count >= MAX_LISTING_ENTRIES:
                 logger.warning("checkpoint listing stopped after %d entries", MAX_LISTING_ENTRIES)
                 break
-            match = _COMMITTED_RE.match(entry.name)
+            match = COMMITTED_RE.match(entry.name)
             if match and entry.is_dir(follow_symlinks=False) and _is_committed(root_fd, entry.name):
                 problem = checkpoint_problem(root_fd, entry.name)
                 if problem is not None:
@@ -329,7 +329,7 @@ def committed_steps(root: Path) -> list[int]:
     or damaged ones (a file whose size or checksum differs from the manifest's: a warning names
     it, ``checkpoint_problem``)."""
     try:
-        root_fd = _open_dir(root)
+        root_fd = open_dir(root)
     except OSError:
         return []
     try:
@@ -348,7 +348,7 @@ def read_latest(root: Path) -> int | None:
     and a root that cannot be listed (missing, a symlink, unreadable) has no checkpoint.
     """
     try:
-        root_fd = _open_dir(root)
+        root_fd = open_dir(root)
     except OSError:
         return None
     try:

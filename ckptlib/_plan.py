@@ -163,7 +163,9 @@ def plan_state(
     if capture_rng:
         name = _format.rng_file_name(rank, world_size)
         plan.keys["rng_state"] = name
-        plan.files.append(plan_object(name, capture_rng_state(), background=False))
+        # Streamed: the state is a fresh copy that nothing changes, and its pickle is reused
+        # while the Python and NumPy states are unchanged (``ckptlib._torchfile``).
+        plan.files.append(plan_object(name, capture_rng_state(), background=True))
     return plan
 
 

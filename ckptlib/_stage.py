@@ -457,7 +457,10 @@ def _copy_cpu(target: np.ndarray, source: torch.Tensor) -> None:
 def _byte_view(slot: Slot) -> torch.Tensor:
     """The slot's bytes as a flat ``uint8`` tensor (on the slot's device)."""
     assert slot.source is not None
-    tensor = slot.source.detach()
+    tensor = slot.source
+    if tensor.dtype == torch.uint8 and tensor.dim() == 1 and tensor.is_contiguous():
+        return tensor  # a streamed storage (``ckptlib._torchfile``): already its bytes, never grad
+    tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     return tensor.reshape(-1).view(torch.uint8)

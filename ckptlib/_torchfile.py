@@ -48,6 +48,35 @@ def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece], list[Ent
         writers compute (``ckptlib._zipcrc.CrcTracker``); None when ``obj`` cannot be pickled
         this way (the caller then serializes it with ``torch.save``).
     """
+    skeleton = _skeleton(obj)
+    if skeleton is not None:
+        signature, storages = skeleton
+        pickled = _PICKLES.get(signature)
+        if pickled is None:
+            made = _pickle_metadata(obj)
+            if made is None:
+                return None
+            pickled, keyed = made
+            # Storage keys follow first appearance in pickling order, as the signature's indices
+            # do; anything else (never seen) is not reused.
+            if len(signature) <= _MAX_SKELETON and [s._cdata for s in keyed] == [s._cdata for s in storages]:
+                if len(_PICKLES) >= _MAX_PICKLES:
+                    _PICKLES.clear()
+                _PICKLES[signature] = pickled
+            storages = keyed
+    else:
+        made = _pickle_metadata(obj)
+        if made is None:
+            return None
+        pickled, storages = made
+    sources = [torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages]
+    pieces, entries = _zip_pieces(pickled, [s.nbytes() for s in storages])
+    return sources, pieces, entries
+
+
+def _pickle_metadata(obj: Any) -> tuple[bytes, list[torch.UntypedStorage]] | None:
+    """``data.pkl`` of ``obj`` as ``torch.save`` writes it, and its storages in key order; None
+    when ``obj`` cannot be pickled this way."""
     storages: list[torch.UntypedStorage] = []
     keys: dict[int, str] = {}
     typed_storage = torch.storage.TypedStorage
@@ -74,9 +103,70 @@ def streamed_pieces(obj: Any) -> tuple[list[torch.Tensor], list[Piece], list[Ent
         pickler.dump(obj)
     except Exception:  # anything unusual goes through torch.save instead
         return None
-    sources = [torch.empty(0, dtype=torch.uint8, device=s.device).set_(s) for s in storages]
-    pieces, entries = _zip_pieces(buffer.getvalue(), [s.nbytes() for s in storages])
-    return sources, pieces, entries
+    return buffer.getvalue(), storages
+
+
+# ``data.pkl`` by skeleton (``_skeleton``): the same state is saved again and again with only its
+# tensors' bytes changed, and pickling it with a Python ``persistent_id`` (called for every object)
+# costs ~30 µs per tensor; the skeleton is pickled in C but for one Python call per tensor.
+_PICKLES: dict[bytes, bytes] = {}
+_MAX_PICKLES = 32
+# Larger skeletons (plain values inline: a big list in the state) are not kept.
+_MAX_SKELETON = 1 << 20
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _tensor_placeholder(*description: Any) -> None:
+    """Stands for a tensor in a skeleton (pickled by name, never called)."""
+
+
+class _SkeletonPickler(pickle.Pickler):
+    """Pickles an object with each plain tensor replaced by what its ``data.pkl`` record depends
+    on: its storage's index in order of first appearance and size, dtype, device, offset,
+    shape, strides, ``requires_grad``. Raises ``_Unsupported`` for what ``_pickle_metadata``
+    pickles otherwise (storages outside a tensor, tensor subclasses, tensors with hooks or
+    attributes)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=DEFAULT_PROTOCOL)
+        self.storages: list[torch.UntypedStorage] = []
+        self._indices: dict[int, int] = {}
+
+    def reducer_override(self, candidate: Any) -> Any:
+        # Not called for exact ints, floats, strs, bytes, lists, tuples, dicts (pickle's fast path).
+        if type(candidate) is torch.Tensor:
+            reduced = _reduce_tensor(candidate)
+            if reduced is NotImplemented or reduced[0] is not torch._utils._rebuild_tensor_v2:
+                raise _Unsupported
+            typed, offset, size, stride, requires_grad, hooks, *metadata = reduced[1]
+            if hooks:
+                raise _Unsupported
+            storage = typed._untyped_storage
+            index = self._indices.get(storage._cdata)
+            if index is None:
+                index = self._indices[storage._cdata] = len(self.storages)
+                self.storages.append(storage)
+            # Plain values only: each object pickled here by reduction is one more Python call.
+            description = (index, storage.nbytes(), str(candidate.dtype), location_tag(storage), offset, tuple(size), stride, requires_grad)
+            return _tensor_placeholder, (*description, *metadata)
+        if isinstance(candidate, (torch.Tensor, torch.storage.TypedStorage, torch.UntypedStorage)):
+            raise _Unsupported
+        return NotImplemented
+
+
+def _skeleton(obj: Any) -> tuple[bytes, list[torch.UntypedStorage]] | None:
+    """``obj``'s skeleton (``_SkeletonPickler``) and its storages in order of first appearance:
+    equal skeletons have equal ``data.pkl``. None when it has none."""
+    buffer = io.BytesIO()
+    pickler = _SkeletonPickler(buffer)
+    try:
+        pickler.dump(obj)
+    except Exception:  # _Unsupported, or what cannot be pickled: not reused
+        return None
+    return buffer.getvalue(), pickler.storages
 
 
 # Each tensor's reduction (what ``Tensor.__reduce_ex__`` returns), kept with what it depends on:

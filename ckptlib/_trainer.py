@@ -7,7 +7,10 @@ Decorating a trainer changes three things on that instance only:
   Trainer's own file names; ``save_total_limit`` rotates committed checkpoints only.
 * ``train(resume_from_checkpoint=True)`` resolves to the latest committed checkpoint, or to
   ``CKPT_LAST_STEP`` when that names one; with none it logs and starts from scratch.
-* a callback takes the final checkpoint at the end of the step during which SIGTERM arrived.
+* a callback takes the final checkpoint at the end of the step during which SIGTERM arrived;
+* with ``CKPT_SNAPSHOT_DIR`` set, a callback snapshots the same state into memory at the end of
+  each step (``ckptlib._snapshot``), and ``resume_from_checkpoint=True`` on a failover attempt
+  resumes from this rank's replica when ``CKPT_LAST_STEP`` is not committed on disk.
 
 ``transformers`` is imported only when a trainer is given.
 """
@@ -30,6 +33,8 @@ from ckptlib._config import parse_runtime_config
 from ckptlib._engine import CheckpointEngine
 from ckptlib._events import LOG_PREFIX
 from ckptlib._layout import read_small_file, tag_problem
+from ckptlib._plan import capture_rng_state
+from ckptlib._snapshot import resume_replica, snapshot_settings
 from ckptlib._types import CheckpointResult
 from ckptlib.deepspeed import commit_pending, use_ckptlib
 
@@ -96,6 +101,10 @@ class DecoratedCheckpointing:
     def save(self, state: Mapping[str, Any], *, step: int, **options: Any) -> bool:
         return self.engine.save(state, step=step, **options)
 
+    def snapshot(self, state: Mapping[str, Any], *, step: int, **options: Any) -> bool:
+        """``CheckpointEngine.snapshot``: an in-memory snapshot, when ``CKPT_SNAPSHOT_DIR`` is set."""
+        return self.engine.snapshot(state, step=step, **options)
+
     def load(self, step: int | None = None, **options: Any) -> Any:
         return self.engine.load(step, **options)
 
@@ -111,9 +120,10 @@ class DecoratedCheckpointing:
     def resolve_resume(self, resume_from_checkpoint: Any) -> Any:
         """Maps ``train``'s ``resume_from_checkpoint`` to a checkpoint directory.
 
-        ``True`` → ``CKPT_LAST_STEP``'s checkpoint when it names a committed one, else the latest
-        committed one, else None (from scratch, with the documented error line). Paths and
-        False/None pass through.
+        ``True`` → ``CKPT_LAST_STEP``'s checkpoint when it names a committed one, else (on a
+        failover attempt, ``CKPT_RESUME_ROOT`` set) this rank's in-memory replica of that step when
+        whole, else the latest committed one, else None (from scratch, with the documented error
+        line). Paths and False/None pass through.
         """
         if resume_from_checkpoint is not True:
             return resume_from_checkpoint
@@ -133,6 +143,9 @@ class DecoratedCheckpointing:
             if requested in steps:
                 logger.info("%s resuming from %s", LOG_PREFIX, directory(requested))
                 return str(directory(requested))
+            replica = None if self._deepspeed else resume_replica(requested, rank=self.engine.place.rank)
+            if replica is not None:
+                return str(replica)
             _no_checkpoint_found(requested)
         latest = max(steps, default=None) if self._deepspeed else _format.read_latest(root)
         if latest is None:
@@ -186,6 +199,19 @@ class DecoratedCheckpointing:
                     raise SystemExit(_SIGTERM_EXIT_STATUS)
 
         trainer.add_callback(FinalCheckpointOnStop())
+
+        settings = snapshot_settings(rank=self.engine.place.rank)
+        every = None if settings is None or self._deepspeed else settings.every  # DeepSpeed's partitioned state: no snapshots
+        if every is not None:
+
+            class SnapshotEachStep(TrainerCallback):
+                """Snapshots the state a checkpoint holds into memory at the end of each step."""
+
+                def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                    if state.global_step % every == 0:
+                        decorator._snapshot_step()
+
+            trainer.add_callback(SnapshotEachStep())
 
         class TrainerStepLine(TrainerCallback):
             """Logs the Trainer's ``global_step/max_steps`` with each of its log dicts.
@@ -267,6 +293,21 @@ class DecoratedCheckpointing:
             if best.exists() or best_step == step:
                 trainer.state.best_model_checkpoint = str(best)
 
+    def _snapshot_step(self) -> None:
+        """What ``_save_checkpoint`` saves, as a snapshot of ``global_step``. Every rank writes
+        its own ``trainer_state.json`` and RNG file under the Trainer's name for its rank: it
+        resumes from its own replica."""
+        trainer = self.trainer
+        trainer_state = self._snapshot_trainer_state()
+        rng_name = _format.rng_file_name(self.engine.place.rank, self.engine.place.world_size)
+        self.engine.snapshot(
+            self._state_objects(),
+            step=trainer.state.global_step,
+            capture_rng=False,
+            write_extra_files=lambda directory: torch.save(capture_rng_state(), directory / rng_name),
+            write_files_later=lambda directory: (directory / _format.TRAINER_STATE_FILE).write_text(trainer_state, encoding="utf-8"),
+        )
+
     def _unwrapped_model(self) -> Any:
         """``accelerator.unwrap_model(trainer.model)``, computed once per wrapped model: accelerate
         reads package metadata on every call (~2-5 ms, twice per save)."""
@@ -310,6 +351,26 @@ class DecoratedCheckpointing:
                     trainer.state.stateful_callbacks[name] = callback.state()
         # TrainerState.save_to_json's bytes, made now.
         return json.dumps(dataclasses.asdict(trainer.state), indent=2, sort_keys=True) + "\n"
+
+    def _snapshot_trainer_state(self) -> str:
+        """``trainer_state.json`` for a snapshot: as ``_capture_trainer_state`` makes it, but
+        without adding to ``trainer.state`` (a list of one class's callback states would grow
+        by one at every step)."""
+        from transformers.trainer_callback import ExportableState  # lazy: transformers is optional
+
+        trainer = self.trainer
+        exported: dict[str, Any] = {}
+        for callback in [*trainer.callback_handler.callbacks, trainer.control]:
+            if isinstance(callback, ExportableState):
+                name = callback.__class__.__name__
+                if name in exported:  # several callbacks of one class: a list, as the Trainer keeps them
+                    previous = exported[name]
+                    exported[name] = [*(previous if isinstance(previous, list) else [previous]), callback.state()]
+                else:
+                    exported[name] = callback.state()
+        state = dataclasses.asdict(trainer.state)
+        state["stateful_callbacks"] = {**state["stateful_callbacks"], **exported}
+        return json.dumps(state, indent=2, sort_keys=True) + "\n"
 
     def _write_small_files(self, directory: Path, trainer_state: str) -> None:
         """The Trainer's small files, on a writer thread before the commit: the captured

@@ -14,6 +14,7 @@ the caller is the one to ``close``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -35,6 +36,25 @@ QUEUED, WRITING, DONE, REVOKED = "queued", "writing", "done", "revoked"
 
 # Ranges from this size have their CRC-32 taken on a thread of their own beside the write.
 _CRC_BESIDE = 1 << 20
+
+
+class Latch:
+    """A one-shot event: ``set`` once, ``wait`` until then. One lock, not ``threading.Event``'s
+    condition and lock: every write item has one, made on the training thread."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        with contextlib.suppress(RuntimeError):  # already set
+            self._lock.release()
+
+    def wait(self) -> None:
+        with self._lock:
+            pass
 
 
 @dataclass(eq=False)
@@ -64,7 +84,7 @@ class WriteItem:
     ready: Any = None
     end: bool = False
     state: str = QUEUED
-    finished: threading.Event = field(default_factory=threading.Event)
+    finished: Latch = field(default_factory=Latch)
 
 
 def memory_alignment(directory: Path) -> int:

@@ -12,6 +12,7 @@ from django.forms.utils import flatatt
 from django.utils.html import conditional_escape, escape
 from django.utils.safestring import SafeString, mark_safe
 
+from agent.resume import warm_start_step
 from jobs.job_fields import (
     EXAMPLE_COMMAND,
     CommandError,
@@ -23,13 +24,15 @@ from jobs.job_fields import (
     validate_command,
     without_assignments,
 )
-from jobs.models import Project, TrainingJob, validate_job_name
+from jobs.models import CodeBundle, Project, TrainingJob, validate_job_name
 from jobs.secret_env import MASK, SecretEnv, SecretUnreadable, is_secret_name, seal, split_secrets, unseal
+from jobs.services.bundles import BundleRefused, human, store_upload, usable_by
 from jobs.services.creation import JOB_SETTINGS, JobSettingsRefused, check_settings, command_secrets
 from jobs.services.images import validate_reference
 from jobs.services.limits import default_limits, format_cpus, format_memory, parse_memory
 from jobs.services.paths import volumes_of
 from jobs.statuses import ACTIVE, BADGE_GROUPS, TERMINAL, JobStatus
+from logs.progress import last_value
 
 
 def normalized_form_data(data: Any) -> Any:
@@ -55,7 +58,7 @@ class TextField(forms.CharField):
 
 
 # The form's fields that ``check_settings`` judges, and the job field each one is.
-CHECKED_FIELDS = ("project", "command", "env_text", "secret_env_text", "gpus_per_node", "node_count", "output_dir", "cpu_limit", "memory_limit_mb")
+CHECKED_FIELDS = ("project", "command", "env_text", "secret_env_text", "gpus_per_node", "node_count", "output_dir", "cpu_limit", "memory_limit_mb", "code")
 FORM_FIELD = {"env_text": "env", "secret_env_text": "secret_env"}
 FIELD_OF = {job_field: form_field for form_field, job_field in FORM_FIELD.items()}
 
@@ -129,6 +132,13 @@ class TrainingJobForm(forms.Form):
         initial=True,
         help_text=f"On a hardware fault, re-place the job on healthy nodes and resume from its last checkpoint (at most {settings.MAX_FAILOVERS} times).",
     )
+    checkpointless = forms.BooleanField(
+        label="Checkpointless failover",
+        required=False,
+        initial=True,
+        help_text="Keep every step's state in memory on another node, so a failover resumes from the last step, not the last checkpoint. "
+        "Costs about twice the saved state's size in memory per rank, on its node and on the one holding the copy.",
+    )
     output_dir = TextField(
         label="Output directory",
         required=False,
@@ -157,6 +167,28 @@ class TrainingJobForm(forms.Form):
         help_text="Optional, e.g. 512M or 8G (a plain number is MiB); a run that needs more is killed: out of memory.",
     )
     description = TextField(required=False, max_length=500, widget=forms.Textarea(attrs={"rows": 2}))
+    code_archive = forms.FileField(
+        label="Code",
+        required=False,
+        widget=forms.ClearableFileInput(attrs={"accept": ".zip,.tar,.tar.gz,.tgz"}),
+        help_text="Optional: a .zip or .tar.gz of your code directory. The run finds its files in its work directory "
+        "(/job/work), so python train.py runs as written; a failover and a clone use the same code.",
+    )
+    # The bundle the job runs (a clone's, or one uploaded with a form shown again): kept, not re-uploaded.
+    code = forms.ModelChoiceField(
+        queryset=CodeBundle.objects.none(),
+        required=False,
+        widget=forms.HiddenInput,
+        error_messages={"invalid_choice": "That code bundle does not exist or you may not use it: upload the archive again."},
+    )
+    warm_start = TextField(
+        label="Warm start",
+        required=False,
+        max_length=40,
+        widget=forms.TextInput(attrs={"placeholder": "JOB-ID or JOB-ID:STEP", "spellcheck": "false", "autocomplete": "off"}),
+        help_text="Optional: start from a committed checkpoint of a job you can see (its newest without :STEP). "
+        "The run finds it where that job's run saved it, with $CKPT_LAST_STEP set to its step.",
+    )
 
     def __init__(self, *args: Any, owner, kept_secrets: SecretEnv | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("label_suffix", "")
@@ -170,6 +202,8 @@ class TrainingJobForm(forms.Form):
             self.data = normalized_form_data(self.data)
         self.projects = Project.objects.filter(members=owner).order_by("name")
         cast(forms.ModelChoiceField, self.fields["project"]).queryset = self.projects
+        cast(forms.ModelChoiceField, self.fields["code"]).queryset = usable_by(owner)
+        self.fields["code_archive"].help_text += f" At most {human(settings.CODE_BUNDLE_MAX_BYTES)} unpacked."
         self.fields["output_dir"].help_text += " " + visible_volumes_text(self.projects)
         if "command" not in self.initial:
             self.fields["command"].initial = EXAMPLE_COMMAND
@@ -182,10 +216,12 @@ class TrainingJobForm(forms.Form):
     @classmethod
     def initial_from(cls, source: TrainingJob, *, name: str, project: Project) -> dict[str, Any]:
         """The form's initial values that copy ``source`` (Clone)."""
-        initial: dict[str, Any] = {field: getattr(source, field) for field in JOB_SETTINGS if field not in ("env", "secret_env")}
+        initial: dict[str, Any] = {field: getattr(source, field) for field in JOB_SETTINGS if field not in ("env", "secret_env", "code")}
+        initial["code"] = source.code_id
         initial.update(
             name=name,
             project=project,
+            warm_start=f"{source.warm_start_job_id}:{source.warm_start_step}" if source.warm_start_job_id else "",
             env_text=format_env_text(source.env or {}),
             secret_env_text=format_env_text(source.secret_env.masked()),
         )
@@ -278,8 +314,39 @@ class TrainingJobForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(str(exc), code="memory") from None
 
+    def clean_warm_start(self) -> tuple[TrainingJob, int] | None:
+        text = self.cleaned_data["warm_start"].strip()
+        if not text:
+            return None
+        job_id, _, step = text.partition(":")
+        if not job_id.isdigit() or (step and not step.isdigit()) or len(text) > 30:
+            raise forms.ValidationError("Write the job's id, or id:step, e.g. 12 or 12:80.", code="warm_start")
+        source = TrainingJob.objects.visible_to(self.owner).filter(pk=int(job_id)).first()
+        if source is None:
+            raise forms.ValidationError(f"Job {job_id} does not exist or you may not see it.", code="warm_start")
+        try:
+            return source, warm_start_step(source, int(step) if step else None)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc), code="warm_start") from None
+
+    def keep_upload(self, data: dict[str, Any]) -> None:
+        """An uploaded archive becomes a bundle now, so a form shown again keeps it (as ``code``)."""
+        archive = data.get("code_archive")
+        if not archive or "project" not in data:
+            return
+        try:
+            bundle = store_upload(archive, owner=self.owner, project=data["project"])
+        except BundleRefused as exc:
+            self.add_error("code_archive", forms.ValidationError(str(exc), code="code"))
+            return
+        data["code"] = bundle
+        shown = cast(Any, self.data).copy()
+        shown["code"] = str(bundle.pk)
+        self.data = shown
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        self.keep_upload(data)
         self.resolve_secrets(data)
         # The settings a job may have are the creation service's to judge (every route's).
         given = {FORM_FIELD.get(name, name): data[name] for name in CHECKED_FIELDS if name in data}
@@ -296,6 +363,9 @@ class TrainingJobForm(forms.Form):
         data["env"] = data.pop("env_text")
         data["secret_env"] = SecretEnv.of(data.pop("secret_env_text"))
         data.pop("secret_env_kept", None)
+        data.pop("code_archive", None)
+        warm = data.pop("warm_start", None)
+        data["warm_start_job"], data["warm_start_step"] = warm if warm else (None, None)
         return data
 
     def name_taken(self) -> None:
@@ -415,6 +485,15 @@ class JobListFilterForm(forms.Form):
         ],
         widget=AUTOSUBMIT,
     )
+    metric = forms.RegexField(
+        label="Metric",
+        required=False,
+        max_length=64,
+        regex=r"^[A-Za-z][A-Za-z0-9_./-]*$",
+        widget=forms.TextInput(attrs={"placeholder": "eval_loss", "spellcheck": "false", "size": "10"}),
+    )
+    below = forms.FloatField(label="Last below", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": "6"}))
+    above = forms.FloatField(label="Last above", required=False, widget=forms.NumberInput(attrs={"step": "any", "size": "6"}))
     page_size = forms.TypedChoiceField(
         label="Per page",
         required=False,
@@ -444,7 +523,16 @@ class JobListFilterForm(forms.Form):
 
     @property
     def is_filtered(self) -> bool:
-        return any(self.value(name) for name in ("q", "status", "group", "type"))
+        return any(self.value(name) for name in ("q", "status", "group", "type")) or self.metric_bounds() is not None
+
+    def metric_bounds(self) -> tuple[str, float | None, float | None] | None:
+        """The metric filter: its name and bounds (the last value it logged below / above them)."""
+        self.is_valid()
+        metric = self.cleaned_data.get("metric")
+        below, above = self.cleaned_data.get("below"), self.cleaned_data.get("above")
+        if not metric or (below is None and above is None):
+            return None
+        return metric, below, above
 
     def apply(self, jobs: QuerySet[TrainingJob]) -> QuerySet[TrainingJob]:
         if query := (self.value("q") or "").strip():
@@ -456,6 +544,13 @@ class JobListFilterForm(forms.Form):
                 jobs = jobs.filter(status=status)
         if group := self.value("group"):
             jobs = jobs.filter(status__in=statuses_of_group(group))
+        if bounds := self.metric_bounds():
+            metric, below, above = bounds
+            jobs = jobs.annotate(metric_last=last_value(metric))
+            if below is not None:
+                jobs = jobs.filter(metric_last__lt=below)
+            if above is not None:
+                jobs = jobs.filter(metric_last__gt=above)
         if job_type := self.value("type"):
             jobs = jobs.filter(job_type=job_type)
         return jobs.order_by(*SORTS[self.sort_key])

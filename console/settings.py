@@ -247,6 +247,21 @@ SPECTACULAR_SETTINGS = {
 # --- Training platform -------------------------------------------------------------------------
 # Where the node agent keeps each job's working directory, run logs and exit files.
 JOB_WORK_ROOT = Path(env_str("JOB_WORK_ROOT", str(VAR_DIR / "jobs")))
+# Code bundles (a user's directory a job runs in: jobs.services.bundles): at most this many bytes
+# unpacked and this many files and directories each; kept in the database.
+CODE_BUNDLE_MAX_BYTES = env_int("CODE_BUNDLE_MAX_BYTES", 100 * 2**20)
+CODE_BUNDLE_MAX_FILES = env_int("CODE_BUNDLE_MAX_FILES", 10000)
+# Checkpointless failover (agent.checkpointless, docs/failover.md): each run of a job that has it
+# on snapshots its state into a memory-backed directory below SNAPSHOT_ROOT (tmpfs: counted in
+# the run's memory cgroup); its agent ships each rank's newest snapshot to another node's agent,
+# which keeps REPLICAS_KEPT per rank in memory and serves them on REPLICA_ADDRESS (host:port;
+# port 0: any free one) to the job's next attempt only. CHECKPOINTLESS=0 turns it off everywhere.
+CHECKPOINTLESS = env_bool("CHECKPOINTLESS", True)
+SNAPSHOT_ROOT = Path(env_str("SNAPSHOT_ROOT", "/dev/shm/satrain-snapshots" if Path("/dev/shm").is_dir() else str(VAR_DIR / "snapshots")))
+REPLICA_ADDRESS = env_str("REPLICA_ADDRESS", "127.0.0.1:0")
+REPLICAS_KEPT = env_int("REPLICAS_KEPT", 2)
+# How often an agent looks for a newer snapshot of its runs (seconds).
+REPLICA_POLL_INTERVAL = env_float("REPLICA_POLL_INTERVAL", 0.01)
 # Run the embedded node agent inside the console process (the embedded default).
 EMBEDDED_AGENT = env_bool("EMBEDDED_AGENT", not REDIS_URL)
 # Simulated nodes × GPUs where NVML is unavailable (or when forced with SIMULATED_GPUS=1).
@@ -438,11 +453,15 @@ QUEUE_YIELD_HOLD = env_float("QUEUE_YIELD_HOLD", 120.0)
 QUEUE_CPU_JOBS_PER_PROJECT = env_int("QUEUE_CPU_JOBS_PER_PROJECT", 8)
 # Jobs one user may have waiting (Pending, image back-off) at once; creating more is refused.
 QUEUE_MAX_WAITING_PER_USER = env_int("QUEUE_MAX_WAITING_PER_USER", 200)
-# Log lines stored per job (every stream and attempt); past it lines are counted and dropped.
+# Log lines stored per job (every stream and attempt; the platform's own lines not counted); past
+# it each stream keeps its last LOG_TAIL_LINES lines (a rolling window, after a marker that says
+# how many were dropped), so a run's end (its traceback, last checkpoint, a fatal GPU error) is
+# always in its log and in what the failover verdict reads. See docs/quotas.md.
 LOG_MAX_LINES_PER_JOB = env_int("LOG_MAX_LINES_PER_JOB", 200000)
+LOG_TAIL_LINES = env_int("LOG_TAIL_LINES", 10000)
 # Bytes of a run's output file on its node (output.jsonl, one per rank and attempt) past which its
-# ordinary lines are counted, not kept (progress and checkpoint lines: up to twice it); see
-# docs/security.md. Default 128 MiB: 200,000 lines of about 670 bytes.
+# lines are held back: its last lines are written when the run ends, progress and checkpoint lines
+# before (up to twice it); see docs/security.md. Default 128 MiB: 200,000 lines of about 670 bytes.
 LOG_MAX_BYTES_PER_JOB = env_int("LOG_MAX_BYTES_PER_JOB", 128 << 20)
 
 # How often an open socket asks again whether its user may still see what it follows (seconds).

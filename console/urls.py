@@ -6,7 +6,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from console.api.schema import SchemaView
-from console.pages import account, nodes, queue
+from console.pages import account, compare, nodes, queue
 from console.prometheus import MetricsView
 from console.views import favicon
 
@@ -29,6 +29,7 @@ urlpatterns = [
     path("api/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("nodes/", include(([path("", nodes.node_list, name="list"), path("<str:name>/<str:action>/", nodes.node_action, name="action")], "nodes"))),
     path("queue/", include(([path("", queue.queue_page, name="page")], "queue"))),
+    path("compare/", compare.compare, name="compare"),
     path("metrics", MetricsView.as_view(), name="metrics"),
     path("", include("console.pages.urls")),
     path("favicon.ico", favicon),

@@ -21,6 +21,8 @@ RESERVED_ENV = frozenset(
         "WORLD_SIZE",
         "NODE_RANK",
         "CKPT_LAST_STEP",
+        "CKPT_SNAPSHOT_DIR",
+        "CKPT_RESUME_ROOT",
         "OUTPUT_DIR",
         "PATH",
         "HOME",
@@ -82,7 +84,7 @@ def reserved_reason(name: str) -> str | None:
 
 
 EXAMPLE_COMMAND = (
-    'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" \\\npython -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR --datastates'
+    'PYTHONPATH=$CHECKPOINT_VENDOR HF_DATASETS_OFFLINE="1" \\\npython -m jobs.examples.train_tiny --epochs 3 --output-dir $OUTPUT_DIR --datastates --checkpoint'
 )
 
 

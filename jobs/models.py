@@ -262,6 +262,28 @@ class GPU(models.Model):
         return f"{self.node.name}/gpu{self.index}"
 
 
+class CodeBundle(models.Model):
+    """A user's code directory, packed (a gzipped tar of files and directories only: no links,
+    ``jobs.services.bundles``); runs of its jobs find it unpacked in their work directory. Its
+    owner and its project's members use it; a job, its failovers and its clones share it."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="code_bundles")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="code_bundles")
+    sha256 = models.CharField(max_length=64)
+    archive = models.BinaryField()
+    size = models.PositiveBigIntegerField(help_text="The packed archive's bytes")
+    unpacked_size = models.PositiveBigIntegerField()
+    files = models.PositiveIntegerField()
+    source = models.CharField(max_length=200, blank=True, help_text="Where it came from (the uploaded name)")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["project", "sha256"], name="bundle_unique_per_project")]
+
+    def __str__(self) -> str:
+        return f"bundle {self.pk} ({self.sha256[:12]})"
+
+
 class TrainingJobQuerySet(models.QuerySet):
     def visible_to(self, user) -> TrainingJobQuerySet:
         """Staff see every job; a user sees the jobs of the projects they are a member of."""
@@ -347,12 +369,18 @@ class TrainingJob(models.Model):
     gpus_per_node = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(0), MaxValueValidator(64)])
     node_count = models.PositiveSmallIntegerField(default=1, validators=[MinValueValidator(1), MaxValueValidator(64)])
     failover_enabled = models.BooleanField(default=True)
+    # Checkpointless failover: every step's state in memory, replicated to another node (agent.checkpointless).
+    checkpointless = models.BooleanField(default=True)
     output_dir = models.CharField(max_length=500, blank=True)
     max_run_minutes = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     # Per node the job runs on (None: the node's default, JOB_DEFAULT_CPUS / JOB_DEFAULT_MEMORY_MB).
     cpu_limit = models.FloatField(null=True, blank=True, help_text="CPU cores per node")
     memory_limit_mb = models.PositiveIntegerField(null=True, blank=True, help_text="Memory per node, MiB")
     description = models.CharField(max_length=500, blank=True)
+    code = models.ForeignKey(CodeBundle, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs")
+    # A warm start: the run begins from this job's committed checkpoint at this step.
+    warm_start_job = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="warm_starts")
+    warm_start_step = models.BigIntegerField(null=True, blank=True)
     # Within its project's turn in the fair-share queue, higher goes first (then the older job).
     priority = models.SmallIntegerField(default=0, validators=[MinValueValidator(-100), MaxValueValidator(100)])
 
@@ -450,6 +478,10 @@ class JobAttempt(models.Model):
     judged_at = models.DateTimeField(null=True, blank=True)
     # CKPT_LAST_STEP the run was started with (None: started from scratch).
     resume_step = models.BigIntegerField(null=True, blank=True)
+    # Where that step came from ("disk", "replica", "warm start"; "" from scratch) and what was
+    # lost or refused on the way, as the Failover tab and the log banner say it.
+    resume_source = models.CharField(max_length=16, blank=True)
+    resume_detail = models.CharField(max_length=500, blank=True)
     # The image this attempt ran, by digest (repository@sha256:…): a failover runs the same one.
     image_digest = models.CharField(max_length=400, blank=True)
     # Where the ranks of a multi-node run meet (rank 0's node), fixed at placement.

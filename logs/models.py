@@ -37,17 +37,25 @@ class LogLine(models.Model):
 
 class LogVolume(models.Model):
     """How many lines a job has stored and dropped (past LOG_MAX_LINES_PER_JOB), kept so that a
-    batch never counts rows; per stream, the cap's marker line and the last line number seen."""
+    batch never counts rows; per stream, the cap's marker line, its tail (the last LOG_TAIL_LINES
+    lines past the cap) and the last line number seen."""
 
     job = models.OneToOneField("jobs.TrainingJob", on_delete=models.CASCADE, related_name="log_volume")
-    lines = models.BigIntegerField(default=0)
-    dropped = models.BigIntegerField(default=0)
+    lines = models.BigIntegerField(default=0)  # rows stored now (the head, markers and tails)
+    # The command's lines stored before the cap: what LOG_MAX_LINES_PER_JOB counts (the platform's
+    # own lines are not counted, ``logs.services.platform_lines``).
+    head = models.BigIntegerField(default=0)
+    dropped = models.BigIntegerField(default=0)  # lines past the cap not stored: each marker's count, summed
     # "stream/attempt" → last line_no counted (delivery is at least once); "stream" → marker's seq.
     seen = models.JSONField(default=dict, blank=True)
     markers = models.JSONField(default=dict, blank=True)
     # stream → {"attempt": the seq of its first line}: where a line delivered late for an ended
     # attempt goes (before the first line of the next attempt that has any).
     starts = models.JSONField(default=dict, blank=True)
+    # stream → {"past": line numbers counted past the cap, "from": seq of its tail's first row,
+    # "rows": rows in its tail, "first": [attempt, line_no] of its first row (None: no row),
+    # "late": {attempt: numbers of late batches dropped}, "dropped": its marker's count}.
+    tails = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.lines} lines, {self.dropped} dropped"
@@ -80,13 +88,16 @@ class JobProgress(models.Model):
 
 
 class MetricPoint(models.Model):
-    """One point of a job's loss curve: at most one per step, thinned when a job has many."""
+    """One point of a job's curves (loss, learning rate and the other numbers its log dicts told):
+    at most one per step, thinned when a job has many."""
 
     job = models.ForeignKey("jobs.TrainingJob", on_delete=models.CASCADE, related_name="metric_points")
     step = models.BigIntegerField()
     epoch = models.FloatField(null=True, blank=True)
     loss = models.FloatField(null=True, blank=True)
     lr = models.FloatField(null=True, blank=True)
+    # Every other number the Trainer logged at this step: {"eval_loss": 1.9, "grad_norm": 0.8, …}.
+    values = models.JSONField(default=dict, blank=True)
     ts = models.DateTimeField()
 
     class Meta:

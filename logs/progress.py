@@ -7,6 +7,7 @@ line says anything about progress). It returns what to publish after commit, if 
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -15,6 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F, FloatField, OuterRef, Subquery
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from ckptlib import CommitEvent
@@ -187,19 +191,25 @@ def write_progress(current: JobProgress) -> None:
 
 
 def upsert_points(job_id: int, samples: Sequence[MetricSample]) -> None:
-    """Store a batch's loss points, a step already stored replaced: one multi-row ``INSERT … ON
+    """Store a batch's points, a step already stored merged: one multi-row ``INSERT … ON
     CONFLICT`` statement (SQLite and PostgreSQL alike; one round trip), written by hand: the ORM's
     ``bulk_create(update_conflicts=…)`` spent ~3 ms a batch compiling 50 rows, a third of what
-    storing 1,000 lines costs. A step given twice keeps its last point (one row can be updated
-    once a statement)."""
+    storing 1,000 lines costs. A value the new point does not tell keeps the stored one (an
+    evaluation's eval_loss lands beside the step's training loss); a step given twice in the batch
+    is one point already (``fold``)."""
     table = connection.ops.quote_name(MetricPoint._meta.db_table)
     stamp = connection.ops.adapt_datetimefield_value
-    rows = {s.step: (job_id, s.step, s.epoch, s.loss, s.lr, stamp(s.ts)) for s in samples}
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
+    rows = {s.step: (job_id, s.step, s.epoch, s.loss, s.lr, json.dumps(s.values, allow_nan=False), stamp(s.ts)) for s in samples}
+    postgres = connection.vendor == "postgresql"
+    values = ", ".join([f"(%s, %s, %s, %s, %s, {'CAST(%s AS jsonb)' if postgres else '%s'}, %s)"] * len(rows))
+    # The stored values with the new ones over them: SQLite's json_patch, PostgreSQL's jsonb ||.
+    merged = f'{table}."values" || excluded."values"' if postgres else f'json_patch({table}."values", excluded."values")'
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (job_id, step, epoch, loss, lr, ts) VALUES {values} "
-            "ON CONFLICT (job_id, step) DO UPDATE SET epoch = excluded.epoch, loss = excluded.loss, lr = excluded.lr, ts = excluded.ts",
+            f'INSERT INTO {table} (job_id, step, epoch, loss, lr, "values", ts) VALUES {values} '
+            f"ON CONFLICT (job_id, step) DO UPDATE SET epoch = COALESCE(excluded.epoch, {table}.epoch), "
+            f"loss = COALESCE(excluded.loss, {table}.loss), lr = COALESCE(excluded.lr, {table}.lr), "
+            f'"values" = {merged}, ts = excluded.ts',
             [value for row in rows.values() for value in row],
         )
 
@@ -259,16 +269,43 @@ def should_publish(job_id: int, *, force: bool = False) -> bool:
 
 
 def chart_points(job_id: int, *, limit: int = CHART_POINTS) -> list[dict[str, Any]]:
-    """The job's loss curve for the chart, evenly thinned to at most ``limit`` points."""
-    rows = list(MetricPoint.objects.filter(job_id=job_id).order_by("step").values_list("step", "loss", "lr", "epoch"))
+    """The job's curves for the chart, evenly thinned to at most ``limit`` points: each point's
+    step, loss, learning rate, epoch and its other numbers (``values``)."""
+    rows = list(MetricPoint.objects.filter(job_id=job_id).order_by("step").values_list("step", "loss", "lr", "epoch", "values"))
     if len(rows) > limit:
+        # Points that carry a metric few points have (an evaluation's) are kept: thinning the
+        # eval curve of a run that evaluates every 500 steps would leave it nothing to draw.
+        seen: dict[str, int] = {}
+        for row in rows:
+            for name in row[4] or ():
+                seen[name] = seen.get(name, 0) + 1
+        few = {name for name, times in seen.items() if times <= limit // 4}
+        rare = [i for i, row in enumerate(rows) if row[4] and few.intersection(row[4])]
         stride = len(rows) / limit
-        picked = [rows[int(i * stride)] for i in range(limit - 1)]
-        rows = [*picked, rows[-1]]
-    return [{"step": s, "loss": loss, "lr": lr, "epoch": epoch} for s, loss, lr, epoch in rows]
+        picked = {int(i * stride) for i in range(limit - 1)} | set(rare[:limit]) | {len(rows) - 1}
+        rows = [rows[i] for i in sorted(picked)]
+    return [{"step": s, "loss": loss, "lr": lr, "epoch": epoch, "values": values or {}} for s, loss, lr, epoch, values in rows]
+
+
+def metric_names(points: Sequence[dict[str, Any]]) -> list[str]:
+    """The metrics the points tell, loss first, then the others by name."""
+    names = {name for point in points for name in point.get("values") or {}}
+    return (["loss"] if any(p.get("loss") is not None for p in points) else []) + sorted(names)
 
 
 def publish_progress(job_id: int, message: dict[str, Any]) -> None:
     """To the list pages and the job's own pages; called after commit."""
     publish(job_metrics_group(job_id), message)
     publish(jobs_group(), message)
+
+
+def last_value(metric: str) -> Subquery:
+    """For annotating jobs: the value of ``metric`` (``loss`` or a name in a point's values) at
+    the newest step that logged it; null where none did."""
+    points = MetricPoint.objects.filter(job=OuterRef("pk"))
+    value: F | Cast
+    if metric == "loss":
+        points, value = points.filter(loss__isnull=False), F("loss")
+    else:
+        points, value = points.filter(values__has_key=metric), Cast(KeyTextTransform(metric, "values"), FloatField())
+    return Subquery(points.order_by("-step").annotate(last=value).values("last")[:1], output_field=FloatField())

@@ -103,17 +103,33 @@ class Progress:
 class LineMetrics:
     progress: Progress | None = None
     checkpoint: CommitEvent | None = None
+    # Every other number a Trainer log dict told (eval_loss, grad_norm, eval_accuracy …).
+    values: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class MetricSample:
-    """A point of the loss curve: at ``step`` (the latest step known when the loss was logged)."""
+    """A point of the job's curves: at ``step`` (the latest step known when it was logged), its
+    loss and learning rate and any other number the Trainer logged there (``values``)."""
 
     step: int
     epoch: float | None
     loss: float | None
     lr: float | None
     ts: datetime
+    values: dict[str, float] = field(default_factory=dict)
+
+    def merged(self, newer: MetricSample) -> MetricSample:
+        """This step's point with what a later line of the same step told (an evaluation's
+        eval_loss after the training loss): what the later one tells wins, nothing is lost."""
+        return MetricSample(
+            step=self.step,
+            epoch=newer.epoch if newer.epoch is not None else self.epoch,
+            loss=newer.loss if newer.loss is not None else self.loss,
+            lr=newer.lr if newer.lr is not None else self.lr,
+            ts=newer.ts,
+            values={**self.values, **newer.values},
+        )
 
 
 @dataclass
@@ -154,7 +170,29 @@ def checked_commit(event: CommitEvent | None) -> CommitEvent | None:
     return event
 
 
-def parse_trainer_dict(text: str) -> Progress | None:
+# The Trainer's own keys, read into progress; every other finite number is a metric of its own.
+PROGRESS_KEYS = frozenset({"step", "epoch", "loss", "learning_rate"})
+METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
+MAX_METRICS_PER_LINE = 32
+
+
+def trainer_values(logged: dict) -> tuple[tuple[str, float], ...]:
+    """The numbers of a Trainer log dict besides its progress keys: at most
+    MAX_METRICS_PER_LINE, each named like a metric and finite (numbers or number strings)."""
+    found = []
+    for key, raw in logged.items():
+        if key in PROGRESS_KEYS or not isinstance(key, str) or not METRIC_NAME.match(key) or isinstance(raw, bool):
+            continue
+        value = finite(raw) if isinstance(raw, (int, float, str)) else None
+        if value is not None:
+            found.append((key, value))
+            if len(found) >= MAX_METRICS_PER_LINE:
+                break
+    return tuple(found)
+
+
+def read_trainer_dict(text: str) -> LineMetrics | None:
+    """The last Trainer log dict of the line: its progress and its other numbers."""
     match = None
     for match in TRAINER_DICT.finditer(text):  # noqa: B007 - keeps the last one
         pass
@@ -172,7 +210,10 @@ def parse_trainer_dict(text: str) -> Progress | None:
         loss=finite(logged.get("loss")),
         lr=finite(logged.get("learning_rate")),
     )
-    return None if progress.empty else progress
+    values = trainer_values(logged)
+    if progress.empty and not values:
+        return None
+    return LineMetrics(progress=progress, values=values)
 
 
 def parse_words(text: str) -> Progress | None:
@@ -252,11 +293,11 @@ def parse_candidate(text: str) -> LineMetrics | None:
 def read_candidate(text: str) -> LineMetrics | None:
     if "[Concurrent Checkpoint]" in text:
         return read_ckptlib_line(text)
-    progress = parse_trainer_dict(text) if "{'" in text else None
+    if "{'" in text and (logged := read_trainer_dict(text)) is not None:
+        return logged
+    progress = parse_tqdm(text)
     if progress is None:
-        progress = parse_tqdm(text)
-        words = parse_words(text) if progress is None else None
-        progress = words or progress
+        progress = parse_words(text)
     return LineMetrics(progress=progress) if progress is not None else None
 
 
@@ -305,17 +346,46 @@ def candidate_lines(texts: list[str], limit: int | None = None) -> list[int]:
         positions.sort()
         stride = len(positions) / (2 * limit)
         sample = [positions[int(i * stride)] for i in range(2 * limit)] + positions[-10:]
-        lines = {bisect_right(starts, at) - 1 for at in sample}
-        at = lowered.find(CHECKPOINT_MARK)
-        while at != -1:
-            lines.add(bisect_right(starts, at) - 1)
-            at = lowered.find(CHECKPOINT_MARK, at + 1)
+        lines = {bisect_right(starts, at) - 1 for at in sample} | marked_lines(lowered, starts, texts)
         return subset(sorted(lines), texts, limit)
     found = sorted({bisect_right(starts, at) - 1 for at in positions})
     return found if limit is None or len(found) <= limit else subset(found, texts, limit)
 
 
 CHECKPOINT_MARK = "[concurrent checkpoint]"
+EVAL_MARK = "{'eval_"  # the Trainer's evaluation dict
+# Lines never sampled away (lower case): a checkpoint's commit, and an evaluation's dict (a few a
+# run, each the only point of its curve at its step).
+KEPT_MARKS = (CHECKPOINT_MARK, EVAL_MARK)
+
+
+LEAD_LINES = 2  # the lines before an evaluation's that tell progress, kept with it
+
+
+def marked_lines(lowered: str, starts: list[int], texts: list[str]) -> set[int]:
+    """The lines of the batch that hold one of KEPT_MARKS, and before an evaluation's dict the
+    last LEAD_LINES that may tell progress (its step is the latest one known when it is read)."""
+    lines: set[int] = set()
+    for mark in KEPT_MARKS:
+        at = lowered.find(mark)
+        while at != -1:
+            index = bisect_right(starts, at) - 1
+            lines.add(index)
+            if mark == EVAL_MARK:
+                lines |= set(leading(texts, index))
+            at = lowered.find(mark, at + 1)
+    return lines
+
+
+def leading(texts: list[str], index: int) -> list[int]:
+    """The last LEAD_LINES lines before ``index`` (within 8) that may tell progress."""
+    found = []
+    for before in range(index - 1, max(index - 9, -1), -1):
+        if may_tell(texts[before]):
+            found.append(before)
+            if len(found) == LEAD_LINES:
+                break
+    return found
 
 
 def sampled_candidates(texts: list[str], lowered: str, limit: int) -> list[int]:
@@ -337,20 +407,20 @@ def sampled_candidates(texts: list[str], lowered: str, limit: int) -> list[int]:
     # The last lines: the run's latest word on its progress.
     tail = len(texts) - 10
     lines.update(tail + i for i, text in enumerate(texts[tail:]) if may_tell(text))
-    at = lowered.find(CHECKPOINT_MARK)
-    while at != -1:
-        lines.add(bisect_right(starts, at) - 1)
-        at = lowered.find(CHECKPOINT_MARK, at + 1)
+    lines |= marked_lines(lowered, starts, texts)
     return subset(sorted(lines), texts, limit)
 
 
 def subset(candidates: list[int], texts: list[str], limit: int) -> list[int]:
-    """An even subset of ``limit`` candidates, every checkpoint line and the last five."""
+    """An even subset of ``limit`` candidates, every checkpoint and evaluation line and the last five."""
     if len(candidates) <= limit:
         return candidates
     stride = len(candidates) / limit
     keep = {candidates[int(i * stride)] for i in range(limit)} | set(candidates[-5:])
     keep |= {i for i in candidates if "[Concurrent Checkpoint]" in texts[i]}
+    for i in candidates:
+        if EVAL_MARK in texts[i]:
+            keep |= {i, *leading(texts, i)}
     return sorted(keep)
 
 
@@ -380,8 +450,8 @@ def fold_lines(lines: Sequence[tuple[datetime, str]], *, start: Progress | None 
 def fold(parsed: Iterable[tuple[datetime, LineMetrics]], *, start: Progress | None = None) -> BatchMetrics:
     """Fold a batch's parsed lines, oldest first, onto the progress known before it.
 
-    A loss sample takes the latest step known at its line (the Trainer logs the loss without a
-    step; its tqdm bar tells the step); samples of one step keep the last one.
+    A sample takes the latest step known at its line (the Trainer logs the loss without a step;
+    its tqdm bar tells the step); samples of one step merge, the later one's values winning.
     """
     batch = BatchMetrics(progress=start or Progress())
     samples: dict[int, MetricSample] = {}
@@ -402,11 +472,12 @@ def fold(parsed: Iterable[tuple[datetime, LineMetrics]], *, start: Progress | No
         assert told is not None
         before = batch.progress
         batch.progress = before.merged(told)
-        if batch.progress != before:
+        if batch.progress != before or found.values:
             batch.changed = True
-        if told.loss is not None or told.lr is not None:
+        if told.loss is not None or told.lr is not None or found.values:
             step = told.step if told.step is not None else before.step
             if step is not None:
-                samples[step] = MetricSample(step=step, epoch=batch.progress.epoch, loss=told.loss, lr=told.lr, ts=ts)
+                sample = MetricSample(step=step, epoch=batch.progress.epoch, loss=told.loss, lr=told.lr, ts=ts, values=dict(found.values))
+                samples[step] = samples[step].merged(sample) if step in samples else sample
     batch.samples = sorted(samples.values(), key=lambda s: s.step)
     return batch

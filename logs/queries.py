@@ -34,8 +34,8 @@ def _scalar(sql: str, params: list) -> Any:
         return cursor.fetchone()[0]
 
 
-VOLUME_COLUMNS = ("id", "lines", "dropped", "seen", "markers", "starts")
-JSON_COLUMNS = ("seen", "markers", "starts")
+VOLUME_COLUMNS = ("id", "lines", "head", "dropped", "seen", "markers", "starts", "tails")
+JSON_COLUMNS = ("seen", "markers", "starts", "tails")
 
 
 def volume_field(name: str) -> models.Field:
@@ -68,6 +68,13 @@ def last_line_no(job_id: int, stream: str, attempt: int) -> int | None:
 def last_seq(job_id: int, stream: str) -> int:
     """The stream's highest ``seq`` across attempts (0: no line yet)."""
     return _scalar("SELECT MAX(seq) FROM {table} WHERE job_id = %s AND stream = %s", [job_id, stream]) or 0
+
+
+def line_at(job_id: int, stream: str, seq: int) -> list[int] | None:
+    """The attempt and line number of the stream's row at ``seq`` (the first of its tail after
+    older rows went), or None."""
+    found = LogLine.objects.filter(job_id=job_id, stream=stream, seq=seq).values_list("attempt", "line_no").first()
+    return list(found) if found is not None else None
 
 
 def attempt_first_seqs(job_id: int, stream: str) -> list[tuple[int, int]]:
@@ -194,6 +201,13 @@ def failing_line(job_id: int, *, attempt: int) -> LogLine | None:
         if FAILURE_TEXT.search(line.text) and not line.text.startswith("Traceback"):
             return line
     return lines[0] if lines else None
+
+
+def line_with_text(job_id: int, *, attempt: int, text: str) -> LogLine | None:
+    """The newest of an attempt's last lines (every stream) whose text is ``text``: the line a
+    verdict's evidence quoted; None when it is not among them."""
+    lines = LogLine.objects.filter(job_id=job_id, attempt=attempt).order_by("-seq").only("seq", "stream", "attempt", "text")[:FAILURE_SCAN]
+    return next((line for line in lines if line.text == text), None)
 
 
 def last_checkpoint_step(job_id: int) -> int | None:

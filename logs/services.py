@@ -21,7 +21,7 @@ from prometheus_client import Counter
 from jobs.realtime import log_group, publish
 from logs.models import LogLine, LogVolume
 from logs.progress import publish_progress, record_metrics
-from logs.queries import attempt_first_seqs, last_line_no, last_seq, read_volume, stored_line_count, volume_field
+from logs.queries import attempt_first_seqs, last_line_no, last_seq, line_at, read_volume, stored_line_count, volume_field
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
     """Store a batch of lines of one attempt, skipping those already stored.
 
     Delivery is at least once: a batch may come again after a retry or a restart, so lines whose
-    ``line_no`` is not past the last one counted of the attempt are dropped (``apply_log_cap``).
+    ``line_no`` is not past the last one counted of the attempt are dropped (``apply_log_cap``,
+    which also keeps the job's cap: past it, each stream's last lines in a rolling window).
     The stream reads attempt by attempt: ``seq`` continues from the stream's last one, except for
     a batch of an attempt that a later attempt already follows in the stream (a lost node's agent
     delivering what its run wrote meanwhile), which takes the seqs where its attempt ends, the
@@ -79,10 +80,10 @@ def ingest_lines(*, job_id: int, stream: str, attempt: int, lines: Sequence[RawL
         later = [first for number, first in starts.items() if int(number) > attempt]
         first_seq = min(later) if later else last_seq(job_id, stream) + 1
         marker = volume.markers.get(stream)
-        fresh, every = apply_log_cap(volume, stream, attempt, sorted(lines, key=LINE_NO), next_seq=first_seq)
+        fresh, every = apply_log_cap(volume, stream, attempt, sorted(lines, key=LINE_NO), next_seq=first_seq, late=bool(later))
         if not every:
             return []
-        fields = ["lines", "dropped", "seen", "markers"]
+        fields = ["lines", "head", "dropped", "seen", "markers", "tails"]
         if fresh and (later or str(attempt) not in starts):
             if later:
                 make_room(table, job_id, stream, first_seq, len(fresh))
@@ -175,10 +176,39 @@ def insert_rows(table: str, rows: list[tuple]) -> None:
             cursor.executemany(f"INSERT INTO {table} ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)", rows)
 
 
-def cap_marker(cap: int, dropped: int) -> str:
+# The lines the platform writes where each run starts (the image pull, ckptlib, "environment
+# ready", the runner's notes): not counted against a job's cap. A line is one when its text starts
+# so and it is among the first PLATFORM_LINES_MAX of its attempt's output (a job printing such
+# lines itself gains at most that many a run).
+PLATFORM_PREFIXES = ("[console] ", "[INFO] Concurrent Checkpoint library is installed")
+PLATFORM_LINES_MAX = 64
+
+
+def platform_lines(lines: Sequence[RawLine], room: int) -> tuple[int, int]:
+    """How many of ``lines`` (sorted, past those counted) go in before the cap, ``room`` of the
+    command's lines being left, and how many of those are the platform's."""
+    free = 0
+    for i, line in enumerate(lines):
+        if line.line_no > PLATFORM_LINES_MAX:  # no platform line past here: room more of the command's
+            return min(room + free, len(lines)), free
+        if line.text.startswith(PLATFORM_PREFIXES):
+            free += 1
+        elif i - free >= room:
+            return i, free
+    return len(lines), free
+
+
+def cap_marker(cap: int, dropped: int, tail: int, follow: int) -> str:
+    """The marker between a stream's head and its tail: how many lines were dropped there."""
+    lines = f"{dropped:,} line{'' if dropped == 1 else 's'}"
+    if not tail:
+        return (
+            f"[log cap] {lines} dropped here (LOG_MAX_LINES_PER_JOB: a job's log keeps its first {cap:,} lines; "
+            "LOG_TAIL_LINES is 0: no last lines); the run goes on"
+        )
     return (
-        f"[log cap] this job stored its limit of {cap:,} log lines (LOG_MAX_LINES_PER_JOB); "
-        f"later lines are counted and dropped ({dropped:,} so far); the run goes on"
+        f"[log cap] {lines} dropped here (LOG_MAX_LINES_PER_JOB: a job's log keeps its first {cap:,} lines, "
+        f"then each stream's last {tail:,}, LOG_TAIL_LINES); the last {follow:,} follow"
     )
 
 
@@ -189,7 +219,8 @@ def locked_volume(job_id: int) -> LogVolume:
     volume = read_volume(job_id)
     if volume is None:
         # Jobs whose lines predate the counter: counted once.
-        LogVolume.objects.get_or_create(job_id=job_id, defaults={"lines": stored_line_count(job_id)})
+        count = stored_line_count(job_id)
+        LogVolume.objects.get_or_create(job_id=job_id, defaults={"lines": count, "head": count})
         volume = read_volume(job_id)
         assert volume is not None
     return volume
@@ -203,39 +234,102 @@ def save_volume(volume: LogVolume, fields: Sequence[str]) -> None:
         cursor.execute(f"UPDATE {connection.ops.quote_name(LogVolume._meta.db_table)} SET {sets} WHERE id = %s", [*values, volume.pk])
 
 
-def apply_log_cap(volume: LogVolume, stream: str, attempt: int, fresh: list[RawLine], *, next_seq: int) -> tuple[list[RawLine], list[RawLine]]:
-    """The lines of ``fresh`` (sorted by line number) to store under the job's cap of
-    LOG_MAX_LINES_PER_JOB, and those counted for the first time (stored or dropped).
+def apply_log_cap(
+    volume: LogVolume, stream: str, attempt: int, fresh: list[RawLine], *, next_seq: int, late: bool = False
+) -> tuple[list[RawLine], list[RawLine]]:
+    """The rows to store from ``fresh`` (sorted by line number; at ``next_seq`` on) under the job's
+    cap, and the lines counted for the first time (stored or dropped).
 
     Delivery is at least once, so a line is counted once: ``volume.seen`` holds the last line
     number of each stream's attempt counted so far (lines stored before it kept that, once read
-    from the rows), and only lines past it count. Past the cap, lines are counted and dropped;
-    the first time a stream passes it, a marker line takes the place of its first dropped line,
-    and later batches update the marker's count. The counts live in the job's ``LogVolume`` row
-    (locked for the batch, saved by the caller), never in a count of rows.
+    from the rows), and only lines past it count. The job's *head* is its first
+    LOG_MAX_LINES_PER_JOB lines of its commands' output (the platform's own lines not counted:
+    ``platform_lines``), every stream and attempt. The first time a stream passes it, a marker
+    line follows its head; after the marker each stream keeps its *tail*, a rolling window of its
+    last LOG_TAIL_LINES lines (the oldest rows deleted as new ones come), so the end of a run (its
+    traceback, its last checkpoint, a fatal GPU error: what the failover verdict reads) is always
+    stored. The marker says how many lines were dropped between head and tail, counted by line
+    number (lines the node's runner dropped, their numbers skipped, count too), and is updated by
+    each batch. A late batch past the cap (an attempt a later one already follows) is counted and
+    dropped. The counts live in the job's ``LogVolume`` row (locked for the batch, saved by the
+    caller), never in a count of rows. ``late``: the batch goes at ``next_seq``, before the rows
+    of later attempts (else at the stream's end).
     """
-    cap = settings.LOG_MAX_LINES_PER_JOB
+    cap, keep = settings.LOG_MAX_LINES_PER_JOB, max(settings.LOG_TAIL_LINES, 0)
     job_id = volume.job_id
     key = f"{stream}/{attempt}"
     if key not in volume.seen:
         volume.seen[key] = last_line_no(job_id, stream, attempt) or 0
-    counted = fresh[bisect_right(fresh, volume.seen[key], key=LINE_NO) :]
+    before = volume.seen[key]
+    counted = fresh[bisect_right(fresh, before, key=LINE_NO) :]
     if not counted:
         return [], []
-    room = max(cap - volume.lines, 0)
-    kept, over = counted[:room], counted[room:]
-    if over:
-        # Counted by line number: lines the node's runner already left out past the cap (their
-        # numbers skipped) are dropped lines too.
-        volume.dropped += over[-1].line_no - (kept[-1].line_no if kept else volume.seen[key])
-        if stream not in volume.markers:
-            volume.markers[stream] = next_seq + len(kept)
-            kept.append(over[0]._replace(text=cap_marker(cap, volume.dropped)))
-        else:
-            LogLine.objects.filter(job_id=job_id, stream=stream, seq=volume.markers[stream]).update(text=cap_marker(cap, volume.dropped))
-    volume.lines += len(kept)
     volume.seen[key] = counted[-1].line_no
-    return kept, counted
+    rows: list[RawLine] = []
+    tail = volume.tails.get(stream)
+    new_marker = stream not in volume.markers
+    if new_marker:
+        split, free = platform_lines(counted, max(cap - volume.head, 0))
+        rows, over = counted[:split], counted[split:]
+        volume.head += split - free
+        if not over:
+            volume.lines += len(rows)
+            return rows, counted
+        # The stream passes the cap: its marker follows what fits (the stream's tail, after it;
+        # for a late batch, after the rows of the attempts that follow it).
+        volume.markers[stream] = next_seq + len(rows)
+        start = (last_seq(job_id, stream) if late else next_seq - 1) + len(rows) + 2
+        tail = volume.tails[stream] = {"past": 0, "from": start, "rows": 0, "first": None, "dropped": 0}
+        last_kept = rows[-1].line_no if rows else before
+        rows.append(RawLine(last_kept, over[0].ts, ""))  # the marker; its text below
+    else:
+        over, last_kept = counted, before
+        if tail is None:  # a stream capped before tails were kept: its tail starts now
+            start = last_seq(job_id, stream) + 1 if late else next_seq
+            tail = volume.tails[stream] = {"past": 0, "from": start, "rows": 0, "first": None, "dropped": 0}
+    tail["past"] += over[-1].line_no - last_kept
+    if late:  # dropped: counted below even where their attempt's numbers lie within the tail
+        tail.setdefault("late", {})
+        tail["late"][str(attempt)] = tail["late"].get(str(attempt), 0) + over[-1].line_no - last_kept
+    added = [] if late or not keep else over[-keep:]
+    trimmed = max(tail["rows"] + len(added) - keep, 0)
+    if trimmed:
+        table = connection.ops.quote_name(LogLine._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE job_id = %s AND stream = %s AND seq >= %s AND seq < %s", [job_id, stream, tail["from"], tail["from"] + trimmed]
+            )
+    if trimmed < tail["rows"]:
+        if trimmed:
+            tail["first"] = line_at(job_id, stream, tail["from"] + trimmed)
+    else:
+        tail["first"] = [attempt, added[0].line_no] if added else None
+    tail["from"] += trimmed
+    tail["rows"] += len(added) - trimmed
+    dropped = max(tail["past"] - tail_span(volume.seen, stream, tail["first"], tail.get("late", {})), 0)
+    volume.dropped += dropped - tail["dropped"]
+    tail["dropped"] = dropped
+    text = cap_marker(cap, dropped, keep, tail["rows"])
+    if new_marker:
+        rows[-1] = rows[-1]._replace(text=text)
+    else:
+        LogLine.objects.filter(job_id=job_id, stream=stream, seq=volume.markers[stream]).update(text=text)
+    rows += added
+    volume.lines += len(rows) - trimmed
+    return rows, counted
+
+
+def tail_span(seen: dict[str, int], stream: str, first: list[int] | None, late: dict[str, int]) -> int:
+    """How many line numbers the stream's tail covers: from its first row (``first``: attempt,
+    line number) to the last line counted, across the attempts after it; less those of late
+    batches (``late``: attempt → numbers), which were dropped."""
+    if first is None:
+        return 0
+    attempt, line_no = first
+    span = seen.get(f"{stream}/{attempt}", line_no - 1) - line_no + 1
+    prefix = f"{stream}/"
+    span += sum(last for key, last in seen.items() if key.startswith(prefix) and int(key[len(prefix) :]) > attempt)
+    return span - sum(count for number, count in late.items() if int(number) >= attempt)
 
 
 def purge_old_lines(max_age_days: float) -> int:

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -122,10 +123,12 @@ def build_default_image(
             raise RuntimeError(f"the image's python is {IMAGE_PYTHON}; {python} is {version}, its wheels would not fit")
         seconds: dict[str, float] = {}
         work = Path(tempfile.mkdtemp(prefix="default-image-", dir=build_root))
+        progress = _Progress(log)
         try:
             rootfs = work / "rootfs"
             step = time.monotonic()
-            log(f"[image] bootstrap: mmdebstrap --variant=essential {suite} with {', '.join(debs)}")
+            progress.at("bootstrap (1 of 5)")
+            log(f"[image] bootstrap (1 of 5): mmdebstrap --variant=essential {suite} with {', '.join(debs)}")
             _check(
                 [
                     "mmdebstrap",
@@ -147,7 +150,8 @@ def build_default_image(
 
             step = time.monotonic()
             site = rootfs / "usr" / "local" / "lib" / f"python{IMAGE_PYTHON}" / "dist-packages"
-            log(f"[image] pip: {' '.join(packages)}")
+            progress.at("pip (2 of 5)")
+            log(f"[image] pip (2 of 5): {' '.join(packages)}")
             pip_tmp = work / "pip-tmp"
             pip_tmp.mkdir()
             _check(
@@ -171,6 +175,7 @@ def build_default_image(
                 "LABEL org.opencontainers.image.title=satrain-default",
                 f"LABEL org.opencontainers.image.description=Debian {suite}, python3, {' '.join(packages)}",
             ]
+            progress.at("import (3 of 5)")
             # The rootfs streams from tar into podman import: no multi-GB archive on disk.
             _import_directory(rootfs, reference, changes, env)
             shutil.rmtree(rootfs)
@@ -179,17 +184,23 @@ def build_default_image(
 
             if verify:
                 step = time.monotonic()
+                progress.at("verify (4 of 5)")
                 out = verify_image(root, reference)
                 seconds["verify"] = round(time.monotonic() - step, 1)
                 log(f"[image] verify: {out} ({seconds['verify']} s)")
 
             step = time.monotonic()
+            progress.at("push (5 of 5)")
             digest_file = work / "digest"
             _check(
                 [
                     "podman",
                     "push",
                     "--quiet",
+                    # zstd, not gzip: every node's pull unpacks it faster (2-core VM, quiet: 26.4 →
+                    # 19.8 s, 39 → 30 CPU-s) and it is 17 % smaller (397 vs 478 MB); the push
+                    # itself barely changes (24.6 → 22.5 s). Podman ≥ 4 reads it.
+                    "--compression-format=zstd",
                     *_tls_args(root, reference),
                     "--authfile",
                     str(auth_file_for(root, reference)),
@@ -205,6 +216,7 @@ def build_default_image(
             seconds["push"] = round(time.monotonic() - step, 1)
             log(f"[image] push: {seconds['push']} s")
         finally:
+            progress.stop()
             shutil.rmtree(work, ignore_errors=True)
         size = image_size(root, reference)
         total = round(sum(seconds.values()), 1)
@@ -300,6 +312,33 @@ def _finish_rootfs(rootfs: Path, site: Path) -> None:
     python = local_bin / "python"
     if not python.exists():
         python.symlink_to("/usr/bin/python3")
+
+
+PROGRESS_EVERY = 10.0  # seconds between the "still at it" lines of a long step
+
+
+class _Progress:
+    """Says ``[image] <step>: N s so far (M s in all)`` every PROGRESS_EVERY seconds while a
+    build runs: a first build's long steps (minutes of pip, import, push) never look stuck."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self.log, self.step, self.started = log, "", time.monotonic()
+        self.step_started = self.started
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.beat, name="image-progress", daemon=True)
+        self.thread.start()
+
+    def at(self, step: str) -> None:
+        self.step, self.step_started = step, time.monotonic()
+
+    def beat(self) -> None:
+        while not self.done.wait(PROGRESS_EVERY):
+            now = time.monotonic()
+            self.log(f"[image] {self.step}: {now - self.step_started:.0f} s so far ({now - self.started:.0f} s in all)")
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def _check(argv: list[str], *, env: Mapping[str, str], what: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -10,10 +10,11 @@ from django.conf import settings
 
 from agent import runfiles
 from harness.job_factory import job_output
+from jobs.job_fields import EXAMPLE_COMMAND
 from jobs.models import JobAttempt, JobEvent
 from jobs.services.paths import default_output_dir
 from jobs.statuses import JobStatus
-from logs.models import LogLine
+from logs.models import Checkpoint, LogLine
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -45,6 +46,12 @@ def test_a_small_pytorch_training_runs_to_completed_with_its_output_captured_in_
     assert job.started_at and job.finished_at and job.finished_at >= job.started_at
 
 
+def test_the_forms_prefilled_job_commits_a_checkpoint_each_epoch(make_job, drive):
+    job = drive(make_job(name="first-job", command=EXAMPLE_COMMAND, gpus_per_node=1), JobStatus.COMPLETED, timeout=120)
+    assert list(Checkpoint.objects.filter(job=job).order_by("step").values_list("step", flat=True)) == [50, 100, 150]
+    assert "DataStates checkpointing available: datastates.llm.DecoratedCheckpointing" in log_texts(job)
+
+
 def test_the_run_gets_the_platform_environment(make_job, drive):
     script = (
         "import os,json; print(json.dumps({k: os.environ.get(k) for k in "
@@ -56,7 +63,8 @@ def test_the_run_gets_the_platform_environment(make_job, drive):
     seen = json.loads(log_texts(job)[0])
     assert seen["CUDA_VISIBLE_DEVICES"] == "0,1,2"
     assert seen["CHECKPOINT_VENDOR"].endswith("ckptlib/vendor")
-    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == ("0", "0", "1")
+    # One rank: no LOCAL_RANK (as on a workstation: accelerate then starts no process group).
+    assert (seen["RANK"], seen["LOCAL_RANK"], seen["WORLD_SIZE"]) == ("0", None, "1")
     # Its own address in its job network (agent.networks): rank 0's, as it is rank 0.
     assert ipaddress.ip_address(seen["MASTER_ADDR"]) in ipaddress.ip_network(settings.JOB_NETWORK_POOL) and int(seen["MASTER_PORT"]) > 0
     assert (seen["JOB_NAME"], seen["JOB_ATTEMPT"], seen["MY_SETTING"]) == ("env-check", "1", "42")

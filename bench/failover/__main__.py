@@ -78,11 +78,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where the runs run: the console's own agents (default), a one-host Slurm cluster (root, slurm-wlm, munge), "
         "or both, one after the other in this run, their latency side by side (Slurm: latency only)",
     )
+    p.add_argument(
+        "--checkpointless",
+        action="store_true",
+        help="today's failover (disk checkpoint) beside checkpointless failover (in-memory replicas): steps lost, fault → first new "
+        "step, goodput and the replication's step-time cost (bench/failover/checkpointless.py); the other parts are skipped",
+    )
+    p.add_argument("--faults", type=int, default=None, help="--checkpointless: faults per mode for the latency figures (default 20; 4 with --quick)")
     p.add_argument("--verbose", action="store_true", help="show the console's own log (LOG_LEVEL=INFO unless set)")
     args = p.parse_args(argv)
     args.runs = args.runs if args.runs is not None else (3 if args.quick else 20)
     args.hung_runs = args.hung_runs if args.hung_runs is not None else (2 if args.quick else 5)
-    args.goodput_minutes = args.goodput_minutes if args.goodput_minutes is not None else (1.0 if args.quick else 6.0)
+    args.faults = args.faults if args.faults is not None else (4 if args.quick else 20)
+    longer = 10.0 if args.checkpointless else 6.0  # the window: a fault every 2 minutes for 10 minutes
+    args.goodput_minutes = (
+        args.goodput_minutes if args.goodput_minutes is not None else (2.0 if args.quick and args.checkpointless else 1.0 if args.quick else longer)
+    )
     args.fault_every = args.fault_every if args.fault_every is not None else (1.0 if args.quick else 2.0)
     return args
 
@@ -260,6 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         out["machine"] = header
         print("\n".join(header))
         print(flush=True)
+        if args.checkpointless:
+            from bench.failover import checkpointless
+
+            settings.MAX_FAILOVERS = 1_000_000  # every fault of a series fails over (the bench only)
+            ok, lines = checkpointless.run(console, args, out)
+            results.append(ok)
+            args.skip_latency = args.skip_hung = args.skip_goodput = True
 
         if args.backend != "agents":
             from jobs.backends.slurm.cluster import LocalSlurmCluster

@@ -76,48 +76,54 @@ def inject_into_running(console: EmbeddedConsole, job_id: int, *, timeout: float
     return fo, fault.pk, part.node
 
 
-def run_faulted(console: EmbeddedConsole, job, *, minutes: float, fault_every: float, timeout: float, log) -> GoodputRun:
+def fault_once(console: EmbeddedConsole, job_id: int, *, timeout: float, log, t0: float) -> Failover:
+    """One hardware fault in the job's running attempt, followed to the new attempt's first
+    training step; the node is repaired afterwards. ``extra`` holds the steps lost and the times."""
     from failover.services.faults import clear_node
     from jobs.models import JobExclusion
 
+    fo, fault_id, node = inject_into_running(console, job_id, timeout=timeout, log=log)
+    before = last_step(job_id, attempt=fo.old_attempt)
+    try:
+        fo.running_seen, fo.first_line_seen, new_number = watch_failover(job_id, fo.old_attempt, timeout=timeout)
+        step = wait_for(partial(first_step, job_id, attempt=new_number), timeout=timeout, what="the first step after the failover")
+        read_back(fo, fault_id)
+    finally:
+        # The operator repairs the node: it takes jobs again. The job's own exclusion of the
+        # node is lifted too (the product has no command for that), so a 3-node pool can take
+        # more than two faults of one job.
+        clear_node(node, actor="bench")
+        JobExclusion.objects.filter(job_id=job_id, node=node).delete()
+    # Everything the killed run printed, including what came between the fault and the kill.
+    final_old = last_step(job_id, attempt=fo.old_attempt) or before
+    fo.extra.update(
+        last_step_before=final_old[0] if final_old else None,
+        last_step_before_ts=final_old[1] if final_old else None,
+        first_step_after=step[0],
+        first_step_after_ts=step[1],
+        steps_lost=(final_old[0] - (fo.resume_step or 0)) if final_old else None,
+        downtime_s=(step[1] - final_old[1]) if final_old else None,
+        fault_to_first_step_s=step[1] - fo.fault_created,
+    )
+    p = fo.phases()
+    log(
+        f"  fault at +{fo.fault_created - t0:6.1f}s on {fo.node_from}/gpu{fo.gpu} → {fo.node_to}: "
+        f"Running after {p['TOTAL fault → Running']:.3f}s, first line {p['TOTAL fault → first new line (ts)']:.3f}s, "
+        f"first step {fo.extra['fault_to_first_step_s']:.3f}s; last step {fo.extra['last_step_before']} → resumed from "
+        f"{fo.resume_step} (lost {fo.extra['steps_lost']} steps, {fo.extra['downtime_s']:.2f}s between step lines)"
+    )
+    sys.stdout.flush()
+    return fo
+
+
+def run_faulted(console: EmbeddedConsole, job, *, minutes: float, fault_every: float, timeout: float, log) -> GoodputRun:
     t0 = job.created_at.timestamp()
     run = GoodputRun(job_id=job.pk, label="faults", t0=t0, window_s=minutes * 60.0)
     for offset in fault_offsets(minutes, fault_every):
         delay = t0 + offset - time.time()
         if delay > 0:
             time.sleep(delay)
-        fo, fault_id, node = inject_into_running(console, job.pk, timeout=timeout, log=log)
-        before = last_step(job.pk, attempt=fo.old_attempt)
-        try:
-            fo.running_seen, fo.first_line_seen, new_number = watch_failover(job.pk, fo.old_attempt, timeout=timeout)
-            step = wait_for(partial(first_step, job.pk, attempt=new_number), timeout=timeout, what="the first step after the failover")
-            read_back(fo, fault_id)
-        finally:
-            # The operator repairs the node: it takes jobs again. The job's own exclusion of the
-            # node is lifted too (the product has no command for that), so a 3-node pool can take
-            # more than two faults of one job.
-            clear_node(node, actor="bench")
-            JobExclusion.objects.filter(job_id=job.pk, node=node).delete()
-        # Everything the killed run printed, including what came between the fault and the kill.
-        final_old = last_step(job.pk, attempt=fo.old_attempt) or before
-        fo.extra.update(
-            last_step_before=final_old[0] if final_old else None,
-            last_step_before_ts=final_old[1] if final_old else None,
-            first_step_after=step[0],
-            first_step_after_ts=step[1],
-            steps_lost=(final_old[0] - (fo.resume_step or 0)) if final_old else None,
-            downtime_s=(step[1] - final_old[1]) if final_old else None,
-            fault_to_first_step_s=step[1] - fo.fault_created,
-        )
-        p = fo.phases()
-        log(
-            f"  fault at +{fo.fault_created - t0:6.1f}s on {fo.node_from}/gpu{fo.gpu} → {fo.node_to}: "
-            f"Running after {p['TOTAL fault → Running']:.3f}s, first line {p['TOTAL fault → first new line (ts)']:.3f}s, "
-            f"first step {fo.extra['fault_to_first_step_s']:.3f}s; last step {fo.extra['last_step_before']} → resumed from "
-            f"{fo.resume_step} (lost {fo.extra['steps_lost']} steps, {fo.extra['downtime_s']:.2f}s between step lines)"
-        )
-        sys.stdout.flush()
-        run.failovers.append(fo)
+        run.failovers.append(fault_once(console, job.pk, timeout=timeout, log=log, t0=t0))
     return run
 
 

@@ -109,6 +109,10 @@ def make_classes():
         def containers_ready(self) -> tuple[bool, str]:
             return True, "simulated"
 
+        def sweep_strays(self, live: set[str]) -> None:
+            """Simulated runs leave no container or job network: no container engine is asked
+            (each agent's start asked it three times: 150 engine calls per fleet start)."""
+
         def pull(self, job, attempt):
             from agent.engine import PullResult
 

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 import ckptlib
+from ckptlib.tests.helpers import RecordingHandler
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
+
+# One torch thread in the test process: the suite's lanes share the machine's cores (xdist workers,
+# the other stream's lanes), and torch's own pool (an OpenMP thread per core, spinning while it
+# waits) then fights them. On a 2-core machine beside a busy core: the fast lane's ckptlib tests
+# 78 s → 32 s on two workers; test_inplace_after_save's slow ones 81 s → 27 s (73 → 21 CPU-s).
+# The processes the tests start get OMP_NUM_THREADS=1 (``job_env``) for the same reason.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +64,12 @@ def engine(tmp_path: Path) -> Iterator[ckptlib.CheckpointEngine]:
     engine = ckptlib.CheckpointEngine(output_dir=tmp_path, host_cache_size=0.1, handle_signals=False)
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture
+def records() -> Iterator[RecordingHandler]:
+    """What ckptlib logs during the test."""
+    handler = RecordingHandler()
+    logging.getLogger("ckptlib").addHandler(handler)
+    yield handler
+    logging.getLogger("ckptlib").removeHandler(handler)

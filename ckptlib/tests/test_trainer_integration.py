@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,14 +62,6 @@ def _uninterrupted_losses(assets: dict[str, str], output_dir: Path) -> dict[int,
     engine.wait(persist=True)
     engine.shutdown()
     return _losses(trainer)
-
-
-@pytest.fixture
-def records() -> Iterator[RecordingHandler]:
-    handler = RecordingHandler()
-    logging.getLogger("ckptlib").addHandler(handler)
-    yield handler
-    logging.getLogger("ckptlib").removeHandler(handler)
 
 
 @pytest.mark.slow

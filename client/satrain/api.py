@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from satrain.config import Settings
+from satrain.files import save_download
 
 JOBS = "/api/v1/training-jobs/"
+BUNDLES = "/api/v1/code-bundles/"
 
 JsonObject = dict[str, Any]
 """A JSON object the console answered (a job, a node, a page of lines): its fields as JSON gives them."""
@@ -84,6 +89,31 @@ class Client:
     def post(self, path: str, body: Any = None) -> Any:
         return self.request("POST", path, json=body)
 
+    def upload(self, path: str, data: bytes, *, name: str, fields: dict[str, Any]) -> JsonObject:
+        """POST a file (``archive``) and form fields as multipart."""
+        try:
+            response = self.http.post(path, files={"archive": (name, data, "application/gzip")}, data={k: str(v) for k, v in fields.items()}, timeout=300)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach the console at {self.settings.url}: {exc}") from None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, self.error_text(response))
+        answer: JsonObject = response.json()
+        return answer
+
+    def download(self, path: str, params: dict[str, Any], destination: Path) -> Path:
+        """GET a download and save it (``satrain.files.save_download``)."""
+        try:
+            with self.http.stream("GET", path, params=params, timeout=None) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(response.status_code, self.error_text(response))
+                is_tar = response.headers.get("content-type", "").startswith("application/x-tar")
+                if not is_tar and destination.is_dir():
+                    destination = destination / Path(params.get("path", "download")).name
+                return save_download(io.BufferedReader(StreamReader(response.iter_bytes()), 1 << 20), is_tar=is_tar, destination=destination)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"the download from {self.settings.url} broke off: {exc}") from None
+
     def job(self, job_id: int) -> JsonObject:
         job: JsonObject = self.get(f"{JOBS}{job_id}/")
         return job
@@ -102,3 +132,23 @@ class Client:
             if not page.get("next"):
                 return jobs
             offset += len(page["results"])
+
+
+class StreamReader(io.RawIOBase):
+    """A response's byte chunks as a file to read (what tarfile's stream mode reads)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.pending = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self.pending:
+            try:
+                self.pending = next(self.chunks)
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self.pending))
+        buffer[:size], self.pending = self.pending[:size], self.pending[size:]
+        return size

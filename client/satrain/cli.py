@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from satrain import config
-from satrain.api import JOBS, ApiError, Client, JsonObject
+from satrain.api import BUNDLES, JOBS, ApiError, Client, JsonObject
+from satrain.files import PackRefused, clone, is_git_url, pack_directory
 from satrain.logs import follow, read_lines
 from satrain.terminal import visible
 
@@ -44,12 +46,14 @@ JOB_FIELDS = (
     "gpus_per_node",
     "node_count",
     "failover_enabled",
+    "checkpointless",
     "output_dir",
     "max_run_minutes",
     "description",
 )
 TERMINAL = {"Completed", "Failed", "Stopped", "Pending - internalerror", "Pending - maxretriesexceeded"}
 WAIT_EXIT = {"Completed": 0, "Failed": 3, "Pending - internalerror": 3, "Pending - maxretriesexceeded": 3, "Stopped": 4}
+EVENTS_TABLE_MIN_WIDTH = 120  # columns below which `jobs events` prints blocks, not a table
 RESUME_MISSING = "this console has no resume endpoint (POST /api/v1/training-jobs/<id>/resume/); update the console"
 
 
@@ -63,7 +67,8 @@ def shown(value: Any) -> Text:
     characters are shown as ``\\xNN`` escapes (``satrain.terminal.visible``), never sent to the terminal."""
     if value is None:
         return Text("")
-    return Text(visible(json.dumps(value) if isinstance(value, (dict, list)) else str(value)))
+    # Non-ASCII as itself (a masked secret's "••••", a name in Korean); JSON still escapes controls.
+    return Text(visible(json.dumps(value, ensure_ascii=False) if isinstance(value, (dict, list)) else str(value)))
 
 
 def say(console: Console, message: str, style: str = "") -> None:
@@ -176,6 +181,7 @@ def show_job(job: JsonObject) -> None:
         "gpus_per_node",
         "node_count",
         "failover_enabled",
+        "checkpointless",
         "failover_attempts",
         "output_dir",
         "max_run_minutes",
@@ -187,6 +193,8 @@ def show_job(job: JsonObject) -> None:
     ):
         if key in job:
             table.add_row(Text(key, style="bold"), shown(job[key]))
+    if job.get("queue"):
+        table.add_row(Text("starts", style="bold"), shown(job["queue"].get("text")))
     out.print(table)
 
 
@@ -201,14 +209,29 @@ def jobs_create(
     job_type: str | None = typer.Option(None, "--type", help="On-Demand or Spot"),
     env: list[str] = typer.Option([], "--env", "-e", help="NAME=value (repeat)"),
     failover: bool | None = typer.Option(None, "--failover/--no-failover"),
+    checkpointless: bool | None = typer.Option(None, "--checkpointless/--no-checkpointless", help="every step's state in another node's memory"),
     output_dir: str | None = typer.Option(None, "--output-dir"),
     max_run_minutes: int | None = typer.Option(None, "--max-run-minutes"),
     project: int | None = typer.Option(None, "--project", help="project id"),
     description: str | None = typer.Option(None, "--description"),
+    code: str | None = typer.Option(
+        None, "--code", help="a directory, or a git URL (cloned here), to run in (/job/work): packed and uploaded; .gitignore/.satrainignore honoured"
+    ),
+    code_rev: str | None = typer.Option(None, "--code-rev", help="with a git URL as --code: a branch, tag or commit (default: its default branch)"),
+    warm_start: str | None = typer.Option(None, "--warm-start", help="JOB[:STEP]: start from that job's checkpoint (its newest without STEP)"),
     output: str = typer.Option("table", "--output", "-o", help="table or json"),
 ) -> None:
     """Create a job from flags and/or a spec file (flags win over the file)."""
     spec = read_spec(file) if file else {}
+    if code is not None:
+        spec["code"] = upload_code(code, project if project is not None else spec.get("project"), code_rev)
+    elif code_rev is not None:
+        fail("--code-rev goes with a git URL as --code", 2)
+    if warm_start:
+        source, _, step = warm_start.partition(":")
+        if not source.isdigit() or (step and not step.isdigit()):
+            fail(f"--warm-start takes JOB or JOB:STEP (numbers), not {warm_start!r}", 2)
+        spec["warm_start_job"], spec["warm_start_step"] = int(source), int(step) if step else None
     flags = {
         "name": name,
         "command": command,
@@ -217,6 +240,7 @@ def jobs_create(
         "node_count": nodes,
         "job_type": job_type,
         "failover_enabled": failover,
+        "checkpointless": checkpointless,
         "output_dir": output_dir,
         "max_run_minutes": max_run_minutes,
         "project": project,
@@ -230,6 +254,49 @@ def jobs_create(
         emit_json(job)
     else:
         say(out, f"Created job {job['id']} ({job['name']}): {job['status']}")
+
+
+def upload_code(code: str, project: Any, revision: str | None = None) -> int:
+    """Pack a directory, or a git repository cloned here at ``revision``, and upload it as a code
+    bundle; its id."""
+    with tempfile.TemporaryDirectory(prefix="satrain-code-") as scratch:
+        try:
+            if is_git_url(code):
+                directory, name = Path(scratch) / "repo", code.rstrip("/").rsplit("/", 1)[-1].removesuffix(".git") or "repo"
+                commit = clone(code, revision, directory)
+                say(err, f"Cloned {code} at {commit[:12]}")
+                name = f"{name}@{commit[:12]}"
+            elif revision is not None:
+                fail("--code-rev goes with a git URL as --code, not a directory", 2)
+            else:
+                directory = Path(code)
+                name = directory.resolve().name
+            packed = pack_directory(directory)
+        except (PackRefused, OSError) as exc:
+            fail(f"--code: {exc}", 2)
+    for left in packed.left_out[:10]:
+        say(err, f"left out: {left}")
+    bundle = call(client().upload, BUNDLES, packed.archive, name=f"{name}.tar.gz", fields={"project": project} if project else {})
+    say(err, f"Uploaded {code} as code bundle {bundle['id']}: {packed.files} files, {packed.bytes:,} bytes")
+    return int(bundle["id"])
+
+
+@jobs_app.command("download")
+def jobs_download(
+    job_id: int,
+    checkpoint: int | None = typer.Option(None, "--checkpoint", help="a committed checkpoint's step instead of the output directory"),
+    work: bool = typer.Option(False, "--work", help="the work directory (/job/work: code and ./results) instead of the output directory"),
+    path: str = typer.Option("", "--path", help="one file or directory below it"),
+    destination: Path | None = typer.Option(None, "--output", "-o", help="where to: a directory (unpacked), or NAME.tar to keep the archive"),
+) -> None:
+    """Download what a job wrote: its output directory, its work directory or a checkpoint."""
+    tree = f"checkpoint-{checkpoint}" if checkpoint is not None else "work" if work else "output"
+    target = destination or Path(f"job-{job_id}-{tree}")
+    try:
+        written = client().download(f"{JOBS}{job_id}/outputs/{tree}/download/", {"path": path} if path else {}, target)
+    except (ApiError, PackRefused, OSError) as exc:
+        fail(exc.message if isinstance(exc, ApiError) else str(exc))
+    say(out, f"Saved {tree}{'/' + path if path else ''} of job {job_id} to {written}")
 
 
 @jobs_app.command("list")
@@ -246,7 +313,7 @@ def jobs_list(
     if output == "json":
         emit_json(jobs)
         return
-    table = Table("ID", "NAME", "STATUS", "TYPE", "GPUS", "FAILOVERS", "OWNER", "CREATED")
+    table = Table("ID", "NAME", "STATUS", "TYPE", "GPUS", "FAILOVERS", "OWNER", "CREATED", "STARTS")
     for job in jobs:
         table.add_row(
             *map(
@@ -260,10 +327,25 @@ def jobs_list(
                     job["failover_attempts"],
                     job["owner"],
                     (job["created_at"] or "")[:19].replace("T", " "),
+                    starts(job.get("queue")),
                 ),
             )
         )
     out.print(table)
+
+
+def starts(queue: JsonObject | None) -> str:
+    """A waiting job's place and start estimate, short: "2nd, ~12 min", "1st, now", "3rd, ?"."""
+    if not queue:
+        return ""
+    place = queue.get("place")
+    where = f"{place}{'th' if 10 <= place % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(place % 10, 'th')}" if place else "?"
+    seconds = queue.get("seconds")
+    if seconds is None:
+        return f"{where}, no estimate"
+    if seconds == 0:
+        return f"{where}, now"
+    return f"{where}, ~{max(1, round(seconds / 60))} min" if seconds < 5400 else f"{where}, ~{seconds / 3600:.1f} h"
 
 
 @jobs_app.command("get")
@@ -364,6 +446,15 @@ def jobs_events(job_id: int, output: str = typer.Option("table", "--output", "-o
     events = call(client().get, f"{JOBS}{job_id}/events/")
     if output == "json":
         emit_json(events)
+        return
+    if out.width < EVENTS_TABLE_MIN_WIDTH:
+        # A narrow terminal: one block per event, its reason on lines of its own (a table there
+        # would squeeze the reason into a column one word wide).
+        for event in events:
+            when = (event["created_at"] or "")[:19].replace("T", " ")
+            say(out, f"{when}  {event['from_status'] or '—'} → {event['to_status']}  (attempt {event['attempt'] or '—'}, {event['actor']})")
+            if event["reason"]:
+                out.print(Text("    ") + shown(event["reason"]), highlight=False)
         return
     table = Table("TIME", "FROM", "TO", "ATTEMPT", "ACTOR", "REASON")
     for event in events:

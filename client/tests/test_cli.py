@@ -278,3 +278,40 @@ def test_logs_show_a_jobs_escape_sequences_as_text_unless_raw(users, owner_cli):
     assert followed.returncode == 0 and followed.stdout.splitlines()[-1] == shown
     assert "\x1b" not in followed.stdout and "\x07" not in followed.stdout
     assert owner_cli("jobs", "logs", str(job_id), "--tail", "1", "--raw").stdout == stored + "\n"
+
+
+def test_code_in_results_out_and_a_warm_start_from_the_terminal(users, owner_cli, tmp_path):
+    code = tmp_path / "my-code"
+    (code / "data").mkdir(parents=True)
+    (code / "train.py").write_text(
+        "import os, pathlib\n"
+        "step = int(os.environ.get('CKPT_LAST_STEP', '0'))\n"
+        "out = pathlib.Path(os.environ['OUTPUT_DIR'])\n"
+        "(out / 'model.bin').write_bytes(bytes(range(256)) * 64)\n"
+        "print('trained from step', step, flush=True)\n"
+    )
+    (code / "data" / "big.bin").write_bytes(b"\0" * 1000)
+    (code / ".satrainignore").write_text("data/\n")
+    (code / "shortcut").symlink_to("/etc/passwd")
+    done = owner_cli("jobs", "create", "--name", "cli-code", "--gpus", "0", "--code", str(code), "--command", "python train.py", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    assert "left out: shortcut (a link)" in done.stderr and "2 files" in done.stderr  # train.py, .satrainignore
+    job_id = json.loads(done.stdout)["id"]
+    assert owner_cli("jobs", "wait", str(job_id), "--interval", "0.3").returncode == 0
+    assert "trained from step 0" in "\n".join(rest_lines(users, job_id))
+
+    # The output directory, unpacked; one file; byte-identical to what the job wrote.
+    target = tmp_path / "results"
+    done = owner_cli("jobs", "download", str(job_id), "-o", str(target))
+    assert done.returncode == 0, done.stderr
+    assert (target / "model.bin").read_bytes() == bytes(range(256)) * 64
+    done = owner_cli("jobs", "download", str(job_id), "--work", "--path", "train.py", "-o", str(tmp_path / "train-copy.py"))
+    assert done.returncode == 0 and (tmp_path / "train-copy.py").read_text() == (code / "train.py").read_text()
+    done = owner_cli("jobs", "download", str(job_id), "--path", "../work/train.py", "-o", str(tmp_path / "x"))
+    assert done.returncode == 1 and "'..' is not allowed" in done.stderr
+    done = owner_cli("jobs", "download", str(job_id), "--checkpoint", "5")
+    assert done.returncode == 1 and "no committed checkpoint at step 5" in done.stderr
+    done = owner_cli("jobs", "create", "--name", "cli-warm", "--warm-start", f"{job_id}:5", "--command", "true")
+    assert done.returncode == 1 and f"Job {job_id} (cli-code) has no committed checkpoint" in done.stderr
+    done = owner_cli("jobs", "create", "--name", "cli-warm", "--warm-start", "abc", "--command", "true")
+    assert done.returncode == 2 and "--warm-start takes JOB or JOB:STEP" in done.stderr

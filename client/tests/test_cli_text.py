@@ -88,9 +88,9 @@ class FakeClient:
 def run(monkeypatch):
     """Run ``satrain ARGS`` against a stand-in client; returns (exit code, stdout, stderr)."""
 
-    def invoke(*args: str, error: ApiError | None = None) -> tuple[int, str, str]:
+    def invoke(*args: str, error: ApiError | None = None, width: int = 400) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()
-        monkeypatch.setattr(cli, "out", Console(file=out, width=400, soft_wrap=True))
+        monkeypatch.setattr(cli, "out", Console(file=out, width=width, soft_wrap=True))
         monkeypatch.setattr(cli, "err", Console(file=err, width=400))
         monkeypatch.setattr(cli, "client", lambda: FakeClient(error))
         result = CliRunner().invoke(cli.app, list(args))
@@ -168,3 +168,13 @@ def test_a_terminal_still_gets_the_clients_own_styles():
     assert printed.getvalue().startswith("\x1b[1m")  # Rich's own bold
     assert SHOWN in printed.getvalue()
     assert "\x07" not in printed.getvalue() and "\x9b" not in printed.getvalue()
+
+
+def test_a_masked_secret_reads_as_dots_and_events_fit_an_80_column_terminal(run, monkeypatch):
+    monkeypatch.setitem(JOB, "env", {"HF_TOKEN": "••••", "NAME": "모델"})
+    code, out, _ = run("jobs", "get", "7")
+    assert code == 0 and '"HF_TOKEN": "••••"' in out and "모델" in out and "\\u2022" not in out
+    monkeypatch.setattr(cli, "EVENTS_TABLE_MIN_WIDTH", 120)
+    code, out, _ = run("jobs", "events", "7", width=80)
+    assert code == 0 and out.splitlines()[0] == "2026-12-03 12:00:00  Running → Failed  (attempt 1, system)"
+    assert out.splitlines()[1] == "    " + SHOWN and max(len(line) for line in out.splitlines()) <= 4 + len(SHOWN)

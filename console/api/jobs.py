@@ -38,6 +38,7 @@ from console.api.serializers import (
     ResourceSampleSerializer,
     TrainingJobSerializer,
 )
+from console.estimate import estimates_for
 from console.paging import ListBranches, capped_count, list_branches, rows_between
 from jobs.models import Node, TrainingJob
 from jobs.rest import JSONParser
@@ -170,6 +171,19 @@ class TrainingJobViewSet(
     def get_queryset(self) -> QuerySet[TrainingJob]:
         # with_run_time: running_time_seconds without a query per job of a listed page.
         return TrainingJob.objects.visible_to(self.request.user).select_related("owner", "project").with_run_time()
+
+    def paginate_queryset(self, queryset: QuerySet[TrainingJob]) -> list[TrainingJob] | None:
+        page = super().paginate_queryset(queryset)
+        if page is not None:
+            # The waiting jobs' start estimates, the GPUs read once for the page.
+            self.queue_estimates = estimates_for(list(page))
+        return page
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = super().get_serializer_context()
+        if hasattr(self, "queue_estimates"):
+            context["queue_estimates"] = self.queue_estimates
+        return context
 
     def get_object(self) -> TrainingJob:
         raw = str(self.kwargs[self.lookup_url_kwarg or self.lookup_field])

@@ -14,13 +14,16 @@ from django.utils.functional import cached_property
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from agent.resume import warm_start_step
+from console.estimate import estimate
 from jobs.job_fields import CommandError, EnvRefused, normalize_newlines, text_refusal, validate_command, validate_env
-from jobs.models import GPU, AttemptNode, JobAttempt, JobEvent, Node, Project, TrainingJob, validate_job_name
+from jobs.models import GPU, AttemptNode, CodeBundle, JobAttempt, JobEvent, Node, Project, TrainingJob, validate_job_name
 from jobs.secret_env import MASK, SecretEnv, split_secrets
+from jobs.services.bundles import usable_by
 from jobs.services.creation import JOB_SETTINGS, JobSettingsRefused, check_settings
 from jobs.services.images import validate_reference
 from jobs.services.limits import limits_of
-from jobs.statuses import JobStatus
+from jobs.statuses import WAITING, JobStatus
 from logs.queries import STREAM_NAME, is_stream_name
 
 # The largest value a signed 64-bit column holds: bigger numbers in a query are refused, not sent.
@@ -65,6 +68,18 @@ LIMITS_SCHEMA = {
 }
 
 
+QUEUE_SCHEMA = {
+    "type": "object",
+    "nullable": True,
+    "properties": {
+        "place": {"type": "integer", "nullable": True, "description": "1: first of its shape in line; null: not known yet"},
+        "seconds": {"type": "integer", "nullable": True, "description": "from now until it may start; null: no estimate"},
+        "text": {"type": "string", "example": "It may start in about 12 minutes (1 job of its shape ahead), …"},
+    },
+    "required": ["place", "seconds", "text"],
+}
+
+
 class TrainingJobSerializer(serializers.ModelSerializer):
     """A Training Job: the fields a user sets when creating it, and what the platform reports."""
 
@@ -85,6 +100,29 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         },
     )
     project_name = serializers.CharField(source="project.name", read_only=True)
+    code = serializers.PrimaryKeyRelatedField(
+        queryset=CodeBundle.objects.none(),
+        required=False,
+        allow_null=True,
+        help_text="A code bundle's id (POST /api/v1/code-bundles/): the run finds its files in its work directory, /job/work.",
+        error_messages={
+            "does_not_exist": "Code bundle {pk_value} does not exist or you may not use it.",
+            "incorrect_type": "Give the code bundle's id (an integer).",
+        },
+    )
+    warm_start_job = serializers.PrimaryKeyRelatedField(
+        queryset=TrainingJob.objects.none(),
+        required=False,
+        allow_null=True,
+        help_text="Start from a committed checkpoint of this job (one you may see); with warm_start_step, else its newest.",
+        error_messages={
+            "does_not_exist": "Job {pk_value} does not exist or you may not see it.",
+            "incorrect_type": "Give the job's id (an integer).",
+        },
+    )
+    warm_start_step = serializers.IntegerField(
+        required=False, allow_null=True, min_value=0, max_value=MAX_DB_INT, help_text="The step of warm_start_job's checkpoint; null: its newest."
+    )
     owner = serializers.CharField(source="owner.username", read_only=True)
     image = TextField(
         max_length=255,
@@ -131,6 +169,10 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         help_text="How long the job's attempts ran in all (not the time it waited between them); null until one started."
     )
     total_gpus = serializers.IntegerField(read_only=True)
+    queue = serializers.SerializerMethodField(
+        help_text="A waiting job's place in line and when it may start, estimated from the running jobs' progress and "
+        "run limits: {place, seconds, text}; null for a job that is not waiting."
+    )
 
     class Meta:
         model = TrainingJob
@@ -150,6 +192,7 @@ class TrainingJobSerializer(serializers.ModelSerializer):
             "failover_count",
             "failover_attempts",
             "running_time_seconds",
+            "queue",
         ]
         read_only_fields = ["status_reason", "created_at", "started_at", "finished_at", "failover_count"]
         extra_kwargs = {
@@ -170,6 +213,8 @@ class TrainingJobSerializer(serializers.ModelSerializer):
         request = self.context.get("request")
         if request is not None and request.user.is_authenticated:
             fields["project"].queryset = Project.objects.for_user(request.user)
+            fields["code"].queryset = usable_by(request.user)
+            fields["warm_start_job"].queryset = TrainingJob.objects.visible_to(request.user)
         return fields
 
     def get_failover_attempts(self, job: TrainingJob) -> str:
@@ -179,6 +224,14 @@ class TrainingJobSerializer(serializers.ModelSerializer):
     def get_limits(self, job: TrainingJob) -> dict[str, Any]:
         limits = limits_of(job)
         return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "text": limits.describe()}
+
+    @extend_schema_field(QUEUE_SCHEMA)
+    def get_queue(self, job: TrainingJob) -> dict[str, Any] | None:
+        if job.status not in WAITING:
+            return None
+        known = self.context.get("queue_estimates")
+        found = known.get(job.pk) if known is not None else estimate(job)
+        return found.as_dict() if found is not None else None
 
     def get_running_time_seconds(self, job: TrainingJob) -> int | None:
         running = job.running_time
@@ -209,6 +262,13 @@ class TrainingJobSerializer(serializers.ModelSerializer):
                 }
             )
         data["env"], data["secret_env"] = plain, SecretEnv.of(secrets)
+        if data.get("warm_start_job") is not None:
+            try:
+                data["warm_start_step"] = warm_start_step(data["warm_start_job"], data.get("warm_start_step"))
+            except ValueError as exc:
+                raise serializers.ValidationError({"warm_start_step": [str(exc)]}) from None
+        elif data.get("warm_start_step") is not None:
+            raise serializers.ValidationError({"warm_start_job": ["Name the job whose checkpoint to start from."]})
         try:
             # The settings a job may have are the creation service's to judge (every route's).
             return check_settings(data, owner=self.context["request"].user)
@@ -281,6 +341,9 @@ class JobAttemptSerializer(serializers.ModelSerializer):
             "exit_signal",
             "cause",
             "image_digest",
+            "resume_step",
+            "resume_source",
+            "resume_detail",
         ]
         read_only_fields = fields
 

@@ -16,11 +16,15 @@ from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from agent.backend import replicates
 from agent.resume import commit_outside_storage, resumable_step
+from console.api.outputs import folded, outputs_of
+from console.estimate import estimate
 from console.forms import GROUP_LABELS, JobListFilterForm, TrainingJobForm, statuses_of_group, visible_volumes_text
 from console.live import MAX_SNAPSHOTS, server_now, visible_snapshots
 from console.pages import run_dirs
 from console.paging import COUNT_CAP, CappedPaginator, list_branches
+from failover.classify import HARDWARE
 from failover.services.health import attempt_events
 from jobs.models import Image, Project, TrainingJob, TrainingJobQuerySet
 from jobs.services.actions import JobActionRefused, delete_job, request_stop, resume_job
@@ -30,12 +34,12 @@ from jobs.services.paths import volumes_of
 from jobs.services.samples import samples_of
 from jobs.statuses import DELETABLE, RESUMABLE, STOPPABLE, TERMINAL, JobStatus
 from logs.models import Checkpoint, JobProgress
-from logs.progress import chart_points
-from logs.queries import failing_line, stream_tail
+from logs.progress import chart_points, metric_names
+from logs.queries import failing_line, line_with_text, stream_tail
 
 logger = logging.getLogger(__name__)
 
-TABS = ("details", "logs", "checkpoints", "failover", "events")
+TABS = ("details", "logs", "checkpoints", "outputs", "failover", "events")
 LOG_TAIL_LINES = 1000
 # A bulk request names at most this many jobs (a page holds at most 100).
 BULK_LIMIT = 500
@@ -169,7 +173,16 @@ def with_failing_lines(job: TrainingJob, attempts: list) -> list:
     """Each attempt that ended badly gets ``failing_line``: the log line that tells why (or None)."""
     for attempt in attempts:
         ended_badly = attempt.ended_at and (attempt.exit_code not in (0, None) or attempt.exit_signal or attempt.verdict)
-        attempt.failing_line = failing_line(job.pk, attempt=attempt.number) if ended_badly else None
+        # A fault the node's own evidence told (an Xid, NVML): that evidence is the cause, shown
+        # beside it; the run's last line (a progress bar, say) is not.
+        evidence = attempt.evidence or {}
+        if attempt.verdict == HARDWARE and evidence.get("source") == "log" and isinstance(evidence.get("matched"), str):
+            # The run's own line told the fault (an ECC error, say): that line, not its last one.
+            attempt.failing_line = line_with_text(job.pk, attempt=attempt.number, text=evidence["matched"])
+        elif attempt.verdict == HARDWARE:
+            attempt.failing_line = None  # the node's evidence told it, shown beside the cause
+        else:
+            attempt.failing_line = failing_line(job.pk, attempt=attempt.number) if ended_badly else None
     return attempts
 
 
@@ -177,6 +190,7 @@ def job_form_page(request: HttpRequest, *, initial: dict[str, Any], source: Trai
     """The create form (blank or cloned from ``source``); a valid POST creates the job."""
     form = TrainingJobForm(
         request.POST or None,
+        request.FILES or None,
         owner=request.user,
         initial=initial,
         kept_secrets=source.secret_env if source is not None and source.owner_id == request.user.pk else None,
@@ -215,6 +229,8 @@ def job_clone(request: HttpRequest, pk: int) -> HttpResponse:
     member = Project.objects.filter(pk=source.project_id, members__pk=request.user.pk or 0).exists()
     project = source.project if member else personal_project_for(request.user)
     initial = TrainingJobForm.initial_from(source, name=clone_name(source, request.user), project=project)
+    if source.warm_start_job_id and not visible_jobs(request).filter(pk=source.warm_start_job_id).exists():
+        initial["warm_start"] = ""  # a job the cloner may not see is not named to them
     return job_form_page(request, initial=initial, source=source)
 
 
@@ -240,9 +256,11 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "final_pending": job.status in TERMINAL and job.status.startswith("Pending"),
         "resume_step": resumable_step(job) if job.status in RESUMABLE else None,
         "max_failovers": settings.MAX_FAILOVERS,
+        "checkpointless_on": replicates(),
         "nav": "jobs",
     }
     context["progress"] = JobProgress.objects.filter(job=job).first()
+    context["queue_estimate"] = estimate(job)
     # The paths the run sees; a node's host paths are for staff (console.pages.run_dirs).
     context["output_dir"] = run_dirs.output_dir(job)
     context["show_host_paths"] = request.user.is_staff
@@ -255,6 +273,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     if tab == "details":
         context["attempts"] = with_failing_lines(job, list(job.attempts.prefetch_related("placements__node").order_by("number")))
         context["chart_points"] = chart_points(job.pk)
+        context["chart_metrics"] = metric_names(context["chart_points"])
         context["metrics_samples"] = samples_of(job.pk)
         context["sample_interval"] = settings.RESOURCE_SAMPLE_INTERVAL
         context["chart_markers"] = chart_markers(job, context["attempts"])
@@ -262,6 +281,10 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         context.update(log_tab(job, request.GET.get("stream")))
     elif tab == "checkpoints":
         context.update(checkpoints_tab(job))
+    elif tab == "outputs":
+        context["outputs"] = outputs_of(job)
+        for tree in context["outputs"]["trees"].values():
+            tree["rows"] = folded(tree["entries"])
     elif tab == "failover":
         context["timeline"] = failover_timeline(job)
     else:
@@ -274,7 +297,11 @@ CHECKPOINT_ROWS = 500
 
 def checkpoints_tab(job: TrainingJob) -> dict[str, Any]:
     """The newest committed checkpoints first, and the last one (the work at risk is counted from it)."""
-    rows = list(Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")[: CHECKPOINT_ROWS + 1])
+    # Rows gain download_url (the page's): a plain list.
+    rows: list = list(Checkpoint.objects.filter(job=job).order_by("-committed_at", "-id")[: CHECKPOINT_ROWS + 1])
+    available = {row["step"] for row in outputs_of(job, trees=False)["checkpoints"] if row["available"]}
+    for row in rows:
+        row.download_url = reverse("training-job-download", args=[job.pk, f"checkpoint-{row.step}"]) if row.step in available else ""
     return {
         "checkpoints": rows[:CHECKPOINT_ROWS],
         "checkpoints_truncated": len(rows) > CHECKPOINT_ROWS,

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
@@ -26,7 +26,7 @@ from django.views.decorators.http import require_GET, require_POST
 from agent.launch import containers_ready
 from failover.models import HealthEvent, SimulatedFault
 from failover.services.faults import FaultError, clear_node, inject_fault, reclaim_spot
-from jobs.models import GPU, AttemptNode, JobAttempt, Node
+from jobs.models import GPU, AttemptNode, JobAttempt, JobExclusion, Node
 from jobs.services.nodes import set_cordoned
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class NodeView:
     faults: list[SimulatedFault]
     placements: list[AttemptNode] = field(default_factory=list)
     events: list[HealthEvent] = field(default_factory=list)  # the latest, newest first
+    exclusions: int = 0  # jobs kept off it (or off one of its GPUs) after a fault there
 
     @property
     def kernel_log_note(self) -> str:
@@ -62,7 +63,7 @@ class NodeView:
 
 
 def node_overview() -> list[NodeView]:
-    """Every node, in name order, with everything the page shows: five queries in all."""
+    """Every node, in name order, with everything the page shows: six queries in all."""
     open_faults = SimulatedFault.objects.filter(cleared_at__isnull=True).order_by("created_at")
     nodes = (
         Node.objects.order_by("name")
@@ -80,6 +81,8 @@ def node_overview() -> list[NodeView]:
     )
     for placement in live:
         views[placement.node_id].placements.append(placement)
+    for node_id, count in JobExclusion.objects.filter(node_id__in=views).values("node_id").annotate(n=Count("pk")).values_list("node_id", "n"):
+        views[node_id].exclusions = count
     for event in HealthEvent.objects.filter(node_id__in=views).order_by("-at", "-id")[: EVENTS_SHOWN * max(len(views), 1)]:
         if len(views[event.node_id].events) < EVENTS_SHOWN:
             views[event.node_id].events.append(event)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.api import job_url, move_to
-from jobs.models import TrainingJob
+from jobs.models import Project, TrainingJob
 from jobs.services.creation import personal_project_for
 from jobs.statuses import JobStatus
 
@@ -85,3 +85,15 @@ def test_a_clone_by_a_former_member_lands_in_their_personal_project(api_as, team
     response = api_as(teammate).post(job_url(source, "clone"))
 
     assert response.json()["project"] == personal_project_for(teammate).pk
+
+
+def test_a_clone_keeps_a_warm_start_only_from_a_job_its_cloner_may_see(api_as, owner, teammate, source, make_job):
+    private = Project.objects.create(name="owners-private")
+    private.members.add(owner)
+    trained = make_job(name="trained", project=private)
+    TrainingJob.objects.filter(pk=source.pk).update(warm_start_job=trained, warm_start_step=80)
+
+    mine = api_as(owner).post(job_url(source, "clone")).json()
+    assert (mine["warm_start_job"], mine["warm_start_step"]) == (trained.pk, 80)
+    theirs = api_as(teammate).post(job_url(source, "clone")).json()
+    assert (theirs["warm_start_job"], theirs["warm_start_step"]) == (None, None)

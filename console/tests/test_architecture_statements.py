@@ -290,6 +290,10 @@ RELATIONS = [
     ("Project", "members", "User", None),
     ("Project", "personal_for", "User", "CASCADE"),
     ("ProjectVolume", "project", "Project", "CASCADE"),
+    ("CodeBundle", "owner", "User", "CASCADE"),
+    ("CodeBundle", "project", "Project", "CASCADE"),
+    ("TrainingJob", "code", "CodeBundle", "PROTECT"),
+    ("TrainingJob", "warm_start_job", "TrainingJob", "SET_NULL"),
     ("RegistryCredential", "project", "Project", "CASCADE"),
     ("RegistryCredential", "registry", "Registry", "CASCADE"),
     ("TrainingJob", "owner", "User", "CASCADE"),
@@ -307,6 +311,10 @@ RELATIONS = [
     ("JobProgress", "job", "TrainingJob", "CASCADE"),
     ("MetricPoint", "job", "TrainingJob", "CASCADE"),
     ("Checkpoint", "job", "TrainingJob", "CASCADE"),
+    ("Replica", "job", "TrainingJob", "CASCADE"),
+    ("Replica", "attempt", "JobAttempt", "CASCADE"),
+    ("Replica", "holder", "Node", "CASCADE"),
+    ("ReplicaEndpoint", "node", "Node", "CASCADE"),
     ("GPU", "node", "Node", "CASCADE"),
     ("GPU", "allocated_to", "AttemptNode", "SET_NULL"),
     ("NodeHealth", "node", "Node", "CASCADE"),
@@ -319,7 +327,7 @@ RELATIONS = [
     ("Delivery", "subscription", "Subscription", "CASCADE"),
     ("Delivery", "event", "JobEvent", "CASCADE"),
 ]
-ONE_TO_ONE = {("Project", "personal_for"), ("LogVolume", "job"), ("JobProgress", "job"), ("NodeHealth", "node")}
+ONE_TO_ONE = {("Project", "personal_for"), ("LogVolume", "job"), ("JobProgress", "job"), ("NodeHealth", "node"), ("ReplicaEndpoint", "node")}
 # "The attempt … is its number, not a foreign key."
 ATTEMPT_BY_NUMBER = ["JobEvent", "LogLine", "Checkpoint", "ResourceSample"]
 
@@ -396,6 +404,9 @@ WRITERS = {
     "ProjectVolume": [],
     "Registry": [],
     "RegistryCredential": [],
+    "CodeBundle": ["jobs.services.bundles"],
+    "Replica": ["agent.checkpointless"],
+    "ReplicaEndpoint": ["agent.checkpointless"],
     "Image": ["console.management.commands.bootstrap"],
     "Node": [
         "agent.inventory",

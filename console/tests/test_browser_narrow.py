@@ -15,7 +15,7 @@ OWNER = ("narrow-owner", "owner-pass-1")
 OPERATOR = ("narrow-operator", "operator-pass-1")
 WIDTH = 360
 # A job's tabs, as the detail page lists them (console/pages/jobs.py TABS, capitalised).
-TABS = ("Details", "Logs", "Checkpoints", "Failover", "Events")
+TABS = ("Details", "Logs", "Checkpoints", "Outputs", "Failover", "Events")
 
 
 @pytest.fixture(scope="module")

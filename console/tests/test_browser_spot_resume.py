@@ -1,12 +1,14 @@
 """The guide's Spot script as written (``TrainingArguments(output_dir="./results")``, a save every
 20 steps) in its container: an Xid 79 on its GPU fails it over, attempt 2 resumes from the last
-step it committed in ``./results`` (the run's work directory), the Failover tab says which, and
-the training continues from there. A run that commits where nothing survives is warned about
-on its page while it runs."""
+step it committed in ``./results`` (the run's work directory) — or, with checkpointless failover,
+from the newest step the Trainer's state was copied to another node's memory — the Failover tab
+says which, and the training continues from there. A run that commits where nothing survives is
+warned about on its page while it runs."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 
 import pytest
@@ -53,7 +55,7 @@ def log_lines(console, job_id: int, attempt: int) -> list[str]:
 
 def test_the_guides_spot_script_resumes_from_its_results_directory_after_an_xid_79(users, page):
     console = users
-    job = console.create_job(OWNER[0], "spot-results", SPOT, env=ENV)
+    job = console.create_job(OWNER[0], "spot-results", SPOT, env=ENV, checkpointless=False)
     console.wait_for_job(job["id"], "Running", timeout=300)
     login(page, console, *OWNER)
     page.goto(f"{console.base_url}/training-jobs/{job['id']}/?tab=checkpoints")
@@ -90,6 +92,41 @@ def test_the_guides_spot_script_resumes_from_its_results_directory_after_an_xid_
         # than attempt 1's first (a run from the start would log at attempt 1's first epoch again).
         epochs_one, epochs_two = logged_epochs(log_lines(console, job["id"], 1)), logged_epochs(again)
         assert epochs_one and epochs_two and epochs_two[0] > epochs_one[0], (epochs_one[:3], epochs_two[:3])
+        assert page.js_errors == []
+        console.api("POST", f"/api/v1/training-jobs/{job['id']}/stop/", user=OWNER[0])
+        console.wait_for_job(job["id"], "Stopped", timeout=120)
+    finally:
+        console.shell(f"from jobs.models import Node; from failover.services.faults import clear_node; clear_node(Node.objects.get(name={first['node']!r}))")
+
+
+@pytest.mark.skipif(os.environ.get("BROWSER_BACKEND") == "slurm", reason="Slurm runs its ranks beside no agent: no replicas there (docs/failover.md)")
+def test_with_checkpointless_failover_the_guides_spot_script_resumes_from_the_step_in_another_nodes_memory(users, page):
+    console = users
+    job = console.create_job(OWNER[0], "spot-replica", SPOT, env=ENV)
+    assert job["checkpointless"] is True  # the default
+    console.wait_for_job(job["id"], "Running", timeout=300)
+    wait(lambda: len(checkpoints(console, job["id"])) >= 1, "a committed checkpoint", timeout=600, interval=1)
+    [first] = attempt_facts(console, job["id"])
+    console.inject_fault(first["node"], gpu=first["gpus"][0], xid=79)
+    try:
+        wait(lambda: any(c["attempt"] == 2 for c in checkpoints(console, job["id"])), "attempt 2's first commit", timeout=600, interval=1)
+        second = attempt_facts(console, job["id"])[-1]
+        last_disk = max(c["step"] for c in checkpoints(console, job["id"]) if c["attempt"] == 1)
+        assert second["resume"] is not None and second["resume"] > last_disk, (second, last_disk)  # newer than the disk had
+
+        login(page, console, *OWNER)
+        page.goto(f"{console.base_url}/training-jobs/{job['id']}/?tab=failover")
+        resumed = page.locator("[data-failover-timeline] > li[data-attempt='2'] [data-field='resumed-from']").inner_text()
+        assert f"the in-memory replica of step {second['resume']}" in resumed and f"the disk checkpoint had step {last_disk}" in resumed
+        save_screenshot(page, "spot-replica-failover-tab", full_page=True)
+        # The Trainer loaded it (ckptlib's own check passed) and went on: its first save is the
+        # next multiple of 20, and its loss dicts go on at later epochs.
+        again = log_lines(console, job["id"], 2)
+        assert f"[Concurrent Checkpoint] resuming from the in-memory replica step={second['resume']}" in "\n".join(again), again[-30:]
+        later = [c["step"] for c in checkpoints(console, job["id"]) if c["attempt"] == 2]
+        assert min(later) == (second["resume"] // 20 + 1) * 20, later
+        epochs_one, epochs_two = logged_epochs(log_lines(console, job["id"], 1)), logged_epochs(again)
+        assert epochs_one and epochs_two and epochs_two[0] > epochs_one[-1] - 0.05, (epochs_one[-3:], epochs_two[:3])
         assert page.js_errors == []
         console.api("POST", f"/api/v1/training-jobs/{job['id']}/stop/", user=OWNER[0])
         console.wait_for_job(job["id"], "Stopped", timeout=120)

@@ -103,3 +103,8 @@ def test_every_job_has_a_labelled_checkbox_for_bulk_actions(login, owner, make_j
     assert f'name="job_ids" value="{job.pk}"' in html
     assert 'aria-label="Select labelled"' in html
     assert 'name="csrfmiddlewaretoken"' in html
+
+
+def test_the_lists_own_name_in_the_address_finds_it(login, owner):
+    response = login(owner).get("/training-jobs/?status=Running")
+    assert response.status_code == 302 and response["Location"] == "/?status=Running"

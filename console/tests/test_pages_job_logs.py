@@ -7,7 +7,8 @@ import re
 import pytest
 from django.urls import reverse
 
-from harness.pages import add_log_lines
+from harness.pages import add_log_lines, put_in_status
+from jobs.statuses import JobStatus
 
 pytestmark = pytest.mark.django_db
 
@@ -77,8 +78,12 @@ def test_an_unknown_stream_falls_back_to_master(login, owner, make_job):
     assert seqs(log_tab(login(owner), job, stream="nope")) == [1, 2]
 
 
-def test_a_job_without_logs_says_so(login, owner, make_job):
-    assert "No log lines yet." in log_tab(login(owner), make_job())
+def test_a_job_without_logs_says_so_and_why(login, owner, make_job):
+    assert "No log lines yet: the job waits to be placed" in log_tab(login(owner), make_job())
+    stuck = put_in_status(make_job(name="bad-image"), JobStatus.IMAGE_PULL_BACKOFF, status_reason="image nope:1 could not be pulled: not found")
+    html = log_tab(login(owner), stuck)
+    assert "No log lines: the run has not started, because its image could not be pulled (image nope:1 could not be pulled: not found)" in html
+    assert "No log lines yet." not in html
 
 
 def test_log_text_is_escaped(login, owner, make_job):

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from harness.pages import put_in_status, shows
+from harness.pages import add_log_lines, put_in_status, shows
 from jobs.models import AttemptNode, JobAttempt, JobEvent, Node
 from jobs.statuses import JobStatus
-from logs.models import Checkpoint, JobProgress, MetricPoint
+from logs.models import Checkpoint, JobProgress, LogLine, MetricPoint
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +46,7 @@ def test_the_list_and_header_show_progress(login, owner, trained):
 def test_the_details_tab_carries_the_loss_curve_and_its_library(login, owner, trained):
     html = detail(login(owner), trained)
     points = json.loads(re.search(r'<script id="loss-points" type="application/json">(.*?)</script>', html, re.S).group(1))
-    assert len(points) == 50 and points[0] == {"step": 1, "loss": 1.0, "lr": None, "epoch": None}
+    assert len(points) == 50 and points[0] == {"step": 1, "loss": 1.0, "lr": None, "epoch": None, "values": {}}
     assert "/static/vendor/uplot/uPlot.iife.min.js" in html and "/static/console/loss_chart.js" in html
 
 
@@ -110,6 +110,17 @@ def test_the_failover_tab_shows_each_attempt_with_node_gpus_cause_and_evidence(l
     assert shows(html, '[{"gpu": 0, "kind": "xid", "xid": 79}]')
     assert "attempt 2 on node-b GPU 1 after a GPU fault" in html
     assert "data-refresh-on-status" in html
+    # The node's evidence is the cause: the run's last line (a progress bar) is not quoted as it.
+    add_log_lines(job, 3)
+    LogLine.objects.filter(job=job, seq=3).update(text=" 45%|████▌     | 450/1000 [00:09<00:11, 48.2it/s]")
+    assert "data-failing-line" not in detail(login(owner), job, tab="failover")
+    # A fault the run's own log told: the line the verdict quoted is the cause's link, not the last one.
+    LogLine.objects.filter(job=job, seq=2).update(text="RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    JobAttempt.objects.filter(pk=first.pk).update(
+        evidence={"source": "log", "signature": "ecc", "matched": "RuntimeError: CUDA error: uncorrectable ECC error encountered"}
+    )
+    html = detail(login(owner), job, tab="failover")
+    assert 'data-log-link="2"' in html and 'data-log-link="3"' not in html
 
 
 def test_the_tabs_are_offered_and_hidden_from_outsiders(login, owner, outsider, make_job):

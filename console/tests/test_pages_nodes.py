@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 
 from failover.models import SimulatedFault
-from jobs.models import GPU, Node
+from jobs.models import GPU, JobExclusion, Node
 from jobs.services.placement import place_waiting_jobs
 
 pytestmark = pytest.mark.django_db
@@ -40,6 +40,22 @@ def test_a_healthy_node_with_an_unhealthy_gpu_says_so_and_offers_mark_healthy(lo
     assert 'data-action="clear"' in section and "Mark healthy" in section
     other = html.split('data-node="node-a"', 1)[1].split('data-node="', 1)[0]
     assert ">Healthy<" in other and 'data-action="clear"' not in other
+
+
+def test_a_healthy_node_that_jobs_are_kept_off_offers_mark_healthy_which_lifts_it(login, staff, nodes, make_job):
+    # After its fault cleared by itself, a node is healthy again, but the jobs that failed over
+    # from it stay excluded until an operator marks it healthy.
+    job = make_job(name="failed-over")
+    node = Node.objects.get(name="node-a")
+    JobExclusion.objects.create(job=job, node=node)
+    client = login(staff)
+    section = client.get(reverse("nodes:list")).content.decode().split('data-node="node-a"', 1)[1].split('data-node="', 1)[0]
+    assert ">Healthy<" in section and 'data-action="clear"' in section and "1 job kept off it after a fault" in section
+    assert "The jobs using the chosen GPU (for the whole node: every job on it) stop and fail over." in section
+    client.post(action_url("node-a", "clear"))
+    assert not JobExclusion.objects.filter(node=node).exists()
+    section = client.get(reverse("nodes:list")).content.decode().split('data-node="node-a"', 1)[1].split('data-node="', 1)[0]
+    assert 'data-action="clear"' not in section
 
 
 @pytest.mark.parametrize("who", ["owner", "outsider"])

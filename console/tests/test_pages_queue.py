@@ -72,13 +72,20 @@ def test_operators_see_the_queue_by_project_and_ask_why_a_job_waits(login, staff
     assert "2nd for 4 GPUs; no free capacity fits it" in html
     why = client.get(reverse("queue:page"), {"job": borrowing[1].pk}).content.decode()
     assert "It waits in the queue: 2nd for 4 GPUs; no free capacity fits it." in why
-    assert "There is no job 999999." in client.get(reverse("queue:page"), {"job": 999999}).content.decode()
+    assert "There is no job 999999 you may see." in client.get(reverse("queue:page"), {"job": 999999}).content.decode()
     bad = client.get(reverse("queue:page"), {"job": "abc"})
     assert bad.status_code == 200 and "Enter a whole number." in bad.content.decode()
 
 
-def test_the_queue_page_is_for_operators_only(login, owner):
-    assert login(owner).get(reverse("queue:page")).status_code == 403
+def test_a_user_sees_the_queue_of_their_own_projects_and_asks_about_their_jobs_only(login, owner, outsider, make_job):
+    mine = make_job(name="mine-waits")
+    theirs = make_job(owner=outsider, name="theirs-waits")
+    html = login(owner).get(reverse("queue:page")).content.decode()
+    assert "(your projects)" in html and "mine-waits" in html
+    assert "theirs-waits" not in html and "outsider-personal" not in html
+    answer = login(owner).get(reverse("queue:page"), {"job": theirs.pk}).content.decode()
+    assert f"There is no job {theirs.pk} you may see." in answer and "theirs-waits" not in answer
+    assert "mine-waits" in login(owner).get(reverse("queue:page"), {"job": mine.pk}).content.decode()
 
 
 def test_the_failover_tab_shows_a_preemption(login, owner, nodes, make_job):

@@ -27,7 +27,9 @@ def test_the_spot_script_resumes_from_results_on_another_nodes_agent(scaleout_cl
     scaleout_cluster.wait(
         lambda: len([n for n in scaleout_cluster.api(first, "GET", "/api/v1/nodes/", token)[1]["results"] if n["state"] == "Ready"]) == 3, "3 ready nodes"
     )
-    status, job = scaleout_cluster.api(first, "POST", "/api/v1/training-jobs/", token, {"name": "spot-scale", "command": SPOT, "env": ENV, "gpus_per_node": 1})
+    status, job = scaleout_cluster.api(
+        first, "POST", "/api/v1/training-jobs/", token, {"name": "spot-scale", "command": SPOT, "env": ENV, "gpus_per_node": 1, "checkpointless": False}
+    )
     assert status == 201, job
     job_id = job["id"]
 

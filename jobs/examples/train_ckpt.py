@@ -3,7 +3,9 @@
     python -m jobs.examples.train_ckpt --steps 200 --save-every 10 --output-dir $OUTPUT_DIR
 
 On a re-placed run the platform sets ``CKPT_LAST_STEP``; the loop then loads that checkpoint and
-goes on from its step, so the loss curve continues where the committed state left it.
+goes on from its step, so the loss curve continues where the committed state left it. With
+``CKPT_SNAPSHOT_DIR`` set it also snapshots every step into memory; a failover attempt that gets
+``CKPT_RESUME_ROOT`` resumes from the replica of ``CKPT_LAST_STEP`` there (``ckptlib._snapshot``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ def main() -> int:
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
+        # In-memory snapshot for checkpointless failover: a no-op unless CKPT_SNAPSHOT_DIR is set.
+        engine.snapshot(state, step=step)
         progress["step"] = step
         print(f"step {step}/{args.steps} loss {loss.item():.6f}", flush=True)
         if step % args.save_every == 0:

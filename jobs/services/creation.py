@@ -11,8 +11,9 @@ from django.conf import settings
 from django.db import IntegrityError, models, transaction
 
 from jobs.job_fields import Assignment, leading_assignments, normalize_text_fields, without_assignments
-from jobs.models import Project, TrainingJob
+from jobs.models import CodeBundle, Project, TrainingJob
 from jobs.secret_env import SecretEnv, is_secret_name
+from jobs.services.bundles import bundle_problem
 from jobs.services.capacity import network_refusal, shape_refusal
 from jobs.services.lifecycle import record_creation
 from jobs.services.limits import LimitRefused, check_limits
@@ -110,6 +111,11 @@ def check_settings(fields: Mapping[str, Any], *, owner) -> dict[str, Any]:
             checked["output_dir"] = check_output_dir(fields["output_dir"], project)
         except PathRefused as exc:
             problems.setdefault("output_dir", []).append(str(exc))
+    refusal = bundle_problem(fields.get("code"), project)
+    if refusal:
+        problems.setdefault("code", []).append(refusal)
+    if fields.get("warm_start_job") is not None and fields.get("warm_start_step") is None:
+        problems.setdefault("warm_start_step", []).append("Name the step of the checkpoint to start from.")
     if fields.get("command"):
         environment = set(fields.get("env") or {}) | set(secret_env_of(fields).names)
         _, secrets, refusals = command_secrets(fields["command"])
@@ -177,11 +183,15 @@ JOB_SETTINGS = (
     "gpus_per_node",
     "node_count",
     "failover_enabled",
+    "checkpointless",
     "output_dir",
     "max_run_minutes",
     "cpu_limit",
     "memory_limit_mb",
     "description",
+    "code",
+    "warm_start_job",
+    "warm_start_step",
 )
 
 
@@ -201,12 +211,17 @@ def clone_name(source: TrainingJob, owner) -> str:
 def clone_job(source: TrainingJob, *, owner, name: str | None = None) -> TrainingJob:
     """A new Pending job with the source's settings, owned by ``owner``; the source's secret
     variables only when ``owner`` owns the source too."""
-    fields = {f: getattr(source, f) for f in JOB_SETTINGS}
+    fields = {f: getattr(source, f) for f in JOB_SETTINGS if f != "code"}
+    # The bundle without its archive (the nodes read that when they unpack it).
+    fields["code"] = CodeBundle.objects.defer("archive").filter(pk=source.code_id).first() if source.code_id else None
     if owner.pk != source.owner_id:
         # Another user's clone would hand them the values in a run they control.
         fields["secret_env"] = {}
     if not source.project.members.filter(pk=owner.pk).exists() and not owner.is_staff:
         fields["project"] = personal_project_for(owner)
+    if source.warm_start_job_id and not TrainingJob.objects.visible_to(owner).filter(pk=source.warm_start_job_id).exists():
+        # A warm start from a job the cloner may not see would hand them its checkpoint.
+        fields["warm_start_job"], fields["warm_start_step"] = None, None
     for _ in range(3):
         try:
             return create_job(owner=owner, name=name or clone_name(source, owner), **fields)

@@ -48,8 +48,15 @@ class ProjectUsage:
 
     @property
     def text(self) -> str:
-        """ "using 6 of 8 GPUs; 2 borrowed" — what members read on the list page."""
+        """ "using 6 of 8 GPUs; 2 borrowed" (or "using 1 GPU, none guaranteed …" without a quota)
+        — what members read on the list page."""
         limit = self.project.gpu_borrow_limit
+        if self.quota == 0:
+            # No guaranteed GPUs: whatever it uses is idle capacity it may lose to a project's quota.
+            text = f"using {self.used_gpus} GPU{'s' if self.used_gpus != 1 else ''}, none guaranteed (no quota: idle GPUs are lent)"
+            if limit is not None:
+                text += f" (may borrow {limit})" if limit else " (no borrowing)"
+            return text
         text = f"using {self.used_gpus} of {self.quota} GPU{'s' if self.quota != 1 else ''}"
         if self.borrowed:
             text += f"; {self.borrowed} borrowed"

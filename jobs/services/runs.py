@@ -102,8 +102,14 @@ def part_started(part: AttemptNode, *, runner_pid: int, workdir: str, resume_ste
         JobAttempt.objects.filter(pk=attempt.pk).update(resume_step=resume_step)
     if attempt.placements.filter(Q(runner_pid__isnull=True) | Q(runner_pid=CLAIMED)).exists():
         return True  # other ranks are still being started (here, or by other agents)
-    attempt.refresh_from_db(fields=["resume_step"])
+    attempt.refresh_from_db(fields=["resume_step", "resume_source", "resume_detail"])
     return run_started(attempt)
+
+
+def resume_chosen(attempt: JobAttempt, source: str, step: int | None, detail: str) -> None:
+    """Where a re-placed attempt resumes from ("disk", "replica", "start"; ``agent.checkpointless``)
+    and why; the first agent's choice stays (the others follow it)."""
+    JobAttempt.objects.filter(pk=attempt.pk, resume_source="").update(resume_source=source, resume_step=step, resume_detail=detail[:500])
 
 
 def stop_begun(attempt: JobAttempt) -> datetime:
@@ -226,7 +232,10 @@ def run_started(attempt: JobAttempt) -> bool:
             what = yield_text(previous) if previous.reclaimed else f"a GPU fault: {previous.verdict_reason}"
             reason = f"attempt {attempt.number} on {placement_text(attempt)} after {what} on {nodes}"
         evidence = {"previous_attempt": previous.number, **previous.evidence}
-    if attempt.resume_step is not None:
+    if attempt.resume_step is not None and attempt.resume_source == "replica":
+        lost = attempt.resume_detail.split(" (", 1)[0] if " lost" in attempt.resume_detail.split(";", 1)[0] else ""
+        reason += f"; resuming from the in-memory replica of step {attempt.resume_step}" + (f", {lost}" if lost else "")
+    elif attempt.resume_step is not None:
         reason += f"; resuming from checkpoint step {attempt.resume_step}"
     with transaction.atomic():
         # Only a placed attempt starts: one the control plane ended meanwhile (its node taken as

@@ -45,7 +45,8 @@ def test_the_example_scripts_lines_become_the_jobs_progress_and_loss_curve(make_
     ingest(job.pk, ["epoch 3/3 step 150/150 loss 0.1 lr 0.01", "Training complete: final loss 0.09"], start=4)
     progress.refresh_from_db()
     assert (progress.step, progress.loss) == (150, 0.09)
-    assert chart_points(job.pk)[-1] == {"step": 150, "loss": 0.09, "lr": None, "epoch": 3.0}
+    # The later line's loss wins; the learning rate the step's first line told stays.
+    assert chart_points(job.pk)[-1] == {"step": 150, "loss": 0.09, "lr": 0.01, "epoch": 3.0, "values": {}}
 
 
 @pytest.mark.django_db

@@ -49,7 +49,9 @@ def progress_as_lines_arrive(lines: list[str]) -> tuple[list[Progress], list[tup
         batch = fold_lines([(T0 + timedelta(seconds=i), text)], start=progress)
         progress = batch.progress
         shown.append(progress)
-        points.update({s.step: s.loss for s in batch.samples})
+        # As the store merges a step's points: a later line without a loss (the run's summary
+        # dict, an evaluation's) keeps the loss the step had.
+        points.update({s.step: s.loss if s.loss is not None else points.get(s.step) for s in batch.samples})
     return shown, sorted(points.items())
 
 

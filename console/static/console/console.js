@@ -13,7 +13,7 @@
     });
   }
 
-  // On a phone a job tab's tables stack each row into a small card (console.css .table-stack),
+  // On a phone a job tab's tables (and the Queue page's) stack each row into a small card (console.css .table-stack),
   // each cell labelled with its column's header, rows that arrive live included.
   var label = function (root) {
     root.querySelectorAll("table.table").forEach(function (table) {
@@ -27,12 +27,11 @@
       });
     });
   };
-  var panel = document.querySelector(".tab-panel");
-  if (panel) {
+  document.querySelectorAll(".tab-panel, [data-stack-tables]").forEach(function (panel) {
     label(panel);
     // Only attributes change in the callback, so it does not wake itself.
     new MutationObserver(function () { label(panel); }).observe(panel, { childList: true, subtree: true });
-  }
+  });
 
   // Ask before a destructive or disruptive submit (the server still checks everything).
   document.addEventListener("click", function (event) {
@@ -61,6 +60,13 @@
         selectAll.indeterminate = checked > 0 && checked < all.length;
       }
     };
+    // Compare: the selected jobs' curves on one chart (a page of its own, by GET).
+    bulkForm.addEventListener("click", function (event) {
+      var button = event.target.closest("[data-compare]");
+      if (!button) { return; }
+      var ids = boxes().filter(function (box) { return box.checked; }).map(function (box) { return box.value; });
+      if (ids.length) { window.location.assign(button.getAttribute("data-compare") + "?jobs=" + ids.join(",")); }
+    });
     bulkForm.addEventListener("change", function (event) {
       var selectAll = selectAllBox();
       if (selectAll && event.target === selectAll) {

@@ -34,7 +34,9 @@ function tickRunningTime(el) {
   if (el.textContent !== text) { el.textContent = text; }
 }
 
+// Only a running job's work is at risk: the time since its last checkpoint counts on while it runs.
 function tickAtRisk(box) {
+  if (box.getAttribute("data-running") !== "true") { return; }
   const since = box.getAttribute("data-since-at");
   const out = box.querySelector('[data-field="since_checkpoint"]');
   if (!since || !out) { return; }
@@ -131,6 +133,8 @@ function applyProgress(scope, progress) {
 function applyJob(job) {
   scopesOf(job.id).forEach((scope) => {
     let previous = null;
+    const reasonEl = scope === document ? document.querySelector('.job-header [data-field="status_reason"]') : null;
+    const previousReason = reasonEl ? reasonEl.getAttribute("title") || reasonEl.textContent : null;
     each(scope, '[data-field="status"]', (badge) => {
       previous = previous || badge.getAttribute("data-status");
       setBadge(badge, job);
@@ -161,6 +165,10 @@ function applyJob(job) {
     if (job.progress) { applyProgress(scope, job.progress); }
     if (scope === document && previous && previous !== job.status) {
       if (announcer) { announcer.textContent = "Status: " + job.status + (job.reason ? ". " + job.reason : ""); }
+      refreshRegions();
+    } else if (scope === document && previousReason !== null && previousReason !== job.reason) {
+      // A new reason in the same status (placed, starting, a failover's steps): the attempts and
+      // tabs say the same as the header.
       refreshRegions();
     }
   });

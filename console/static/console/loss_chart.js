@@ -1,7 +1,9 @@
-/* The loss curve on a job's Details tab, drawn with the vendored uPlot (console/static/vendor/uplot).
+/* The training curves on a job's Details tab, drawn with the vendored uPlot (console/static/vendor/uplot).
  *
- * The page embeds the points (json_script "loss-points"); live.js raises "console:progress" as the
- * log tells a new loss, and the curve grows without a reload.
+ * The page embeds the points (json_script "loss-points"); each has the loss and the other numbers
+ * the Trainer logged at its step ("values": eval_loss, grad_norm …), and the Metric select picks
+ * the curve. live.js raises "console:progress" as the log tells a new loss, and the loss curve
+ * grows without a reload (the others with the next re-read of the points).
  */
 (function () {
   "use strict";
@@ -12,6 +14,13 @@
   var plot = figure.querySelector("[data-loss-plot]");
   var empty = figure.querySelector("[data-loss-empty]");
   var MAX_POINTS = 2000;
+  var metricSelect = figure.querySelector("[data-loss-metric]");
+  var metric = metricSelect ? metricSelect.value : "loss";
+
+  function valueOf(p) {
+    if (metric === "loss") { return p.loss; }
+    return p.values ? p.values[metric] : undefined;
+  }
 
   var steps = [];
   var losses = [];
@@ -24,8 +33,9 @@
     try { points = JSON.parse(script.textContent) || []; } catch (error) { points = []; }
     var fresh = { steps: [], losses: [], epochs: [] };
     points.forEach(function (p) {
-      if (p.loss !== null && p.loss !== undefined) {
-        fresh.steps.push(p.step); fresh.losses.push(p.loss); fresh.epochs.push(known(p.epoch) ? p.epoch : null);
+      var value = valueOf(p);
+      if (value !== null && value !== undefined) {
+        fresh.steps.push(p.step); fresh.losses.push(value); fresh.epochs.push(known(p.epoch) ? p.epoch : null);
       }
     });
     return fresh;
@@ -37,7 +47,7 @@
     var fresh = readPoints();
     // Keep live points newer than the stored ones (a message may beat the re-read).
     var lastStored = fresh.steps.length ? fresh.steps[fresh.steps.length - 1] : -Infinity;
-    for (var i = 0; i < steps.length; i += 1) {
+    for (var i = 0; i < steps.length && metric === "loss"; i += 1) {
       if (steps[i] > lastStored) { fresh.steps.push(steps[i]); fresh.losses.push(losses[i]); fresh.epochs.push(epochs[i]); }
     }
     steps = fresh.steps;
@@ -126,12 +136,13 @@
   function width() { return Math.max(240, plot.clientWidth || figure.clientWidth || 600); }
 
   function draw() {
-    if (!steps.length) { return; }
+    figure.setAttribute("data-metric", metric);
+    if (!steps.length) { if (empty) { empty.hidden = false; } return; }
     if (empty) { empty.hidden = true; }
     // What the chart holds, for assistive technology and for tests that read the page.
     figure.setAttribute("data-point-count", String(steps.length));
     figure.setAttribute("data-last-step", String(steps[steps.length - 1]));
-    plot.setAttribute("aria-label", "Training loss by step: " + steps.length + " points, latest loss " + losses[losses.length - 1]);
+    plot.setAttribute("aria-label", "Training " + metric + " by step: " + steps.length + " points, latest " + metric + " " + losses[losses.length - 1]);
     var lastEpoch = epochAt(steps[steps.length - 1]);
     if (lastEpoch !== null) { figure.setAttribute("data-last-epoch", String(lastEpoch)); }
     var withEpochs = hasEpochs();
@@ -148,11 +159,11 @@
       hooks: { draw: [drawMarkers] },
       axes: [
         { label: "step", stroke: "#5a6677", grid: { stroke: "#e8ecf1" } },
-        { label: "loss", stroke: "#5a6677", grid: { stroke: "#e8ecf1" }, size: 60 }
+        { label: metric, stroke: "#5a6677", grid: { stroke: "#e8ecf1" }, size: 60 }
       ].concat(withEpochs ? [{ scale: "x", side: 0, label: "epoch", stroke: "#5a6677", grid: { show: false }, values: epochLabels }] : []),
       series: [
         { label: "step" },
-        { label: "loss", stroke: "#1f5fd6", width: 2, points: { show: steps.length < 60 } }
+        { label: metric, stroke: "#1f5fd6", width: 2, points: { show: steps.length < 60 } }
       ]
     }, [steps, losses], plot);
   }
@@ -181,10 +192,24 @@
 
   document.addEventListener("console:progress", function (event) {
     var p = event.detail && event.detail.progress;
-    if (p && p.step !== null && p.step !== undefined && p.loss !== null && p.loss !== undefined) { add(p.step, p.loss, p.epoch); }
+    if (metric === "loss" && p && p.step !== null && p.step !== undefined && p.loss !== null && p.loss !== undefined) { add(p.step, p.loss, p.epoch); }
   });
 
   document.addEventListener("console:regions", function () { load(); draw(); if (chart) { chart.redraw(); } });
+  // The select is re-read with the points (a first evaluation adds its metrics): listened to on
+  // the figure, and kept on the metric shown.
+  figure.addEventListener("change", function (event) {
+    if (!event.target.matches("[data-loss-metric]")) { return; }
+    metric = event.target.value;
+    steps = []; losses = []; epochs = [];
+    load();
+    if (chart) { chart.destroy(); chart = null; }
+    draw();
+  });
+  document.addEventListener("console:regions", function () {
+    var select = figure.querySelector("[data-loss-metric]");
+    if (select && select.querySelector('option[value="' + metric + '"]')) { select.value = metric; }
+  });
   if (logToggle) {
     logToggle.addEventListener("change", function () {
       if (chart) { chart.destroy(); chart = null; }
