@@ -372,14 +372,19 @@ class SlurmRuns:
             self.settle_queued(agent, slurm=False)  # a runner up since: its pid record (files only)
 
     def poll_slurm(self, agent: LoopView) -> None:
+        # Jobs first, then nodes: Slurm marks a node DOWN before it ends the node's jobs NODE_FAIL,
+        # so a job read as lost has its node read as down (read the other way round, a node that
+        # went down between the two reads left a NODE_FAIL job on a node still up here, and its
+        # run ended as a lost supervisor instead of a lost node).
+        handles = [q.handle for q in self.launch.queued.values()] + [p.backend_job for p in agent.live.values() if p.backend_job]
+        jobs = self.scheduler.observe(handles) if handles else {}
         self.mirror_nodes(agent, self.scheduler.nodes())
+        self.jobs = jobs
         if self.launch.accounts is not None:
             try:
                 self.launch.accounts.sync()
             except SlurmError as error:
                 logger.warning("agent %s: Slurm accounts not updated this round: %s", agent.name, error)
-        handles = [q.handle for q in self.launch.queued.values()] + [p.backend_job for p in agent.live.values() if p.backend_job]
-        self.jobs = self.scheduler.observe(handles) if handles else {}
         self.settle_queued(agent)
 
     def mirror_nodes(self, agent: LoopView, views: list[NodeView]) -> None:
@@ -495,7 +500,7 @@ class SlurmRuns:
             # Slurm's word first: a runner killed at the end of the grace period left no exit record.
             below = "" if fact.plain else describe(fact)
             fact = Ended(EndKind.PREEMPTED, exit_code=fact.exit_code, exit_signal=fact.exit_signal, handle=part.backend_job, detail=below)
-        elif seen is not None and seen.state in SLURM_ENDS and part.attempt.stop_requested_at is None and fact.plain:
+        elif seen is not None and seen.state in SLURM_ENDS and part.attempt.stop_requested_at is None and (fact.plain or lost_with_its_node(fact, seen.state)):
             reason = seen.reason if seen.reason and seen.reason != "None" else ""
             fact = Ended(
                 SLURM_ENDS[seen.state], exit_code=fact.exit_code, exit_signal=fact.exit_signal, handle=part.backend_job, state=seen.state, detail=reason
@@ -506,6 +511,12 @@ class SlurmRuns:
             # record says how the batch job ended.
             fact = Ended(EndKind.SUPERVISOR_LOST, exit_code=seen.exit_code, exit_signal=seen.exit_signal, handle=part.backend_job, state=seen.state)
         return fact
+
+
+def lost_with_its_node(fact: Ended, state: str) -> bool:
+    """A runner gone without an exit record from a batch job Slurm ended ``NODE_FAIL``: its node
+    was lost (a node that went down and came back between two reads of Slurm's records)."""
+    return fact.kind is EndKind.SUPERVISOR_LOST and state == "NODE_FAIL"
 
 
 class SlurmEngine(Backend):
