@@ -123,11 +123,10 @@ def build_default_image(
             raise RuntimeError(f"the image's python is {IMAGE_PYTHON}; {python} is {version}, its wheels would not fit")
         seconds: dict[str, float] = {}
         work = Path(tempfile.mkdtemp(prefix="default-image-", dir=build_root))
-        progress = _Progress(log)
+        progress = _Progress(log, step="bootstrap (1 of 5)")
         try:
             rootfs = work / "rootfs"
             step = time.monotonic()
-            progress.at("bootstrap (1 of 5)")
             log(f"[image] bootstrap (1 of 5): mmdebstrap --variant=essential {suite} with {', '.join(debs)}")
             _check(
                 [
@@ -321,8 +320,8 @@ class _Progress:
     """Says ``[image] <step>: N s so far (M s in all)`` every PROGRESS_EVERY seconds while a
     build runs: a first build's long steps (minutes of pip, import, push) never look stuck."""
 
-    def __init__(self, log: Callable[[str], None]) -> None:
-        self.log, self.step, self.started = log, "", time.monotonic()
+    def __init__(self, log: Callable[[str], None], step: str = "") -> None:
+        self.log, self.step, self.started = log, step, time.monotonic()
         self.step_started = self.started
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.beat, name="image-progress", daemon=True)

@@ -20,7 +20,7 @@ from jobs.models import JobAttempt, JobEvent
 from jobs.services.actions import request_stop
 from jobs.statuses import TERMINAL, JobStatus
 
-TRAINING = "python -m jobs.examples.train_ckpt --steps {steps} --save-every {save} --sleep 0.05"
+TRAINING = "python -m jobs.examples.train_ckpt --steps {steps} --save-every {save} --sleep {sleep}"
 STEP = re.compile(r"^step (\d+)/\d+ loss (\S+)$")
 
 
@@ -105,7 +105,7 @@ def failed_over(agent, hub, job, *, after_replica_step: int, tamper=None) -> tup
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_a_gpu_fault_resumes_from_the_replica_and_the_losses_go_on_bit_for_bit(make_job, agent, hub):
-    job = make_job(command=TRAINING.format(steps=120, save=1000), gpus_per_node=1)
+    job = make_job(command=TRAINING.format(steps=120, save=1000, sleep=0.05), gpus_per_node=1)
     second, lines = failed_over(agent, hub, job, after_replica_step=25)
 
     assert (second.resume_source, second.resume_step is not None) == ("replica", True)
@@ -141,7 +141,10 @@ def test_a_damaged_replica_is_refused_with_its_reason_and_the_disk_checkpoint_is
         hub.store.held[(job.pk, 0)][row.step] = bytes(data)
         hub.stopped_shipping = True
 
-    job = make_job(command=TRAINING.format(steps=90, save=20), gpus_per_node=1)
+    # A replica of step 23 or later, then the fault: the run must not reach its disk save of step
+    # 40 before the fault stops it (at 0.25 s a step, 4 s of room for a loaded machine), or the
+    # disk is the newer state and no replica is even looked at.
+    job = make_job(command=TRAINING.format(steps=60, save=20, sleep=0.25), gpus_per_node=1)
     original = Hub.ship
 
     def ship_until_tampered(self, part):
@@ -159,7 +162,7 @@ def test_a_damaged_replica_is_refused_with_its_reason_and_the_disk_checkpoint_is
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_a_short_snapshot_file_is_refused_by_the_check_as_ckptlib_checks(make_job, agent, hub, tmp_path):
-    job = make_job(command=TRAINING.format(steps=1000, save=1000), gpus_per_node=1)
+    job = make_job(command=TRAINING.format(steps=1000, save=1000, sleep=0.05), gpus_per_node=1)
     run_until(agent, hub, lambda: Replica.objects.filter(job=job, step__gte=3).exists(), what="a replica")
     row = Replica.objects.filter(job=job).order_by("-step").first()
     rebuilt = io.BytesIO()
@@ -182,13 +185,11 @@ def test_a_short_snapshot_file_is_refused_by_the_check_as_ckptlib_checks(make_jo
 @pytest.mark.slow
 @pytest.mark.django_db
 def test_a_two_node_job_resumes_only_from_a_step_every_rank_has(make_job, agent, hub):
-    job = make_job(command=TRAINING.format(steps=100, save=1000), gpus_per_node=1, node_count=2)
-    run_until(
-        agent,
-        hub,
-        lambda: {r for (r,) in Replica.objects.filter(job=job, step__gte=20).values_list("rank")} == {0, 1},
-        what="both ranks' replicas",
-    )
+    # A step both ranks have a replica of: the ranks do not wait on each other, and each shipping
+    # pass sends a rank's newest snapshot, so on a loaded machine (passes seconds apart) their
+    # shipped steps may never meet. Snapshots every 5 steps (0.25 s apart) make them meet.
+    job = make_job(command="CKPT_SNAPSHOT_EVERY=5 " + TRAINING.format(steps=100, save=1000, sleep=0.05), gpus_per_node=1, node_count=2)
+    run_until(agent, hub, lambda: (checkpointless.newest_whole_step(job) or 0) >= 20, what="a step both ranks' replicas hold")
     nodes = set(JobAttempt.objects.get(job=job, number=1).placements.values_list("node__name", flat=True))
     assert set(Replica.objects.filter(job=job).values_list("holder__name", flat=True)).isdisjoint(nodes)
     inject_fault(JobAttempt.objects.get(job=job, number=1).placements.get(rank=1).node, gpu=0, xid=79, actor="test")

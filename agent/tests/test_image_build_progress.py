@@ -19,11 +19,14 @@ def test_each_step_says_its_seconds_until_the_build_stops(monkeypatch):
 
     def log(line: str) -> None:
         lines.append(line)
-        if len(lines) >= 2:
+        if line.startswith("[image] import (3 of 5): "):
             heard.set()
 
-    progress = build._Progress(log)
-    progress.at("pip (2 of 5)")
+    progress = build._Progress(log, step="pip (2 of 5)")
+    while len(lines) < 2:
+        assert progress.thread.is_alive()
+        threading.Event().wait(0.01)
+    progress.at("import (3 of 5)")
     assert heard.wait(10)
     progress.stop()
     said = len(lines)

@@ -46,6 +46,31 @@ def attempt_facts(console, job_id: int) -> list[dict]:
     )
 
 
+def fault_with_a_replica_ahead_of_the_disk(console, job_id: int, node: str, gpu: int) -> dict:
+    """An Xid 79 on the job's GPU once another node's memory holds a step newer than the disk's
+    newest checkpoint and the next save (every 20 steps) is at least 9 steps away: read and
+    injected in one process, so no save can come between (a fault right after a save would
+    find the disk as new as the replica, and the disk is then the one resumed from)."""
+    return console.shell_json(
+        f"""
+import json, time
+from agent.models import Replica
+from failover.services.faults import inject_fault
+from jobs.models import Node
+from logs.models import Checkpoint
+deadline = time.monotonic() + 90
+while True:
+    replica = Replica.objects.filter(job_id={job_id}).order_by("-step").values_list("step", flat=True).first() or 0
+    disk = Checkpoint.objects.filter(job_id={job_id}).order_by("-step").values_list("step", flat=True).first() or 0
+    if (replica > disk and 1 <= replica % 20 <= 11) or time.monotonic() > deadline:
+        break
+    time.sleep(0.1)
+inject_fault(Node.objects.get(name={node!r}), gpu={gpu}, xid=79, actor="test")
+print(json.dumps(dict(replica=replica, disk=disk)))
+"""
+    )
+
+
 def log_lines(console, job_id: int, attempt: int) -> list[str]:
     return console.shell_json(
         "import json; from logs.models import LogLine; "
@@ -107,12 +132,12 @@ def test_with_checkpointless_failover_the_guides_spot_script_resumes_from_the_st
     console.wait_for_job(job["id"], "Running", timeout=300)
     wait(lambda: len(checkpoints(console, job["id"])) >= 1, "a committed checkpoint", timeout=600, interval=1)
     [first] = attempt_facts(console, job["id"])
-    console.inject_fault(first["node"], gpu=first["gpus"][0], xid=79)
+    at_fault = fault_with_a_replica_ahead_of_the_disk(console, job["id"], first["node"], first["gpus"][0])
     try:
         wait(lambda: any(c["attempt"] == 2 for c in checkpoints(console, job["id"])), "attempt 2's first commit", timeout=600, interval=1)
         second = attempt_facts(console, job["id"])[-1]
         last_disk = max(c["step"] for c in checkpoints(console, job["id"]) if c["attempt"] == 1)
-        assert second["resume"] is not None and second["resume"] > last_disk, (second, last_disk)  # newer than the disk had
+        assert second["resume"] is not None and second["resume"] > last_disk, (second, last_disk, at_fault)  # newer than the disk had
 
         login(page, console, *OWNER)
         page.goto(f"{console.base_url}/training-jobs/{job['id']}/?tab=failover")

@@ -22,6 +22,15 @@ from satrain.cli import starts
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch):
+    """One instant for the whole test: the estimates' seconds are read against the attempts'
+    start times, and a loaded machine may take seconds between the two."""
+    instant = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: instant)
+    return instant
+
+
 @pytest.fixture
 def two_nodes(settings):
     settings.SIMULATED_NODES, settings.SIMULATED_GPUS_PER_NODE = 2, 4

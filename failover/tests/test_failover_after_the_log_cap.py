@@ -65,7 +65,7 @@ CHATTY_ON_ATTEMPT_1 = (
 @pytest.mark.parametrize("printed", [10, 3000], ids=["short log", "past the cap"])
 def test_a_run_that_prints_the_ecc_line_after_the_cap_fails_over_as_in_a_short_log(make_job, drive, settings, printed):
     settings.LOG_MAX_LINES_PER_JOB, settings.LOG_TAIL_LINES = 2000, 200
-    job = drive(make_job(command=CHATTY_ON_ATTEMPT_1.format(printed=printed)), JobStatus.COMPLETED)
+    job = drive(make_job(command=CHATTY_ON_ATTEMPT_1.format(printed=printed)), JobStatus.COMPLETED, timeout=180)  # two runs and a failover
     flow = list(JobEvent.objects.filter(job=job).status_changes().order_by("id").values_list("to_status", flat=True))
     assert flow == ["Pending", "Running", "Pending - failoverinprogress", "Running", "Completed"]
     first = JobAttempt.objects.get(job=job, number=1)
