@@ -144,7 +144,7 @@ def test_a_damaged_replica_is_refused_with_its_reason_and_the_disk_checkpoint_is
     # A replica of step 23 or later, then the fault: the run must not reach its disk save of step
     # 40 before the fault stops it (at 0.25 s a step, 4 s of room for a loaded machine), or the
     # disk is the newer state and no replica is even looked at.
-    job = make_job(command=TRAINING.format(steps=60, save=20, sleep=0.25), gpus_per_node=1)
+    job = make_job(command=TRAINING.format(steps=45, save=20, sleep=0.25), gpus_per_node=1)
     original = Hub.ship
 
     def ship_until_tampered(self, part):
