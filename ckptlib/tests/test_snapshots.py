@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,12 @@ def memory_dir(tmp_path: Path) -> Iterator[Path]:
         yield tmp_path / "memory"
 
 
-def _snapshot_when_free(engine: ckptlib.CheckpointEngine, state: dict[str, Any], step: int) -> None:
-    """Snapshots ``step``, trying again while the previous snapshot is still in flight."""
-    while not engine.snapshot(state, step=step):
+def _snapshot_when_free(snapshot: Callable[..., bool], state: Mapping[str, Any], step: int, **options: Any) -> None:
+    """Snapshots ``step`` with ``snapshot`` (an engine's), trying again while the previous snapshot
+    is still in flight (for up to 60 s)."""
+    deadline = time.monotonic() + 60
+    while not snapshot(state, step=step, **options):
+        assert time.monotonic() < deadline, f"the snapshot of step {step} was never taken"
         time.sleep(0.001)
 
 
@@ -72,7 +75,7 @@ def test_snapshots_each_step_keep_the_newest_two_per_rank_and_read_back(
     state = small_training_state()
     for step in range(1, 6):
         train_steps(state, 1)
-        _snapshot_when_free(engine, state, step)
+        _snapshot_when_free(engine.snapshot, state, step)
     expected = snapshot(state)
     engine.shutdown()
 
@@ -102,7 +105,7 @@ def test_a_snapshot_still_in_flight_makes_the_next_one_skip_without_waiting(memo
     assert engine.snapshot(state, step=2) is False
     gate.set()
     train_steps(state, 1)
-    _snapshot_when_free(engine, state, 3)
+    _snapshot_when_free(engine.snapshot, state, 3)
     engine.shutdown()
     assert ckptlib.committed_steps(memory_dir / "rank-0" / "concurrent_checkpoint") == [1, 3]
 
@@ -127,7 +130,7 @@ def _save_disk_and_memory(memory_dir: Path, output_dir: Path) -> dict[str, Any]:
     engine.save(state, step=2)
     engine.wait(persist=True)
     train_steps(state, 1)
-    _snapshot_when_free(engine, state, 3)
+    _snapshot_when_free(engine.snapshot, state, 3)
     engine.shutdown()
     return snapshot(state)
 
@@ -254,10 +257,7 @@ def test_a_decorated_trainer_snapshots_at_step_ends_and_resumes_from_the_replica
         # A snapshot still in flight makes the next one skip (by design): on a loaded machine the
         # first (which opens the snapshot engine) can last past the five steps after it. Tried
         # again until taken, so that the last two steps' snapshots are the ones kept.
-        deadline = time.monotonic() + 60
-        while not engine_snapshot(state, step=step, **options):
-            assert time.monotonic() < deadline, f"the snapshot of step {step} was never taken"
-            time.sleep(0.001)
+        _snapshot_when_free(engine_snapshot, state, step, **options)
         return True
 
     monkeypatch.setattr(decorated.engine, "snapshot", recording_snapshot)
