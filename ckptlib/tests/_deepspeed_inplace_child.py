@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,9 @@ def main() -> None:
     root = Path(sys.argv[1])
     for case in sys.argv[2:]:
         stage, scenario = case.split(":")
-        print(json.dumps(run_case(str(root / f"{stage}-{scenario}"), int(stage), scenario)), flush=True)
+        out = root / f"{stage}-{scenario}"
+        print(json.dumps(run_case(str(out), int(stage), scenario)), flush=True)
+        shutil.rmtree(out)  # 100 tags, 300-400 MB a case: read, reported, no longer needed
 
 
 if __name__ == "__main__":

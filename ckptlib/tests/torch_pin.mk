@@ -28,6 +28,6 @@ $(TORCH_PIN_VENV)/.ckptlib-pth: $(TORCH_PIN_VENV)/.stamp
 test-ckptlib-torch212: $(TORCH_PIN_VENV)/.ckptlib-pth
 	$(TORCH_PIN_VENV)/bin/python -c "import torch, transformers; assert torch.__version__.startswith('$(TORCH_PIN)'), torch.__version__; assert transformers.__version__ == '$(TRANSFORMERS_PIN)', transformers.__version__"
 	$(TORCH_PIN_VENV)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null --rootdir=ckptlib \
-		--confcutdir=ckptlib -o "markers=slow: starts real processes" $(TORCH_PIN_PYTEST_ARGS) ckptlib
+		--confcutdir=ckptlib -o "markers=slow: starts real processes" -o tmp_path_retention_policy=failed $(TORCH_PIN_PYTEST_ARGS) ckptlib
 
 .PHONY: test-ckptlib-torch212

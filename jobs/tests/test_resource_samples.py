@@ -70,7 +70,7 @@ def test_the_sampler_records_a_running_jobs_gpus_and_processes(make_job, drive, 
 def test_a_busy_containers_cpu_and_memory_are_its_own_not_its_supervisors(make_job, drive, agent, settings):
     """The container's processes are parented by Podman's monitor, not the run's supervisor: the
     sample counts them (its cgroup's processes and its init's tree), so a loop burning a core
-    reads near 100 %, not the supervisor's 0.4 %."""
+    reads near 100 % (less on a loaded machine), not the supervisor's 0.4 %."""
     import time
 
     from agent.sampling import ResourceSampler
@@ -88,9 +88,11 @@ def test_a_busy_containers_cpu_and_memory_are_its_own_not_its_supervisors(make_j
         time.sleep(0.2)
     sampler = ResourceSampler(agent)
     sampler.on_round()  # each process's CPU counts from here
-    time.sleep(1.0)
+    time.sleep(2.0)
     sampler.on_round()
     last = ResourceSample.objects.filter(job=job).order_by("-ts").first()
-    assert last is not None and last.cpu_percent >= 50, last.cpu_percent if last else None
+    # Alone, the loop reads ~100 %; beside CI's other lane on 2 cores, niced (RUN_NICENESS), it
+    # read 49 %. Either is far from the supervisor's own 0.4 %, which the sample once reported.
+    assert last is not None and last.cpu_percent >= 20, last.cpu_percent if last else None
     assert last.host_mem_mb >= 64, last.host_mem_mb
     assert JobAttempt.objects.get(job=job).state == "running"
