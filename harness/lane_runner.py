@@ -100,24 +100,28 @@ class Lane:
 
 def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
     """The streams, each a list of lanes run one after the other."""
-    # Each pytest lane's log ends with its slowest tests (where the time goes, trial after trial).
-    pytest = [PY, "-m", "pytest", "--durations=30", *pytest_args]
+
+    # Each pytest lane's log ends with its slowest tests (where the time goes, trial after trial),
+    # and var/lanes/<lane>.xml holds every test's time (JUnit XML).
+    def pytest(lane: str) -> list[str]:
+        return [PY, "-m", "pytest", "--durations=30", f"--junitxml={LOGS / lane}.xml", *pytest_args]
+
     system = [
         Lane("default-image", [[PY, "-c", DEFAULT_IMAGE]]),
-        Lane("sqlite-system", [[*pytest, "-m", "slow", *(app for app in APPS if app not in CPU_STREAM_APPS)]]),
+        Lane("sqlite-system", [[*pytest("sqlite-system"), "-m", "slow", *(app for app in APPS if app not in CPU_STREAM_APPS)]]),
     ]
     browser_tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))
     cpu = [
         Lane("gate", [["make", "--no-print-directory", "lint"]], nice=True),
         # schemathesis's plug-in serves the API fuzz module alone, which is slow (Makefile: FAST_PYTEST).
-        Lane("sqlite-fast", [[*pytest, "-m", "not slow", "-n", "auto", "-p", "no:schemathesis"]], nice=True),
-        Lane("sqlite-libraries", [[*pytest, "-m", "slow", *LIBRARIES]], nice=True),
+        Lane("sqlite-fast", [[*pytest("sqlite-fast"), "-m", "not slow", "-n", "auto", "-p", "no:schemathesis"]], nice=True),
+        Lane("sqlite-libraries", [[*pytest("sqlite-libraries"), "-m", "slow", *LIBRARIES]], nice=True),
         # The browser tests whose outcome depends on the backend (a run's start, stop, failover,
         # logs, samples, nodes): the layout, text and form tests (``backend_neutral``) read what
         # any backend's run left in the console's database, the same as on the agents.
         Lane(
             "browser-on-slurm",
-            [[*pytest, "-m", "not backend_neutral", *browser_tests]],
+            [[*pytest("browser-on-slurm"), "-m", "not backend_neutral", *browser_tests]],
             env={"BROWSER_BACKEND": "slurm"},
             after="default-image",
             nice=True,
@@ -131,7 +135,7 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
         skip = " ".join(f"--ignore=ckptlib/tests/{name}" for name in stress)
         make = ["make", "--no-print-directory", "-f", "ckptlib/tests/torch_pin.mk", "test-ckptlib-torch212", f"TORCH_PIN_PYTEST_ARGS={skip}"]
         cpu.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
-    cpu.append(Lane("sqlite-system-jobs-logs", [[*pytest, "-m", "slow", *CPU_STREAM_APPS]], after="default-image", nice=True))
+    cpu.append(Lane("sqlite-system-jobs-logs", [[*pytest("sqlite-system-jobs-logs"), "-m", "slow", *CPU_STREAM_APPS]], after="default-image", nice=True))
     # Last: on every core, so the run's tail keeps both cores busy.
     cpu.append(Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True))
     return [system, cpu]

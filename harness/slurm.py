@@ -9,6 +9,7 @@ Needs root and Debian's ``slurm-wlm`` and ``munge``; CI installs them and sets
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pwd
 import shutil
@@ -95,11 +96,26 @@ def slurm(request: pytest.FixtureRequest, settings) -> Iterator[LocalSlurmCluste
     reset(cluster)
 
 
+def node_storage() -> Path:
+    """The test clusters' ``SLURM_NODE_STORAGE``: one per checkout, shared by every cluster its
+    lanes start (each node pulls the default image once a run, not once a cluster), outside the
+    checkout (the service account must reach it; a checkout may sit in a 0700 home). Not the
+    default ``/var/tmp/satrain``: each checkout builds its own default image, a new digest, and
+    every node kept every one (3.2 GB a node; a machine's CI trials filled its disk)."""
+    tag = hashlib.sha256(str(Path(__file__).resolve().parent.parent).encode()).hexdigest()[:12]
+    directory = Path("/var/tmp") / f"satrain-tests-{tag}"
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir()
+        directory.chmod(0o1777)  # as /var/tmp: each account makes and keeps its own <uid>/ in it
+    return directory
+
+
 def site_env(cluster: LocalSlurmCluster) -> dict[str, str]:
     """A live console's environment on ``cluster``: its jobs' directories beside the cluster's."""
     return {
         "BACKEND": "slurm", "SLURM_CONF": str(cluster.conf), "SLURM_HEALTH_DIR": str(cluster.health_dir), "SLURM_USER": cluster.user,
         "JOB_WORK_ROOT": str(work_root(cluster)), "SIMULATED_DEVICE_DIR": str(cluster.device_dir),
+        "SLURM_NODE_STORAGE": str(node_storage()),
     }  # fmt: skip
 
 
