@@ -10,7 +10,9 @@ only helpers (functions, constants) from it, never a fixture by name.
 * ``harness.accounts``: the users of every access test (owner, teammate, outsider, staff), projects;
 * ``harness.job_factory``: the default image, ``make_job`` and what a job printed (``job_output``);
 * ``harness.node_agent``: simulated nodes, a node agent on them, ``drive``;
-* ``harness.database``: a database that refuses one write (``refuse_once``);
+* ``harness.database``: a database that refuses one write (``refuse_once``), the migrated
+  template each test process's SQLite file is copied from;
+* ``harness.sources``: the house's Python files parsed once per test process;
 * ``harness.processes``: the checkout, free ports and polling for the tests that start processes;
 * ``harness.api``: REST API clients and URLs; ``harness.pages``: signed-in page clients;
 * ``harness.browser``: one live console server and one Chromium for every browser test;

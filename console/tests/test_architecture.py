@@ -17,7 +17,6 @@ import ast
 import contextlib
 import io
 from collections.abc import Callable
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from importlinter.application import use_cases
 from importlinter.configuration import configure, settings
 
 from agent import runfiles
+from harness.sources import parsed
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["jobs", "logs", "agent", "failover", "notify", "console", "ckptlib"]
@@ -157,11 +157,6 @@ def test_every_socket_of_the_browser_code_goes_through_the_one_reconnect_helper(
 # --- the test suite's own house rules ----------------------------------------------------------
 
 HOUSE = ["console", "jobs", "logs", "agent", "failover", "notify", "ckptlib", "bench", "client", "harness"]
-
-
-@cache
-def parsed(path: Path) -> ast.Module:
-    return ast.parse(path.read_text())
 
 
 def python_files(*folders: str) -> list[Path]:

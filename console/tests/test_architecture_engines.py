@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ast
 import inspect
-from functools import cache
 from pathlib import Path
+
+from harness.sources import parsed
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ["jobs", "logs", "agent", "failover", "notify", "console"]
@@ -38,11 +39,6 @@ def production_files(root: Path = ROOT) -> list[Path]:
 def module_name(path: Path, root: Path = ROOT) -> str:
     name = ".".join(path.relative_to(root).with_suffix("").parts)
     return name.removesuffix(".__init__")
-
-
-@cache
-def parsed(path: Path) -> ast.Module:
-    return ast.parse(path.read_text(), str(path))
 
 
 def base_names(node: ast.ClassDef) -> set[str]:

@@ -29,6 +29,8 @@ from pathlib import Path
 import grimp
 import pytest
 
+from harness.sources import parsed
+
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ["jobs", "logs", "agent", "failover", "notify", "console"]
 PACKAGES = [*APPS, "ckptlib"]
@@ -58,7 +60,7 @@ def files() -> dict[str, Path]:
 @cache
 def tree(module: str) -> ast.Module:
     path = files()[module]
-    return ast.parse(path.read_text(), str(path))
+    return parsed(path)
 
 
 def defined_in(body: list[ast.stmt]) -> dict[str, ast.AST]:

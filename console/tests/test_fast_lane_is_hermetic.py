@@ -44,6 +44,7 @@ from functools import cache
 from pathlib import Path
 
 from harness.lanes import REAL_PROCESS_FIXTURES
+from harness.sources import parsed
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_MARKS = {"slow", "scaleout"}  # scaleout: harness.lanes' hook marks it slow too
@@ -127,11 +128,10 @@ def autouse(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 @cache
 def load(path: Path) -> Module:
-    return parse(path, path.read_text())
+    return parse(path, parsed(path))
 
 
-def parse(path: Path, source: str) -> Module:
-    tree = ast.parse(source, filename=str(path))
+def parse(path: Path, tree: ast.Module) -> Module:
     module = Module(module_name(path), path, tree)
     package = module.name.rsplit(".", 1)[0]
     for node in ast.walk(tree):  # breadth first: the module's own imports before a function's
@@ -476,7 +476,7 @@ class TestGroup:
 
 def test_the_checker_sees_what_it_is_meant_to_see():
     """The reader itself, on a module written for it."""
-    offences = module_offences(parse(Path(__file__).with_name("test_fast_lane_sample.py"), SAMPLE))
+    offences = module_offences(parse(Path(__file__).with_name("test_fast_lane_sample.py"), ast.parse(SAMPLE)))
     found = {offence.split()[1]: offence for offence in offences}
     assert sorted(found) == [
         "test_a_deadline",
