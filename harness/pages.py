@@ -61,3 +61,36 @@ def login(client: Client) -> Callable[..., Client]:
         return client
 
     return as_user
+
+
+# What WhiteNoise's table of static files is made from.
+TABLE_SETTINGS = (
+    "DEBUG", "FORCE_SCRIPT_NAME", "STATIC_URL", "STATIC_ROOT", "STATICFILES_DIRS", "STATICFILES_FINDERS", "WHITENOISE_AUTOREFRESH",
+    "WHITENOISE_MAX_AGE", "WHITENOISE_ALLOW_ALL_ORIGINS", "WHITENOISE_CHARSET", "WHITENOISE_MIMETYPES", "WHITENOISE_ADD_HEADERS_FUNCTION",
+    "WHITENOISE_INDEX_FILE", "WHITENOISE_IMMUTABLE_FILE_TEST", "WHITENOISE_USE_FINDERS", "WHITENOISE_STATIC_PREFIX",
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="session")
+def static_files_listed_once():
+    """WhiteNoise lists and stats every static file (its finders) each time Django builds a
+    middleware chain: once per server process, but once per test client here, ~10 ms each, for
+    ~1,000 clients a run. Here the table is built once per test process for the same settings,
+    then each new middleware starts from it; what each request is answered with is unchanged."""
+    from django.conf import settings
+    from whitenoise.middleware import WhiteNoiseMiddleware
+
+    listed: dict[tuple, dict] = {}
+    list_files = WhiteNoiseMiddleware.add_files_from_finders
+
+    def add_files_from_finders(self) -> None:
+        key = tuple(repr(getattr(settings, name, None)) for name in TABLE_SETTINGS)
+        if key not in listed:
+            before = dict(self.files)
+            list_files(self)
+            listed[key] = {url: found for url, found in self.files.items() if before.get(url) is not found}
+        self.files.update(listed[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(WhiteNoiseMiddleware, "add_files_from_finders", add_files_from_finders)
+        yield
