@@ -25,7 +25,7 @@ from importlinter.application import use_cases
 from importlinter.configuration import configure, settings
 
 from agent import runfiles
-from harness.sources import parsed
+from harness.sources import parsed, walked
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["jobs", "logs", "agent", "failover", "notify", "console", "ckptlib"]
@@ -105,7 +105,7 @@ def guarded_writes(path: Path, *, root: Path = ROOT) -> list[str]:
     """Every place the file sets a guarded field: a keyword of a write call, a key of its
     ``defaults``, a name in ``update_fields``, or an attribute assignment."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in walked(path):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WRITE_CALLS:
             for keyword in node.keywords:
                 if keyword.arg in GUARDED:
@@ -193,7 +193,7 @@ def test_the_hook_check_sees_a_second_definition():
 
 def fixture_names(path: Path) -> set[str]:
     names = set()
-    for node in ast.walk(parsed(path)):
+    for node in walked(path):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for decorator in node.decorator_list:
                 target = decorator.func if isinstance(decorator, ast.Call) else decorator
@@ -212,7 +212,7 @@ def fixtures_imported_by_name(files: list[Path], root: Path = ROOT) -> list[str]
             fixtures[module_name(path, root)] = names
     found = []
     for path in files:
-        for node in ast.walk(parsed(path)):
+        for node in walked(path):
             if isinstance(node, ast.ImportFrom) and node.module in fixtures:
                 for alias in node.names:
                     if alias.name in fixtures[node.module]:
@@ -240,7 +240,7 @@ def run_file_literals(path: Path) -> list[str]:
     """Where a module names a run file (the files a job's runner writes and its agent reads) as a
     string of its own."""
     found = []
-    for node in ast.walk(parsed(path)):
+    for node in walked(path):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RUN_FILE_NAMES:
             found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     return found
@@ -264,7 +264,7 @@ def agent_reaches(path: Path, *, root: Path = ROOT) -> list[str]:
     agent (``agent``, ``self.checker.agent``), or the name is one only an agent has. What a
     plug-in may use of the agent is ``agent.plugins.AgentView``'s typed methods instead."""
     found = []
-    for node in ast.walk(parsed(path)):
+    for node in walked(path):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2):
             continue
         target, name = node.args[0], node.args[1]
@@ -306,7 +306,7 @@ def backend_reads(path: Path, *, root: Path = ROOT) -> list[str]:
         return (isinstance(node, ast.Name) and node.id == "settings") or (isinstance(node, ast.Attribute) and node.attr == "settings")
 
     found = []
-    for node in ast.walk(parsed(path)):
+    for node in walked(path):
         if (isinstance(node, ast.Attribute) and node.attr == "BACKEND" and isinstance(node.ctx, ast.Load) and is_settings(node.value)) or (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Name)
@@ -361,7 +361,7 @@ def cause_word_tests(path: Path, *, root: Path = ROOT) -> list[str]:
         return any(named(part) in CAUSE_CONSTANTS for part in parts)
 
     found = []
-    for node in ast.walk(parsed(path)):
+    for node in walked(path):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("startswith", "endswith"):
             if named(node.func.value) in CAUSE_NAMES or any(constants(arg) for arg in node.args):
                 found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")

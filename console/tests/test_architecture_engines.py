@@ -13,7 +13,7 @@ import ast
 import inspect
 from pathlib import Path
 
-from harness.sources import parsed
+from harness.sources import walked
 
 ROOT = Path(__file__).resolve().parents[2]
 APPS = ["jobs", "logs", "agent", "failover", "notify", "console"]
@@ -48,10 +48,7 @@ def base_names(node: ast.ClassDef) -> set[str]:
 def subclasses_of(names: set[str], files: list[Path], root: Path = ROOT) -> dict[str, ast.ClassDef]:
     """The classes defined in ``files`` (at any depth) whose bases name one of ``names``."""
     return {
-        f"{module_name(path, root)}.{node.name}": node
-        for path in files
-        for node in ast.walk(parsed(path))
-        if isinstance(node, ast.ClassDef) and base_names(node) & names
+        f"{module_name(path, root)}.{node.name}": node for path in files for node in walked(path) if isinstance(node, ast.ClassDef) and base_names(node) & names
     }
 
 

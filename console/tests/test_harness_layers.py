@@ -17,7 +17,7 @@ import ast
 import tomllib
 from pathlib import Path
 
-from harness.sources import parsed
+from harness.sources import walked
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["jobs", "logs", "agent", "failover", "notify", "console"]
@@ -33,7 +33,7 @@ def imported_modules(path: Path, root: Path = ROOT) -> list[tuple[int, tuple[str
     is resolved against the file's package."""
     package = list(path.relative_to(root).with_suffix("").parts[:-1])
     found: list[tuple[int, tuple[str, ...]]] = []
-    for node in ast.walk(parsed(path)):
+    for node in walked(path):
         if isinstance(node, ast.Import):
             found += [(node.lineno, (alias.name,)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
