@@ -70,12 +70,17 @@ def fresh_throttle(monkeypatch):
     monkeypatch.setattr(progress, "_last_published", {})
 
 
-AGENTS_BEFORE = pytest.StashKey[set]()  # the agents of this process before a test
+AGENTS_BEFORE = pytest.StashKey[set]()  # the agents and health checkers of this process before a test
+
+
+def agents_and_checkers() -> list:
+    health = sys.modules.get("failover.services.health")
+    return [*local_agents.local_agents(), *(health.live_checkers() if health is not None else ())]
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    item.stash[AGENTS_BEFORE] = set(map(id, local_agents.local_agents()))
+    item.stash[AGENTS_BEFORE] = set(map(id, agents_and_checkers()))
     yield
 
 
@@ -86,7 +91,9 @@ def pytest_runtest_teardown(item, nextitem):
     * a node agent the test made is shut down: its health monitor's thread stopped, and it leaves
       this process's registry. A left-over agent "serves" its nodes, so the next tests' lost-node
       sweep would skip them; its monitor thread would go on writing while the next test's
-      database is flushed;
+      database is flushed. A health checker the test made without an agent is closed too (a
+      left-over one would answer the next test's usage readings for its nodes). Both were
+      once left for a ``gc.collect()`` to forget (0.3 s each, 50 times a fast lane);
     * then the embedded notification worker finishes what the test's status changes queued, and
       forgets what it would have retried later: a delivery made during the flush, or a retry due
       after the test, would write the last test's rows into the next test's database.
@@ -94,12 +101,16 @@ def pytest_runtest_teardown(item, nextitem):
     One hook for both: a second definition of the same hook in this module would replace the
     first (``test_architecture`` refuses that)."""
     before = item.stash.get(AGENTS_BEFORE, set())
-    for agent in local_agents.local_agents():
-        if id(agent) not in before:
-            shutdown = getattr(agent, "shutdown", None)
+    for made in agents_and_checkers():
+        if id(made) in before:
+            continue
+        if made in local_agents.local_agents():
+            shutdown = getattr(made, "shutdown", None)
             if shutdown is not None:
                 shutdown()
-            local_agents.discard(agent)
+            local_agents.discard(made)
+        else:
+            made.close()
     module = sys.modules.get("notify.worker")
     if module is not None and module.worker.thread is not None:
         module.worker.settle(timeout=10.0)

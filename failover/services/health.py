@@ -87,7 +87,8 @@ class HealthChecker:
 
     def close(self) -> None:
         """Stop the monitor's thread, then release the probes (NVML: the event set freed,
-        ``nvmlShutdown``)."""
+        ``nvmlShutdown``); a closed checker reads no node's usage any more."""
+        _checkers.discard(self)
         self.monitor.stop()
         with self.lock:
             probes, self.probes = list(self.probes.values()), {}
@@ -193,6 +194,11 @@ class ProbeUsageReader:
 
 
 _checkers: weakref.WeakSet = weakref.WeakSet()
+
+
+def live_checkers() -> list[HealthChecker]:
+    """The health checkers of this process not closed (and not yet collected)."""
+    return list(_checkers)
 
 
 KERNEL_LINES_KEPT = 500

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import gc
 import sys
 import time
 
@@ -37,18 +36,20 @@ def no_run_outlives_its_test(nodes):
 
 @pytest.fixture
 def no_local_agent():
-    """No node agent of an earlier test lives on in this process (the registry holds them weakly:
-    a collection forgets the ones gone), so the policy judges by stored readings and sweeps every
-    node, as a scale-out control plane does (a module asks for it with
-    ``pytestmark = pytest.mark.usefixtures("no_local_agent")``)."""
-    gc.collect()
+    """No node agent of an earlier test lives on in this process, so the policy judges by stored
+    readings and sweeps every node, as a scale-out control plane does (a module asks for it with
+    ``pytestmark = pytest.mark.usefixtures("no_local_agent")``): each test's agents leave the
+    registry when it ends (``harness.isolation``)."""
+    from agent import local_agents
+
+    assert not local_agents.local_agents(), local_agents.local_agents()
 
 
 @pytest.fixture
 def gpus(monkeypatch, nodes, settings, tmp_path):
     """node-a has real GPUs behind the fake pynvml (four, installed as ``pynvml``), and a kernel
-    log the test writes; the agents of earlier tests are gone from the registry."""
-    gc.collect()
+    log the test writes; the agents and health checkers of earlier tests are gone
+    (``harness.isolation``)."""
     driver = fake_pynvml.reset(gpus=4)
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)
     settings.KERNEL_LOG_PATH = str(tmp_path / "kmsg")
