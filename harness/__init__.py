@@ -13,6 +13,7 @@ only helpers (functions, constants) from it, never a fixture by name.
 * ``harness.database``: a database that refuses one write (``refuse_once``), the migrated
   template each test process's SQLite file is copied from;
 * ``harness.sources``: the house's Python files parsed once per test process;
+* ``harness.sockets``: the in-memory WebSocket test client, its waits bounded by a minute;
 * ``harness.processes``: the checkout, free ports and polling for the tests that start processes;
 * ``harness.api``: REST API clients and URLs; ``harness.pages``: signed-in page clients;
 * ``harness.browser``: one live console server and one Chromium for every browser test;

@@ -17,7 +17,7 @@ async def test_a_created_job_reaches_its_owners_list_and_not_an_outsiders(make_j
     mine = await connect(owner)
     theirs = await connect(outsider)
     job = await database_sync_to_async(make_job)()
-    message = await mine.receive_json_from(timeout=3)
+    message = await mine.receive_json_from()
     assert message["type"] == "job" and message["job"]["id"] == job.pk and message["job"]["status"] == "Pending"
     assert message["from"] == ""
     assert await theirs.receive_nothing(timeout=0.5)
@@ -32,7 +32,7 @@ async def test_a_deleted_job_leaves_its_owners_list_and_an_outsider_hears_nothin
     theirs = await connect(outsider)
     job_id = job.pk
     await database_sync_to_async(delete_job)(job)
-    message = await mine.receive_json_from(timeout=3)
+    message = await mine.receive_json_from()
     assert message == {"type": "deleted", "job": job_id, "now": message["now"]}
     assert await theirs.receive_nothing(timeout=0.5)
     await mine.disconnect()

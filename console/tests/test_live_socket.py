@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from knox.models import AuthToken
 
 from console.asgi import application
+from harness.sockets import Communicator
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
 from logs.services import RawLine, ingest_lines
@@ -23,11 +23,11 @@ def token_for(user) -> bytes:
     return f"Token {AuthToken.objects.create(user)[1]}".encode()
 
 
-async def connect(user=None, query: str = "", *, expect_ready: bool = True) -> WebsocketCommunicator:
+async def connect(user=None, query: str = "", *, expect_ready: bool = True) -> Communicator:
     headers = []
     if user is not None:
         headers.append((b"authorization", await database_sync_to_async(token_for)(user)))
-    communicator = WebsocketCommunicator(application, "/ws/training-jobs/" + ("?" + query if query else ""), headers=headers)
+    communicator = Communicator(application, "/ws/training-jobs/" + ("?" + query if query else ""), headers=headers)
     connected, _ = await communicator.connect()
     assert connected
     if expect_ready:
@@ -41,7 +41,7 @@ async def move(job_id: int, status: str, **fields) -> None:
 
 
 async def next_job_message(ws) -> dict:
-    message = await ws.receive_json_from(timeout=3)
+    message = await ws.receive_json_from()
     assert message["type"] == "job", message
     return message
 
@@ -114,20 +114,20 @@ async def test_one_jobs_socket_gets_only_that_job(make_job, owner):
 async def test_an_outsider_cannot_follow_one_job(make_job, outsider):
     job = await database_sync_to_async(make_job)()
     ws = await connect(outsider, f"job={job.pk}", expect_ready=False)
-    assert (await ws.receive_output(timeout=3))["code"] == 4404
+    assert (await ws.receive_output())["code"] == 4404
     missing = await connect(outsider, "job=999999", expect_ready=False)
-    assert (await missing.receive_output(timeout=3))["code"] == 4404
+    assert (await missing.receive_output())["code"] == 4404
 
 
 async def test_without_credentials_the_socket_closes_with_4401():
     ws = await connect(None, expect_ready=False)
-    assert (await ws.receive_output(timeout=3))["code"] == 4401
+    assert (await ws.receive_output())["code"] == 4401
 
 
 @pytest.mark.parametrize("query", ["job=abc", "job=0", "job=-1", "job=" + "9" * 30, "job=%FF"])
 async def test_bad_parameters_close_with_4400(owner, query):
     ws = await connect(owner, query, expect_ready=False)
-    assert (await ws.receive_output(timeout=3))["code"] == 4400
+    assert (await ws.receive_output())["code"] == 4400
 
 
 async def test_client_messages_get_an_error_not_a_crash(owner):
@@ -147,7 +147,7 @@ async def test_progress_from_the_log_reaches_the_list_and_the_jobs_socket(make_j
     lines = [RawLine(line_no=1, ts=NOW, text="epoch 1/3 step 50/150 loss 0.036 lr 0.01")]
     await database_sync_to_async(ingest_lines)(job_id=job.pk, stream="master", attempt=1, lines=lines)
     for ws in (listing, detail):
-        message = await ws.receive_json_from(timeout=3)
+        message = await ws.receive_json_from()
         assert message["type"] == "progress" and message["job"] == job.pk
         assert {k: message["progress"][k] for k in ("step", "total", "epoch", "loss", "lr")} == {
             "step": 50,
@@ -170,7 +170,7 @@ async def test_a_removed_members_job_socket_closes_with_4403(make_job, owner, te
     ws = await connect(teammate, f"job={job.pk}")
     await database_sync_to_async(lambda: job.project.members.remove(teammate))()
     while True:
-        output = await ws.receive_output(timeout=3)
+        output = await ws.receive_output()
         if output["type"] == "websocket.close":
             break
     assert output["code"] == 4403

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.testing import WebsocketCommunicator
 
 from console.ws_auth import BrowserOriginValidator, parse_origin
+from harness.sockets import Communicator
 
 # Channels' consumers (the denier too) close stale database connections on each message.
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db]
@@ -21,7 +21,7 @@ class Accepting(AsyncWebsocketConsumer):
 
 
 async def connects(headers: list[tuple[bytes, bytes]], *, scheme: str = "ws") -> bool:
-    communicator = WebsocketCommunicator(BrowserOriginValidator(Accepting.as_asgi()), "/ws/training-jobs/", headers=headers)
+    communicator = Communicator(BrowserOriginValidator(Accepting.as_asgi()), "/ws/training-jobs/", headers=headers)
     communicator.scope["scheme"] = scheme
     connected, _ = await communicator.connect()
     await communicator.disconnect()
@@ -120,7 +120,7 @@ async def test_the_consoles_socket_takes_its_own_origin_and_refuses_another_port
     cookie = (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
 
     async def opens(origin: bytes) -> bool:
-        communicator = WebsocketCommunicator(application, "/ws/training-jobs/", headers=[cookie, *browser(origin)])
+        communicator = Communicator(application, "/ws/training-jobs/", headers=[cookie, *browser(origin)])
         connected, _ = await communicator.connect()
         await communicator.disconnect()
         return connected

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 from knox.models import AuthToken
 from rest_framework.test import APIClient
@@ -18,6 +17,7 @@ from agent import runfiles
 from agent.output import OutputReader
 from agent.processes import run_dir
 from console.asgi import application
+from harness.sockets import Communicator
 from jobs.models import AttemptNode, JobAttempt, JobEvent, Node
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
@@ -105,15 +105,15 @@ def token_for(user) -> bytes:
     return f"Token {AuthToken.objects.create(user)[1]}".encode()
 
 
-async def open_socket(job_id: int, user, query: str) -> WebsocketCommunicator:
+async def open_socket(job_id: int, user, query: str) -> Communicator:
     headers = [(b"authorization", await database_sync_to_async(token_for)(user))]
-    communicator = WebsocketCommunicator(application, f"/ws/training-jobs/{job_id}/logs/?{query}", headers=headers)
+    communicator = Communicator(application, f"/ws/training-jobs/{job_id}/logs/?{query}", headers=headers)
     connected, _ = await communicator.connect()
     assert connected
     return communicator
 
 
-async def hear_until(communicator: WebsocketCommunicator, viewer: Viewer, shown: list[str], wait: float = 60) -> list[dict]:
+async def hear_until(communicator: Communicator, viewer: Viewer, shown: list[str], wait: float = 60) -> list[dict]:
     """Feed the socket's messages to ``viewer`` until it shows ``shown``; the messages heard. No
     quiet period decides when it is over (a loaded machine sends late): the text does. ``wait``
     only bounds a failure."""

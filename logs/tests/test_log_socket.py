@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from knox.models import AuthToken
 
 from console.asgi import application
+from harness.sockets import Communicator
 from jobs.services.lifecycle import transition
 from jobs.statuses import JobStatus
 from logs.services import RawLine, ingest_lines
@@ -32,16 +32,16 @@ async def connect(job_id: int, user=None, query: str = "", headers=None):
     headers = list(headers or [])
     if user is not None:
         headers.append((b"authorization", await database_sync_to_async(token_for)(user)))
-    communicator = WebsocketCommunicator(application, f"/ws/training-jobs/{job_id}/logs/{'?' + query if query else ''}", headers=headers)
+    communicator = Communicator(application, f"/ws/training-jobs/{job_id}/logs/{'?' + query if query else ''}", headers=headers)
     connected, _ = await communicator.connect()
     assert connected
     return communicator
 
 
-async def receive_until(communicator, kind: str, timeout: float = 3.0) -> list[dict]:
+async def receive_until(communicator, kind: str) -> list[dict]:
     seen = []
     while True:
-        message = await communicator.receive_json_from(timeout=timeout)
+        message = await communicator.receive_json_from()
         seen.append(message)
         if message["type"] == kind:
             return seen
@@ -68,7 +68,7 @@ async def test_it_sends_the_backlog_after_seq_then_live_lines(running_job, owner
     assert [(ln["seq"], ln["text"]) for ln in backlog["lines"]] == [(2, "two"), (3, "three")]
 
     await database_sync_to_async(add_lines)(running_job.pk, ["four", "five"], start=4)
-    live = await ws.receive_json_from(timeout=3)
+    live = await ws.receive_json_from()
     assert live["backlog"] is False
     assert [(ln["seq"], ln["text"]) for ln in live["lines"]] == [(4, "four"), (5, "five")]
     await ws.disconnect()
@@ -108,7 +108,7 @@ async def test_live_lines_are_batched(running_job, owner):
     received: list[str] = []
     batches = 0
     while len(received) < 20:
-        message = await ws.receive_json_from(timeout=3)
+        message = await ws.receive_json_from()
         batches += 1
         received.extend(ln["text"] for ln in message["lines"])
     assert received == [f"l{i}" for i in range(20)]
@@ -125,7 +125,7 @@ async def test_it_sends_a_closing_message_once_the_job_has_finished(running_job,
     messages = await receive_until(ws, "end")
     assert texts_of(messages) == ["last words"]
     assert messages[-1] == {"type": "end", "status": "Completed"}
-    assert (await ws.receive_output(timeout=2))["type"] == "websocket.close"
+    assert (await ws.receive_output())["type"] == "websocket.close"
 
 
 async def test_a_finished_jobs_socket_sends_the_backlog_and_closes(make_job, owner):
@@ -197,7 +197,7 @@ async def test_the_session_cookie_authenticates_too(running_job, owner):
 
 
 async def test_a_cross_site_browser_socket_is_refused(running_job, owner):
-    communicator = WebsocketCommunicator(application, f"/ws/training-jobs/{running_job.pk}/logs/", headers=[(b"origin", b"http://evil.example")])
+    communicator = Communicator(application, f"/ws/training-jobs/{running_job.pk}/logs/", headers=[(b"origin", b"http://evil.example")])
     connected, _ = await communicator.connect()
     assert not connected
 
@@ -233,7 +233,7 @@ async def test_a_backlog_larger_than_one_websocket_message_arrives_whole_in_seve
     received: list[dict] = []
     messages = 0
     while len(received) < 5000:
-        message = await ws.receive_json_from(timeout=5)
+        message = await ws.receive_json_from()
         messages += 1
         assert len(json.dumps(message)) < 1024 * 1024
         received.extend(message["lines"])
@@ -248,7 +248,7 @@ async def test_a_removed_members_socket_closes_with_4403(running_job, owner, tea
     assert (await ws.receive_json_from())["type"] == "attempts"
     await database_sync_to_async(lambda: running_job.project.members.remove(teammate))()
     while True:
-        output = await ws.receive_output(timeout=3)
+        output = await ws.receive_output()
         if output["type"] == "websocket.close":
             break
     assert output["code"] == 4403
@@ -271,7 +271,7 @@ async def test_a_live_message_lost_on_its_way_is_filled_from_the_database(runnin
     await database_sync_to_async(add_lines)(running_job.pk, ["after the loss"], start=3003)
     received: list[dict] = []
     while len(texts_of(received)) < 3001:
-        received.append(await ws.receive_json_from(timeout=3))
+        received.append(await ws.receive_json_from())
     seqs = [line["seq"] for m in received if m["type"] == "lines" for line in m["lines"]]
     assert seqs == list(range(3, 3004))
     assert texts_of(received)[-1] == "after the loss"
@@ -288,6 +288,6 @@ async def test_end_comes_after_every_stored_line(running_job, owner, monkeypatch
     await database_sync_to_async(add_lines)(running_job.pk, [f"tail {i}" for i in range(4500)])
     monkeypatch.undo()
     await database_sync_to_async(transition)(running_job.pk, JobStatus.COMPLETED)
-    messages = await receive_until(ws, "end", timeout=5)
+    messages = await receive_until(ws, "end")
     assert texts_of(messages) == [f"tail {i}" for i in range(4500)]
     await ws.disconnect()
