@@ -57,7 +57,7 @@ def django_db_setup(
     request, django_test_environment, django_db_blocker, django_db_use_migrations, django_db_keepdb, django_db_createdb, django_db_modify_db_settings
 ):
     """pytest-django's set-up of the test databases, but where the suite's own SQLite file is made
-    (above) it starts as a copy of a migrated template (``harness.database.migrated_template``,
+    (above) it starts as a copy of a migrated template (``harness.database.from_template``,
     one per migration set, in ``var/``) instead of migrating afresh: 3 s less for each test
     process (each xdist worker, each lane, each single test run)."""
     from django.test.utils import setup_databases, teardown_databases
