@@ -77,4 +77,7 @@ def django_db_setup(
     yield
     if not django_db_keepdb:
         with django_db_blocker.unblock():
-            teardown_databases(db_cfg, verbosity=request.config.option.verbose)
+            try:
+                teardown_databases(db_cfg, verbosity=request.config.option.verbose)
+            except Exception as exc:  # as pytest-django: a database still in use is left, with a warning
+                request.node.warn(pytest.PytestWarning(f"Error when trying to teardown test databases: {exc!r}"))
