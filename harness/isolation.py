@@ -73,14 +73,14 @@ def fresh_throttle(monkeypatch):
 AGENTS_BEFORE = pytest.StashKey[set]()  # the agents and health checkers of this process before a test
 
 
-def agents_and_checkers() -> list:
+def live_checkers() -> list:
     health = sys.modules.get("failover.services.health")
-    return [*local_agents.local_agents(), *(health.live_checkers() if health is not None else ())]
+    return health.live_checkers() if health is not None else []
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    item.stash[AGENTS_BEFORE] = set(map(id, agents_and_checkers()))
+    item.stash[AGENTS_BEFORE] = set(map(id, [*local_agents.local_agents(), *live_checkers()]))
     yield
 
 
@@ -101,16 +101,15 @@ def pytest_runtest_teardown(item, nextitem):
     One hook for both: a second definition of the same hook in this module would replace the
     first (``test_architecture`` refuses that)."""
     before = item.stash.get(AGENTS_BEFORE, set())
-    for made in agents_and_checkers():
-        if id(made) in before:
-            continue
-        if made in local_agents.local_agents():
-            shutdown = getattr(made, "shutdown", None)
+    for agent in local_agents.local_agents():
+        if id(agent) not in before:
+            shutdown = getattr(agent, "shutdown", None)
             if shutdown is not None:
-                shutdown()
-            local_agents.discard(made)
-        else:
-            made.close()
+                shutdown()  # closes its health checker
+            local_agents.discard(agent)
+    for checker in live_checkers():
+        if id(checker) not in before:
+            checker.close()
     module = sys.modules.get("notify.worker")
     if module is not None and module.worker.thread is not None:
         module.worker.settle(timeout=10.0)

@@ -57,10 +57,13 @@ def files() -> dict[str, Path]:
     return found
 
 
-@cache
 def tree(module: str) -> ast.Module:
-    path = files()[module]
-    return parsed(path)
+    return parsed(files()[module])
+
+
+def nodes(module: str) -> tuple[ast.AST, ...]:
+    """Every node of ``module``'s tree, in ``ast.walk``'s order."""
+    return walked(files()[module])
 
 
 def defined_in(body: list[ast.stmt]) -> dict[str, ast.AST]:
@@ -88,7 +91,7 @@ def definitions() -> dict[str, set[str]]:
     """Every name defined anywhere (module level, class level, methods) → the modules defining it."""
     where: dict[str, set[str]] = {}
     for module in files():
-        for node in walked(files()[module]):
+        for node in nodes(module):
             if isinstance(node, (ast.Module, ast.ClassDef)):
                 for name, value in defined_in(node.body).items():
                     if not isinstance(value, (ast.Import, ast.ImportFrom)):
@@ -98,7 +101,7 @@ def definitions() -> dict[str, set[str]]:
 
 @cache
 def string_literals() -> set[str]:
-    return {node.value for module in files() for node in walked(files()[module]) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    return {node.value for module in files() for node in nodes(module) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
 
 
 @cache
@@ -106,7 +109,7 @@ def task_names() -> set[str]:
     """Celery task names: the ``*_TASK`` constants and ``shared_task(name="…")`` literals."""
     names = set()
     for module in files():
-        for node in walked(files()[module]):
+        for node in nodes(module):
             if (
                 isinstance(node, ast.Assign)
                 and isinstance(node.value, ast.Constant)
@@ -182,7 +185,7 @@ def class_attribute(dotted: str) -> bool:
     """``NodeAgent.request_launch``: a class defined somewhere, and the name in its body."""
     cls, _, attr = dotted.partition(".")
     for module in definitions().get(cls, ()):
-        for node in walked(files()[module]):
+        for node in nodes(module):
             if isinstance(node, ast.ClassDef) and node.name == cls and attr in defined_in(node.body):
                 return True
     return False
@@ -453,7 +456,7 @@ def test_logs_progress_writes_only_inside_ingestion():
     importers = sorted(
         module
         for module in files()
-        for node in walked(files()[module])
+        for node in nodes(module)
         if isinstance(node, ast.ImportFrom) and node.module == "logs.progress" and any(a.name == "record_metrics" for a in node.names)
     )
     assert importers == ["logs.services"]
@@ -482,7 +485,7 @@ def loglines_reads(module_tree: ast.Module) -> list[str]:
 
 
 def test_every_read_of_loglines_is_in_logs_queries():
-    users = sorted(module for module in files() if any(isinstance(n, ast.Name) and n.id == "LogLine" for n in walked(files()[module])))
+    users = sorted(module for module in files() if any(isinstance(n, ast.Name) and n.id == "LogLine" for n in nodes(module)))
     assert set(users) <= {"logs.models", "logs.queries", "logs.services"}, users
     assert loglines_reads(tree("logs.services")) == []
     assert not any("logs_logline" in text for text in string_literals())
@@ -541,7 +544,7 @@ def test_failover_uses_nothing_else_of_the_agent():
         alias.name
         for m in files()
         if m.startswith("failover")
-        for node in walked(files()[m])
+        for node in nodes(m)
         if isinstance(node, ast.ImportFrom) and node.module == "agent.processes"
         for alias in node.names
     }
@@ -553,7 +556,7 @@ def test_work_reaches_the_agent_by_task_name():
 
     agent_tasks = {
         kw.value.id
-        for node in walked(files()["agent.tasks"])
+        for node in nodes("agent.tasks")
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "shared_task"
         for kw in node.keywords
         if kw.arg == "name" and isinstance(kw.value, ast.Name)
@@ -574,7 +577,7 @@ REGISTRATIONS = {
 
 @pytest.mark.parametrize("module, calls", sorted(REGISTRATIONS.items()))
 def test_plugins_register_through_the_lower_floors_interfaces(module, calls):
-    made = {getattr(n.func, "attr", getattr(n.func, "id", None)) for n in walked(files()[module]) if isinstance(n, ast.Call)}
+    made = {getattr(n.func, "attr", getattr(n.func, "id", None)) for n in nodes(module) if isinstance(n, ast.Call)}
     assert calls <= made
 
 
@@ -582,7 +585,7 @@ def test_every_long_lived_socket_rechecks_access():
     consumers = [
         (module, node)
         for module in files()
-        for node in walked(files()[module])
+        for node in nodes(module)
         if isinstance(node, ast.ClassDef) and any("WebsocketConsumer" in ast.unparse(b) for b in node.bases)
     ]
     assert consumers, "no consumer found: the check looks in the wrong place"
