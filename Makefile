@@ -16,7 +16,7 @@ export PYTHONDONTWRITEBYTECODE :=
 # What the tests do to the servers they are pointed at, said before they run.
 SERVICES_WARNING = echo "make $@: the tests create and drop PostgreSQL databases named satrain_test_* on the server of" \
   "TEST_POSTGRES_URL=$${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres} and FLUSHDB Redis" \
-  "TEST_REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15} (that database number only); point both at servers" \
+  "TEST_REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/15} (each test process its own: that database number or one of the seven below it); point both at servers" \
   "or a Redis database no deployment shares."
 
 # What the console needs to run, and the examples' training libraries; then the container tools.

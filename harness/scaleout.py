@@ -8,6 +8,8 @@ its own) makes its fixture with ``running_cluster``."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -39,6 +41,38 @@ def reachable(url: str) -> str | None:
     return None
 
 
+# A test process's own Redis database: TEST_REDIS_URL's number or one of the seven below it. Lanes
+# and xdist workers run at once, and every Redis test flushes or deletes keys it does not name
+# (heartbeats, Celery's queues): two processes on one database would read and flush each other's.
+REDIS_DATABASES = 8
+_redis_hold: tuple[str, int] | None = None  # (the URL, the descriptor whose lock holds its database)
+
+
+def own_redis_database(url: str) -> str:
+    """``url`` with the database number of this test process: the first of ``url``'s number and the
+    seven below it that no other process holds (an ``flock`` on a file in /tmp, held until this
+    process ends), waiting for ``url``'s own where all eight are held."""
+    global _redis_hold
+    if _redis_hold:
+        return _redis_hold[0]
+    base, _, number = url.rpartition("/")
+    if "//" not in base or not number.isdigit():
+        base, number = url.rstrip("/"), "0"
+    first = int(number)
+    server = hashlib.sha256(base.encode()).hexdigest()[:12]
+    candidates = [db for db in range(first, first - REDIS_DATABASES, -1) if db >= 0]
+    for db, wait in [*((db, False) for db in candidates), (first, True)]:
+        fd = os.open(f"/tmp/satrain-redis-{server}-{db}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _redis_hold = (f"{base}/{db}", fd)
+        return _redis_hold[0]
+    raise AssertionError("unreachable: the last try waits for its lock")
+
+
 def services_or_skip() -> tuple[str, str]:
     pg = os.environ.get("TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     rd = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -48,7 +82,7 @@ def services_or_skip() -> tuple[str, str]:
         if os.environ.get("REQUIRE_SCALEOUT"):
             pytest.fail(message)
         pytest.skip(message)
-    return pg, rd
+    return pg, own_redis_database(rd)
 
 
 def running_cluster(make, tmp: Path):
