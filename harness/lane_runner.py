@@ -1,20 +1,26 @@
-"""``make test``: every lane of the suite, in three streams so that both cores stay busy.
+"""``make test``: every lane of the suite, in two streams so that both cores stay busy.
 
-* Two **system** streams run what starts containers, consoles, browsers and clusters: the default
-  image (built once, before any test pulls it), then the apps' slow tests on SQLite, split in two
-  lanes that wait side by side (``SYSTEM_APPS``), then the browser tests whose outcome depends on
-  the backend again on a one-host Slurm cluster.
-* The **cpu** stream runs beside them at a lower priority (``nice``), so the system streams'
+* The **system** stream runs what starts containers, consoles, browsers and clusters: the default
+  image (built once, before any test pulls it), then the apps' slow tests on SQLite but the jobs
+  and logs apps'. Alone, it keeps about two thirds of a core busy (1,075 CPU-s in 1,638 s on a 2-core
+  machine).
+* The **cpu** stream runs beside it at a lower priority (``nice``), so the system stream's
   processes get the CPU first: the gate, the fast tests on every core, the libraries' slow tests
-  (ckptlib's training processes, the client, the benchmarks), with ``--torch-pin`` ckptlib on the
-  guide's torch 2.12.1 (after ``.ci/run`` installed it), three CPU-bound modules of the console's slow tests (``CPU_STREAM_MODULES``), and last the apps'
-  database tests again on PostgreSQL, on every core (a one-core lane at the end would leave the
-  other core idle).
+  (ckptlib's training processes, the client, the benchmarks), the browser tests whose outcome
+  depends on the backend again on a one-host Slurm cluster (after the default image), with ``--torch-pin`` ckptlib on the guide's torch
+  2.12.1 (after ``.ci/run`` installed it), the jobs and logs apps' slow tests and three modules more (``CPU_STREAM_APPS``, ``CPU_STREAM_MODULES``:
+  the two streams then end together), and last the apps' database tests again on PostgreSQL, on every
+  core (a one-core lane at the end would leave the other core idle).
 
-A second system stream (the browser tests split off) was tried before the suite's CPU cuts: the
-cores were busy from the first lane to the last either way, and the niced lanes got so little CPU
-that two tests waiting on real runs timed out. After the cuts the machine sat 26 % idle while the
-one system lane waited; the second one fills that.
+A third stream of waiting lanes (the browser tests split off) was tried: the machine's cores were
+busy from the first lane to the last either way (``vmstat``: 0-1 % idle), and with two streams at
+full priority the niced lanes got so little CPU that two tests waiting on real runs timed out.
+Tried again after the suite's CPU cuts (2026-12-07), when a run's machine sat 26 % idle (vmstat,
+1,847 s): the apps' slow tests in two lanes side by side (agent, failover, notify | jobs, logs,
+console) kept it 1-2 % idle and took 1,475 and 1,513 s, against 1,600 + 296 s one after the other;
+the niced lanes slowed as much (ckptlib's 608 s → over 1,600 s), so the run did not end sooner.
+Two pytest-xdist workers in the one lane failed 78 database tests with SynchronousOnlyOperation
+(in a worker a browser session had run in: Playwright's loop stays running in its main thread).
 
 Every test runs in exactly one SQLite lane (``-m "not slow"`` on every path, ``-m slow`` split by
 path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each lane's start and end,
@@ -39,19 +45,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = ROOT / "var" / "lanes"
 PY = sys.executable
-# Slow modules in the cpu stream: none waits on a clock a niced process could miss, and the fuzz
-# module needs schemathesis's plug-in, which the system lane's workers leave out: the PostgreSQL
-# lane's selection (41 s), the API's schema fuzz (22 s) and manage.py with environment files (23 s).
+APPS = ("jobs", "logs", "agent", "failover", "notify", "console")
+# The apps whose slow tests run in the cpu stream (after the default image) rather than the system
+# stream: the system stream is the longer one (a run's critical path). The jobs app's slow tests
+# (the Slurm client's, the scale-out live status, Spot yields, image pulls) moved first; with them
+# the cpu stream still ended 274 s before the system stream (a quiet CI run: 1,516 of 1,790 s), so
+# the logs app's (its browser floods: no timing asserted, and the jobs lane's live console serves
+# them) followed.
+CPU_STREAM_APPS = ("jobs", "logs")
+# And these modules of the other apps: with the fast lane's CPU cut (2026-12-07), the cpu stream
+# would end ~150 s before the system stream (1,591 of 1,740 s in a quiet run). None waits on a
+# clock a niced process could miss: the PostgreSQL lane's selection (41 s), the API's schema fuzz
+# (22 s) and manage.py with environment files (23 s).
 CPU_STREAM_MODULES = ("console/tests/test_pg_pass.py", "console/tests/test_api_schema_fuzz.py", "console/tests/test_envfile.py")
-# The apps' slow tests mostly wait (on containers starting, clusters, browsers, real runs): in one
-# lane they were the run's critical path (1,600 s, 751 CPU-s) while the machine sat 26 % idle
-# (vmstat, a clean-clone CI run, 2026-12-07; the jobs and logs apps' slow tests, 296 s more, ran
-# in the cpu stream then). Two lanes side by side wait at once, each one pytest process whose
-# modules run in the order they always ran: a browser session leaves Playwright's event loop
-# running in its process's main thread, and pytest-xdist's workers, which interleaved modules,
-# failed 78 database tests after one (SynchronousOnlyOperation). Each test process has its own
-# SQLite file, Redis database (harness.scaleout.own_redis_database), ports and directories.
-SYSTEM_APPS = (("agent", "failover", "notify"), ("jobs", "logs", "console"))
 LIBRARIES = ("ckptlib", "client", "bench")
 TORCH_PIN_RC = ROOT / "var" / "torch-pin-install.rc"  # .ci/run writes the install's exit code here
 TORCH_PIN_LOG = ROOT / "var" / "torch-pin-install.log"
@@ -111,33 +117,37 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
     def pytest(lane: str) -> list[str]:
         return [PY, "-m", "pytest", "--durations=30", f"--junitxml={LOGS / lane}.xml", *pytest_args]
 
-    browser_tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))
-    # The browser tests whose outcome depends on the backend (a run's start, stop, failover, logs,
-    # samples, nodes): the layout, text and form tests (``backend_neutral``) read what any backend's
-    # run left in the console's database, the same as on the agents.
-    browser_on_slurm = Lane(
-        "browser-on-slurm",
-        [[*pytest("browser-on-slurm"), "-m", "not backend_neutral", *browser_tests]],
-        env={"BROWSER_BACKEND": "slurm"},
-        after="default-image",
-    )
     system = [
         Lane("default-image", [[PY, "-c", DEFAULT_IMAGE]]),
-        Lane("sqlite-system-a", [[*pytest("sqlite-system-a"), "-m", "slow", *SYSTEM_APPS[0]]]),
-        browser_on_slurm,
-    ]
-    system_b = [
         Lane(
-            "sqlite-system-b",
-            [[*pytest("sqlite-system-b"), "-m", "slow", *(f"--ignore={path}" for path in CPU_STREAM_MODULES), *SYSTEM_APPS[1]]],
-            after="default-image",
-        )
+            "sqlite-system",
+            [
+                [
+                    *pytest("sqlite-system"),
+                    "-m",
+                    "slow",
+                    *(f"--ignore={path}" for path in CPU_STREAM_MODULES),
+                    *(app for app in APPS if app not in CPU_STREAM_APPS),
+                ]
+            ],
+        ),
     ]
+    browser_tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))
     cpu = [
         Lane("gate", [["make", "--no-print-directory", "lint"]], nice=True),
         # schemathesis's plug-in serves the API fuzz module alone, which is slow (Makefile: FAST_PYTEST).
         Lane("sqlite-fast", [[*pytest("sqlite-fast"), "-m", "not slow", "-n", "auto", "-p", "no:schemathesis"]], nice=True),
         Lane("sqlite-libraries", [[*pytest("sqlite-libraries"), "-m", "slow", *LIBRARIES]], nice=True),
+        # The browser tests whose outcome depends on the backend (a run's start, stop, failover,
+        # logs, samples, nodes): the layout, text and form tests (``backend_neutral``) read what
+        # any backend's run left in the console's database, the same as on the agents.
+        Lane(
+            "browser-on-slurm",
+            [[*pytest("browser-on-slurm"), "-m", "not backend_neutral", *browser_tests]],
+            env={"BROWSER_BACKEND": "slurm"},
+            after="default-image",
+            nice=True,
+        ),
     ]
     if torch_pin:
         # ckptlib on the guide's torch; the SIGTERM/SIGKILL stress tests (the exactness suite's
@@ -147,14 +157,20 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
         skip = " ".join(f"--ignore=ckptlib/tests/{name}" for name in stress)
         make = ["make", "--no-print-directory", "-f", "ckptlib/tests/torch_pin.mk", "test-ckptlib-torch212", f"TORCH_PIN_PYTEST_ARGS={skip}"]
         cpu.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
-    cpu.append(Lane("sqlite-slow-cpu", [[*pytest("sqlite-slow-cpu"), "-m", "slow", *CPU_STREAM_MODULES]], nice=True))
+    cpu.append(
+        Lane("sqlite-system-niced", [[*pytest("sqlite-system-niced"), "-m", "slow", *CPU_STREAM_APPS, *CPU_STREAM_MODULES]], after="default-image", nice=True)
+    )
     # Last: on every core, so the run's tail keeps both cores busy.
     cpu.append(Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True))
-    return [system, system_b, cpu]
+    return [system, cpu]
+
+
+SAYING = threading.Lock()  # the streams' threads print whole lines
 
 
 def say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+    with SAYING:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
 
 def run_stream(stream: list[Lane], by_name: dict[str, Lane]) -> None:

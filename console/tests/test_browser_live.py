@@ -147,19 +147,20 @@ def test_the_failover_tab_shows_the_timeline_of_attempts(users, page):
     page.goto(f"{console.base_url}/training-jobs/{jobs[0]}/?tab=failover")
     items = page.locator("[data-failover-timeline] > li")
 
-    # The failover test may leave the job still re-placing: look again until attempt 2 is there.
+    # The failover test may leave the job still re-placing: look again until attempt 2 is there
+    # with the first attempt's evidence (not its health events' block, also a details.evidence).
+    evidence = items.nth(0).locator("details.evidence:not([data-field])")
+
     def two_attempts() -> bool:
-        if items.count() >= 2:
+        if items.count() >= 2 and evidence.count():
             return True
         page.reload()
-        return items.count() >= 2
+        return items.count() >= 2 and evidence.count() > 0
 
-    wait(two_attempts, "two attempts on the failover timeline", timeout=60, interval=1)
-    first = items.nth(0)
-    assert "hardware fault" in first.inner_text()
-    evidence = first.locator("details.evidence").first
+    wait(two_attempts, "two attempts on the failover timeline, the first with its evidence", timeout=60, interval=1)
+    assert "hardware fault" in items.nth(0).inner_text()
     evidence.locator("summary").click()
-    assert evidence.locator(".evidence__list").is_visible()
+    wait(lambda: evidence.locator(".evidence__list").is_visible(), "the evidence opened")
 
 
 def test_operators_cordon_and_uncordon_a_node_from_the_keyboard(users, page):
