@@ -148,8 +148,9 @@ def test_the_failover_tab_shows_the_timeline_of_attempts(users, page):
     items = page.locator("[data-failover-timeline] > li")
 
     # The failover test may leave the job still re-placing: look again until attempt 2 is there
-    # with the first attempt's evidence (not its health events' block, also a details.evidence).
-    evidence = items.nth(0).locator("details.evidence:not([data-field])")
+    # with the first attempt's evidence (not its health events' block nor an event's own evidence,
+    # also details.evidence).
+    evidence = items.nth(0).locator("details.evidence:not([data-field]):not(.evidence--inline)")
 
     def two_attempts() -> bool:
         if items.count() >= 2 and evidence.count():
