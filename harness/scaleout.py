@@ -62,7 +62,10 @@ def own_redis_database(url: str) -> str:
     server = hashlib.sha256(base.encode()).hexdigest()[:12]
     candidates = [db for db in range(first, first - REDIS_DATABASES, -1) if db >= 0]
     for db, wait in [*((db, False) for db in candidates), (first, True)]:
-        fd = os.open(f"/tmp/satrain-redis-{server}-{db}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:  # another user's lock file (a shared /tmp) is another user's database: not ours
+            fd = os.open(f"/tmp/satrain-redis-{server}-{db}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except PermissionError:
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -70,7 +73,7 @@ def own_redis_database(url: str) -> str:
             continue
         _redis_hold = (f"{base}/{db}", fd)
         return _redis_hold[0]
-    raise AssertionError("unreachable: the last try waits for its lock")
+    raise AssertionError(f"no Redis database of {url} and the {REDIS_DATABASES - 1} below it is this user's to lock (/tmp/satrain-redis-*.lock)")
 
 
 def services_or_skip() -> tuple[str, str]:
