@@ -19,8 +19,9 @@ Tried again after the suite's CPU cuts (2026-12-07), when a run's machine sat 26
 1,847 s): the apps' slow tests in two lanes side by side (agent, failover, notify | jobs, logs,
 console) kept it 1-2 % idle and took 1,475 and 1,513 s, against 1,600 + 296 s one after the other;
 the niced lanes slowed as much (ckptlib's 608 s → over 1,600 s), so the run did not end sooner.
-Two pytest-xdist workers in the one lane failed 78 database tests with SynchronousOnlyOperation
-(in a worker a browser session had run in: Playwright's loop stays running in its main thread).
+Two pytest-xdist workers in the one lane failed 78 database tests with SynchronousOnlyOperation.
+A suspect, not proven: Playwright's sync API leaves its loop running in the main thread of a
+process that has run a browser session; yet the same modules pass in one process, in their order.
 
 Every test runs in exactly one SQLite lane (``-m "not slow"`` on every path, ``-m slow`` split by
 path), as before. Each lane writes ``var/lanes/<lane>.log``; this prints each lane's start and end,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -45,16 +46,13 @@ def reachable(url: str) -> str | None:
 # and xdist workers run at once, and every Redis test flushes or deletes keys it does not name
 # (heartbeats, Celery's queues): two processes on one database would read and flush each other's.
 REDIS_DATABASES = 8
-_redis_hold: tuple[str, int] | None = None  # (the URL, the descriptor whose lock holds its database)
 
 
+@functools.cache
 def own_redis_database(url: str) -> str:
     """``url`` with the database number of this test process: the first of ``url``'s number and the
     seven below it that no other process holds (an ``flock`` on a file in /tmp, held until this
     process ends), waiting for ``url``'s own where all eight are held."""
-    global _redis_hold
-    if _redis_hold:
-        return _redis_hold[0]
     base, _, number = url.rpartition("/")
     if "//" not in base or not number.isdigit():
         base, number = url.rstrip("/"), "0"
@@ -71,8 +69,7 @@ def own_redis_database(url: str) -> str:
         except BlockingIOError:
             os.close(fd)
             continue
-        _redis_hold = (f"{base}/{db}", fd)
-        return _redis_hold[0]
+        return f"{base}/{db}"  # fd is never closed: its lock holds the database until this process ends
     raise AssertionError(f"no Redis database of {url} and the {REDIS_DATABASES - 1} below it is this user's to lock (/tmp/satrain-redis-*.lock)")
 
 
