@@ -91,6 +91,9 @@ def test_the_documentations_trainer_under_deepspeed_saves_through_ckptlib_and_re
 
 
 SCENARIOS = ["parameters", "optimizer_state", "ema_swap", "all"]
+# Tags a case saves: 100 (issue 29's experiment); ckptlib/tests/torch_pin.mk's lane runs every case
+# on torch 2.12.1 with fewer (the full experiment runs on the suite's torch).
+TAGS = int(os.environ.get("DS_INPLACE_TAGS") or 100)
 IN_PLACE = "test_a_change_after_save_checkpoint_never_reaches_a_committed_tag"
 
 
@@ -104,7 +107,7 @@ def in_place_reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
         for item in request.session.items
         if getattr(item, "originalname", "") == IN_PLACE and hasattr(item, "callspec")
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": "29550", "THP_MEM_ALLOC_ENABLE": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_TEST_PORT": "29550", "THP_MEM_ALLOC_ENABLE": "1", "DS_INPLACE_TAGS": str(TAGS)}
     completed = subprocess.run(
         [sys.executable, "-m", "ckptlib.tests._deepspeed_inplace_child", str(tmp_path_factory.mktemp("ds-in-place")), *cases],
         capture_output=True, text=True, env=env, timeout=900, check=False, cwd=Path(ckptlib.__file__).parents[1],
@@ -122,15 +125,15 @@ def in_place_reports(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
 @pytest.mark.parametrize("scenario", SCENARIOS)
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_a_change_after_save_checkpoint_never_reaches_a_committed_tag(in_place_reports: dict[str, Any], stage: int, scenario: str) -> None:
-    """Issue 29's experiment on the DeepSpeed adapter: 100 tags, each changed in place right after
+    """Issue 29's experiment on the DeepSpeed adapter: ``TAGS`` tags (100), each changed in place right after
     ``save_checkpoint`` returned; every committed tag loads (module and optimizer state) as it was
     at its save. (Each case is a fresh engine; all cases share one child process.)"""
     report = in_place_reports.get(f"{stage}-{scenario}")
     assert report is not None, in_place_reports.get("failed", in_place_reports)
     # The first changed tag is not committed; later saves copy before returning and commit,
     # the last one at destroy().
-    assert report["wrong"] == [] and len(report["committed"]) >= 98, report
-    assert report["latest"] == "t99", report
+    assert report["wrong"] == [] and len(report["committed"]) >= TAGS - 2, report
+    assert report["latest"] == f"t{TAGS - 1}", report
 
 
 def test_the_last_save_is_committed_when_the_script_ends_without_destroy(tmp_path: Path) -> None:

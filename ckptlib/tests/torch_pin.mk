@@ -23,11 +23,15 @@ $(TORCH_PIN_VENV)/.ckptlib-pth: $(TORCH_PIN_VENV)/.stamp
 	echo "$(CURDIR)/$(TORCH_PIN_VENV)/ckptlib-src" > "$$($(TORCH_PIN_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ckptlib-src.pth"
 	touch $@
 
+# DeepSpeed's in-place experiment (test_deepspeed.py: 12 cases of 100 tags, 107 s of a CI run's
+# 616 s libraries lane) runs whole on the suite's torch; here every case with 25 tags.
+TORCH_PIN_INPLACE_TAGS ?= 25
+
 # The whole ckptlib suite, slow tests included, from the ckptlib directory alone (-c /dev/null,
 # --confcutdir: the root conftest needs Django).
 test-ckptlib-torch212: $(TORCH_PIN_VENV)/.ckptlib-pth
 	$(TORCH_PIN_VENV)/bin/python -c "import torch, transformers; assert torch.__version__.startswith('$(TORCH_PIN)'), torch.__version__; assert transformers.__version__ == '$(TRANSFORMERS_PIN)', transformers.__version__"
-	$(TORCH_PIN_VENV)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null --rootdir=ckptlib \
+	DS_INPLACE_TAGS=$(TORCH_PIN_INPLACE_TAGS) $(TORCH_PIN_VENV)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null --rootdir=ckptlib \
 		--confcutdir=ckptlib -o "markers=slow: starts real processes" -o tmp_path_retention_policy=failed $(TORCH_PIN_PYTEST_ARGS) ckptlib
 
 .PHONY: test-ckptlib-torch212
