@@ -63,9 +63,8 @@ lint: $(TEST_STAMP)
 
 # The gate, the whole suite on SQLite, the browser tests again with the console on a one-host Slurm
 # cluster (skipped, saying why, where Slurm or root is missing) and the apps' database tests again
-# on PostgreSQL where one answers: harness/lane_runner.py runs these lanes in three streams, one for what
-# waits on containers, consoles and clusters, one (niced) for what computes, one (niced more) for
-# ckptlib's training, and prints each
+# on PostgreSQL where one answers: harness/lane_runner.py runs these lanes in two streams, one for what
+# waits on containers, consoles and clusters and one (niced) for what computes, and prints each
 # lane's time (LANE_TIMES collects them for .ci/run's summary). Logs: var/lanes/<lane>.log.
 test: $(TEST_STAMP)
 	@$(SERVICES_WARNING)

@@ -1,21 +1,16 @@
-"""``make test``: every lane of the suite, in three streams so that both cores stay busy.
+"""``make test``: every lane of the suite, in two streams so that both cores stay busy.
 
 * The **system** stream runs what starts containers, consoles, browsers and clusters: the default
   image (built once, before any test pulls it), then the apps' slow tests on SQLite but the jobs
   and logs apps'. Alone, it keeps about two thirds of a core busy (1,075 CPU-s in 1,638 s on a 2-core
   machine).
-* The **cpu** stream runs beside it at a lower priority (``nice`` 10), so the system stream's
-  processes get the CPU first: the gate, the fast tests on every core, the client's slow tests (a
-  live console's runs), the browser tests whose outcome depends on the backend again on a one-host
-  Slurm cluster (after the default image), with ``--torch-pin`` ckptlib on the guide's torch
-  2.12.1 (after ``.ci/run`` installed it), the jobs and logs apps' slow tests and a few modules
-  more (``CPU_STREAM_APPS``, ``CPU_STREAM_MODULES``: the streams then end together), and last the
-  apps' database tests again on PostgreSQL, on every core.
-* The **filler** stream, lower still (``nice`` 15): ckptlib's and the benchmarks' slow tests, pure
-  CPU (training processes, no wait on another process's clock). With two streams a CI run's
-  machine sat 16-26 % idle on average (``vmstat``, 1,847 and 1,958 s runs) while both streams'
-  lanes waited on runs at once; this lane takes that CPU, and the whole of a core once the cpu
-  stream has ended.
+* The **cpu** stream runs beside it at a lower priority (``nice``), so the system stream's
+  processes get the CPU first: the gate, the fast tests on every core, the libraries' slow tests
+  (ckptlib's training processes, the client, the benchmarks), the browser tests whose outcome
+  depends on the backend again on a one-host Slurm cluster (after the default image), with ``--torch-pin`` ckptlib on the guide's torch
+  2.12.1 (after ``.ci/run`` installed it), the jobs and logs apps' slow tests and three modules more (``CPU_STREAM_APPS``, ``CPU_STREAM_MODULES``:
+  the two streams then end together), and last the apps' database tests again on PostgreSQL, on every
+  core (a one-core lane at the end would leave the other core idle).
 
 A third stream of waiting lanes (the browser tests split off) was tried: the machine's cores were
 busy from the first lane to the last either way (``vmstat``: 0-1 % idle), and with two streams at
@@ -71,14 +66,10 @@ CPU_STREAM_MODULES = (
     "console/tests/test_envfile.py",
     "agent/tests/test_nothing_outlives_a_run.py",
 )
-LIBRARIES = ("ckptlib", "bench")  # pure CPU: the filler stream
-CLIENT = ("client",)  # waits on a live console's runs: the cpu stream
+LIBRARIES = ("ckptlib", "client", "bench")
 TORCH_PIN_RC = ROOT / "var" / "torch-pin-install.rc"  # .ci/run writes the install's exit code here
 TORCH_PIN_LOG = ROOT / "var" / "torch-pin-install.log"
-NICE = 10  # the cpu stream's lanes: below the system stream, whose lanes wait on real processes
-# The libraries' lane, a stream of its own below the cpu stream: pure CPU (ckptlib's training
-# processes), it takes what the other two leave idle.
-FILLER_NICE = 15
+NICE = ("nice", "-n", "10")
 
 # The local registry and the default image in it, as the suite's fixtures and runconsole use them.
 DEFAULT_IMAGE = """
@@ -119,7 +110,7 @@ class Lane:
     commands: list[list[str]]
     env: dict[str, str] = field(default_factory=dict)
     after: str = ""  # a lane of another stream that must have ended first
-    nice: int = 0  # CPU-bound: at a lower priority (``nice -n``) than the lanes that wait on processes
+    nice: bool = False  # CPU-bound: at a lower priority than the lanes that wait on processes
     seconds: int = 0
     cpu_seconds: int = 0  # user + system time of its commands and every process they waited for
     rc: int | None = None
@@ -151,11 +142,10 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
     ]
     browser_tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "console" / "tests").glob("test_browser_*.py"))
     cpu = [
-        Lane("gate", [["make", "--no-print-directory", "lint"]], nice=NICE),
+        Lane("gate", [["make", "--no-print-directory", "lint"]], nice=True),
         # schemathesis's plug-in serves the API fuzz module alone, which is slow (Makefile: FAST_PYTEST).
-        Lane("sqlite-fast", [[*pytest("sqlite-fast"), "-m", "not slow", "-n", "auto", "-p", "no:schemathesis"]], nice=NICE),
-        # Its live console runs jobs on the default image.
-        Lane("sqlite-client", [[*pytest("sqlite-client"), "-m", "slow", *CLIENT]], after="default-image", nice=NICE),
+        Lane("sqlite-fast", [[*pytest("sqlite-fast"), "-m", "not slow", "-n", "auto", "-p", "no:schemathesis"]], nice=True),
+        Lane("sqlite-libraries", [[*pytest("sqlite-libraries"), "-m", "slow", *LIBRARIES]], nice=True),
         # The browser tests whose outcome depends on the backend (a run's start, stop, failover,
         # logs, samples, nodes): the layout, text and form tests (``backend_neutral``) read what
         # any backend's run left in the console's database, the same as on the agents.
@@ -164,7 +154,7 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
             [[*pytest("browser-on-slurm"), "-m", "not backend_neutral", *browser_tests]],
             env={"BROWSER_BACKEND": "slurm"},
             after="default-image",
-            nice=NICE,
+            nice=True,
         ),
     ]
     if torch_pin:
@@ -174,14 +164,13 @@ def lanes(pytest_args: list[str], torch_pin: bool) -> list[list[Lane]]:
         stress = ("test_sigterm_exactness.py", "test_sigkill_during_persist.py", "test_exactness_suite.py")
         skip = " ".join(f"--ignore=ckptlib/tests/{name}" for name in stress)
         make = ["make", "--no-print-directory", "-f", "ckptlib/tests/torch_pin.mk", "test-ckptlib-torch212", f"TORCH_PIN_PYTEST_ARGS={skip}"]
-        cpu.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=NICE))
+        cpu.append(Lane("torch-2.12.1", [[PY, "-c", TORCH_PIN_WAIT], make], nice=True))
     cpu.append(
-        Lane("sqlite-system-niced", [[*pytest("sqlite-system-niced"), "-m", "slow", *CPU_STREAM_APPS, *CPU_STREAM_MODULES]], after="default-image", nice=NICE)
+        Lane("sqlite-system-niced", [[*pytest("sqlite-system-niced"), "-m", "slow", *CPU_STREAM_APPS, *CPU_STREAM_MODULES]], after="default-image", nice=True)
     )
     # Last: on every core, so the run's tail keeps both cores busy.
-    cpu.append(Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=NICE))
-    filler = [Lane("sqlite-libraries", [[*pytest("sqlite-libraries"), "-m", "slow", *LIBRARIES]], nice=FILLER_NICE)]
-    return [system, cpu, filler]
+    cpu.append(Lane("postgresql", [[PY, "-m", "console.tests.pg_pass", *pytest_args]], nice=True))
+    return [system, cpu]
 
 
 SAYING = threading.Lock()  # the streams' threads print whole lines
@@ -204,11 +193,7 @@ def run_stream(stream: list[Lane], by_name: dict[str, Lane]) -> None:
             for command in lane.commands:
                 try:
                     process = subprocess.Popen(
-                        [*(("nice", "-n", str(lane.nice)) if lane.nice else ()), *command],
-                        cwd=ROOT,
-                        env={**os.environ, **lane.env},
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
+                        [*(NICE if lane.nice else ()), *command], cwd=ROOT, env={**os.environ, **lane.env}, stdout=log, stderr=subprocess.STDOUT
                     )
                     # wait4: this lane's own CPU time, although other lanes' processes run beside it.
                     _, status, usage = os.wait4(process.pid, 0)
