@@ -19,6 +19,10 @@ Tried again after the suite's CPU cuts (2026-12-07), when a run's machine sat 26
 1,847 s): the apps' slow tests in two lanes side by side (agent, failover, notify | jobs, logs,
 console) kept it 1-2 % idle and took 1,475 and 1,513 s, against 1,600 + 296 s one after the other;
 the niced lanes slowed as much (ckptlib's 608 s → over 1,600 s), so the run did not end sooner.
+A third stream below the cpu stream (2026-12-08: ckptlib's and the benchmarks' slow tests at
+``nice`` 15, to take the 11-26 % idle of two-stream runs) kept the machine 0-3 % idle, yet the run
+took 2,078 s against 1,958-1,985 s: the system lane slowed 1,681-1,720 → 1,826 s (its jobs run
+niced too, ``RUN_NICENESS``) and the browser tests on Slurm 293 → 569 s.
 Two pytest-xdist workers in the one lane failed 78 database tests with SynchronousOnlyOperation.
 A suspect, not proven: Playwright's sync API leaves its loop running in the main thread of a
 process that has run a browser session; yet the same modules pass in one process, in their order.
