@@ -85,8 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "step, goodput and the replication's step-time cost (bench/failover/checkpointless.py); the other parts are skipped",
     )
     p.add_argument("--faults", type=int, default=None, help="--checkpointless: faults per mode for the latency figures (default 20; 4 with --quick)")
+    p.add_argument("--cost-pairs", type=int, default=None, help="--checkpointless: pairs of step-cost windows, one job at a time (default 3; 1 with --quick)")
+    p.add_argument("--cost-window", type=float, default=40.0, help="--checkpointless: seconds of each step-cost window (default 40)")
+    p.add_argument("--skip-cost", action="store_true", help="--checkpointless: no step-cost windows")
     p.add_argument("--verbose", action="store_true", help="show the console's own log (LOG_LEVEL=INFO unless set)")
     args = p.parse_args(argv)
+    args.cost_pairs = args.cost_pairs if args.cost_pairs is not None else (1 if args.quick else 3)
     args.runs = args.runs if args.runs is not None else (3 if args.quick else 20)
     args.hung_runs = args.hung_runs if args.hung_runs is not None else (2 if args.quick else 5)
     args.faults = args.faults if args.faults is not None else (4 if args.quick else 20)
