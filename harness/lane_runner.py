@@ -62,7 +62,7 @@ CPU_STREAM_APPS = ("jobs", "logs")
 # would end ~150 s before the system stream (1,591 of 1,740 s in a quiet run). None waits on a
 # clock a niced process could miss: the PostgreSQL lane's selection (41 s), the API's schema fuzz
 # (22 s) and manage.py with environment files (23 s). With the torch 2.12.1 lane's DeepSpeed
-# experiment cut (2026-12-08: ~85 s of that lane), the runs that leave nothing behind (65 s: real
+# experiment cut (2026-12-08: that lane 221 → 172 CPU-s), the runs that leave nothing behind (65 s: real
 # containers, each wait a minute or more, the longest 60 s + 3 s a run).
 CPU_STREAM_MODULES = (
     "console/tests/test_pg_pass.py",
