@@ -22,7 +22,9 @@ the niced lanes slowed as much (ckptlib's 608 s → over 1,600 s), so the run di
 A third stream below the cpu stream (2026-12-08: ckptlib's and the benchmarks' slow tests at
 ``nice`` 15, to take the 11-26 % idle of two-stream runs) kept the machine 0-3 % idle, yet the run
 took 2,078 s against 1,958-1,985 s: the system lane slowed 1,681-1,720 → 1,826 s (its jobs run
-niced too, ``RUN_NICENESS``) and the browser tests on Slurm 293 → 569 s.
+niced too, ``RUN_NICENESS``) and the browser tests on Slurm 293 → 569 s. Not settled: the next run,
+two streams again, was as slow in those lanes (browser tests on Slurm 576 s, ckptlib 916 s): the
+machine had slowed too. Measure both layouts again on one machine state before choosing.
 Two pytest-xdist workers in the one lane failed 78 database tests with SynchronousOnlyOperation.
 A suspect, not proven: Playwright's sync API leaves its loop running in the main thread of a
 process that has run a browser session; yet the same modules pass in one process, in their order.
