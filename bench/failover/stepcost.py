@@ -10,11 +10,11 @@ with replicas over the median without."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from bench.failover.console import EmbeddedConsole
 from bench.failover.goodput import train_command, train_env
+from bench.failover.stats import median
 from bench.failover.timeline import first_step, last_step, wait_for
 
 WARM_UP_S = 5.0
@@ -52,10 +52,10 @@ def measure(console: EmbeddedConsole, args, log=print) -> dict:
             step_s = window(console, f"{name}-{pair + 1}", checkpointless=on, seconds=seconds, args=args)
             samples[name].append(step_s)
             log(f"    pair {pair + 1} {name:>7} replicas: {step_s * 1000:.2f} ms/step")
-    without, with_replicas = statistics.median(samples["without"]), statistics.median(samples["with"])
+    without, with_replicas = median(samples["without"]), median(samples["with"])
     return {**samples, "median_without": without, "median_with": with_replicas, "cost": with_replicas / without - 1.0}
 
 
 def spread(values: list[float]) -> str:
     ms = sorted(v * 1000 for v in values)
-    return f"{statistics.median(ms):.2f} ms (min {ms[0]:.2f}, max {ms[-1]:.2f}, n={len(ms)})"
+    return f"{median(ms):.2f} ms (min {ms[0]:.2f}, max {ms[-1]:.2f}, n={len(ms)})"
