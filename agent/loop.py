@@ -85,49 +85,82 @@ class EmbeddedControlLoop(threading.Thread):
             close_old_connections()
 
     def serve(self, wanted: wakeups.Subscription | None = None, watch: wakeups.FileWatch | None = None) -> None:
-        next_round = 0.0  # monotonic; the first round at once
-        agent_due = 0.0
+        schedule = Schedule(self.agent, control=self.control, interval=self.interval, polling=self.polling, wanted=wanted, watch=watch)
         while not self.stopped.is_set():
+            wait = 0.0
             try:
-                if watch is not None and watch.changed():
-                    self.agent.wake()
-                    if wanted is not None:
-                        wanted.raise_flag()
-                now = time.monotonic()
-                woken = wanted.take() if wanted is not None else False
-                ran = False
-                if self.control and (woken or now >= next_round):
-                    # Due until it completes: a round that raised (the database unreachable, or
-                    # held by another writer past its busy timeout) is tried again after the
-                    # pause below, not a sweep later.
-                    next_round = now
-                    placed = control_round()
-                    self.agent.launch_attempts(placed)
-                    next_round = now + self.interval
-                    due = getattr(placed, "next_due", None)
-                    if due is not None and not self.polling:
-                        next_round = min(next_round, time.monotonic() + max(0.0, due - time.time()) + TIMED_MARGIN)
-                    if self.polling:
-                        self.agent.wake()  # the old schedule: re-read the runs after every round
-                    ran = True
-                if ran or self.agent.wakeup.is_set() or time.monotonic() >= agent_due:
-                    if self.agent.step() and self.control:
-                        place_and_launch(self.agent)
-                    agent_due = time.monotonic() + self.agent.delay()
+                wait = schedule.turn()
             except Exception:
                 # One bad round must not end supervision of every other job.
                 logger.exception("agent round failed; retrying")
                 time.sleep(min(1.0, self.interval))
             finally:
                 close_old_connections()
-            wait = max(0.0, agent_due - time.monotonic())
-            if self.control:
-                wait = 0.0 if wanted is not None and wanted.pending() else min(wait, max(0.0, next_round - time.monotonic()))
-            if watch is not None:
-                wait = min(wait, watch.due_in())
             if wait > 0:
                 self.agent.wakeup.wait(wait)
 
     def stop(self) -> None:
         self.stopped.set()
         self.agent.wakeup.set()
+
+
+class Schedule:
+    """What an agent's loop runs, and when (``EmbeddedControlLoop``; the suite drives its agents
+    with it too, ``harness.node_agent.Pump``): a control round when woken (``wanted``), when its
+    timed work is due or every ``interval`` seconds; an agent step when a round ran, when the agent
+    is woken or when ``agent.delay()`` says something is due."""
+
+    def __init__(
+        self,
+        agent: Backend,
+        *,
+        control: bool,
+        interval: float,
+        polling: bool = False,
+        wanted: wakeups.Subscription | None = None,
+        watch: wakeups.FileWatch | None = None,
+    ) -> None:
+        self.agent = agent
+        self.control = control
+        self.interval = interval
+        self.polling = polling
+        self.wanted = wanted
+        self.watch = watch
+        self.next_round = 0.0  # monotonic; the first round at once
+        self.agent_due = 0.0
+
+    def turn(self) -> float:
+        """Runs what is due; returns the seconds until something else is (0: go on at once).
+        A round that raised stays due: the caller pauses and turns again."""
+        agent, wanted, watch = self.agent, self.wanted, self.watch
+        if watch is not None and watch.changed():
+            agent.wake()
+            if wanted is not None:
+                wanted.raise_flag()
+        now = time.monotonic()
+        woken = wanted.take() if wanted is not None else False
+        ran = False
+        if self.control and (woken or now >= self.next_round):
+            # Due until it completes: a round that raised (the database unreachable, or held by
+            # another writer past its busy timeout) is tried again after the caller's pause, not a
+            # sweep later.
+            self.next_round = now
+            placed = control_round()
+            agent.launch_attempts(placed)
+            self.next_round = now + self.interval
+            due = getattr(placed, "next_due", None)
+            if due is not None and not self.polling:
+                self.next_round = min(self.next_round, time.monotonic() + max(0.0, due - time.time()) + TIMED_MARGIN)
+            if self.polling:
+                agent.wake()  # the old schedule: re-read the runs after every round
+            ran = True
+        if ran or agent.wakeup.is_set() or time.monotonic() >= self.agent_due:
+            if agent.step() and self.control:
+                place_and_launch(agent)
+            self.agent_due = time.monotonic() + agent.delay()
+        wait = max(0.0, self.agent_due - time.monotonic())
+        if self.control:
+            wait = 0.0 if wanted is not None and wanted.pending() else min(wait, max(0.0, self.next_round - time.monotonic()))
+        if watch is not None:
+            wait = min(wait, watch.due_in())
+        return wait

@@ -12,10 +12,10 @@ import pytest
 
 from agent import checkpointless, replicas
 from agent.checkpointless import Hub
-from agent.loop import embedded_round
 from agent.models import Replica, ReplicaEndpoint
 from failover.services.faults import inject_fault
 from harness.job_factory import job_output
+from harness.node_agent import pump_until
 from jobs.models import JobAttempt, JobEvent
 from jobs.services.actions import request_stop
 from jobs.statuses import TERMINAL, JobStatus
@@ -78,12 +78,7 @@ def hub(agent, nodes, settings, tmp_path):
 
 def run_until(agent, hub: Hub, condition, *, timeout: float = 90.0, what: str = "condition"):
     """The agent's rounds and the replication thread's work, in this thread (the test's database)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        embedded_round(agent)
-        hub.ship_all()
-        time.sleep(0.02)
+    pump_until(agent, condition, what, timeout=timeout, every=0.02, also=hub.ship_all)
 
 
 def losses(lines: list[str]) -> list[tuple[int, str]]:

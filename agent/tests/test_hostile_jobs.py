@@ -17,6 +17,7 @@ from django.conf import settings
 
 from agent import uids
 from harness.job_factory import job_output
+from harness.node_agent import pump_until
 from harness.sandbox import needs_sandbox
 from jobs.models import AttemptNode
 from jobs.services.paths import project_root
@@ -199,15 +200,11 @@ def test_a_huge_line_keeps_the_runner_small(make_job, drive, agent):
 
 
 def test_loader_variables_of_a_job_reach_only_its_container(make_job, drive, agent):
-    from agent.loop import embedded_round
 
     env = {"GCONV_PATH": "/tmp/evil", "GLIBC_TUNABLES": "glibc.malloc.check=3", "MALLOC_CHECK_": "3"}
     job = drive(make_job(command="echo $GCONV_PATH $GLIBC_TUNABLES $MALLOC_CHECK_; sleep 30", env=env), JobStatus.RUNNING)
     part = AttemptNode.objects.get(attempt__job=job)
-    deadline = time.monotonic() + 30
-    while not job_output(job) and time.monotonic() < deadline:
-        embedded_round(agent)
-        time.sleep(0.1)
+    pump_until(agent, lambda: job_output(job), "the job's first line", timeout=30)
     root_processes = [psutil.Process(part.runner_pid), *psutil.Process(part.runner_pid).children(recursive=True)]
     checked = 0
     for process in root_processes:
@@ -252,11 +249,7 @@ def test_a_fifo_for_a_checkpoint_marker_costs_only_its_own_job(make_job, drive, 
     from failover.services.faults import inject_fault
 
     job = drive(make_job(name="fifo", command=FIFO_JOB), JobStatus.RUNNING, timeout=120)
-    deadline = time.monotonic() + 60
-    while not any("committed step=5" in line for line in job_output(job)):
-        assert time.monotonic() < deadline
-        embedded_round(agent)
-        time.sleep(0.1)
+    pump_until(agent, lambda: any("committed step=5" in line for line in job_output(job)), "committed step=5", timeout=60)
     part = AttemptNode.objects.get(attempt__job=job)
     inject_fault(part.node, gpu=part.gpu_indices[0], xid=79, actor="test")
     other = make_job(name="neighbour", owner=outsider, command="for i in 1 2 3; do echo tick $i; done", gpus_per_node=0)

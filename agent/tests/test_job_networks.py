@@ -22,8 +22,8 @@ from urllib.parse import urlparse
 import pytest
 
 from agent import networks
-from agent.loop import embedded_round
 from agent.tests.test_sandbox_network import listening
+from harness.node_agent import pump_until
 from harness.sandbox import needs_sandbox
 from jobs.models import Node
 from jobs.statuses import JobStatus
@@ -201,14 +201,12 @@ except OSError:
 
 def test_a_job_never_reaches_another_jobs_network(make_job, drive, agent):
     first = make_job(name="listener", command="python -c " + shlex.quote(SERVE), gpus_per_node=0)
-    address = None
-    deadline = time.monotonic() + 60
-    while address is None and time.monotonic() < deadline:
-        embedded_round(agent)
+
+    def serving() -> str | None:
         line = LogLine.objects.filter(job=first, text__startswith="SERVING ").values_list("text", flat=True).first()
-        address = line.split()[1] if line else None
-        time.sleep(0.1)
-    assert address, "the listener never started"
+        return line.split()[1] if line else None
+
+    address = pump_until(agent, serving, "the listener started", timeout=60)
     second = drive(make_job(name="intruder", command=probe_command([f"{address}:7000"]), gpus_per_node=0), JobStatus.COMPLETED, timeout=60)
     assert probes(second)[0][f"{address}:7000"] != "connected"
 

@@ -22,6 +22,7 @@ from agent import cgroups, runfiles
 from agent.launch import container_prefix, engine_env, sweep_strays
 from agent.loop import embedded_round
 from agent.processes import run_dir, signal_run
+from harness.node_agent import pump_until
 from harness.sandbox import needs_sandbox
 from jobs.models import JobAttempt, TrainingJob
 from jobs.services.actions import delete_job, request_stop
@@ -72,11 +73,7 @@ def test_a_stopped_and_deleted_job_leaves_no_container_and_no_layer(make_job, dr
     """The issue's job wrote 1 GiB into its image's filesystem and left 1.1 GiB after Delete."""
     fill = "dd if=/dev/zero of=/var/tmp/fill bs=1M count=200 status=none && echo filled && sleep 300"
     job = make_job(command=fill, gpus_per_node=0)
-    deadline = time.monotonic() + 60
-    while not LogLine.objects.filter(job=job, text="filled").exists():
-        assert time.monotonic() < deadline, "the job never filled its layer"
-        embedded_round(agent)
-        time.sleep(0.1)
+    pump_until(agent, LogLine.objects.filter(job=job, text="filled").exists, "the job filled its layer", timeout=60)
     name = containers_of(job)[0]
     upper = engine("container", "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", name)[0]
     assert (Path(upper) / "var/tmp/fill").stat().st_size == 200 << 20
@@ -124,11 +121,7 @@ def test_many_jobs_later_the_engine_lists_only_running_runs(make_job, agent, set
 
 
 def drive_one_running(job: TrainingJob, agent) -> TrainingJob:
-    deadline = time.monotonic() + 60
-    while not LogLine.objects.filter(job=job, text="up").exists():
-        assert time.monotonic() < deadline, "the job never started"
-        embedded_round(agent)
-        time.sleep(0.1)
+    pump_until(agent, LogLine.objects.filter(job=job, text="up").exists, "the job started", timeout=60)
     return job
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import re
-import time
 from datetime import timedelta
 
 import pytest
@@ -13,6 +12,7 @@ from django.utils import timezone
 
 from failover.services.faults import inject_fault, reclaim_spot
 from harness.job_factory import job_output
+from harness.node_agent import pump_until
 from jobs.models import JobAttempt, JobEvent, JobExclusion, Node
 from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
@@ -33,19 +33,26 @@ def texts(job) -> list[str]:
     return job_output(job, stream="master")
 
 
+class Rounds:
+    """``embedded_round`` of one agent, called one at a time; ``run_until`` runs the agent on the
+    console's schedule instead (``pump_until``)."""
+
+    def __init__(self, agent) -> None:
+        self.agent = agent
+
+    def __call__(self) -> None:
+        from agent.loop import embedded_round
+
+        embedded_round(self.agent)
+
+
 @pytest.fixture
 def round_(agent):
-    from agent.loop import embedded_round
-
-    return lambda: embedded_round(agent)
+    return Rounds(agent)
 
 
-def run_until(round_, condition, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        round_()
-        time.sleep(0.1)
+def run_until(round_: Rounds, condition, timeout: float = 60.0, what: str = "condition"):
+    pump_until(round_.agent, condition, what, timeout=timeout)
 
 
 def node_of(job, number: int = 1) -> Node:
@@ -174,17 +181,12 @@ def test_a_node_lost_by_heartbeat_fails_its_job_over(make_job, drive, round_, no
     started(job, round_)
     lost = node_of(job)
     # From now on the agent serves the other nodes only: the lost node's agent went silent.
-    from agent.loop import embedded_round
 
     survivors = NodeAgent([n.name for n in nodes if n.pk != lost.pk])
     agent.node_names.remove(lost.name)  # this process no longer serves it, so its sweep may take it as lost
     gc.collect()  # nor does an agent left over from an earlier test
     Node.objects.filter(pk=lost.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=5))
-    deadline = time.monotonic() + 60
-    while not JobAttempt.objects.filter(job=job, number=2, state="running").exists():
-        assert time.monotonic() < deadline
-        embedded_round(survivors)
-        time.sleep(0.1)
+    pump_until(survivors, lambda: JobAttempt.objects.filter(job=job, number=2, state="running").exists(), "attempt 2 running", timeout=60)
     job.refresh_from_db()
     lost.refresh_from_db()
     assert lost.state == Node.State.NOT_READY
@@ -193,12 +195,12 @@ def test_a_node_lost_by_heartbeat_fails_its_job_over(make_job, drive, round_, no
     first = JobAttempt.objects.get(job=job, number=1)
     assert first.verdict == "hardware" and "lost" in first.verdict_reason
     request_stop(job, actor="owner")
-    deadline = time.monotonic() + 30
-    while job.status != JobStatus.STOPPED:
-        assert time.monotonic() < deadline
-        embedded_round(survivors)
+
+    def stopped() -> bool:
         job.refresh_from_db()
-        time.sleep(0.1)
+        return job.status == JobStatus.STOPPED
+
+    pump_until(survivors, stopped, "the job stopped", timeout=30)
 
 
 def test_a_spot_reclaim_sends_the_job_back_to_pending_and_it_resumes_elsewhere(make_job, drive, round_):

@@ -19,6 +19,7 @@ import ckptlib
 from failover.services.faults import clear_node, inject_fault
 from failover.tests.test_spot_script_in_a_container import fault_after_first_commit
 from harness.job_factory import job_output
+from harness.node_agent import pump_until
 from harness.sandbox import needs_sandbox
 from jobs.models import AttemptNode, JobAttempt, Node, Project
 from jobs.statuses import JobStatus
@@ -108,13 +109,7 @@ SLEEPER = "echo started attempt $JOB_ATTEMPT on $SLURMD_NODENAME; sleep 600"
 
 
 def wait_until(agent, predicate, what: str, timeout: float = 120.0) -> None:
-    from agent.loop import embedded_round
-
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"never: {what}"
-        embedded_round(agent)
-        time.sleep(0.1)
+    pump_until(agent, predicate, what, timeout=timeout)
 
 
 def running_attempt(job, number: int) -> AttemptNode:

@@ -21,6 +21,7 @@ from django.db import connection
 
 from agent.processes import signal_run
 from failover.services.faults import inject_fault
+from harness.node_agent import pump_until
 from jobs.models import AttemptNode, JobAttempt, Node, TrainingJob
 from jobs.services.actions import request_stop
 from jobs.statuses import JobStatus
@@ -69,15 +70,12 @@ def describe(processes) -> list:
 
 
 def wait(agent, predicate, timeout: float, what: str) -> float:
-    from agent.loop import embedded_round
-
     started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            lines = list(LogLine.objects.order_by("-id").values_list("text", flat=True)[:15])[::-1]
-            raise AssertionError(f"{what}; last lines: {lines}")
-        embedded_round(agent)
-        time.sleep(0.05)
+
+    def last_lines() -> str:
+        return f"last lines: {list(LogLine.objects.order_by('-id').values_list('text', flat=True)[:15])[::-1]}"
+
+    pump_until(agent, predicate, what, timeout=timeout, every=0.05, describe=last_lines)
     return time.monotonic() - started
 
 

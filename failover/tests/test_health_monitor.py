@@ -10,13 +10,13 @@ import psutil
 import pytest
 
 from agent import runfiles
-from agent.loop import embedded_round
 from agent.processes import run_dir, run_processes
 from failover.models import HealthEvent, NodeHealth
 from failover.services import faults, health
 from failover.services.monitor import HealthMonitor, prune_events
 from failover.tests import fake_pynvml
 from failover.tests.fake_agent import FakeAgent
+from harness.node_agent import pump_until
 from jobs.models import GPU, AttemptNode, JobAttempt, Node
 from jobs.statuses import JobStatus
 from logs.models import LogLine
@@ -45,10 +45,7 @@ def only_on(node_name: str) -> None:
 def rounds_until(agent, done, timeout: float) -> float:
     """Run the embedded rounds until ``done()``; returns the seconds it took."""
     started = time.monotonic()
-    while not done():
-        assert time.monotonic() - started < timeout, "timed out"
-        embedded_round(agent)
-        time.sleep(0.05)
+    pump_until(agent, done, "done", timeout=timeout, every=0.05)
     return time.monotonic() - started
 
 

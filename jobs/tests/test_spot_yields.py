@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from django.contrib.auth import get_user_model
 
 from harness.job_factory import job_output
+from harness.node_agent import pump_until
 from jobs.fairshare import Capacity, ProjectShare, SpotRun, WaitingJob, plan_round
 from jobs.models import JobAttempt, JobEvent, Project
 from jobs.services.actions import request_stop
@@ -19,13 +19,7 @@ COMMIT = re.compile(r"\[Concurrent Checkpoint\] committed step=(\d+)")
 
 
 def run_until(agent, condition, *, timeout: float = 90.0, what: str) -> None:
-    from agent.loop import embedded_round
-
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        embedded_round(agent)
-        time.sleep(0.1)
+    pump_until(agent, condition, what, timeout=timeout)
 
 
 def texts(job) -> list[str]:
