@@ -106,7 +106,7 @@ class EmbeddedControlLoop(threading.Thread):
 
 class Schedule:
     """What an agent's loop runs, and when (``EmbeddedControlLoop``; the suite drives its agents
-    with it too, ``harness.node_agent.Pump``): a control round when woken (``wanted``), when its
+    with it too, ``harness.node_agent.pump_until``): a control round when woken (``wanted``), when its
     timed work is due or every ``interval`` seconds; an agent step when a round ran, when the agent
     is woken or when ``agent.delay()`` says something is due."""
 
