@@ -25,6 +25,14 @@ took 2,078 s against 1,958-1,985 s: the system lane slowed 1,681-1,720 → 1,826
 niced too, ``RUN_NICENESS``) and the browser tests on Slurm 293 → 569 s. Not settled: the next run,
 two streams again, was as slow in those lanes (browser tests on Slurm 576 s, ckptlib 916 s): the
 machine had slowed too. Measure both layouts again on one machine state before choosing.
+Process accounting (``accton``, ``sa``) over a whole run (2026-12-08, 2,054 s): 3,318 CPU-s, of
+which 1,867 in the host's Python processes (the lanes' pytest, consoles and agents), 324 in the
+jobs' containers and 255 as the Slurm clusters' service account (rootless Podman, unpacking the
+default image on each node). The tests' own wait loops were the largest cut found: ten full
+control and agent rounds a second (``embedded_round``) while a test waited on a run. They now
+wait on the console's schedule (``harness.node_agent.pump_until``); the next run, on a machine
+slower by ~1.2x in the unchanged lanes' CPU-s, took sqlite-system 1,752 → 1,683 s (842 → 758
+CPU-s) and sqlite-system-niced 476 → 337 s (290 → 222 CPU-s), 2,026 s in all.
 Two pytest-xdist workers in the one lane failed 78 database tests with SynchronousOnlyOperation.
 A suspect, not proven: Playwright's sync API leaves its loop running in the main thread of a
 process that has run a browser session; yet the same modules pass in one process, in their order.
