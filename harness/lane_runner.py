@@ -30,9 +30,10 @@ which 1,867 in the host's Python processes (the lanes' pytest, consoles and agen
 jobs' containers and 255 as the Slurm clusters' service account (rootless Podman, unpacking the
 default image on each node). The tests' own wait loops were the largest cut found: ten full
 control and agent rounds a second (``embedded_round``) while a test waited on a run. They now
-wait on the console's schedule (``harness.node_agent.pump_until``); the next run, on a machine
-slower by ~1.2x in the unchanged lanes' CPU-s, took sqlite-system 1,752 → 1,683 s (842 → 758
-CPU-s) and sqlite-system-niced 476 → 337 s (290 → 222 CPU-s), 2,026 s in all.
+wait on the console's schedule (``harness.node_agent.pump_until``): the Slurm Xid test's process
+alone 24.8 → 17 CPU-s. Whole runs did not show it above their noise: sqlite-system 1,683 s / 758
+CPU-s and 1,769 s / 868 CPU-s in two runs of that code (2,026 and 2,121 s in all), against 1,752 s
+/ 842 CPU-s before it; the lanes it did not touch moved 10-20 % between those runs.
 Two pytest-xdist workers in the one lane failed 78 database tests with SynchronousOnlyOperation.
 A suspect, not proven: Playwright's sync API leaves its loop running in the main thread of a
 process that has run a browser session; yet the same modules pass in one process, in their order.
