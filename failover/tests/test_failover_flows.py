@@ -181,7 +181,6 @@ def test_a_node_lost_by_heartbeat_fails_its_job_over(make_job, drive, round_, no
     started(job, round_)
     lost = node_of(job)
     # From now on the agent serves the other nodes only: the lost node's agent went silent.
-
     survivors = NodeAgent([n.name for n in nodes if n.pk != lost.pk])
     agent.node_names.remove(lost.name)  # this process no longer serves it, so its sweep may take it as lost
     gc.collect()  # nor does an agent left over from an earlier test
