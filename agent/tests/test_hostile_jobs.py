@@ -200,7 +200,6 @@ def test_a_huge_line_keeps_the_runner_small(make_job, drive, agent):
 
 
 def test_loader_variables_of_a_job_reach_only_its_container(make_job, drive, agent):
-
     env = {"GCONV_PATH": "/tmp/evil", "GLIBC_TUNABLES": "glibc.malloc.check=3", "MALLOC_CHECK_": "3"}
     job = drive(make_job(command="echo $GCONV_PATH $GLIBC_TUNABLES $MALLOC_CHECK_; sleep 30", env=env), JobStatus.RUNNING)
     part = AttemptNode.objects.get(attempt__job=job)

@@ -43,7 +43,7 @@ def only_on(node_name: str) -> None:
 
 
 def rounds_until(agent, done, timeout: float) -> float:
-    """Run the embedded rounds until ``done()``; returns the seconds it took."""
+    """Run the agent on the console's schedule (``pump_until``) until ``done()``; returns the seconds it took."""
     started = time.monotonic()
     pump_until(agent, done, "done", timeout=timeout, every=0.05)
     return time.monotonic() - started
